@@ -1,0 +1,100 @@
+"""Every exception kinetic_nb raises, in one place.
+
+Host-safe: imports only the standard library.
+
+::
+
+    KineticError
+     ├── UnknownAcceleratorError   (also ValueError)   a name not in the registry
+     ├── CaptureError                                   the cell cannot be shipped
+     │    ├── CellSyntaxError      (also SyntaxError)   names the cell line
+     │    └── UnpicklableValueError (also TypeError)    names the variable, type, reason
+     ├── StorageError                                   a job object could not be used
+     │    ├── ObjectNotFoundError  (also FileNotFoundError)
+     │    └── ObjectExistsError    (also FileExistsError) a single-writer object exists
+     ├── PlanError                                      a host rejected the plan
+     ├── HostStoppedError                               stopped because another host failed
+     ├── ResultSerializationError                       the leader's value could not be pickled
+     ├── RemoteHostError                                a remote exception that could not travel as itself
+     ├── JobFailedError                                 a failed job with no readable payload
+     ├── JobCancelledError                              the job was cancelled
+     └── KineticTimeoutError   (also TimeoutError)      the job ran past its timeout
+
+    KineticWarning (UserWarning)                        a record was skipped or a host misbehaved
+
+A remote exception is re-raised as its own type; only when it cannot be
+unpickled does it arrive as :class:`RemoteHostError`.
+"""
+
+from __future__ import annotations
+
+
+class KineticError(Exception):
+    """Base class of every kinetic_nb error."""
+
+
+class UnknownAcceleratorError(KineticError, ValueError):
+    """An accelerator name that is not in the registry."""
+
+
+class CaptureError(KineticError):
+    """The cell, or a value it reads from the notebook, cannot be shipped to the hosts."""
+
+
+class CellSyntaxError(CaptureError, SyntaxError):
+    """The cell does not parse; ``lineno`` is the cell's own line number."""
+
+    def __str__(self) -> str:
+        return str(self.msg)  # the message already names the line; SyntaxError would repeat it
+
+
+class UnpicklableValueError(CaptureError, TypeError):
+    """A notebook value the cell reads cannot be pickled."""
+
+
+class StorageError(KineticError):
+    """A job object could not be read, written or listed."""
+
+
+class ObjectNotFoundError(StorageError, FileNotFoundError):
+    """The object does not exist."""
+
+
+class ObjectExistsError(StorageError, FileExistsError):
+    """A single-writer object was written a second time."""
+
+
+class PlanError(KineticError):
+    """A host rejected the job plan or its payload (version, hash, host index)."""
+
+
+class HostStoppedError(KineticError):
+    """This host was stopped because another host failed first.
+
+    It is a consequence, never a root cause: the client ranks it after any
+    host's own failure.
+    """
+
+
+class ResultSerializationError(KineticError):
+    """The leader's value could not be pickled; the message carries its repr."""
+
+
+class RemoteHostError(KineticError):
+    """A remote exception that could not be shipped or rebuilt as its own type."""
+
+
+class JobFailedError(KineticError):
+    """The job failed and no host left a readable failure payload."""
+
+
+class JobCancelledError(KineticError):
+    """The job was cancelled before it produced an outcome."""
+
+
+class KineticTimeoutError(KineticError, TimeoutError):
+    """The job did not finish within its timeout."""
+
+
+class KineticWarning(UserWarning):
+    """A host record was skipped or a host misbehaved after success."""

@@ -1,0 +1,24 @@
+"""Where jobs live when the user names no storage."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+#: Overrides the default storage root for every job of this user.
+STORAGE_ENV = "KINETIC_STORAGE"
+
+
+def default_root() -> str:
+    """The per-user job directory (created with mode 0700), or ``$KINETIC_STORAGE``.
+
+    Jobs hold pickled notebook values, so other users must not read them.
+    """
+    configured = os.environ.get(STORAGE_ENV)
+    if configured:
+        return configured
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    root = cache / "kinetic_nb" / "jobs"
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    root.chmod(0o700)
+    return f"file://{root}"

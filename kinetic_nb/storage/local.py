@@ -1,0 +1,105 @@
+"""``file://`` storage: a directory, atomic writes by rename.
+
+Host-safe: the standard library only.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from kinetic_nb.errors import ObjectExistsError, ObjectNotFoundError, StorageError
+from kinetic_nb.storage.base import ObjectInfo, Storage
+
+#: Temporary files carry this prefix so a listing never shows a half-written object.
+_TEMP_PREFIX = ".tmp-"
+
+
+def _path_from_uri(uri: str) -> Path:
+    path = uri[len("file://"):] if uri.startswith("file://") else uri
+    return Path(path).expanduser().absolute()
+
+
+class LocalStorage(Storage):
+    """Objects as files below a directory."""
+
+    def __init__(self, uri: str):
+        self.root = _path_from_uri(uri)
+        self.uri = f"file://{self.root}"
+
+    def child(self, name: str) -> LocalStorage:
+        return LocalStorage(str(self._path(name)))
+
+    def _path(self, name: str) -> Path:
+        if name.startswith("/") or ".." in name.split("/"):
+            raise StorageError(f"invalid object name {name!r} in {self.uri}")
+        return self.root / name if name else self.root
+
+    def local_path(self, name: str = "") -> str:
+        return str(self._path(name))
+
+    def write_bytes(self, name: str, data: bytes, *, exclusive: bool = False) -> None:
+        path = self._path(name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temp = path.with_name(f"{_TEMP_PREFIX}{path.name}-{os.urandom(8).hex()}")
+        try:
+            with open(temp, "wb") as file:
+                file.write(data)
+            if exclusive:
+                try:
+                    os.link(temp, path)  # fails if path exists: atomic create-if-absent
+                except FileExistsError:
+                    raise ObjectExistsError(f"{self.uri}/{name} already exists") from None
+            else:
+                os.replace(temp, path)
+        finally:
+            temp.unlink(missing_ok=True)
+
+    def read_bytes(self, name: str) -> bytes:
+        try:
+            return self._path(name).read_bytes()
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            raise ObjectNotFoundError(f"{self.uri}/{name} does not exist") from None
+
+    def list(self, prefix: str = "") -> list[ObjectInfo]:
+        # Walk only the deepest directory the prefix names, not the whole root.
+        directory, _, _ = prefix.rpartition("/")
+        start = self._path(directory)
+        found: list[ObjectInfo] = []
+        stack = [start]
+        while stack:
+            try:
+                entries = list(os.scandir(stack.pop()))
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            for entry in entries:
+                if entry.name.startswith(_TEMP_PREFIX):
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(Path(entry.path))
+                    continue
+                name = Path(entry.path).relative_to(self.root).as_posix()
+                if not name.startswith(prefix):
+                    continue
+                try:
+                    stat = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                found.append(ObjectInfo(name, stat.st_size, f"{stat.st_mtime_ns}:{stat.st_size}"))
+        found.sort(key=lambda info: info.name)
+        return found
+
+    def exists(self, name: str) -> bool:
+        return self._path(name).is_file()
+
+    def delete(self, name: str) -> None:
+        try:
+            self._path(name).unlink()
+        except FileNotFoundError:
+            raise ObjectNotFoundError(f"{self.uri}/{name} does not exist") from None
+
+    def remove_tree(self) -> None:
+        """Delete the whole directory below this root."""
+        import shutil
+
+        shutil.rmtree(self.root, ignore_errors=True)
