@@ -1,0 +1,261 @@
+"""One host's part of a job, phase by phase.
+
+startup -> plan check -> payload load -> start barrier -> distributed init ->
+execute -> result serialization -> result upload, then teardown. A failure in
+any phase writes this host's failure payload naming the phase, at once; the
+host then exits without waiting on its peers. Only the leader writes
+``result.pkl``; a worker writes ``result-worker-{i}.pkl`` only when it fails.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import hashlib
+import linecache
+import logging
+import os
+import sys
+import traceback
+from typing import Any
+
+import cloudpickle
+
+from kinetic_nb.errors import HostStoppedError, PlanError, RemoteHostError, ResultSerializationError
+from kinetic_nb.runner import barrier, frameworks, protocol
+from kinetic_nb.runner.hostenv import HOST_INDEX_VARIABLES, resolve_host_index
+from kinetic_nb.runner.protocol import HostState, JobPlan, Phase
+from kinetic_nb.runner.status import StatusReporter
+from kinetic_nb.storage import Storage, open_storage
+
+logger = logging.getLogger(__name__)
+
+#: A repr longer than this is cut: it travels in an error message.
+_MAX_REPR = 2000
+
+
+def run_host(job_uri: str) -> int:
+    """Run this host's part of the job at ``job_uri``; return the process exit code."""
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(line_buffering=True)
+    storage = open_storage(job_uri)
+    host_index = resolve_host_index(os.environ)
+    return HostRun(storage, host_index).run()
+
+
+def exception_type_name(exc: BaseException) -> str:
+    cls = type(exc)
+    return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+
+
+def cell_traceback(exc: BaseException, filename: str) -> str:
+    """The traceback text from the cell's first frame on (all frames if the cell never ran)."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename != filename:
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb or exc.__traceback__))
+
+
+def run_cell(source: str, filename: str, namespace: dict[str, Any]) -> Any:
+    """Execute the cell in ``namespace``; return its last expression's value (or None).
+
+    The source is registered with ``linecache`` under ``filename``, so
+    tracebacks show the cell's own lines.
+    """
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    tree = ast.parse(source, filename)
+    last_expression = None
+    if tree.body and isinstance(tree.body[-1], ast.Expr):
+        last_expression = ast.Expression(tree.body.pop().value)
+    # dont_inherit: the cell must not pick up this module's __future__ imports.
+    exec(compile(tree, filename, "exec", dont_inherit=True), namespace)  # noqa: S102 - running the user's cell is the point
+    if last_expression is None:
+        return None
+    return eval(compile(last_expression, filename, "eval", dont_inherit=True), namespace)  # noqa: S307
+
+
+def _shippable_exception(exc: BaseException) -> bytes:
+    """The exception pickled; one that cannot be is replaced by a RemoteHostError."""
+    try:
+        data = cloudpickle.dumps(exc)
+        cloudpickle.loads(data)
+        return data
+    except Exception as error:
+        substitute = RemoteHostError(f"{exception_type_name(exc)}: {exc} (could not be pickled: {error})")
+        return cloudpickle.dumps(substitute)
+
+
+def _describe(value: Any) -> str:
+    cls = type(value)
+    name = cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+    return f"a {name}"
+
+
+def _safe_repr(value: Any) -> str:
+    try:
+        text = repr(value)
+    except Exception as error:
+        text = f"<repr failed: {error!r}>"
+    return text if len(text) <= _MAX_REPR else text[:_MAX_REPR] + "..."
+
+
+class HostRun:
+    """The phases of one host, with the records they leave behind."""
+
+    def __init__(self, storage: Storage, host_index: int | None):
+        self.storage = storage
+        self.index_was_given = host_index is not None
+        self.host_index = host_index if host_index is not None else protocol.LEADER_INDEX
+        self.is_leader = self.host_index == protocol.LEADER_INDEX
+        self.status = StatusReporter(storage, self.host_index)
+        self.filename = "<kinetic cell>"
+        self.plan: JobPlan | None = None
+        self.phase = Phase.STARTUP
+        self._failure_reported = False
+
+    def _enter(self, phase: Phase, state: HostState | None = None) -> None:
+        self.phase = phase
+        self.status.update(state=state, phase=phase)
+
+    def run(self) -> int:
+        try:
+            self.status.start()
+            self._enter(Phase.PLAN_CHECK)
+            plan = self.plan = self._check_plan()
+            self._enter(Phase.PAYLOAD_LOAD)
+            cell = self._load_payload(plan)
+            self._enter(Phase.START_BARRIER, HostState.READY)
+            if self.is_leader:
+                barrier.wait_as_leader(self.storage, plan)
+            else:
+                barrier.wait_as_worker(self.storage, plan)
+            self._enter(Phase.DISTRIBUTED_INIT, HostState.RUNNING)
+            frameworks.initialize(plan, self.host_index)
+            self._enter(Phase.EXECUTE)
+            namespace = cell[protocol.CELL_NAMESPACE]
+            value = run_cell(cell[protocol.CELL_SOURCE], self.filename, namespace)
+            if self.is_leader:
+                self._report_success(value, namespace, cell[protocol.CELL_OUT_NAMES])
+            # A worker's value is never pickled: only the leader owns the cell's value.
+            self.status.update(state=HostState.SUCCEEDED, phase=Phase.TEARDOWN)
+        except HostStoppedError as stop:
+            self._report_failure(stop, stopped=True)
+            return protocol.EXIT_STOPPED
+        except BaseException as error:  # noqa: BLE001 - SystemExit and KeyboardInterrupt are failures too
+            self._report_failure(error)
+            return protocol.EXIT_FAILED
+        self._tear_down()
+        return protocol.EXIT_OK
+
+    def _check_plan(self) -> JobPlan:
+        plan = JobPlan.from_json(self.storage.read_bytes(protocol.PLAN))
+        if plan.protocol_version != protocol.PROTOCOL_VERSION:
+            raise PlanError(
+                f"the plan speaks protocol version {plan.protocol_version}, this host's kinetic_nb "
+                f"speaks {protocol.PROTOCOL_VERSION}: install the same kinetic_nb version everywhere"
+            )
+        if not self.index_was_given and plan.hosts > 1:
+            raise PlanError(f"no host index in the environment ({', '.join(HOST_INDEX_VARIABLES)}) "
+                            f"for a {plan.hosts}-host job")
+        if self.host_index >= plan.hosts:
+            raise PlanError(f"host index {self.host_index} is out of range for a {plan.hosts}-host job")
+        os.environ.update(plan.env)
+        return plan
+
+    def _load_payload(self, plan: JobPlan) -> dict[str, Any]:
+        data = self.storage.read_bytes(protocol.PAYLOAD)
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != plan.payload_sha256:
+            raise PlanError(f"payload.pkl has sha256 {digest[:12]}..., the plan expects {plan.payload_sha256[:12]}...")
+        cell = cloudpickle.loads(data)
+        self.filename = cell[protocol.CELL_FILENAME]
+        namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
+        for name, pickled in cell[protocol.CELL_NAMESPACE].items():
+            try:
+                namespace[name] = cloudpickle.loads(pickled)
+            except Exception as error:
+                error.add_note(f"while loading the notebook variable {name!r} on host {self.host_index}")
+                raise
+        cell[protocol.CELL_NAMESPACE] = namespace
+        return cell
+
+    def _report_success(self, value: Any, namespace: dict[str, Any], out_names: list[str]) -> None:
+        self._enter(Phase.RESULT_SERIALIZATION)
+        missing = [name for name in out_names if name not in namespace]
+        if missing:
+            raise NameError(f"--out names {', '.join(missing)}, which the cell did not define on the leader")
+        outputs = {name: namespace[name] for name in out_names}
+        payload = {
+            protocol.SUCCESS: True,
+            protocol.RESULT_VALUE: value,
+            protocol.OUTPUTS: outputs,
+            protocol.PHASE: Phase.EXECUTE.value,
+            protocol.HOST_INDEX: self.host_index,
+        }
+        try:
+            data = cloudpickle.dumps(payload)
+        except Exception as error:
+            self._report_unpicklable(value, outputs, error)
+            raise
+        self._enter(Phase.RESULT_UPLOAD)
+        self.storage.write_bytes(protocol.RESULT, data, exclusive=True)
+
+    def _report_unpicklable(self, value: Any, outputs: dict[str, Any], error: Exception) -> None:
+        """Name what could not be pickled, and ship its repr instead."""
+        culprit, what = value, "the leader's value"
+        for name, output in outputs.items():
+            try:
+                cloudpickle.dumps(output)
+            except Exception:
+                culprit, what = output, f"the --out variable {name!r}"
+                break
+        text = _safe_repr(culprit)
+        failure = ResultSerializationError(f"{what} ({_describe(culprit)}) could not be pickled: {error}; its repr: {text}")
+        failure.__cause__ = error
+        self._report_failure(failure, serialization_failed_repr=text)
+
+    def _report_failure(
+        self, error: BaseException, *, stopped: bool = False, serialization_failed_repr: str | None = None
+    ) -> None:
+        """Write this host's failure payload and final status, at once."""
+        if self._failure_reported:
+            return  # the first report, nearest the cause, stands
+        self._failure_reported = True
+        state = HostState.STOPPED if stopped else HostState.FAILED
+        first_line = f"{exception_type_name(error)}: {error}".splitlines()[0]
+        self.status.update(state=state, phase=self.phase, message=first_line)
+        if stopped:
+            print(f"host {self.host_index}: {error}", file=sys.stderr)
+        else:
+            sys.stderr.write(cell_traceback(error, self.filename))
+        if stopped and not self.is_leader:
+            return  # a stopped worker reports nothing: it did not fail on its own
+        payload = {
+            protocol.SUCCESS: False,
+            protocol.EXCEPTION: _shippable_exception(error),
+            protocol.EXCEPTION_TYPE: exception_type_name(error),
+            protocol.EXCEPTION_MESSAGE: str(error),
+            protocol.TRACEBACK: cell_traceback(error, self.filename),
+            protocol.PHASE: self.phase.value,
+            protocol.HOST_INDEX: self.host_index,
+            protocol.STOPPED: stopped,
+        }
+        if serialization_failed_repr is not None:
+            payload[protocol.SERIALIZATION_FAILED] = True
+            payload[protocol.RESULT_REPR] = serialization_failed_repr
+        try:
+            self.storage.write_bytes(protocol.result_object(self.host_index), cloudpickle.dumps(payload), exclusive=True)
+        except Exception:
+            logger.exception("host %d could not write its failure payload", self.host_index)
+        finally:
+            self.status.stop()
+
+    def _tear_down(self) -> None:
+        """Leave the framework's group; a problem now is a warning, the outcome is recorded."""
+        try:
+            frameworks.shut_down(self.plan)
+        except BaseException as error:  # noqa: BLE001
+            print(f"host {self.host_index}: teardown after success failed: {error!r}", file=sys.stderr)
+        finally:
+            self.status.stop()

@@ -1,0 +1,286 @@
+"""The job protocol: object names, the plan, host records, payload keys, phases.
+
+Every name a job's objects are stored under, and every key of the result
+payload, is defined here once. The client imports this module; it imports only
+the standard library, so the runner stays host-safe.
+
+A job lives under ``{storage root}/{job_id}/``::
+
+    plan.json                    client, once, before any host starts
+    payload.pkl                  client, once; its sha256 is in the plan
+    hosts/{i}/status.json        host i, on every phase change and as a heartbeat
+    hosts/{i}/log/{seq:06d}.txt  host i's stdout and stderr, append-only chunks
+    hosts/{i}/exit.json          the backend, when host i ends
+    .leader_ready                the leader, after the start barrier (go or abort)
+    result.pkl                   the leader only, success or failure
+    result-worker-{i}.pkl        host i > 0, only when it fails
+    outputs/                     the cell's files (KINETIC_OUTPUT_DIR)
+    handle.json                  client, for listing and reattaching
+    cancel.json                  client, when the job is cancelled
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import re
+from typing import Any
+
+#: Bumped whenever an object name, a payload key or a record's shape changes
+#: incompatibly; a host refuses a plan with another version.
+PROTOCOL_VERSION = 1
+
+PLAN = "plan.json"
+PAYLOAD = "payload.pkl"
+LEADER_READY = ".leader_ready"
+RESULT = "result.pkl"
+HANDLE = "handle.json"
+CANCEL = "cancel.json"
+OUTPUTS_DIR = "outputs"
+HOSTS_DIR = "hosts"
+
+LEADER_INDEX = 0
+
+_WORKER_RESULT_RE = re.compile(r"^result-worker-(\d+)\.pkl$")
+_HOST_OBJECT_RE = re.compile(r"^hosts/(\d+)/(status\.json|exit\.json|log/(\d+)\.txt)$")
+
+
+def worker_result(host_index: int) -> str:
+    """Name of the failure payload of non-leader host ``host_index``."""
+    return f"result-worker-{host_index}.pkl"
+
+
+def result_object(host_index: int) -> str:
+    """Name of the payload host ``host_index`` writes (``result.pkl`` for the leader)."""
+    return RESULT if host_index == LEADER_INDEX else worker_result(host_index)
+
+
+def host_status(host_index: int) -> str:
+    return f"{HOSTS_DIR}/{host_index}/status.json"
+
+
+def host_exit(host_index: int) -> str:
+    return f"{HOSTS_DIR}/{host_index}/exit.json"
+
+
+def host_log_prefix(host_index: int) -> str:
+    return f"{HOSTS_DIR}/{host_index}/log/"
+
+
+def host_log_chunk(host_index: int, seq: int) -> str:
+    return f"{host_log_prefix(host_index)}{seq:06d}.txt"
+
+
+def parse_worker_result(name: str) -> int | None:
+    """The host index of a ``result-worker-{i}.pkl`` name, else None."""
+    match = _WORKER_RESULT_RE.match(name)
+    return int(match.group(1)) if match else None
+
+
+def parse_host_object(name: str) -> tuple[int, str, int | None] | None:
+    """Split ``hosts/{i}/...`` into (host index, kind, log sequence).
+
+    ``kind`` is ``"status"``, ``"exit"`` or ``"log"``; other names give None.
+    """
+    match = _HOST_OBJECT_RE.match(name)
+    if not match:
+        return None
+    kind = {"status.json": "status", "exit.json": "exit"}.get(match.group(2), "log")
+    seq = int(match.group(3)) if match.group(3) is not None else None
+    return int(match.group(1)), kind, seq
+
+
+class Phase(str, enum.Enum):
+    """The phases every host goes through, in order."""
+
+    STARTUP = "startup"
+    PLAN_CHECK = "plan check"
+    PAYLOAD_LOAD = "payload load"
+    START_BARRIER = "start barrier"
+    DISTRIBUTED_INIT = "distributed init"
+    EXECUTE = "execute"
+    RESULT_SERIALIZATION = "result serialization"
+    RESULT_UPLOAD = "result upload"
+    TEARDOWN = "teardown"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class HostState(str, enum.Enum):
+    """What the panel and ``JobHandle.hosts()`` say about a host."""
+
+    PENDING = "pending"
+    READY = "ready"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"
+    LOST = "lost"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Framework(str, enum.Enum):
+    NONE = "none"
+    JAX = "jax"
+    TORCH = "torch"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# Keys of the result payload (a cloudpickled dict).
+SUCCESS = "success"
+RESULT_VALUE = "result"
+EXCEPTION = "exception"  # the exception, cloudpickled on its own so a payload stays readable
+EXCEPTION_TYPE = "exception_type"  # its qualified type name, for when it cannot be rebuilt
+EXCEPTION_MESSAGE = "exception_message"
+TRACEBACK = "traceback"
+PHASE = "phase"
+HOST_INDEX = "host_index"
+OUTPUTS = "outputs"
+SERIALIZATION_FAILED = "serialization_failed"
+RESULT_REPR = "result_repr"
+#: True when the host did not fail on its own but was stopped after another host failed.
+STOPPED = "stopped"
+
+# Keys of the cell payload (payload.pkl, a cloudpickled dict).
+CELL_SOURCE = "source"
+CELL_FILENAME = "filename"
+CELL_NAMESPACE = "namespace"  # {name: cloudpickled bytes}, unpickled one by one on the host
+CELL_OUT_NAMES = "out"
+
+# Exit codes of ``python -m kinetic_nb.runner``.
+EXIT_OK = 0
+EXIT_FAILED = 1
+#: The host stopped on purpose because another host failed first.
+EXIT_STOPPED = 3
+
+
+def _to_json(record: Any) -> bytes:
+    return json.dumps(dataclasses.asdict(record), sort_keys=True, indent=1).encode()
+
+
+@dataclasses.dataclass(frozen=True)
+class JobPlan:
+    """The one immutable plan every host receives, as ``plan.json``."""
+
+    job_id: str
+    hosts: int
+    accelerator: str
+    devices_per_host: int
+    framework: str
+    coordinator_address: str
+    payload_sha256: str
+    #: Seconds a host waits at the start barrier for the others to be ready.
+    barrier_timeout_s: float
+    #: Seconds JAX waits for a silent peer before declaring it dead.
+    heartbeat_timeout_s: int
+    #: Seconds JAX waits for peers at shutdown after a successful cell.
+    shutdown_timeout_s: int
+    #: Seconds the whole job may run; None means no limit.
+    timeout_s: float | None = None
+    #: Seconds the other hosts get to report after one fails, before they are stopped.
+    grace_s: float = 10.0
+    #: The accelerator is simulated with CPU devices (the local backend).
+    simulated: bool = False
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
+    protocol_version: int = PROTOCOL_VERSION
+
+    @property
+    def coordinator_host(self) -> str:
+        return self.coordinator_address.rsplit(":", 1)[0]
+
+    @property
+    def coordinator_port(self) -> int:
+        return int(self.coordinator_address.rsplit(":", 1)[1])
+
+    def to_json(self) -> bytes:
+        return _to_json(self)
+
+    @classmethod
+    def from_json(cls, data: bytes) -> JobPlan:
+        return cls(**json.loads(data))
+
+
+@dataclasses.dataclass(frozen=True)
+class HostStatus:
+    """``hosts/{i}/status.json``: where a host is, rewritten on every change and as a heartbeat."""
+
+    host_index: int
+    state: str
+    phase: str
+    started_at: float
+    updated_at: float
+    pid: int
+    hostname: str
+    message: str = ""
+
+    def to_json(self) -> bytes:
+        return _to_json(self)
+
+    @classmethod
+    def from_json(cls, data: bytes) -> HostStatus:
+        return cls(**json.loads(data))
+
+
+@dataclasses.dataclass(frozen=True)
+class ExitSummary:
+    """``hosts/{i}/exit.json``: how a host's process ended, written by the backend."""
+
+    host_index: int
+    exit_code: int | None
+    signal: str | None = None
+    #: The host had recorded success before it ended (a crash then is a teardown warning).
+    recorded_success: bool = False
+    #: The backend stopped this host because another host failed first.
+    stopped: bool = False
+    ended_at: float = 0.0
+
+    @property
+    def failed(self) -> bool:
+        """Whether this host failed on its own account.
+
+        A host that ended without recording success failed, unless it was
+        stopped (by the backend, or by itself at the barrier) after another
+        host failed first.
+        """
+        return not (self.recorded_success or self.stopped or self.exit_code == EXIT_STOPPED)
+
+    def describe(self) -> str:
+        """How the process ended, as a verb phrase: "was killed by SIGKILL", "exited with code 1"."""
+        how = f"was killed by {self.signal}" if self.signal else f"exited with code {self.exit_code}"
+        if self.stopped:
+            how += " (stopped after another host failed)"
+        return how
+
+    def to_json(self) -> bytes:
+        return _to_json(self)
+
+    @classmethod
+    def from_json(cls, data: bytes) -> ExitSummary:
+        return cls(**json.loads(data))
+
+
+@dataclasses.dataclass(frozen=True)
+class LeaderReady:
+    """``.leader_ready``: the leader's verdict at the start barrier."""
+
+    go: bool
+    failed_host: int | None = None
+    failed_phase: str | None = None
+
+    def to_json(self) -> bytes:
+        return _to_json(self)
+
+    @classmethod
+    def from_json(cls, data: bytes) -> LeaderReady:
+        return cls(**json.loads(data))
+
+
+def stopped_message(host_index: int, phase: str) -> str:
+    """The one line a host gives when it stops because ``host_index`` failed."""
+    return f"stopped: host {host_index} failed in phase {phase}"
