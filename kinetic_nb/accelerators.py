@@ -1,0 +1,208 @@
+"""Accelerator names (``tpu-v5e-16``, ``gpu-h100x8``) and the slices they stand for.
+
+A name resolves to an :class:`Accelerator`: how many hosts the slice has, how
+many chips or GPUs each host holds, the TPU topology and the GKE node-selector
+value. The local backend simulates every TPU and GPU slice with one process per
+host and CPU devices in place of chips, so the same cell sees the same
+``process_count`` and ``device_count`` here as on the real slice.
+
+The registry is built once, at import, from the compact family tables below.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from kinetic_nb.errors import UnknownAcceleratorError
+
+__all__ = ["Accelerator", "accelerator_names", "local_notice", "resolve_accelerator"]
+
+#: GKE label whose value selects a TPU node pool.
+TPU_NODE_SELECTOR = "cloud.google.com/gke-tpu-accelerator"
+#: GKE label whose value selects a GPU node pool.
+GPU_NODE_SELECTOR = "cloud.google.com/gke-accelerator"
+
+#: At most this many close matches are suggested for an unknown name: enough to
+#: catch a typo, few enough to keep the error on one readable line.
+_MAX_SUGGESTIONS = 3
+#: Similarity (0..1, difflib's ratio) a known name needs to be suggested. difflib's
+#: own default, which keeps ``tpu-v5e-12`` -> ``tpu-v5e-16`` and drops unrelated names.
+_SUGGESTION_CUTOFF = 0.6
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    """One slice shape: hosts, devices per host, topology and GKE selector.
+
+    Attributes
+    ----------
+    name : str
+        Canonical name, e.g. ``"tpu-v5e-16"``.
+    kind : str
+        ``"cpu"``, ``"tpu"`` or ``"gpu"``.
+    hosts : int
+        Hosts (VMs on GCE, pods on GKE) in the slice.
+    devices_per_host : int
+        TPU chips or GPUs attached to each host; 1 for ``cpu``.
+    topology : str or None
+        TPU chip topology, e.g. ``"4x4"``; None for cpu and gpu.
+    gke_accelerator : str or None
+        Value of the GKE node selector (:data:`TPU_NODE_SELECTOR` for TPUs,
+        :data:`GPU_NODE_SELECTOR` for GPUs); None for cpu.
+    """
+
+    name: str
+    kind: str
+    hosts: int
+    devices_per_host: int
+    topology: str | None
+    gke_accelerator: str | None
+
+    @property
+    def devices(self) -> int:
+        """All devices of the slice: ``hosts * devices_per_host``."""
+        return self.hosts * self.devices_per_host
+
+    @property
+    def simulated_locally(self) -> bool:
+        """Whether the local backend stands in CPU devices for this slice's chips."""
+        return self.kind in ("tpu", "gpu")
+
+
+@dataclass(frozen=True)
+class _TpuFamily:
+    """One TPU generation: its name prefix, GKE value, aliases and sizes."""
+
+    prefix: str
+    gke_accelerator: str
+    #: Other spellings of a size, ``{n}`` standing for the size number.
+    alias_patterns: tuple[str, ...]
+    #: size number -> (hosts, chips per host, topology)
+    sizes: Mapping[int, tuple[int, int, str]]
+
+
+# The number in a TPU name is the one Cloud TPU uses: chips for v5e and v6e,
+# TensorCores (two per chip) for v5p. Host counts are those of the real slices.
+_TPU_FAMILIES = (
+    _TpuFamily(
+        prefix="tpu-v5e",
+        gke_accelerator="tpu-v5-lite-podslice",
+        alias_patterns=("v5e-{n}", "v5litepod-{n}", "tpu-v5litepod-{n}"),
+        sizes={4: (1, 4, "2x2"), 8: (1, 8, "2x4"), 16: (4, 4, "4x4"), 32: (8, 4, "4x8"), 64: (16, 4, "8x8")},
+    ),
+    _TpuFamily(
+        prefix="tpu-v5p",
+        gke_accelerator="tpu-v5p-slice",
+        alias_patterns=("v5p-{n}",),
+        sizes={8: (1, 4, "2x2x1"), 16: (2, 4, "2x2x2"), 32: (4, 4, "2x2x4")},
+    ),
+    _TpuFamily(
+        prefix="tpu-v6e",
+        gke_accelerator="tpu-v6e-slice",
+        alias_patterns=("v6e-{n}",),
+        sizes={8: (2, 4, "2x4"), 16: (4, 4, "4x4"), 32: (8, 4, "4x8")},
+    ),
+)
+
+#: GPU model in the name -> GKE accelerator value. Every GPU shape is one host.
+_GPU_MODELS = {"l4": "nvidia-l4", "a100": "nvidia-tesla-a100", "h100": "nvidia-h100-80gb"}
+#: GPUs per host offered for each model (the machine shapes GKE schedules).
+_GPU_COUNTS = (1, 2, 4, 8)
+
+_CPU = Accelerator(name="cpu", kind="cpu", hosts=1, devices_per_host=1, topology=None, gke_accelerator=None)
+
+
+def _build_registry() -> tuple[Mapping[str, Accelerator], Mapping[str, str]]:
+    """Canonical name -> Accelerator (in listing order), and alias -> canonical name."""
+    accelerators = [_CPU]
+    aliases: dict[str, str] = {}
+    for family in _TPU_FAMILIES:
+        for size, (hosts, chips, topology) in sorted(family.sizes.items()):
+            name = f"{family.prefix}-{size}"
+            accelerators.append(Accelerator(name, "tpu", hosts, chips, topology, family.gke_accelerator))
+            aliases.update({pattern.format(n=size): name for pattern in family.alias_patterns})
+    for model, gke_value in _GPU_MODELS.items():
+        for count in _GPU_COUNTS:
+            accelerators.append(Accelerator(f"gpu-{model}x{count}", "gpu", 1, count, None, gke_value))
+    return MappingProxyType({acc.name: acc for acc in accelerators}), MappingProxyType(aliases)
+
+
+_REGISTRY, _ALIASES = _build_registry()
+
+
+def accelerator_names() -> list[str]:
+    """The canonical accelerator names: cpu, then TPUs by generation and size, then GPUs.
+
+    Returns
+    -------
+    list of str
+        A new list; aliases such as ``v5litepod-16`` are not included.
+    """
+    return list(_REGISTRY)
+
+
+def resolve_accelerator(name: str) -> Accelerator:
+    """The accelerator a name or alias stands for.
+
+    Parameters
+    ----------
+    name : str
+        A canonical name (``tpu-v5e-16``) or an alias (``v5litepod-16``,
+        ``v5e-16``); case and surrounding whitespace are ignored.
+
+    Returns
+    -------
+    Accelerator
+
+    Raises
+    ------
+    UnknownAcceleratorError
+        One line naming the value, with close matches when there are any.
+    """
+    key = str(name).strip().lower()
+    canonical = _ALIASES.get(key, key)
+    if canonical in _REGISTRY:
+        return _REGISTRY[canonical]
+    raise UnknownAcceleratorError(_unknown_name_message(name, key))
+
+
+def _unknown_name_message(name: object, key: str) -> str:
+    suggestions = _close_matches(key)
+    if suggestions:
+        return f"unknown accelerator {name!r}; did you mean: {', '.join(suggestions)}?"
+    return f"unknown accelerator {name!r}; kinetic_nb.accelerators.accelerator_names() lists the known names"
+
+
+def _close_matches(key: str) -> list[str]:
+    """Canonical names whose name or alias is close to ``key``: best first, ties in listing order."""
+    best_score: dict[str, float] = {}
+    for known in [*_REGISTRY, *_ALIASES]:
+        score = difflib.SequenceMatcher(None, key, known).ratio()
+        if score >= _SUGGESTION_CUTOFF:
+            canonical = _ALIASES.get(known, known)
+            best_score[canonical] = max(score, best_score.get(canonical, 0.0))
+    listing_order = {name: position for position, name in enumerate(_REGISTRY)}
+    ranked = sorted(best_score, key=lambda canonical: (-best_score[canonical], listing_order[canonical]))
+    return ranked[:_MAX_SUGGESTIONS]
+
+
+def local_notice(acc: Accelerator) -> str:
+    """One line saying how the local backend runs ``acc``.
+
+    Parameters
+    ----------
+    acc : Accelerator
+
+    Returns
+    -------
+    str
+        e.g. ``"tpu-v5e-16 is simulated locally: 4 host processes x 4 CPU devices each."``
+    """
+    processes = f"{acc.hosts} host process" + ("es" if acc.hosts != 1 else "")
+    devices = f"{acc.devices_per_host} CPU device" + ("s" if acc.devices_per_host != 1 else "")
+    each = " each" if acc.hosts > 1 else ""
+    how = "is simulated locally" if acc.simulated_locally else "runs locally"
+    return f"{acc.name} {how}: {processes} x {devices}{each}."

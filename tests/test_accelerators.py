@@ -1,0 +1,157 @@
+"""Accelerator names resolve to the real slice shapes."""
+
+from __future__ import annotations
+
+import pytest
+
+from kinetic_nb.accelerators import Accelerator, accelerator_names, local_notice, resolve_accelerator
+from kinetic_nb.errors import KineticError, UnknownAcceleratorError
+
+
+@pytest.mark.parametrize(
+    ("name", "hosts", "devices_per_host", "topology"),
+    [
+        ("tpu-v5e-4", 1, 4, "2x2"),
+        ("tpu-v5e-8", 1, 8, "2x4"),
+        ("tpu-v5e-16", 4, 4, "4x4"),
+        ("tpu-v5e-32", 8, 4, "4x8"),
+        ("tpu-v5e-64", 16, 4, "8x8"),
+        ("tpu-v6e-8", 2, 4, "2x4"),
+        ("tpu-v6e-16", 4, 4, "4x4"),
+        ("tpu-v6e-32", 8, 4, "4x8"),
+        ("tpu-v5p-8", 1, 4, "2x2x1"),
+        ("tpu-v5p-16", 2, 4, "2x2x2"),
+        ("tpu-v5p-32", 4, 4, "2x2x4"),
+    ],
+)
+def test_tpu_slices_have_their_real_host_and_chip_counts(name, hosts, devices_per_host, topology):
+    acc = resolve_accelerator(name)
+    assert (acc.name, acc.kind, acc.hosts, acc.devices_per_host, acc.topology) == (
+        name,
+        "tpu",
+        hosts,
+        devices_per_host,
+        topology,
+    )
+    assert acc.devices == hosts * devices_per_host
+
+
+def test_devices_counts_the_whole_slice():
+    assert resolve_accelerator("tpu-v5e-16").devices == 16
+    assert resolve_accelerator("tpu-v5p-32").devices == 16  # 32 TensorCores, 2 per chip
+
+
+@pytest.mark.parametrize(
+    ("name", "gke_value"),
+    [
+        ("tpu-v5e-16", "tpu-v5-lite-podslice"),
+        ("tpu-v6e-8", "tpu-v6e-slice"),
+        ("tpu-v5p-8", "tpu-v5p-slice"),
+        ("gpu-l4x2", "nvidia-l4"),
+        ("gpu-a100x4", "nvidia-tesla-a100"),
+        ("gpu-h100x8", "nvidia-h100-80gb"),
+    ],
+)
+def test_gke_node_selector_values(name, gke_value):
+    assert resolve_accelerator(name).gke_accelerator == gke_value
+
+
+@pytest.mark.parametrize("model", ["l4", "a100", "h100"])
+@pytest.mark.parametrize("count", [1, 2, 4, 8])
+def test_gpu_shapes_are_one_host_with_n_gpus(model, count):
+    acc = resolve_accelerator(f"gpu-{model}x{count}")
+    assert (acc.kind, acc.hosts, acc.devices_per_host, acc.devices, acc.topology) == ("gpu", 1, count, count, None)
+
+
+def test_cpu_is_one_host_with_one_device_and_not_simulated():
+    acc = resolve_accelerator("cpu")
+    assert acc == Accelerator("cpu", "cpu", 1, 1, None, None)
+    assert not acc.simulated_locally
+
+
+def test_tpus_and_gpus_are_simulated_locally():
+    assert resolve_accelerator("tpu-v5e-16").simulated_locally
+    assert resolve_accelerator("gpu-h100x8").simulated_locally
+
+
+@pytest.mark.parametrize(
+    ("alias", "canonical"),
+    [
+        ("v5litepod-16", "tpu-v5e-16"),
+        ("tpu-v5litepod-64", "tpu-v5e-64"),
+        ("v5e-4", "tpu-v5e-4"),
+        ("v6e-32", "tpu-v6e-32"),
+        ("v5p-16", "tpu-v5p-16"),
+    ],
+)
+def test_aliases_resolve_to_the_canonical_accelerator(alias, canonical):
+    assert resolve_accelerator(alias) is resolve_accelerator(canonical)
+    assert resolve_accelerator(alias).name == canonical
+
+
+@pytest.mark.parametrize("spelling", ["TPU-V5E-16", "  tpu-v5e-16\n", "V5LitePod-16", "\tv5e-16 "])
+def test_lookup_ignores_case_and_surrounding_whitespace(spelling):
+    assert resolve_accelerator(spelling).name == "tpu-v5e-16"
+
+
+def test_unknown_name_lists_close_matches_on_one_line():
+    with pytest.raises(UnknownAcceleratorError) as caught:
+        resolve_accelerator("tpu-v5e-12")
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.startswith("unknown accelerator 'tpu-v5e-12'; did you mean: tpu-v5e-16, tpu-v5e-32")
+    assert isinstance(caught.value, ValueError)
+    assert isinstance(caught.value, KineticError)
+
+
+def test_close_matches_through_an_alias_are_named_canonically():
+    with pytest.raises(UnknownAcceleratorError, match=r"did you mean: tpu-v5e-16\b") as caught:
+        resolve_accelerator("v5litepod-12")
+    suggestions = str(caught.value).split("did you mean: ")[1].rstrip("?").split(", ")
+    assert all(suggestion in accelerator_names() for suggestion in suggestions)
+    assert len(suggestions) == len(set(suggestions))
+
+
+def test_unknown_name_without_close_match_says_how_to_list_names():
+    with pytest.raises(UnknownAcceleratorError) as caught:
+        resolve_accelerator("quantum-9000")
+    message = str(caught.value)
+    assert "'quantum-9000'" in message
+    assert "accelerator_names()" in message
+    assert "did you mean" not in message
+    assert "\n" not in message
+
+
+def test_accelerator_names_are_canonical_and_sorted_by_family_then_size():
+    names = accelerator_names()
+    assert names[0] == "cpu"
+    assert names[1:6] == ["tpu-v5e-4", "tpu-v5e-8", "tpu-v5e-16", "tpu-v5e-32", "tpu-v5e-64"]
+    assert names[-4:] == ["gpu-h100x1", "gpu-h100x2", "gpu-h100x4", "gpu-h100x8"]
+    assert "v5litepod-16" not in names
+    assert len(names) == len(set(names)) == 1 + 5 + 3 + 3 + 12
+    assert all(resolve_accelerator(name).name == name for name in names)
+
+
+def test_accelerator_names_returns_a_fresh_list():
+    accelerator_names().clear()
+    assert "cpu" in accelerator_names()
+
+
+def test_accelerators_are_immutable():
+    acc = resolve_accelerator("tpu-v5e-16")
+    with pytest.raises(AttributeError):
+        acc.hosts = 1  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("name", "notice"),
+    [
+        ("tpu-v5e-16", "tpu-v5e-16 is simulated locally: 4 host processes x 4 CPU devices each."),
+        ("tpu-v6e-8", "tpu-v6e-8 is simulated locally: 2 host processes x 4 CPU devices each."),
+        ("tpu-v5e-8", "tpu-v5e-8 is simulated locally: 1 host process x 8 CPU devices."),
+        ("gpu-h100x1", "gpu-h100x1 is simulated locally: 1 host process x 1 CPU device."),
+        ("cpu", "cpu runs locally: 1 host process x 1 CPU device."),
+    ],
+)
+def test_local_notice_is_one_line_naming_processes_and_devices(name, notice):
+    assert local_notice(resolve_accelerator(name)) == notice
