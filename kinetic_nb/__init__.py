@@ -1,0 +1,54 @@
+"""kinetic_nb: run a notebook cell on every host of a multi-host TPU/GPU slice.
+
+``%load_ext kinetic_nb`` registers the ``%%kinetic`` cell magic; everything it
+does is also plain Python: ``kinetic_nb.submit(source, hosts=4).result()``.
+
+Imports here are lazy, so ``import kinetic_nb.runner`` on a host stays light.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "submit": "kinetic_nb.client",
+    "last_job": "kinetic_nb.client",
+    "JobHandle": "kinetic_nb.client",
+    "HostInfo": "kinetic_nb.client",
+    "JobStatus": "kinetic_nb.results",
+    "resolve_accelerator": "kinetic_nb.accelerators",
+    "accelerator_names": "kinetic_nb.accelerators",
+}
+__all__ = [
+    "HostInfo",
+    "JobHandle",
+    "JobStatus",
+    "__version__",
+    "accelerator_names",
+    "last_job",
+    "load_ipython_extension",
+    "resolve_accelerator",
+    "submit",
+]
+
+if TYPE_CHECKING:
+    from kinetic_nb.accelerators import accelerator_names, resolve_accelerator
+    from kinetic_nb.client import HostInfo, JobHandle, last_job, submit
+    from kinetic_nb.results import JobStatus
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'kinetic_nb' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext kinetic_nb``: register ``%%kinetic``."""
+    from kinetic_nb.magics import KineticMagics
+
+    ipython.register_magics(KineticMagics)

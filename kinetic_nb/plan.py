@@ -1,0 +1,127 @@
+"""Build the one immutable plan every host receives, and the cell's payload.
+
+``JobPlan`` itself is wire protocol and lives in ``runner.protocol``; this
+module decides its contents from what the user asked for.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import secrets
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import cloudpickle
+
+from kinetic_nb import capture
+from kinetic_nb.accelerators import Accelerator, resolve_accelerator
+from kinetic_nb.runner import protocol
+from kinetic_nb.runner.protocol import Framework, JobPlan
+
+__all__ = ["JobPlan", "CellPayload", "new_job_id", "resolve_slice", "choose_framework", "prepare_cell", "make_plan"]
+
+#: Packages whose presence in a cell means it wants jax.distributed.
+JAX_PACKAGES = frozenset({"jax", "jaxlib", "flax", "optax", "orbax", "equinox", "keras_hub"})
+#: Packages whose presence in a cell means it wants torch.distributed.
+TORCH_PACKAGES = frozenset({"torch", "torchvision", "torchaudio", "lightning", "pytorch_lightning"})
+
+#: Long enough for a GKE pod to be scheduled and pull its image.
+DEFAULT_BARRIER_TIMEOUT_S = 300.0
+#: JAX declares a silent peer dead after this long (its default is 100 s).
+DEFAULT_HEARTBEAT_TIMEOUT_S = 30
+#: JAX's shutdown barrier waits this long for peers (its default is 300 s).
+DEFAULT_SHUTDOWN_TIMEOUT_S = 10
+
+
+def new_job_id() -> str:
+    """A job id that sorts by submission time and is unique enough to share a bucket."""
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    return f"kn-{stamp}-{secrets.token_hex(3)}"
+
+
+def resolve_slice(hosts: int | None, accelerator: str | None) -> tuple[Accelerator, int]:
+    """The accelerator and host count from ``-n`` and ``-a``; they must agree when both are given."""
+    if hosts is not None and hosts < 1:
+        raise ValueError(f"--hosts must be at least 1, got {hosts}")
+    acc = resolve_accelerator(accelerator or "cpu")
+    if accelerator is None or acc.kind == "cpu":
+        return acc, hosts or acc.hosts
+    if hosts is not None and hosts != acc.hosts:
+        raise ValueError(f"--hosts {hosts} does not match {acc.name}, which has {acc.hosts} hosts")
+    return acc, acc.hosts
+
+
+def choose_framework(requested: str, modules: Iterable[str]) -> str:
+    """``auto`` becomes jax or torch by what the cell imports, else none."""
+    if requested != "auto":
+        return Framework(requested).value
+    modules = set(modules)
+    wants_jax, wants_torch = bool(modules & JAX_PACKAGES), bool(modules & TORCH_PACKAGES)
+    if wants_jax and wants_torch:
+        raise ValueError("the cell imports both jax and torch: choose one with --framework jax or --framework torch")
+    if wants_jax:
+        return Framework.JAX.value
+    if wants_torch:
+        return Framework.TORCH.value
+    return Framework.NONE.value
+
+
+class CellPayload:
+    """The cell's source, the notebook values it reads, and the ``--out`` names, pickled once."""
+
+    def __init__(self, data: bytes, modules: set[str], names: list[str]):
+        self.data = data
+        self.sha256 = hashlib.sha256(data).hexdigest()
+        self.modules = modules
+        self.names = names
+
+
+def prepare_cell(source: str, user_ns: Mapping[str, Any], *, filename: str, out: Iterable[str] = ()) -> CellPayload:
+    """Check and pickle the cell before any host starts.
+
+    Raises ``CellSyntaxError`` naming the cell line, or
+    ``UnpicklableValueError`` naming the variable, its type and the reason.
+    """
+    tree = capture.parse_cell(source, filename)
+    names = capture.names_read_from_notebook(tree, user_ns)
+    namespace = capture.pickle_namespace(names, user_ns)
+    modules = capture.imported_modules(tree) | capture.module_roots(user_ns[name] for name in names)
+    data = cloudpickle.dumps(
+        {
+            protocol.CELL_SOURCE: source,
+            protocol.CELL_FILENAME: filename,
+            protocol.CELL_NAMESPACE: namespace,
+            protocol.CELL_OUT_NAMES: list(out),
+        }
+    )
+    return CellPayload(data, modules, names)
+
+
+def make_plan(
+    *,
+    job_id: str,
+    acc: Accelerator,
+    hosts: int,
+    framework: str,
+    coordinator_address: str,
+    payload: CellPayload,
+    simulated: bool,
+    timeout: float | None = None,
+    env: Mapping[str, str] | None = None,
+) -> JobPlan:
+    return JobPlan(
+        job_id=job_id,
+        hosts=hosts,
+        accelerator=acc.name,
+        devices_per_host=acc.devices_per_host,
+        framework=framework,
+        coordinator_address=coordinator_address,
+        payload_sha256=payload.sha256,
+        barrier_timeout_s=DEFAULT_BARRIER_TIMEOUT_S,
+        heartbeat_timeout_s=DEFAULT_HEARTBEAT_TIMEOUT_S,
+        shutdown_timeout_s=DEFAULT_SHUTDOWN_TIMEOUT_S,
+        timeout_s=timeout,
+        simulated=simulated,
+        env=dict(env or {}),
+    )

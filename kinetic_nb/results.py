@@ -1,0 +1,268 @@
+"""Turn a finished job's host records into the cell's value or exception.
+
+The rules (DESIGN, "How the client turns host records into the cell's outcome"):
+
+1. The leader's payload reports a failure: raise the leader's exception.
+2. The leader's payload reports success and the job SUCCEEDED: return its
+   value. Worker objects are never listed.
+3. The leader reports success but the job FAILED: raise the lowest-indexed
+   failing host's exception, with a note naming the other failing hosts.
+4. No leader payload: the same worker rule; if no host wrote a payload, an
+   error naming the missing object and every host's exit summary.
+5. Only the payload that is re-raised is downloaded; unreadable or
+   success-claiming worker payloads are skipped with a warning. Single-host
+   jobs skip the listing.
+6. Root cause first: a failure that is a known consequence of losing a peer
+   ranks after a host's own failure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import re
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import cloudpickle
+
+from kinetic_nb.errors import (
+    JobCancelledError,
+    JobFailedError,
+    KineticWarning,
+    ObjectNotFoundError,
+    RemoteHostError,
+)
+from kinetic_nb.runner import protocol
+from kinetic_nb.runner.protocol import ExitSummary, JobPlan
+from kinetic_nb.storage import ObjectInfo, Storage
+
+
+class JobStatus(str, enum.Enum):
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def done(self) -> bool:
+        return self in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
+
+
+def job_status(plan: JobPlan, exits: Mapping[int, ExitSummary], *, started: bool, cancelled: bool) -> JobStatus:
+    """The job's state once every host has ended (RUNNING or PENDING before)."""
+    if len(exits) < plan.hosts:
+        return JobStatus.RUNNING if started else JobStatus.PENDING
+    if any(summary.failed for summary in exits.values()):
+        return JobStatus.FAILED
+    if any(summary.stopped or summary.exit_code == protocol.EXIT_STOPPED for summary in exits.values()):
+        return JobStatus.CANCELLED if cancelled else JobStatus.FAILED
+    return JobStatus.SUCCEEDED
+
+
+#: Messages of errors that follow from losing a peer (gloo, NCCL, the JAX
+#: coordination service), rather than from a host's own code.
+_PEER_LOSS = re.compile(
+    r"connection (closed|reset) by peer|broken pipe|gloo|nccl|coordination service|heartbeat|"
+    r"DEADLINE_EXCEEDED|UNAVAILABLE|barrier timed out|peer .* (died|lost|gone)",
+    re.IGNORECASE,
+)
+
+
+@dataclasses.dataclass
+class HostFailure:
+    """One host's failure payload, decoded."""
+
+    host_index: int
+    payload: dict[str, Any]
+    uri: str
+
+    @property
+    def stopped(self) -> bool:
+        return bool(self.payload.get(protocol.STOPPED))
+
+    @property
+    def type_name(self) -> str:
+        return self.payload.get(protocol.EXCEPTION_TYPE, "")
+
+    @property
+    def message(self) -> str:
+        return self.payload.get(protocol.EXCEPTION_MESSAGE, "")
+
+    @property
+    def is_consequence(self) -> bool:
+        """A follow-on of another host's failure (rule 6), not this host's own."""
+        if self.stopped:
+            return True
+        return bool(_PEER_LOSS.search(f"{self.type_name}: {self.message}"))
+
+    def exception(self, job_id: str) -> BaseException:
+        """The remote exception as its own type, carrying the remote traceback."""
+        try:
+            error = cloudpickle.loads(self.payload[protocol.EXCEPTION])
+        except Exception:
+            error = RemoteHostError(f"{self.type_name}: {self.message}")
+        attach_remote_traceback(error, self.payload.get(protocol.TRACEBACK, ""), self.host_index, job_id)
+        return error
+
+
+class RemoteTraceback(Exception):
+    """Carries a host's traceback text as the cause of the re-raised exception."""
+
+    def __init__(self, text: str):
+        super().__init__(text)
+        self.text = text
+
+    def __str__(self) -> str:
+        return f'\n"""\n{self.text.rstrip()}\n"""'
+
+
+def attach_remote_traceback(error: BaseException, text: str, host_index: int, job_id: str) -> None:
+    """Show the host's frames: as the cause in plain Python, as the whole traceback in IPython."""
+    if not text:
+        return
+    error.__cause__ = RemoteTraceback(text)
+
+    def render_traceback() -> list[str]:
+        lines = [f"Traceback from host {host_index} of job {job_id}:"]
+        lines += text.rstrip("\n").splitlines()
+        lines += getattr(error, "__notes__", [])
+        return lines
+
+    try:
+        error._render_traceback_ = render_traceback  # IPython shows this instead of local frames
+    except (AttributeError, TypeError):
+        pass
+
+
+def read_failure(storage: Storage, name: str, host_index: int, *, warn: bool) -> HostFailure | None:
+    """Download and decode one payload; an unreadable or success-claiming one is skipped with a warning."""
+    uri = f"{storage.uri}/{name}"
+    try:
+        payload = cloudpickle.loads(storage.read_bytes(name))
+        if not isinstance(payload, dict):
+            raise TypeError(f"a {type(payload).__name__}, not a dict")
+    except ObjectNotFoundError:
+        return None
+    except Exception as error:
+        if warn:
+            warnings.warn(f"skipping the unreadable payload of host {host_index} ({uri}): {error}", KineticWarning, 3)
+        return None
+    if payload.get(protocol.SUCCESS) and host_index != protocol.LEADER_INDEX:
+        warnings.warn(f"skipping the payload of host {host_index} ({uri}): a worker payload that claims success",
+                      KineticWarning, 3)
+        return None
+    return HostFailure(host_index, payload, uri)
+
+
+def _hosts_text(indices: list[int]) -> str:
+    return ", ".join(map(str, indices))
+
+
+def _raise_host_failure(failure: HostFailure, job_id: str, others: list[int], extra: list[str] = ()) -> None:
+    error = failure.exception(job_id)
+    note = f"Reported by host {failure.host_index} of multi-host job {job_id} ({failure.uri})."
+    if others:
+        note += f" Other hosts that also reported a failure: {_hosts_text(others)}."
+    error.add_note(note)
+    for line in extra:
+        error.add_note(line)
+    raise error from error.__cause__
+
+
+def _raise_leader_failure(failure: HostFailure, job_id: str, extra: list[str] = ()) -> None:
+    error = failure.exception(job_id)
+    for line in extra:
+        error.add_note(line)
+    raise error from error.__cause__
+
+
+def warn_teardown_crashes(exits: Mapping[int, ExitSummary]) -> None:
+    for index in sorted(exits):
+        summary = exits[index]
+        if summary.recorded_success and (summary.signal or summary.exit_code not in (0, None)):
+            warnings.warn(
+                f"host {index} ended badly after recording success ({summary.describe()}); the outcome stands",
+                KineticWarning,
+                3,
+            )
+
+
+def resolve_outcome(
+    storage: Storage,
+    plan: JobPlan,
+    status: JobStatus,
+    exits: Mapping[int, ExitSummary],
+    list_job: Callable[[], list[ObjectInfo]],
+    describe_host: Callable[[int], str],
+) -> dict[str, Any]:
+    """The leader's success payload, or raise the right host's exception.
+
+    ``list_job`` is called at most once, and never for a succeeded or
+    single-host job; ``describe_host(i)`` gives host i's exit summary and
+    last log lines for the no-payload error.
+    """
+    warn_teardown_crashes(exits)
+    leader = read_failure(storage, protocol.RESULT, protocol.LEADER_INDEX, warn=True)
+    leader_ok = leader is not None and bool(leader.payload.get(protocol.SUCCESS))
+    if leader is not None and not leader_ok and not leader.is_consequence:
+        _raise_leader_failure(leader, plan.job_id)  # rule 1
+    if leader_ok and status is JobStatus.SUCCEEDED:
+        return leader.payload  # rule 2
+    if status is JobStatus.CANCELLED:
+        raise JobCancelledError(f"job {plan.job_id} was cancelled ({storage.uri})")
+    if plan.hosts == 1:
+        if leader is not None and not leader_ok:
+            _raise_leader_failure(leader, plan.job_id)
+        raise _no_payload_error(storage, plan, exits, describe_host, leader_ok)
+
+    # Rules 3, 4 and 6: the lowest-indexed host that failed on its own account.
+    failing = sorted(
+        index for info in list_job() if (index := protocol.parse_worker_result(info.name)) is not None
+    )
+    consequence: HostFailure | None = None
+    for index in failing:
+        failure = read_failure(storage, protocol.worker_result(index), index, warn=True)
+        if failure is None:
+            continue
+        if failure.is_consequence:
+            consequence = consequence or failure
+            continue
+        extra = []
+        if leader is not None and not leader_ok:
+            extra.append(f"The leader (host 0) failed as a consequence: {leader.type_name}: {leader.message}")
+        _raise_host_failure(failure, plan.job_id, [i for i in failing if i != index], extra)
+    dead = [i for i, summary in sorted(exits.items()) if summary.failed and i not in failing and i != 0]
+    extra = [f"Host {i} ended without writing a payload: it {describe_host(i)}" for i in dead]
+    if leader is not None and not leader_ok:
+        _raise_leader_failure(leader, plan.job_id, extra)
+    if consequence is not None:
+        _raise_host_failure(consequence, plan.job_id, [i for i in failing if i != consequence.host_index], extra)
+    raise _no_payload_error(storage, plan, exits, describe_host, leader_ok)
+
+
+def _no_payload_error(
+    storage: Storage,
+    plan: JobPlan,
+    exits: Mapping[int, ExitSummary],
+    describe_host: Callable[[int], str],
+    leader_ok: bool,
+) -> JobFailedError:
+    failed = [i for i, summary in sorted(exits.items()) if summary.failed]
+    if leader_ok:
+        missing = ", ".join(protocol.worker_result(i) for i in failed if i != 0) or "result-worker-*.pkl"
+        head = f"job {plan.job_id} failed after the leader succeeded, and no failing host wrote its payload ({missing})"
+    else:
+        head = f"job {plan.job_id} failed and no host wrote a result payload: {storage.uri}/{protocol.RESULT} is missing"
+    if len(failed) == 1:
+        head += f"; host {failed[0]} {exits[failed[0]].describe()}"
+    lines = [head + "."]
+    for index in range(plan.hosts):
+        lines.append(f"host {index} {describe_host(index)}")
+    return JobFailedError("\n".join(lines))
+

@@ -1,0 +1,70 @@
+"""Shared fixtures: an isolated storage root, and proof that no job process survives a test."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import psutil
+import pytest
+
+#: Every local job process carries one of these: the supervisor and the hosts
+#: it forks share its command line; anything a cell starts inherits the variable.
+_JOB_COMMAND = "kinetic_nb.backends.local_supervisor"
+_JOB_VARIABLE = "KINETIC_JOB_URI"
+#: This session's jobs all live below it (another test run's jobs are not ours to judge).
+_session_root = ""
+#: How long a finished job's supervisor may take to exit after the test.
+_SURVIVOR_WAIT_S = 15.0
+
+
+def job_processes() -> list[psutil.Process]:
+    found = []
+    for process in psutil.process_iter(["pid", "cmdline"]):
+        if process.pid == os.getpid():
+            continue
+        try:
+            command = " ".join(process.info["cmdline"] or ())
+            if (_JOB_COMMAND in command and _session_root in command) or (
+                _session_root in process.environ().get(_JOB_VARIABLE, "\0")
+            ):
+                found.append(process)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+@pytest.fixture(autouse=True, scope="session")
+def storage_root(tmp_path_factory: pytest.TempPathFactory) -> str:
+    global _session_root
+    _session_root = str(tmp_path_factory.getbasetemp())
+    root = tmp_path_factory.mktemp("jobs")
+    os.environ["KINETIC_STORAGE"] = f"file://{root}"
+    return f"file://{root}"
+
+
+@pytest.fixture(autouse=True)
+def no_process_survives():
+    """Fail a test that leaves any job process behind (and clean them up)."""
+    yield
+    deadline = time.monotonic() + _SURVIVOR_WAIT_S
+    survivors = job_processes()
+    while survivors and time.monotonic() < deadline:
+        time.sleep(0.1)
+        survivors = job_processes()
+    if survivors:
+        described = [f"{p.pid}: {' '.join(p.cmdline())}" for p in survivors if p.is_running()]
+        for process in survivors:
+            try:
+                process.send_signal(signal.SIGKILL)
+            except psutil.NoSuchProcess:
+                pass
+        pytest.fail(f"job processes survived the test: {described}")
+
+
+def notebook(code: str) -> dict:
+    """A namespace as a notebook's: what ``code`` defines lives in ``__main__``."""
+    namespace: dict = {"__name__": "__main__"}
+    exec(code, namespace)  # noqa: S102
+    return namespace

@@ -1,0 +1,250 @@
+"""submit() and JobHandle on real local host processes: the outcome rules end to end."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+import kinetic_nb
+from kinetic_nb.errors import JobFailedError, KineticWarning, ResultSerializationError
+from kinetic_nb.results import JobStatus
+from kinetic_nb.runner.protocol import HostState
+
+from .conftest import notebook
+
+HOST = "import os\nhost = int(os.environ['KINETIC_HOST_INDEX'])\n"
+
+
+def run(source: str, **options):
+    handle = kinetic_nb.submit(source, **options)
+    return handle, handle.result
+
+
+def test_jax_four_hosts_allgather_on_a_simulated_tpu_slice():
+    source = (
+        "import jax, jax.numpy as jnp\n"
+        "from jax.experimental import multihost_utils\n"
+        "total = multihost_utils.process_allgather(jnp.ones(2) * jax.process_index()).sum()\n"
+        "(jax.process_count(), jax.device_count(), jax.local_device_count(), float(total))\n"
+    )
+    handle = kinetic_nb.submit(source, accelerator="tpu-v5e-16")
+    assert handle.result() == (4, 16, 4, 12.0)  # 2 * (0 + 1 + 2 + 3)
+    assert handle.plan.framework == "jax"
+    assert handle.status() is JobStatus.SUCCEEDED
+
+
+def test_jax_process_count_with_n_hosts():
+    handle = kinetic_nb.submit("import jax\njax.process_count()", hosts=4)
+    assert handle.result() == 4
+
+
+def test_torch_gloo_all_reduce():
+    source = (
+        "import torch, torch.distributed as dist\n"
+        "t = torch.tensor([float(dist.get_rank() + 1)])\n"
+        "dist.all_reduce(t)\n"
+        "(dist.get_world_size(), t.item())\n"
+    )
+    handle = kinetic_nb.submit(source, hosts=4)
+    assert handle.result() == (4, 10.0)
+    assert handle.plan.framework == "torch"
+
+
+def test_the_leader_owns_the_value():
+    handle = kinetic_nb.submit(HOST + "print('output of', host)\nf'value of host {host}'", hosts=4)
+    assert handle.result() == "value of host 0"
+    assert [h.state for h in handle.hosts()] == [HostState.SUCCEEDED] * 4
+    assert handle.logs(3) == "output of 3\n"
+
+
+def test_worker_failure_after_leader_success_raises_the_workers_exception():
+    source = HOST + (
+        "import pathlib, time\n"
+        "leader_result = pathlib.Path(os.environ['KINETIC_JOB_URI'].removeprefix('file://'), 'result.pkl')\n"
+        "if host == 2:\n"
+        "    while not leader_result.exists():  # fail only after the leader has recorded its success\n"
+        "        time.sleep(0.01)\n"
+        "    raise KeyError('only on host 2')\n"
+        "'leader value'"
+    )
+    handle = kinetic_nb.submit(source, hosts=4)
+    with pytest.raises(KeyError, match="only on host 2") as info:
+        handle.result()
+    notes = info.value.__notes__
+    assert notes[0].startswith(f"Reported by host 2 of multi-host job {handle.job_id} (")
+    assert "result-worker-2.pkl" in notes[0] and "Other hosts" not in notes[0]
+    assert "leader value" not in str(info.value)
+    assert "line 8" in str(info.value.__cause__) and "raise KeyError" in str(info.value.__cause__)
+    assert handle.status() is JobStatus.FAILED
+
+
+def test_two_failing_workers_raise_the_lower_index():
+    source = HOST + "if host in (1, 3):\n    raise ValueError(f'broken host {host}')\nhost"
+    handle = kinetic_nb.submit(source, hosts=4)
+    with pytest.raises(ValueError, match="broken host 1") as info:
+        handle.result()
+    assert info.value.__notes__[0].endswith("Other hosts that also reported a failure: 3.")
+
+
+def test_leader_failure_raises_the_leaders_exception():
+    source = HOST + "if host == 0:\n    raise ZeroDivisionError('leader broke')\nhost"
+    with pytest.raises(ZeroDivisionError, match="leader broke"):
+        kinetic_nb.submit(source, hosts=3).result()
+
+
+def test_sigkilled_host_names_the_host_the_signal_and_its_last_lines():
+    source = HOST + (
+        "import signal\n"
+        "if host == 2:\n"
+        "    print('about to vanish', flush=True)\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+        "host"
+    )
+    with pytest.raises(JobFailedError) as info:
+        kinetic_nb.submit(source, hosts=4).result()
+    message = str(info.value)
+    assert "host 2 was killed by SIGKILL" in message
+    assert "result-worker-2.pkl" in message
+    assert "about to vanish" in message
+
+
+def test_corrupt_lowest_payload_is_skipped_with_a_warning():
+    source = HOST + (
+        "import pathlib, time\n"
+        "job = pathlib.Path(os.environ['KINETIC_JOB_URI'].removeprefix('file://'))\n"
+        "if host == 1:\n"
+        "    (job / 'result-worker-1.pkl').write_bytes(b'not a pickle')\n"
+        "    os._exit(1)\n"
+        "if host == 2:\n"
+        "    time.sleep(0.2)\n"
+        "    raise RuntimeError('the real error on host 2')\n"
+        "host"
+    )
+    handle = kinetic_nb.submit(source, hosts=4)
+    with pytest.warns(KineticWarning, match="unreadable payload of host 1"):
+        with pytest.raises(RuntimeError, match="the real error on host 2") as info:
+            handle.result()
+    assert "Other hosts that also reported a failure: 1." in info.value.__notes__[0]
+
+
+def test_a_host_failing_to_load_the_payload_stops_the_others_before_the_cell(tmp_path):
+    ns = notebook(
+        "import os\n"
+        "def load_bomb():\n"
+        "    if os.environ['KINETIC_HOST_INDEX'] == '2':\n"
+        "        raise RuntimeError('cannot load on host 2')\n"
+        "    return 'loaded'\n"
+        "class Bomb:\n"
+        "    def __reduce__(self):\n"
+        "        return (load_bomb, ())\n"
+        "bomb = Bomb()\n"
+    )
+    marker_dir = str(tmp_path)
+    source = (
+        "import pathlib, jax\n"
+        f"pathlib.Path({marker_dir!r}, 'ran-' + str(jax.process_index())).touch()\n"
+        "from jax.experimental import multihost_utils\n"
+        "multihost_utils.sync_global_devices('never reached')\n"
+        "bomb"
+    )
+    started = time.monotonic()
+    handle = kinetic_nb.submit(source, hosts=4, namespace=ns)
+    with pytest.raises(RuntimeError, match="cannot load on host 2") as info:
+        handle.result()
+    assert time.monotonic() - started < 60  # seconds, not a collective's timeout
+    assert any("'bomb' on host 2" in note for note in info.value.__notes__)
+    assert list(tmp_path.iterdir()) == []  # nobody entered the cell
+    hosts = handle.hosts()
+    assert hosts[2].state == HostState.FAILED and hosts[2].phase == "payload load"
+    assert [hosts[i].state for i in (0, 1, 3)] == [HostState.STOPPED] * 3
+    assert "stopped: host 2 failed in phase payload load" in handle.logs(1)
+
+
+def test_unpicklable_leader_value_is_a_clear_error_with_its_repr():
+    source = "import threading\nclass Holder:\n    def __repr__(self):\n        return 'Holder(lock)'\n" \
+             "h = Holder()\nh.lock = threading.Lock()\nh"
+    with pytest.raises(ResultSerializationError, match=r"the leader's value .* could not be pickled.*Holder\(lock\)"):
+        kinetic_nb.submit(source, hosts=2).result()
+
+
+def test_unpicklable_value_on_a_worker_is_fine():
+    source = HOST + "import threading\nthreading.Lock() if host else 'picklable'"
+    assert kinetic_nb.submit(source, hosts=3).result() == "picklable"
+
+
+def test_out_variables_and_notebook_values_travel():
+    ns = notebook("scale = 10\ndef double(x):\n    return 2 * x\nclass Point:\n    def __init__(self, x):\n        self.x = x\n")
+    source = HOST + "p = Point(double(scale) + host)\nresult = p.x\nresult"
+    handle = kinetic_nb.submit(source, hosts=2, namespace=ns, out=["p", "result"])
+    assert handle.result() == 20
+    assert handle.outputs["result"] == 20 and handle.outputs["p"].x == 20
+
+
+def test_missing_out_variable_fails_on_the_leader():
+    with pytest.raises(NameError, match="--out names missing"):
+        kinetic_nb.submit("x = 1", hosts=2, out=["missing"]).result()
+
+
+def test_single_host_job_needs_no_listing():
+    handle = kinetic_nb.submit("1 + 1")
+    assert handle.result() == 2
+    assert handle.plan.hosts == 1
+
+
+def test_env_reaches_every_host():
+    source = HOST + "os.environ['GREETING'] + str(os.environ['WORLD_SIZE'])"
+    assert kinetic_nb.submit(source, hosts=2, env={"GREETING": "hi"}).result() == "hi2"
+
+
+def test_job_objects_follow_the_protocol():
+    handle = kinetic_nb.submit("print('x')\n3", hosts=2)
+    handle.result()
+    names = {info.name for info in handle.storage.list()}
+    assert {"plan.json", "payload.pkl", "handle.json", ".leader_ready", "result.pkl"} <= names
+    assert {"hosts/0/status.json", "hosts/1/exit.json", "hosts/1/log/000000.txt"} <= names
+    assert not any(name.startswith("result-worker") for name in names)
+    assert os.stat(handle.storage.local_path()).st_mode & 0o777
+
+
+def test_timeout_stops_the_job():
+    from kinetic_nb.errors import KineticTimeoutError
+
+    handle = kinetic_nb.submit(HOST + "import time\nprint('sleeping', flush=True)\ntime.sleep(600)", hosts=2, timeout=2)
+    with pytest.raises(KineticTimeoutError, match="timeout of 2 s") as info:
+        handle.result()
+    assert "sleeping" in str(info.value) and "phase execute" in str(info.value)
+    assert isinstance(info.value, TimeoutError)
+    assert handle.status() is JobStatus.CANCELLED
+
+
+def test_a_crash_after_recorded_success_is_a_teardown_warning():
+    source = HOST + (
+        "import signal\n"
+        "import kinetic_nb.runner.frameworks as frameworks\n"
+        "if host == 1:\n"
+        "    frameworks.shut_down = lambda plan: os.kill(os.getpid(), signal.SIGABRT)\n"
+        "'kept'"
+    )
+    handle = kinetic_nb.submit(source, hosts=2)
+    with pytest.warns(KineticWarning, match=r"host 1 ended badly after recording success \(was killed by SIGABRT\)"):
+        assert handle.result() == "kept"
+    assert handle.status() is JobStatus.SUCCEEDED
+
+
+def test_processes_a_cell_starts_and_abandons_do_not_outlive_the_job():
+    source = "import subprocess\nsubprocess.Popen(['sleep', '600'], start_new_session=True).pid"
+    pid = kinetic_nb.submit(source, hosts=2).result()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _alive(pid):
+        time.sleep(0.05)
+    assert not _alive(pid)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

@@ -1,0 +1,81 @@
+"""%%kinetic in a real IPython shell: parsing, one-line usage errors, Out[n] and --out."""
+
+from __future__ import annotations
+
+import pytest
+from IPython.core.interactiveshell import InteractiveShell
+
+
+@pytest.fixture(scope="module")
+def shell():
+    shell = InteractiveShell.instance()
+    shell.run_cell("%load_ext kinetic_nb", store_history=True)
+    yield shell
+    InteractiveShell.clear_instance()
+
+
+def run_cell(shell, code):
+    return shell.run_cell(code, store_history=True)
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ("-n abc", "argument -n/--hosts: invalid int value: 'abc'"),
+        ("-n 0", "-n/--hosts must be at least 1, got 0"),
+        ("--framework tensorflow", "argument --framework: invalid choice: 'tensorflow'"),
+        ("-a tpu-v5e-12", "unknown accelerator 'tpu-v5e-12'"),
+        ("-a tpu-v5e-16 -n 2", "--hosts 2 does not match tpu-v5e-16, which has 4 hosts"),
+        ("-e NOVALUE", "-e/--env expects KEY=VALUE, got 'NOVALUE'"),
+        ("-o 1x", "-o/--out expects variable names, got '1x'"),
+        ("--timeout -1", "--timeout must be positive"),
+        ("--bogus", "unrecognized arguments: --bogus"),
+        ("-b kubernetes", "argument -b/--backend: invalid choice: 'kubernetes'"),
+        ("--storage s3://bucket/x", "unsupported storage URI 's3://bucket/x'"),
+    ],
+)
+def test_bad_input_is_one_usage_error_line(shell, capsys, line, expected):
+    result = run_cell(shell, f"%%kinetic {line}\n1\n")
+    captured = capsys.readouterr()
+    assert type(result.error_in_exec).__name__ == "UsageError"
+    message = str(result.error_in_exec)
+    assert expected in message
+    assert "\n" not in message.strip()
+    assert "Traceback" not in captured.out + captured.err
+
+
+def test_help_lists_the_flags(shell):
+    doc = shell.find_cell_magic("kinetic").__doc__
+    for flag in ("--hosts", "--accelerator", "--backend", "--framework", "--out", "--env", "--timeout", "--storage",
+                 "--quiet"):
+        assert flag in doc
+
+
+def test_syntax_error_names_the_cell_line(shell):
+    result = run_cell(shell, "%%kinetic -n 2\nx = 1\ny = = 2\n")
+    assert type(result.error_in_exec).__name__ == "UsageError"
+    assert "line 3" in str(result.error_in_exec)  # the cell's own numbering, %%kinetic being line 1
+
+
+def test_unpicklable_notebook_value_is_named_before_any_host_starts(shell):
+    run_cell(shell, "import threading\nlock = threading.Lock()")
+    result = run_cell(shell, "%%kinetic -n 2\nlock\n")
+    assert "'lock'" in str(result.error_in_exec) and "lock" in str(result.error_in_exec)
+
+
+def test_value_becomes_out_and_out_variables_land(shell):
+    run_cell(shell, "base = 5\ndef triple(x):\n    return 3 * x\n")
+    result = run_cell(shell, "%%kinetic -n 2 -o made,also\nimport os\nmade = triple(base)\nalso = os.environ['RANK']\nmade + 1\n")
+    assert result.error_in_exec is None, result.error_in_exec
+    assert result.result == 16
+    assert shell.user_ns["made"] == 15
+    assert shell.user_ns["also"] == "0"  # the leader's variables, not a worker's
+    assert shell.user_ns["Out"][result.execution_count] == 16
+
+
+def test_remote_exception_is_raised_in_the_shell(shell):
+    result = run_cell(shell, "%%kinetic -n 2\nimport os\nif os.environ['RANK'] == '1':\n    raise ValueError('nope')\n")
+    assert isinstance(result.error_in_exec, ValueError)
+    rendered = "\n".join(result.error_in_exec._render_traceback_())
+    assert "kinetic In[" in rendered and "raise ValueError('nope')" in rendered
+    assert "Reported by host 1" in rendered

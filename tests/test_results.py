@@ -1,0 +1,179 @@
+"""The outcome rules on stored records, without processes: which payloads are read, what is raised."""
+
+from __future__ import annotations
+
+import cloudpickle
+import pytest
+
+from kinetic_nb.errors import HostStoppedError, JobCancelledError, JobFailedError, KineticWarning
+from kinetic_nb.results import JobStatus, job_status, resolve_outcome
+from kinetic_nb.runner import protocol
+from kinetic_nb.runner.protocol import ExitSummary, JobPlan
+from kinetic_nb.storage import LocalStorage
+
+
+class CountingStorage(LocalStorage):
+    """A real file storage that counts what the client reads and lists."""
+
+    def __init__(self, uri):
+        super().__init__(uri)
+        self.reads: list[str] = []
+        self.lists = 0
+
+    def read_bytes(self, name):
+        self.reads.append(name)
+        return super().read_bytes(name)
+
+    def list(self, prefix=""):
+        self.lists += 1
+        return super().list(prefix)
+
+
+def make_plan(hosts: int) -> JobPlan:
+    return JobPlan(job_id="kn-test", hosts=hosts, accelerator="cpu", devices_per_host=1, framework="none",
+                   coordinator_address="127.0.0.1:1", payload_sha256="0", barrier_timeout_s=1,
+                   heartbeat_timeout_s=1, shutdown_timeout_s=1)
+
+
+def failure(host: int, error: BaseException, *, stopped: bool = False) -> bytes:
+    return cloudpickle.dumps({
+        protocol.SUCCESS: False, protocol.EXCEPTION: cloudpickle.dumps(error),
+        protocol.EXCEPTION_TYPE: type(error).__name__, protocol.EXCEPTION_MESSAGE: str(error),
+        protocol.TRACEBACK: f"Traceback (most recent call last):\n  File \"<cell>\", line 1\n{error!r}\n",
+        protocol.PHASE: "execute", protocol.HOST_INDEX: host, protocol.STOPPED: stopped,
+    })
+
+
+def success(value) -> bytes:
+    return cloudpickle.dumps({protocol.SUCCESS: True, protocol.RESULT_VALUE: value, protocol.OUTPUTS: {},
+                              protocol.PHASE: "execute", protocol.HOST_INDEX: 0})
+
+
+@pytest.fixture
+def storage(tmp_path):
+    return CountingStorage(str(tmp_path / "kn-test"))
+
+
+def exits(hosts: int, failed=(), stopped=()) -> dict[int, ExitSummary]:
+    return {i: ExitSummary(i, 1 if i in failed else (3 if i in stopped else 0), recorded_success=i not in failed + stopped,
+                           stopped=i in stopped) for i in range(hosts)}
+
+
+def resolve(storage, hosts, status, host_exits):
+    listed = []
+
+    def list_job():
+        listed.append(True)
+        return storage.list()
+
+    outcome = resolve_outcome(storage, make_plan(hosts), status, host_exits, list_job, lambda i: f"ended (host {i})")
+    return outcome, listed
+
+
+def test_rule_2_success_reads_only_the_leader_and_never_lists(storage):
+    storage.write_bytes("result.pkl", success(42))
+    storage.write_bytes("result-worker-3.pkl", failure(3, ValueError("stale")))
+    outcome, listed = resolve(storage, 4, JobStatus.SUCCEEDED, exits(4))
+    assert outcome[protocol.RESULT_VALUE] == 42
+    assert storage.reads == ["result.pkl"] and listed == []
+
+
+def test_rule_1_leader_failure_wins_over_workers(storage):
+    storage.write_bytes("result.pkl", failure(0, KeyError("leader")))
+    storage.write_bytes("result-worker-1.pkl", failure(1, ValueError("worker")))
+    with pytest.raises(KeyError, match="leader"):
+        resolve(storage, 2, JobStatus.FAILED, exits(2, failed=(0, 1)))
+    assert storage.reads == ["result.pkl"]
+
+
+def test_rule_3_and_5_one_download_names_the_others(storage):
+    storage.write_bytes("result.pkl", success("never returned"))
+    for host in (5, 2, 7):
+        storage.write_bytes(protocol.worker_result(host), failure(host, ValueError(f"host {host}")))
+    with pytest.raises(ValueError, match="host 2") as info:
+        resolve(storage, 8, JobStatus.FAILED, exits(8, failed=(2, 5, 7)))
+    assert info.value.__notes__ == [
+        f"Reported by host 2 of multi-host job kn-test ({storage.uri}/result-worker-2.pkl). "
+        "Other hosts that also reported a failure: 5, 7."
+    ]
+    assert storage.reads == ["result.pkl", "result-worker-2.pkl"]
+    assert "host 2" in str(info.value.__cause__)  # the remote traceback travels as the cause
+
+
+def test_rule_4_no_leader_payload_uses_the_worker_rule(storage):
+    storage.write_bytes("result-worker-1.pkl", failure(1, OSError("disk")))
+    with pytest.raises(OSError, match="disk"):
+        resolve(storage, 2, JobStatus.FAILED, exits(2, failed=(0, 1)))
+
+
+def test_rule_4_no_payload_at_all_names_the_missing_object_and_every_host(storage):
+    with pytest.raises(JobFailedError) as info:
+        resolve(storage, 3, JobStatus.FAILED, exits(3, failed=(0,)))
+    message = str(info.value)
+    assert f"{storage.uri}/result.pkl is missing" in message
+    assert all(f"host {i} ended (host {i})" in message for i in range(3))
+
+
+def test_rule_5_unreadable_and_success_claiming_worker_payloads_are_skipped(storage):
+    storage.write_bytes("result.pkl", success(1))
+    storage.write_bytes("result-worker-1.pkl", b"garbage")
+    storage.write_bytes("result-worker-2.pkl", success("a worker must not claim success"))
+    storage.write_bytes("result-worker-3.pkl", failure(3, RuntimeError("the real one")))
+    with pytest.warns(KineticWarning) as warned:
+        with pytest.raises(RuntimeError, match="the real one"):
+            resolve(storage, 4, JobStatus.FAILED, exits(4, failed=(1, 2, 3)))
+    messages = [str(w.message) for w in warned]
+    assert any("unreadable payload of host 1" in m for m in messages)
+    assert any("host 2" in m and "claims success" in m for m in messages)
+
+
+def test_single_host_jobs_never_list(storage):
+    storage.write_bytes("result.pkl", failure(0, ArithmeticError("alone")))
+    with pytest.raises(ArithmeticError):
+        resolve(storage, 1, JobStatus.FAILED, exits(1, failed=(0,)))
+    assert storage.lists == 0
+
+
+def test_rule_6_a_peer_loss_ranks_after_a_hosts_own_failure(storage):
+    storage.write_bytes("result.pkl", failure(0, RuntimeError("Connection closed by peer [127.0.0.1]:1234")))
+    storage.write_bytes("result-worker-1.pkl", failure(1, RuntimeError("gloo: connection reset by peer")))
+    storage.write_bytes("result-worker-3.pkl", failure(3, MemoryError("host 3 ran out")))
+    with pytest.raises(MemoryError) as info:
+        resolve(storage, 4, JobStatus.FAILED, exits(4, failed=(0, 1, 3)))
+    assert "Other hosts that also reported a failure: 1." in info.value.__notes__[0]
+    assert "The leader (host 0) failed as a consequence" in info.value.__notes__[1]
+
+
+def test_a_stopped_leader_defers_to_the_failing_host(storage):
+    storage.write_bytes("result.pkl", failure(0, HostStoppedError("stopped: host 2 failed in phase payload load"),
+                                              stopped=True))
+    storage.write_bytes("result-worker-2.pkl", failure(2, ImportError("no module")))
+    with pytest.raises(ImportError):
+        resolve(storage, 3, JobStatus.FAILED, exits(3, failed=(2,), stopped=(0, 1)))
+
+
+def test_cancelled_jobs_say_so(storage):
+    with pytest.raises(JobCancelledError):
+        resolve(storage, 2, JobStatus.CANCELLED, exits(2, stopped=(0, 1)))
+
+
+def test_the_same_records_give_the_same_exception(storage):
+    storage.write_bytes("result-worker-4.pkl", failure(4, ValueError("four")))
+    storage.write_bytes("result-worker-2.pkl", failure(2, ValueError("two")))
+    raised = set()
+    for _ in range(3):
+        with pytest.raises(ValueError) as info:
+            resolve(storage, 5, JobStatus.FAILED, exits(5, failed=(2, 4)))
+        raised.add(str(info.value))
+    assert raised == {"two"}
+
+
+def test_job_status():
+    plan = make_plan(2)
+    assert job_status(plan, {}, started=False, cancelled=False) is JobStatus.PENDING
+    assert job_status(plan, {0: exits(2)[0]}, started=True, cancelled=False) is JobStatus.RUNNING
+    assert job_status(plan, exits(2), started=True, cancelled=False) is JobStatus.SUCCEEDED
+    assert job_status(plan, exits(2, failed=(1,)), started=True, cancelled=False) is JobStatus.FAILED
+    assert job_status(plan, exits(2, stopped=(0, 1)), started=True, cancelled=True) is JobStatus.CANCELLED
+    crashed_after_success = {0: ExitSummary(0, None, "SIGABRT", recorded_success=True), 1: exits(2)[1]}
+    assert job_status(plan, crashed_after_success, started=True, cancelled=False) is JobStatus.SUCCEEDED
