@@ -1,0 +1,26 @@
+# Two commands a new user needs: `make demo` and `make test`. Each creates or
+# refreshes the virtual environment it runs in.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: demo test bench clean
+
+$(STAMP): setup.cfg pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[jax,torch,plots,test]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) examples/run_quickstart.py
+
+test: $(STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(PY) benchmarks/launch_overhead.py
+
+clean:
+	rm -rf $(VENV) build .pytest_cache

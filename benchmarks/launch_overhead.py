@@ -1,0 +1,71 @@
+"""Launch overhead of a trivial cell on 1, 2, 4 and 8 local hosts, against a floor.
+
+The floor, measured in the same run: the same number of parallel
+``python -c "import kinetic_nb.runner"`` processes, started and waited for.
+The goal is a trivial cell (no framework) within 1.5x of the floor. JAX and
+torch initialisation are printed separately, as the extra time over the
+trivial cell.
+
+    python benchmarks/launch_overhead.py [--repeat 5] [--hosts 1 2 4 8] [--no-frameworks]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import kinetic_nb
+
+
+def floor_seconds(hosts: int) -> float:
+    started = time.perf_counter()
+    processes = [subprocess.Popen([sys.executable, "-c", "import kinetic_nb.runner"]) for _ in range(hosts)]
+    for process in processes:
+        process.wait()
+    return time.perf_counter() - started
+
+
+def cell_seconds(source: str, hosts: int, framework: str) -> float:
+    started = time.perf_counter()
+    kinetic_nb.submit(source, hosts=hosts, framework=framework).result()
+    return time.perf_counter() - started
+
+
+def median_of(repeat: int, measure, *args) -> float:
+    return statistics.median(measure(*args) for _ in range(repeat))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--hosts", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--no-frameworks", action="store_true", help="skip the JAX and torch rows")
+    args = parser.parse_args()
+    os.environ.setdefault("KINETIC_STORAGE", tempfile.mkdtemp(prefix="kinetic-bench-"))
+    cell_seconds("None", 1, "none")  # warm the page cache once
+
+    print(f"median of {args.repeat} runs; floor = N parallel `python -c 'import kinetic_nb.runner'`")
+    print(f"{'hosts':>5}  {'floor s':>8}  {'cell s':>8}  {'ratio':>6}  (goal <= 1.50)")
+    trivial = {}
+    for hosts in args.hosts:
+        floor = median_of(args.repeat, floor_seconds, hosts)
+        trivial[hosts] = median_of(args.repeat, cell_seconds, "None", hosts, "none")
+        print(f"{hosts:>5}  {floor:8.3f}  {trivial[hosts]:8.3f}  {trivial[hosts] / floor:6.2f}")
+    if args.no_frameworks:
+        return
+    print("\nframework initialisation (import + distributed init + teardown), over the trivial cell:")
+    print(f"{'hosts':>5}  {'jax s':>8}  {'jax extra':>9}  {'torch s':>8}  {'torch extra':>11}")
+    repeat = max(1, args.repeat // 2)
+    for hosts in args.hosts:
+        jax_s = median_of(repeat, cell_seconds, "import jax\njax.process_count()", hosts, "jax")
+        torch_s = median_of(repeat, cell_seconds, "import torch.distributed as d\nd.get_world_size()", hosts, "torch")
+        print(f"{hosts:>5}  {jax_s:8.3f}  {jax_s - trivial[hosts]:9.3f}  {torch_s:8.3f}  {torch_s - trivial[hosts]:11.3f}")
+
+
+if __name__ == "__main__":
+    main()
