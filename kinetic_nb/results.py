@@ -69,9 +69,12 @@ def job_status(plan: JobPlan, exits: Mapping[int, ExitSummary], *, started: bool
 #: coordination service), rather than from a host's own code.
 _PEER_LOSS = re.compile(
     r"connection (closed|reset) by peer|broken pipe|gloo|nccl|coordination service|heartbeat|"
-    r"DEADLINE_EXCEEDED|UNAVAILABLE|barrier timed out|peer .* (died|lost|gone)",
+    r"barrier timed out|peer .* (died|lost|gone)",
     re.IGNORECASE,
 )
+#: gRPC status codes the JAX coordination service reports when a peer is gone
+#: (matched in capitals only: "unavailable" is an ordinary word).
+_PEER_LOSS_CODES = re.compile(r"\b(DEADLINE_EXCEEDED|UNAVAILABLE|ABORTED)\b")
 
 
 @dataclasses.dataclass
@@ -99,7 +102,8 @@ class HostFailure:
         """A follow-on of another host's failure (rule 6), not this host's own."""
         if self.stopped:
             return True
-        return bool(_PEER_LOSS.search(f"{self.type_name}: {self.message}"))
+        text = f"{self.type_name}: {self.message}"
+        return bool(_PEER_LOSS.search(text) or _PEER_LOSS_CODES.search(text))
 
     def exception(self, job_id: str) -> BaseException:
         """The remote exception as its own type, carrying the remote traceback."""

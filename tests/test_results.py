@@ -177,3 +177,10 @@ def test_job_status():
     assert job_status(plan, exits(2, stopped=(0, 1)), started=True, cancelled=True) is JobStatus.CANCELLED
     crashed_after_success = {0: ExitSummary(0, None, "SIGABRT", recorded_success=True), 1: exits(2)[1]}
     assert job_status(plan, crashed_after_success, started=True, cancelled=False) is JobStatus.SUCCEEDED
+
+
+def test_ordinary_words_do_not_make_a_failure_a_consequence(storage):
+    storage.write_bytes("result-worker-1.pkl", failure(1, RuntimeError("resource unavailable, deadline exceeded")))
+    storage.write_bytes("result-worker-2.pkl", failure(2, RuntimeError("UNAVAILABLE: coordination service lost")))
+    with pytest.raises(RuntimeError, match="resource unavailable"):
+        resolve(storage, 3, JobStatus.FAILED, exits(3, failed=(0, 1, 2)))

@@ -225,10 +225,10 @@ class HostRun:
         state = HostState.STOPPED if stopped else HostState.FAILED
         first_line = f"{exception_type_name(error)}: {error}".splitlines()[0]
         self.status.update(state=state, phase=self.phase, message=first_line)
-        if stopped:
-            print(f"host {self.host_index}: {error}", file=sys.stderr)
-        else:
-            sys.stderr.write(cell_traceback(error, self.filename))
+        # One line in the log: the traceback travels in the payload, and the
+        # leader's log is echoed into the cell, which raises it anyway.
+        print(f"host {self.host_index} {'stopped' if stopped else 'failed'} in phase {self.phase}: {first_line}",
+              file=sys.stderr)
         if stopped and not self.is_leader:
             return  # a stopped worker reports nothing: it did not fail on its own
         payload = {
