@@ -17,14 +17,16 @@ _EXPORTS = {
     "submit": "kinetic_nb.client",
     "last_job": "kinetic_nb.client",
     "JobHandle": "kinetic_nb.client",
-    "HostInfo": "kinetic_nb.client",
+    "HostSnapshot": "kinetic_nb.snapshot",
+    "JobSnapshot": "kinetic_nb.snapshot",
     "JobStatus": "kinetic_nb.results",
     "resolve_accelerator": "kinetic_nb.accelerators",
     "accelerator_names": "kinetic_nb.accelerators",
 }
 __all__ = [
-    "HostInfo",
+    "HostSnapshot",
     "JobHandle",
+    "JobSnapshot",
     "JobStatus",
     "__version__",
     "accelerator_names",
@@ -36,8 +38,9 @@ __all__ = [
 
 if TYPE_CHECKING:
     from kinetic_nb.accelerators import accelerator_names, resolve_accelerator
-    from kinetic_nb.client import HostInfo, JobHandle, last_job, submit
+    from kinetic_nb.client import JobHandle, last_job, submit
     from kinetic_nb.results import JobStatus
+    from kinetic_nb.snapshot import HostSnapshot, JobSnapshot
 
 
 def __getattr__(name: str) -> Any:

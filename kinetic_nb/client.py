@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 import time
@@ -11,15 +10,16 @@ from typing import Any
 
 from kinetic_nb.accelerators import local_notice
 from kinetic_nb.backends import Backend, get_backend
-from kinetic_nb.errors import KineticTimeoutError, ObjectNotFoundError
+from kinetic_nb.errors import KineticTimeoutError
 from kinetic_nb.plan import choose_framework, make_plan, new_job_id, prepare_cell, resolve_slice
-from kinetic_nb.results import JobStatus, job_status, resolve_outcome
+from kinetic_nb.results import JobStatus, resolve_outcome
 from kinetic_nb.runner import protocol
-from kinetic_nb.runner.logs import last_lines, read_log
-from kinetic_nb.runner.protocol import ExitSummary, HostState, HostStatus, JobPlan
-from kinetic_nb.storage import ObjectInfo, Storage, default_root, open_storage
+from kinetic_nb.runner.logs import read_log
+from kinetic_nb.runner.protocol import JobPlan
+from kinetic_nb.snapshot import HostSnapshot, JobPoller, JobSnapshot
+from kinetic_nb.storage import Storage, default_root, open_storage
 
-__all__ = ["HostInfo", "JobHandle", "JobStatus", "last_job", "submit"]
+__all__ = ["HostSnapshot", "JobHandle", "JobSnapshot", "JobStatus", "last_job", "submit"]
 
 #: First and longest pause between two polls of a running job: short at
 #: first so a quick cell returns quickly, longer later to spare storage.
@@ -28,41 +28,22 @@ POLL_GROWTH = 1.25
 MAX_POLL_S = 0.25
 #: After a cancel, how long to wait for the hosts to be gone.
 CANCEL_WAIT_S = 10.0
-
-
-@dataclasses.dataclass(frozen=True)
-class HostInfo:
-    """One host as ``JobHandle.hosts()`` reports it."""
-
-    index: int
-    state: str
-    phase: str
-    message: str = ""
-    exit: ExitSummary | None = None
-
-    @property
-    def is_leader(self) -> bool:
-        return self.index == protocol.LEADER_INDEX
-
-    @property
-    def exit_summary(self) -> str:
-        return self.exit.describe() if self.exit else ""
+#: A live view is redrawn at most this often (each redraw is a widget message).
+SNAPSHOT_INTERVAL_S = 0.25
 
 
 class JobHandle:
     """A submitted job: wait for it, read its hosts and logs, get its outcome, cancel it."""
 
-    def __init__(self, storage: Storage, plan: JobPlan, backend: Backend, *, echo: Callable[[str], None] | None = None):
+    def __init__(self, storage: Storage, plan: JobPlan, backend: Backend, *,
+                 echo: Callable[[str], None] | None = None, submitted_at: float | None = None):
         self.storage = storage
         self.plan = plan
         self.backend = backend
-        self.echo = echo
         self.outputs: dict[str, Any] = {}
-        self._submitted_at = time.monotonic()
-        self._echoed: set[str] = set()
-        self._exits: dict[int, ExitSummary] = {}
-        self._listing: list[ObjectInfo] = []
-        self._status = JobStatus.PENDING
+        self.poller = JobPoller(storage, plan, backend, submitted_at=submitted_at, on_leader_output=echo)
+        self._started_waiting = time.monotonic()
+        self._snapshot: JobSnapshot | None = None
         self._payload: dict[str, Any] | None = None
 
     @property
@@ -76,67 +57,20 @@ class JobHandle:
     def __repr__(self) -> str:
         return f"<JobHandle {self.job_id} {self.plan.hosts} hosts {self.status()}>"
 
-    def summary(self) -> str:
-        """A plain-text table: the job's state and each host's state, phase and exit."""
-        status = self.status()
-        rows = [f"job {self.job_id} · {self.backend.name} · {self.plan.accelerator} · {self.plan.hosts} hosts · {status}"]
-        rows.append(f"{'host':>4}  {'role':<6}  {'state':<9}  {'phase':<20}  exit")
-        for host in self.hosts():
-            role = "leader" if host.is_leader else ""
-            rows.append(f"{host.index:>4}  {role:<6}  {host.state:<9}  {host.phase:<20}  {host.exit_summary}")
-        return "\n".join(rows)
-
-    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
-        printer.text(repr(self) if cycle else self.summary())
-
     # -- reading the job's state -------------------------------------------------
 
-    def _poll(self) -> JobStatus:
-        """One listing of the job's objects; read only what is new."""
-        if self._status.done:
-            return self._status
-        self._listing = self.storage.list()
-        names = {info.name for info in self._listing}
-        ended = [info for info in self._listing if info.name.endswith("/exit.json") and
-                 (parsed := protocol.parse_host_object(info.name)) and parsed[0] not in self._exits]
-        if ended:
-            self._exits.update(self.backend.exit_summaries(self.storage, self.plan, ended))
-        self._echo_leader_output()
-        started = any(name.startswith(protocol.HOSTS_DIR + "/") for name in names)
-        self._status = job_status(self.plan, self._exits, started=started, cancelled=protocol.CANCEL in names)
-        return self._status
-
-    def _echo_leader_output(self) -> None:
-        if self.echo is None:
-            return
-        prefix = protocol.host_log_prefix(protocol.LEADER_INDEX)
-        for info in self._listing:
-            if info.name.startswith(prefix) and info.name not in self._echoed:
-                self._echoed.add(info.name)
-                self.echo(self.storage.read_bytes(info.name).decode(errors="replace"))
+    def snapshot(self) -> JobSnapshot:
+        """The job as it is now (one listing; only changed records are read)."""
+        self._snapshot = self.poller.poll()
+        return self._snapshot
 
     def status(self) -> JobStatus:
         """PENDING, RUNNING, SUCCEEDED, FAILED or CANCELLED."""
-        return self._poll()
+        return self.snapshot().status
 
-    def hosts(self) -> list[HostInfo]:
-        """Every host's state, phase and (once it ended) exit summary."""
-        self._poll()
-        infos = []
-        for index in range(self.plan.hosts):
-            try:
-                status = HostStatus.from_json(self.storage.read_bytes(protocol.host_status(index)))
-            except ObjectNotFoundError:
-                status = None
-            summary = self._exits.get(index)
-            state = status.state if status else HostState.PENDING.value
-            if summary is not None and summary.stopped:
-                state = HostState.STOPPED.value
-            elif summary is not None and summary.failed:
-                state = HostState.FAILED.value
-            infos.append(HostInfo(index, state, status.phase if status else protocol.Phase.STARTUP.value,
-                                  status.message if status else "", summary))
-        return infos
+    def hosts(self) -> list[HostSnapshot]:
+        """Every host's state, phase, last log line and (once it ended) exit summary."""
+        return list(self.snapshot().hosts)
 
     def logs(self, host: int = protocol.LEADER_INDEX) -> str:
         """Host ``host``'s stdout and stderr so far."""
@@ -144,53 +78,90 @@ class JobHandle:
             raise ValueError(f"host {host} is out of range for a {self.plan.hosts}-host job")
         return read_log(self.storage, host)
 
+    def summary(self) -> str:
+        """A plain-text table: the job's state and each host's state, phase and exit."""
+        from kinetic_nb.panel import text_summary
+
+        return text_summary(self.snapshot())
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(repr(self) if cycle else self.summary())
+
+    def _repr_html_(self) -> str:
+        """A static snapshot that survives in a saved notebook and on nbviewer."""
+        from kinetic_nb.panel import html_summary
+
+        return html_summary(self.snapshot())
+
+    def watch(self) -> None:
+        """Show the live panel (or its text twin) and keep it current in the background; return at once."""
+        from kinetic_nb.panel import live_view, watch_in_background
+
+        watch_in_background(self, live_view(self.plan.hosts))
+
+    def timeline(self) -> Any:
+        """A matplotlib Figure: one row per host, one bar per phase (needs the ``plots`` extra)."""
+        from kinetic_nb.timeline import plot_timeline
+
+        return plot_timeline(self.snapshot())
+
     def describe_host(self, index: int) -> str:
         """Exit summary, phase and last log lines of one host, as a verb phrase."""
-        summary = self._exits.get(index)
-        try:
-            phase = HostStatus.from_json(self.storage.read_bytes(protocol.host_status(index))).phase
-        except ObjectNotFoundError:
-            phase = None
+        host = (self._snapshot or self.snapshot()).hosts[index]
+        summary = host.exit
         text = summary.describe() if summary else "has not ended"
         if summary is not None and summary.recorded_success:
-            text += " after recording success"
-        elif phase:
-            text += f" in phase {phase}"
-        lines = last_lines(read_log(self.storage, index), 5)
-        if lines and not (summary and summary.recorded_success):
+            return text + " after recording success"
+        if host.updated_at is not None:
+            text += f" in phase {host.phase}"
+        lines = [line for line in host.log_tail if line.strip()][-5:]
+        if lines:
             text += "; last log lines:\n" + "\n".join(f"    {line}" for line in lines)
         return text
 
     # -- waiting and the outcome -----------------------------------------------------
 
-    def wait(self, timeout: float | None = None) -> JobStatus:
+    def wait(self, timeout: float | None = None, *, on_snapshot: Callable[[JobSnapshot], None] | None = None
+             ) -> JobStatus:
         """Wait until every host has ended; return the job's state.
 
         ``timeout`` bounds this wait only (the job goes on); the plan's own
         timeout stops the job and raises ``KineticTimeoutError``. An
         interrupt cancels the job and re-raises ``KeyboardInterrupt``.
+        ``on_snapshot`` sees the job at most every ``SNAPSHOT_INTERVAL_S``,
+        and always once more at the end.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         pause = FIRST_POLL_S
+        shown_at = 0.0
         try:
-            while not self._poll().done:
+            while True:
+                snapshot = self.snapshot()
                 now = time.monotonic()
-                if self.plan.timeout_s is not None and now - self._submitted_at > self.plan.timeout_s:
-                    self._stop_for_timeout()
+                if on_snapshot is not None and (snapshot.status.done or now - shown_at >= SNAPSHOT_INTERVAL_S):
+                    on_snapshot(snapshot)
+                    shown_at = now
+                if snapshot.status.done:
+                    return snapshot.status
+                if self.plan.timeout_s is not None and time.time() - self.poller.submitted_at > self.plan.timeout_s:
+                    self._stop_for_timeout(on_snapshot)
                 if deadline is not None and now > deadline:
                     raise KineticTimeoutError(f"job {self.job_id} has not finished after {timeout:g} s; it goes on")
                 time.sleep(pause)
                 pause = min(pause * POLL_GROWTH, MAX_POLL_S)
         except KeyboardInterrupt as interrupt:
             self.cancel("interrupted")
+            if on_snapshot is not None:
+                on_snapshot(self.snapshot())
             interrupt.add_note(f"kinetic_nb: cancelled job {self.job_id} and stopped its {self.plan.hosts} hosts")
             raise
-        return self._status
 
-    def _stop_for_timeout(self) -> None:
-        where = [f"host {h.index}: {h.state}, phase {h.phase}" + (f", last line: {line[-1]}" if (line := last_lines(
-            read_log(self.storage, h.index), 1)) else "") for h in self.hosts()]
+    def _stop_for_timeout(self, on_snapshot: Callable[[JobSnapshot], None] | None) -> None:
+        where = [f"host {h.index}: {h.state}, phase {h.phase}" + (f", last line: {h.last_line}" if h.last_line else "")
+                 for h in self.hosts()]
         self.cancel("timeout")
+        if on_snapshot is not None:
+            on_snapshot(self.snapshot())
         raise KineticTimeoutError(
             f"job {self.job_id} ran past its timeout of {self.plan.timeout_s:g} s and was stopped; " + "; ".join(where)
         )
@@ -200,18 +171,18 @@ class JobHandle:
         if self._payload is None:
             status = self.wait(timeout)
             self._payload = resolve_outcome(
-                self.storage, self.plan, status, self._exits, lambda: self._listing, self.describe_host
+                self.storage, self.plan, status, self.poller.exits, lambda: self.poller.listing, self.describe_host
             )
             self.outputs = dict(self._payload.get(protocol.OUTPUTS) or {})
         return self._payload.get(protocol.RESULT_VALUE)
 
     def cancel(self, reason: str = "cancelled by the user") -> None:
         """Stop every host; returns once they are gone (or after a bounded wait)."""
-        if self._poll().done:
+        if self.status().done:
             return
         self.backend.cancel(self.storage, self.plan, reason)
         deadline = time.monotonic() + CANCEL_WAIT_S
-        while not self._poll().done and time.monotonic() < deadline:
+        while not self.status().done and time.monotonic() < deadline:
             time.sleep(0.05)
 
     # -- reattaching ---------------------------------------------------------------

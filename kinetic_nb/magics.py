@@ -11,6 +11,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 from kinetic_nb.client import submit
 from kinetic_nb.errors import CaptureError, UnknownAcceleratorError
+from kinetic_nb.panel import live_view
 
 
 def _names(values: list[str]) -> list[str]:
@@ -46,7 +47,8 @@ class KineticMagics(Magics):
               help="Set an environment variable on every host (repeatable).")
     @argument("--timeout", type=float, default=None, metavar="S", help="Stop the job after S seconds.")
     @argument("--storage", default=None, metavar="URI", help="Where the job's objects live (file://...).")
-    @argument("--quiet", action="store_true", help="No kinetic notices; the leader's output still shows.")
+    @argument("--quiet", action="store_true",
+              help="No panel and no kinetic notices; the leader's output and the outcome still show.")
     @cell_magic
     def kinetic(self, line: str, cell: str) -> Any:
         """Run this cell on every host of a (local or simulated) multi-host slice.
@@ -94,6 +96,12 @@ class KineticMagics(Magics):
             )
         except (CaptureError, UnknownAcceleratorError, ValueError) as error:
             raise UsageError(str(error)) from None
+        view = None if args.quiet else live_view(handle.plan.hosts)
+        try:
+            handle.wait(on_snapshot=view.update if view else None)
+        finally:
+            if view is not None:
+                view.close(handle.snapshot())  # before the cell returns, so a saved notebook keeps it
         value = handle.result()
         self.shell.user_ns.update(handle.outputs)
         return value

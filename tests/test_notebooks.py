@@ -60,3 +60,32 @@ def test_quickstart_example_runs(tmp_path):
     assert "ValueError: host 2 found a bad shard" in text_of(code[6])
     errors = [cell for cell in code if any(o.output_type == "error" for o in cell.outputs)]
     assert errors == [code[6]]
+
+
+def widget_values(notebook) -> dict[str, dict]:
+    state = notebook.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
+    return {model_id: model["state"] for model_id, model in state.items()}
+
+
+def test_the_saved_notebook_keeps_the_final_panel(tmp_path):
+    notebook = new_notebook(cells=[
+        new_code_cell("%load_ext kinetic_nb"),
+        new_code_cell("%%kinetic -n 4\nimport os\nif os.environ['RANK'] == '2':\n    raise ValueError('shard 2 is corrupt')\n"
+                      "'ok'", metadata={"tags": ["raises-exception"]}),
+    ])
+    notebook = execute(notebook, tmp_path)
+    states = widget_values(notebook)
+    texts = [s.get("value", "") for s in states.values() if s.get("_model_name") == "HTMLModel"]
+    rows = [t for t in texts if "font-family:monospace;font-size:12px" in t]
+    assert len(rows) == 4
+    assert "failed" in rows[2] and "execute" in rows[2]
+    assert all(("succeeded" in row or "stopped" in row) for i, row in enumerate(rows) if i != 2)
+    assert any("ValueError: shard 2 is corrupt" in t and "raise ValueError" in t for t in texts)  # drill-down
+    progress = [s for s in states.values() if s.get("_model_name") == "IntProgressModel"]
+    assert progress[0]["bar_style"] == "danger" and progress[0]["value"] == 4
+    accordion = [s for s in states.values() if s.get("_model_name") == "AccordionModel"][0]
+    assert accordion["titles"][2] == "host 2 · failed · execute"
+    # The display keeps a static fallback for frontends without the widget state.
+    displays = [o for o in notebook.cells[1].outputs if o.output_type == "display_data"]
+    assert "host 2: ValueError at cell line 4" in displays[0].data["text/plain"]
+    assert "application/vnd.jupyter.widget-view+json" in displays[0].data

@@ -44,7 +44,7 @@ class _HostWatcher:
     def refresh(self, prefix: str = protocol.HOSTS_DIR + "/") -> None:
         for info in self._storage.list(prefix):
             parsed = protocol.parse_host_object(info.name)
-            if parsed is None or parsed[1] == "log" or self._seen.get(info.name) == info.version:
+            if parsed is None or parsed[1] not in ("status", "exit") or self._seen.get(info.name) == info.version:
                 continue
             host, kind, _ = parsed
             try:

@@ -224,7 +224,9 @@ class HostRun:
         self._failure_reported = True
         state = HostState.STOPPED if stopped else HostState.FAILED
         first_line = f"{exception_type_name(error)}: {error}".splitlines()[0]
-        self.status.update(state=state, phase=self.phase, message=first_line)
+        remote_traceback = cell_traceback(error, self.filename)
+        self.status.update(state=state, phase=self.phase, message=first_line,
+                           traceback="" if stopped else remote_traceback)
         # One line in the log: the traceback travels in the payload, and the
         # leader's log is echoed into the cell, which raises it anyway.
         print(f"host {self.host_index} {'stopped' if stopped else 'failed'} in phase {self.phase}: {first_line}",
@@ -236,7 +238,7 @@ class HostRun:
             protocol.EXCEPTION: _shippable_exception(error),
             protocol.EXCEPTION_TYPE: exception_type_name(error),
             protocol.EXCEPTION_MESSAGE: str(error),
-            protocol.TRACEBACK: cell_traceback(error, self.filename),
+            protocol.TRACEBACK: remote_traceback,
             protocol.PHASE: self.phase.value,
             protocol.HOST_INDEX: self.host_index,
             protocol.STOPPED: stopped,

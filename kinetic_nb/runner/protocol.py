@@ -8,7 +8,8 @@ A job lives under ``{storage root}/{job_id}/``::
 
     plan.json                    client, once, before any host starts
     payload.pkl                  client, once; its sha256 is in the plan
-    hosts/{i}/status.json        host i, on every phase change and as a heartbeat
+    hosts/{i}/status.json        host i, whenever its state or phase changes
+    hosts/{i}/heartbeat          host i, rewritten (empty) every few seconds while it lives
     hosts/{i}/log/{seq:06d}.txt  host i's stdout and stderr, append-only chunks
     hosts/{i}/exit.json          the backend, when host i ends
     .leader_ready                the leader, after the start barrier (go or abort)
@@ -43,7 +44,7 @@ HOSTS_DIR = "hosts"
 LEADER_INDEX = 0
 
 _WORKER_RESULT_RE = re.compile(r"^result-worker-(\d+)\.pkl$")
-_HOST_OBJECT_RE = re.compile(r"^hosts/(\d+)/(status\.json|exit\.json|log/(\d+)\.txt)$")
+_HOST_OBJECT_RE = re.compile(r"^hosts/(\d+)/(status\.json|exit\.json|heartbeat|log/(\d+)\.txt)$")
 
 
 def worker_result(host_index: int) -> str:
@@ -58,6 +59,10 @@ def result_object(host_index: int) -> str:
 
 def host_status(host_index: int) -> str:
     return f"{HOSTS_DIR}/{host_index}/status.json"
+
+
+def host_heartbeat(host_index: int) -> str:
+    return f"{HOSTS_DIR}/{host_index}/heartbeat"
 
 
 def host_exit(host_index: int) -> str:
@@ -81,12 +86,12 @@ def parse_worker_result(name: str) -> int | None:
 def parse_host_object(name: str) -> tuple[int, str, int | None] | None:
     """Split ``hosts/{i}/...`` into (host index, kind, log sequence).
 
-    ``kind`` is ``"status"``, ``"exit"`` or ``"log"``; other names give None.
+    ``kind`` is ``"status"``, ``"exit"``, ``"heartbeat"`` or ``"log"``; other names give None.
     """
     match = _HOST_OBJECT_RE.match(name)
     if not match:
         return None
-    kind = {"status.json": "status", "exit.json": "exit"}.get(match.group(2), "log")
+    kind = {"status.json": "status", "exit.json": "exit", "heartbeat": "heartbeat"}.get(match.group(2), "log")
     seq = int(match.group(3)) if match.group(3) is not None else None
     return int(match.group(1)), kind, seq
 
@@ -208,7 +213,11 @@ class JobPlan:
 
 @dataclasses.dataclass(frozen=True)
 class HostStatus:
-    """``hosts/{i}/status.json``: where a host is, rewritten on every change and as a heartbeat."""
+    """``hosts/{i}/status.json``: where a host is, rewritten whenever that changes.
+
+    Liveness is the separate ``heartbeat`` object's time in a listing, so a
+    poller reads a status only when it really changed.
+    """
 
     host_index: int
     state: str
@@ -217,7 +226,12 @@ class HostStatus:
     updated_at: float
     pid: int
     hostname: str
+    #: The first line of the error, for a failed or stopped host.
     message: str = ""
+    #: The remote traceback of a failed host, so a panel needs no payload download.
+    traceback: str = ""
+    #: ``[phase, started_at]`` for every phase entered, in order: the timeline.
+    history: list = dataclasses.field(default_factory=list)
 
     def to_json(self) -> bytes:
         return _to_json(self)

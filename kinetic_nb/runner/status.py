@@ -1,10 +1,10 @@
-"""A host's ``status.json``: written on every phase change and as a heartbeat."""
+"""A host's ``status.json`` (on every change) and ``heartbeat`` (while it lives)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
-import socket
 import threading
 import time
 
@@ -14,63 +14,73 @@ from kinetic_nb.storage import Storage
 
 logger = logging.getLogger(__name__)
 
-#: How often a live host rewrites its status; a reader that sees no change
-#: for several intervals can suspect the host is gone.
+#: How often a live host rewrites its heartbeat; a reader that sees no new
+#: heartbeat for several intervals can suspect the host is gone.
 HEARTBEAT_INTERVAL_S = 2.0
 
 
 class StatusReporter:
-    """Keeps ``hosts/{i}/status.json`` current from the main thread and a heartbeat thread."""
+    """Keeps ``hosts/{i}/status.json`` current, and beats ``hosts/{i}/heartbeat`` from a thread."""
 
     def __init__(self, storage: Storage, host_index: int):
         self._storage = storage
-        self._name = protocol.host_status(host_index)
+        self._status_name = protocol.host_status(host_index)
+        self._heartbeat_name = protocol.host_heartbeat(host_index)
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        now = time.time()
         self._status = HostStatus(
             host_index=host_index,
             state=HostState.PENDING.value,
             phase=Phase.STARTUP.value,
-            started_at=time.time(),
-            updated_at=time.time(),
+            started_at=now,
+            updated_at=now,
             pid=os.getpid(),
-            hostname=socket.gethostname(),
+            hostname=os.uname().nodename,
+            history=[[Phase.STARTUP.value, now]],
         )
-        self._thread: threading.Thread | None = None
-
-    @property
-    def phase(self) -> Phase:
-        return Phase(self._status.phase)
 
     def start(self) -> None:
-        self._write()
-        self._thread = threading.Thread(target=self._beat, name="kinetic-heartbeat", daemon=True)
-        self._thread.start()
+        self._write_status()
+        self._beat_once()
+        threading.Thread(target=self._beat, name="kinetic-heartbeat", daemon=True).start()
 
-    def update(self, *, state: HostState | None = None, phase: Phase | None = None, message: str = "") -> None:
+    def update(
+        self, *, state: HostState | None = None, phase: Phase | None = None, message: str = "", traceback: str = ""
+    ) -> None:
         with self._lock:
-            self._status = HostStatus(
-                **{
-                    **self._status.__dict__,
-                    "state": (state or self._status.state).__str__(),
-                    "phase": (phase or self._status.phase).__str__(),
-                    "message": message,
-                }
+            now = time.time()
+            history = self._status.history
+            if phase is not None and phase.value != self._status.phase:
+                history = [*history, [phase.value, now]]
+            self._status = dataclasses.replace(
+                self._status,
+                state=state.value if state else self._status.state,
+                phase=phase.value if phase else self._status.phase,
+                message=message,
+                traceback=traceback,
+                updated_at=now,
+                history=history,
             )
-        self._write()
+        self._write_status()
 
     def stop(self) -> None:
         self._stop.set()
 
     def _beat(self) -> None:
         while not self._stop.wait(HEARTBEAT_INTERVAL_S):
-            self._write()
+            self._beat_once()
 
-    def _write(self) -> None:
+    def _beat_once(self) -> None:
+        self._write(self._heartbeat_name, b"")
+
+    def _write_status(self) -> None:
         with self._lock:
-            self._status = HostStatus(**{**self._status.__dict__, "updated_at": time.time()})
             data = self._status.to_json()
-            try:
-                self._storage.write_bytes(self._name, data)
-            except Exception:  # a heartbeat must never take the host down
-                logger.warning("could not write %s", self._name, exc_info=True)
+        self._write(self._status_name, data)
+
+    def _write(self, name: str, data: bytes) -> None:
+        try:
+            self._storage.write_bytes(name, data)
+        except Exception:  # a record must never take the host down
+            logger.warning("could not write %s", name, exc_info=True)

@@ -15,16 +15,18 @@ from typing import Any
 
 @dataclasses.dataclass(frozen=True)
 class ObjectInfo:
-    """One object from a listing: its name below the root, size and version.
+    """One object from a listing: its name below the root, size, version and time.
 
     ``version`` changes whenever the object is rewritten (mtime and size on
     ``file://``, the generation on ``gs://``), so a poller can skip reading an
-    object it has already seen.
+    object it has already seen. ``updated`` is when it was last written, in
+    seconds since the epoch: a heartbeat object's liveness, without a read.
     """
 
     name: str
     size: int
     version: str
+    updated: float = 0.0
 
 
 class Storage(abc.ABC):

@@ -85,7 +85,7 @@ class LocalStorage(Storage):
                     stat = entry.stat(follow_symlinks=False)
                 except FileNotFoundError:
                     continue
-                found.append(ObjectInfo(name, stat.st_size, f"{stat.st_mtime_ns}:{stat.st_size}"))
+                found.append(ObjectInfo(name, stat.st_size, f"{stat.st_mtime_ns}:{stat.st_size}", stat.st_mtime))
         found.sort(key=lambda info: info.name)
         return found
 

@@ -1,0 +1,357 @@
+"""The live host-status panel (stock ipywidgets), and its plain-text twin.
+
+``HostPanel.update(snapshot)`` draws a ``JobSnapshot``: a header (job, backend,
+accelerator, elapsed time, state) over a progress bar whose style says how the
+job went (danger on failure, success at the end), a row per host (index,
+leader mark, state, phase, elapsed time, last log line) and a drill-down per
+host (its log tail and, when it failed, its remote traceback). Above
+``GRID_ABOVE`` hosts the rows become a compact grid of coloured cells plus a
+list of the hosts that are not fine. Hosts with identical tracebacks are
+grouped into one line.
+
+Outside a widget frontend the same snapshots are drawn as text
+(``TextStatus``); ``text_summary`` and ``html_summary`` are the static forms.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import html
+import re
+import sys
+import threading
+from collections.abc import Iterable
+from typing import IO, Any
+
+from kinetic_nb.snapshot import HostSnapshot, JobSnapshot
+
+#: Above this many hosts, one row each no longer fits a cell's output.
+GRID_ABOVE = 32
+#: Hosts shown in the drill-down of a grid (the ones that are not fine).
+MAX_DETAILS = 32
+#: Log lines shown in a host's drill-down.
+DETAIL_LINES = 40
+#: A row's last log line is cut to this many characters.
+LAST_LINE_CHARS = 120
+
+STATE_COLORS = {
+    "pending": "#9e9e9e",
+    "ready": "#64b5f6",
+    "running": "#1e88e5",
+    "succeeded": "#43a047",
+    "failed": "#e53935",
+    "stopped": "#fb8c00",
+    "lost": "#6d4c41",
+}
+#: The progress bar's style for each job state (tqdm's meanings).
+BAR_STYLES = {"PENDING": "", "RUNNING": "info", "SUCCEEDED": "success", "FAILED": "danger", "CANCELLED": "warning"}
+
+_CELL_LINE = re.compile(r'File "<kinetic[^"]*>", line (\d+)')
+
+
+def host_ranges(indices: Iterable[int]) -> str:
+    """``[1, 2, 3, 5]`` -> ``"1-3, 5"``."""
+    ordered = sorted(indices)
+    parts, start = [], None
+    for position, index in enumerate(ordered):
+        if start is None:
+            start = index
+        if position + 1 == len(ordered) or ordered[position + 1] != index + 1:
+            parts.append(str(start) if start == index else f"{start}-{index}")
+            start = None
+    return ", ".join(parts)
+
+
+def _failure_label(traceback: str, message: str) -> str:
+    last = next((line for line in reversed(traceback.splitlines()) if line.strip()), message)
+    exception_type = last.split(":", 1)[0].strip().rsplit(".", 1)[-1] or "error"
+    lines = _CELL_LINE.findall(traceback)
+    return f"{exception_type} at cell line {lines[-1]}" if lines else exception_type
+
+
+def failure_groups(hosts: Iterable[HostSnapshot]) -> list[tuple[list[int], str, str]]:
+    """Failed hosts grouped by identical traceback: ``(indices, label, traceback)``, lowest host first."""
+    groups: dict[str, list[HostSnapshot]] = {}
+    for host in hosts:
+        if host.state == "failed":
+            groups.setdefault(host.traceback or host.message or host.exit_summary, []).append(host)
+    result = []
+    for key, members in groups.items():
+        first = members[0]
+        result.append(([h.index for h in members], _failure_label(first.traceback, first.message or key), key))
+    return sorted(result, key=lambda group: group[0][0])
+
+
+def failure_lines(snapshot: JobSnapshot) -> list[str]:
+    """``"hosts 1-63: the same ValueError at cell line 12"``, one line per group."""
+    lines = []
+    for indices, label, _ in failure_groups(snapshot.hosts):
+        if len(indices) == 1:
+            lines.append(f"host {indices[0]}: {label}")
+        else:
+            lines.append(f"hosts {host_ranges(indices)}: the same {label}")
+    return lines
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.1f} s" if value < 600 else f"{value / 60:.0f} min"
+
+
+def _header_text(snapshot: JobSnapshot) -> str:
+    return (f"{snapshot.job_id} · {snapshot.backend} · {snapshot.accelerator} · {len(snapshot.hosts)} hosts · "
+            f"{_seconds(snapshot.elapsed)} · {snapshot.status}")
+
+
+def _counts_text(snapshot: JobSnapshot) -> str:
+    counts = snapshot.counts()
+    return ", ".join(f"{counts[state]} {state}" for state in STATE_COLORS if counts[state])
+
+
+def _badge(state: str) -> str:
+    return (f'<span style="color:white;background:{STATE_COLORS.get(state, "#999")};border-radius:3px;'
+            f'padding:0 4px">{html.escape(state)}</span>')
+
+
+def _row_html(host: HostSnapshot, now: float) -> str:
+    leader = " ★" if host.is_leader else ""
+    last = html.escape(host.last_line[:LAST_LINE_CHARS])
+    return (
+        '<div style="display:flex;gap:10px;font-family:monospace;font-size:12px;white-space:nowrap">'
+        f'<span style="width:4.5em" title="{"leader" if host.is_leader else "worker"}">{host.index}{leader}</span>'
+        f'<span style="width:6.5em">{_badge(host.state)}</span>'
+        f'<span style="width:11em">{html.escape(host.phase)}</span>'
+        f'<span style="width:5em;text-align:right">{_seconds(host.elapsed(now))}</span>'
+        f'<span style="overflow:hidden;text-overflow:ellipsis;color:#555">{last}</span></div>'
+    )
+
+
+def _detail_html(host: HostSnapshot) -> str:
+    parts = []
+    if host.traceback:
+        parts.append(f'<pre style="color:#b71c1c;white-space:pre-wrap">{html.escape(host.traceback)}</pre>')
+    elif host.message:
+        parts.append(f"<pre>{html.escape(host.message)}</pre>")
+    if host.exit is not None:
+        parts.append(f"<div>process {html.escape(host.exit.describe())}</div>")
+    tail = "\n".join(host.log_tail[-DETAIL_LINES:])
+    parts.append(f'<pre style="max-height:20em;overflow:auto">{html.escape(tail) or "(no output yet)"}</pre>')
+    return "".join(parts)
+
+
+def _title(host: HostSnapshot) -> str:
+    return f"host {host.index}{' (leader)' if host.is_leader else ''} · {host.state} · {host.phase}"
+
+
+def _grid_html(snapshot: JobSnapshot) -> str:
+    cells = "".join(
+        f'<span title="{_title(host)}" style="display:inline-block;width:10px;height:10px;margin:1px;'
+        f'background:{STATE_COLORS.get(host.state, "#999")}"></span>'
+        for host in snapshot.hosts
+    )
+    return f'<div style="line-height:0;max-width:48em">{cells}</div>'
+
+
+def _problems_html(snapshot: JobSnapshot) -> str:
+    bad = [host for host in snapshot.hosts if not host.fine]
+    if not bad:
+        return ""
+    by_state: dict[str, list[int]] = {}
+    for host in bad:
+        by_state.setdefault(host.state, []).append(host.index)
+    items = "".join(f"<li>{_badge(state)} hosts {host_ranges(indices)}</li>" for state, indices in by_state.items())
+    return f"<ul style='margin:2px 0'>{items}</ul>"
+
+
+def _failures_html(snapshot: JobSnapshot) -> str:
+    lines = failure_lines(snapshot)
+    if not lines:
+        return ""
+    return "".join(f'<div style="color:#b71c1c;font-family:monospace">{html.escape(line)}</div>' for line in lines)
+
+
+class HostPanel:
+    """The live panel: stock ipywidgets, changed only by assigning traits."""
+
+    def __init__(self, hosts: int):
+        import ipywidgets as widgets
+
+        self.compact = hosts > GRID_ABOVE
+        self.header = widgets.HTML()
+        self.progress = widgets.IntProgress(min=0, max=hosts, value=0, layout=widgets.Layout(width="100%"))
+        self.failures = widgets.HTML()
+        if self.compact:
+            self.grid = widgets.HTML()
+            self.problems = widgets.HTML()
+            self.details = widgets.Accordion()
+            body = [self.grid, self.problems]
+            self._detail_hosts: list[int] = []
+        else:
+            tight = widgets.Layout(margin="0", height="22px")  # rows read as one table
+            self.rows = [widgets.HTML(layout=tight) for _ in range(hosts)]
+            self.details = widgets.Accordion(children=[widgets.HTML() for _ in range(hosts)])
+            body = [widgets.VBox(self.rows)]
+        self.widget = widgets.VBox([self.header, self.progress, *body, self.failures, self.details])
+        self._widgets = widgets
+
+    def update(self, snapshot: JobSnapshot) -> None:
+        """Draw ``snapshot``; each widget sends at most one message."""
+        done = sum(1 for host in snapshot.hosts if host.exit is not None)
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(self.progress.hold_sync())
+            stack.enter_context(self.details.hold_sync())
+            self.header.value = f"<b>{html.escape(_header_text(snapshot))}</b> &nbsp; {_counts_text(snapshot)}"
+            self.progress.value = done
+            self.progress.bar_style = BAR_STYLES[str(snapshot.status)]
+            self.progress.description = str(snapshot.status)
+            self.failures.value = _failures_html(snapshot)
+            if self.compact:
+                self._update_grid(snapshot)
+            else:
+                self._update_rows(snapshot)
+
+    def _update_rows(self, snapshot: JobSnapshot) -> None:
+        for host, row, detail in zip(snapshot.hosts, self.rows, self.details.children):
+            row.value = _row_html(host, snapshot.taken_at)
+            detail.value = _detail_html(host)
+        titles = tuple(_title(host) for host in snapshot.hosts)
+        if tuple(self.details.titles) != titles:
+            self.details.titles = titles
+
+    def _update_grid(self, snapshot: JobSnapshot) -> None:
+        self.grid.value = _grid_html(snapshot)
+        self.problems.value = _problems_html(snapshot)
+        shown = [host for host in snapshot.hosts if not host.fine][:MAX_DETAILS]
+        indices = [host.index for host in shown]
+        if indices != self._detail_hosts:
+            self._detail_hosts = indices
+            self.details.children = [self._widgets.HTML() for _ in shown]
+        for host, detail in zip(shown, self.details.children):
+            detail.value = _detail_html(host)
+        titles = tuple(_title(host) for host in shown)
+        if tuple(self.details.titles) != titles:
+            self.details.titles = titles
+
+
+def text_summary(snapshot: JobSnapshot) -> str:
+    """The job and every host, as plain text (hosts that are fine are summed up above GRID_ABOVE)."""
+    lines = [_header_text(snapshot)]
+    hosts = snapshot.hosts
+    if len(hosts) > GRID_ABOVE:
+        lines.append(_counts_text(snapshot))
+        hosts = tuple(host for host in hosts if not host.fine)[:MAX_DETAILS]
+    if hosts:
+        lines.append(f"{'host':>6}  {'state':<9}  {'phase':<20}  {'time':>7}  last line / exit")
+    for host in hosts:
+        leader = "*" if host.is_leader else " "
+        tail = host.exit_summary if host.exit and not host.fine else host.last_line[:LAST_LINE_CHARS]
+        lines.append(f"{host.index:>5}{leader}  {host.state:<9}  {host.phase:<20}  "
+                     f"{_seconds(host.elapsed(snapshot.taken_at)):>7}  {tail}")
+    lines.extend(failure_lines(snapshot))
+    return "\n".join(lines)
+
+
+def html_summary(snapshot: JobSnapshot) -> str:
+    """A static HTML snapshot: what a saved notebook shows without the widget."""
+    hosts = snapshot.hosts if len(snapshot.hosts) <= GRID_ABOVE else [h for h in snapshot.hosts if not h.fine]
+    rows = "".join(
+        f"<tr><td>{host.index}{' ★' if host.is_leader else ''}</td><td>{_badge(host.state)}</td>"
+        f"<td>{html.escape(host.phase)}</td><td>{_seconds(host.elapsed(snapshot.taken_at))}</td>"
+        f"<td><code>{html.escape(host.last_line[:LAST_LINE_CHARS])}</code></td></tr>"
+        for host in hosts[:MAX_DETAILS if len(snapshot.hosts) > GRID_ABOVE else None]
+    )
+    grid = _grid_html(snapshot) if len(snapshot.hosts) > GRID_ABOVE else ""
+    return (f"<div><b>{html.escape(_header_text(snapshot))}</b> {_counts_text(snapshot)}{grid}"
+            f"<table><tr><th>host</th><th>state</th><th>phase</th><th>time</th><th>last line</th></tr>{rows}"
+            f"</table>{_failures_html(snapshot)}</div>")
+
+
+class TextStatus:
+    """The text twin: one status line updated in place, then a per-host summary."""
+
+    def __init__(self, stream: IO[str] | None = None):
+        self.stream = stream or sys.stderr
+        self._last = ""
+
+    def _line(self, snapshot: JobSnapshot) -> str:
+        return f"{snapshot.job_id}: {_counts_text(snapshot)} · {_seconds(snapshot.elapsed)}"
+
+    def update(self, snapshot: JobSnapshot) -> None:
+        line = self._line(snapshot)
+        interactive = getattr(self.stream, "isatty", lambda: False)()
+        if interactive:
+            self.stream.write("\r" + line.ljust(len(self._last)))
+        elif line.split(" · ")[0] != self._last.split(" · ")[0]:  # a log gets a line per change of states
+            self.stream.write(line + "\n")
+        self.stream.flush()
+        self._last = line
+
+    def close(self, snapshot: JobSnapshot) -> None:
+        if getattr(self.stream, "isatty", lambda: False)():
+            self.stream.write("\n")
+        self.stream.write(text_summary(snapshot) + "\n")
+        self.stream.flush()
+
+
+def in_widget_frontend() -> bool:
+    """Whether we run in a Jupyter kernel (whose frontend can show widgets)."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and getattr(shell, "kernel", None) is not None
+
+
+class WidgetView:
+    """A ``HostPanel`` displayed in the cell, with a static HTML and text fallback."""
+
+    def __init__(self, hosts: int):
+        from IPython.display import display
+
+        self.panel = HostPanel(hosts)
+        self._display = display(self._bundle(None), raw=True, display_id=True)
+
+    def _bundle(self, snapshot: JobSnapshot | None) -> dict[str, Any]:
+        bundle: dict[str, Any] = {
+            "application/vnd.jupyter.widget-view+json": {
+                "version_major": 2, "version_minor": 0, "model_id": self.panel.widget.model_id,
+            },
+            "text/plain": text_summary(snapshot) if snapshot else "kinetic job starting",
+        }
+        if snapshot is not None:
+            bundle["text/html"] = html_summary(snapshot)
+        return bundle
+
+    def update(self, snapshot: JobSnapshot) -> None:
+        self.panel.update(snapshot)
+
+    def close(self, snapshot: JobSnapshot) -> None:
+        """The final update, made before the cell returns so the saved notebook keeps it."""
+        self.panel.update(snapshot)
+        self._display.update(self._bundle(snapshot), raw=True)
+
+
+def live_view(hosts: int, *, widgets: bool | None = None, stream: IO[str] | None = None) -> WidgetView | TextStatus:
+    """The panel when a widget frontend can show it, else its text twin."""
+    if widgets is None:
+        widgets = in_widget_frontend()
+    return WidgetView(hosts) if widgets else TextStatus(stream)
+
+
+def watch_in_background(handle: Any, view: WidgetView | TextStatus) -> threading.Thread:
+    """Keep ``view`` current from a thread until ``handle``'s job ends.
+
+    The thread runs in a copy of the caller's context, which carries the
+    kernel's parent header (ipykernel 7 keeps it in a context variable), so its
+    messages belong to the cell that started it, not whichever cell runs now.
+    """
+    context = contextvars.copy_context()
+
+    def follow() -> None:
+        handle.wait(on_snapshot=view.update)
+        view.close(handle.snapshot())
+
+    thread = threading.Thread(target=context.run, args=(follow,), name=f"kinetic-watch-{handle.job_id}", daemon=True)
+    thread.start()
+    return thread

@@ -1,0 +1,140 @@
+"""The panel driven by snapshots, without a frontend: the widgets' state is what a user would see."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from kinetic_nb.panel import GRID_ABOVE, HostPanel, TextStatus, failure_lines, host_ranges, html_summary, text_summary
+from kinetic_nb.results import JobStatus
+from kinetic_nb.runner.protocol import ExitSummary
+from kinetic_nb.snapshot import HostSnapshot, JobSnapshot
+
+T0 = 1_000_000.0
+TRACEBACK = (
+    "Traceback (most recent call last):\n"
+    '  File "<kinetic In[3]>", line 12, in <module>\n'
+    "    raise ValueError('bad shard')\n"
+    "ValueError: bad shard\n"
+)
+
+
+def host(index, state="running", phase="execute", **extra) -> HostSnapshot:
+    values = dict(started_at=T0, updated_at=T0 + 1, last_line=f"step 7 on host {index}",
+                  log_tail=("starting", f"step 7 on host {index}"),
+                  history=(("startup", T0), ("execute", T0 + 0.5)))
+    values.update(extra)
+    return HostSnapshot(index, state, phase, **values)
+
+
+def failed(index) -> HostSnapshot:
+    return host(index, "failed", message="ValueError: bad shard", traceback=TRACEBACK,
+                exit=ExitSummary(index, 1, ended_at=T0 + 2))
+
+
+def job(hosts, status=JobStatus.RUNNING) -> JobSnapshot:
+    return JobSnapshot("kn-test", "local", "tpu-v5e-16", status, T0, T0 + 3, tuple(hosts))
+
+
+def test_all_running():
+    panel = HostPanel(4)
+    panel.update(job([host(i) for i in range(4)]))
+    assert "kn-test · local · tpu-v5e-16 · 4 hosts · 3.0 s · RUNNING" in panel.header.value
+    assert "4 running" in panel.header.value
+    assert panel.progress.bar_style == "info" and panel.progress.value == 0
+    assert len(panel.rows) == 4
+    assert "★" in panel.rows[0].value and "★" not in panel.rows[1].value
+    assert all("running" in row.value and "execute" in row.value for row in panel.rows)
+    assert "step 7 on host 3" in panel.rows[3].value
+    assert panel.details.titles[0] == "host 0 (leader) · running · execute"
+    assert "step 7 on host 2" in panel.details.children[2].value
+    assert panel.failures.value == ""
+
+
+def test_host_2_failed_with_its_traceback():
+    panel = HostPanel(4)
+    stopped = [host(i, "stopped", exit=ExitSummary(i, 3, stopped=True, ended_at=T0 + 2)) for i in (1, 3)]
+    leader = host(0, "succeeded", "teardown", exit=ExitSummary(0, 0, recorded_success=True, ended_at=T0 + 2))
+    panel.update(job([leader, stopped[0], failed(2), stopped[1]], JobStatus.FAILED))
+    assert panel.progress.bar_style == "danger" and panel.progress.value == 4
+    assert "failed" in panel.rows[2].value
+    assert "stopped" in panel.rows[1].value and "succeeded" in panel.rows[0].value
+    assert "ValueError: bad shard" in panel.details.children[2].value
+    assert "raise ValueError(&#x27;bad shard&#x27;)" in panel.details.children[2].value  # escaped
+    assert panel.details.titles[2] == "host 2 · failed · execute"
+    assert "host 2: ValueError at cell line 12" in panel.failures.value
+
+
+def test_64_hosts_with_identical_tracebacks_are_grouped():
+    panel = HostPanel(64)
+    snapshot = job([host(0, "stopped")] + [failed(i) for i in range(1, 64)], JobStatus.FAILED)
+    panel.update(snapshot)
+    assert panel.compact
+    assert failure_lines(snapshot) == ["hosts 1-63: the same ValueError at cell line 12"]
+    assert "hosts 1-63: the same ValueError at cell line 12" in panel.failures.value
+    assert panel.grid.value.count("<span") == 64
+    assert "hosts 1-63" in panel.problems.value and "hosts 0" in panel.problems.value
+    assert len(panel.details.children) == 32  # the first hosts that are not fine, not all 64
+    assert "ValueError: bad shard" in panel.details.children[1].value
+
+
+def test_256_hosts_draw_as_a_grid():
+    hosts = [host(i, "succeeded" if i % 2 else "running") for i in range(256)]
+    hosts[77] = failed(77)
+    panel = HostPanel(256)
+    panel.update(job(hosts))
+    assert panel.compact and not hasattr(panel, "rows")
+    assert panel.grid.value.count("<span") == 256
+    assert panel.grid.value.count("#e53935") == 1  # one red cell
+    assert "hosts 77" in panel.problems.value
+    assert panel.details.titles == ("host 77 · failed · execute",)
+    assert "128 running, 127 succeeded, 1 failed" in panel.header.value
+
+
+def test_updates_change_only_what_changed():
+    panel = HostPanel(2)
+    panel.update(job([host(0), host(1)]))
+    sent = []
+    panel.rows[1].observe(lambda change: sent.append(change), "value")
+    panel.update(job([host(0), host(1)]))
+    assert sent == []
+    panel.update(job([host(0), host(1, last_line="step 8")]))
+    assert len(sent) == 1
+
+
+def test_success_is_styled_success():
+    panel = HostPanel(2)
+    done = [host(i, "succeeded", "teardown", exit=ExitSummary(i, 0, recorded_success=True, ended_at=T0 + 2))
+            for i in range(2)]
+    panel.update(job(done, JobStatus.SUCCEEDED))
+    assert panel.progress.bar_style == "success" and panel.progress.value == 2
+
+
+@pytest.mark.parametrize(("indices", "text"), [([1, 2, 3], "1-3"), ([1, 3, 4, 5, 9], "1, 3-5, 9"), ([7], "7")])
+def test_host_ranges(indices, text):
+    assert host_ranges(indices) == text
+
+
+def test_text_and_html_twins():
+    snapshot = job([host(0, "succeeded"), failed(1)], JobStatus.FAILED)
+    text = text_summary(snapshot)
+    assert text.splitlines()[0] == "kn-test · local · tpu-v5e-16 · 2 hosts · 2.0 s · FAILED"  # until the last exit
+    assert "    0*  succeeded" in text and "    1   failed" in text and "exited with code 1" in text
+    assert text.splitlines()[-1] == "host 1: ValueError at cell line 12"
+    page = html_summary(snapshot)
+    assert "<table>" in page and "host 1: ValueError at cell line 12" in page
+    big = text_summary(job([host(i) for i in range(GRID_ABOVE)] + [failed(GRID_ABOVE)] * 1))
+    assert "32 running, 1 failed" in big and big.count("\n") < 10
+
+
+def test_text_status_writes_a_line_per_change_when_not_a_terminal():
+    stream = io.StringIO()
+    status = TextStatus(stream)
+    status.update(job([host(0), host(1)]))
+    status.update(job([host(0), host(1)]))
+    status.update(job([host(0), failed(1)]))
+    status.close(job([host(0, "succeeded"), failed(1)], JobStatus.FAILED))
+    lines = stream.getvalue().splitlines()
+    assert lines[0] == "kn-test: 2 running · 3.0 s" and lines[1] == "kn-test: 1 running, 1 failed · 3.0 s"
+    assert lines[2].startswith("kn-test · local") and lines[-1] == "host 1: ValueError at cell line 12"

@@ -1,0 +1,41 @@
+"""The one poller: one listing per poll, and no reads when nothing changed."""
+
+from __future__ import annotations
+
+import time
+
+import kinetic_nb
+from kinetic_nb.runner.protocol import HostState
+
+
+def test_a_quiet_poll_costs_one_listing_and_no_reads():
+    handle = kinetic_nb.submit("import time\nprint('working', flush=True)\ntime.sleep(4)", hosts=4)
+    poller = handle.poller
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        snapshot = poller.poll()
+        if all(h.phase == "execute" and h.last_line == "working" for h in snapshot.hosts):
+            break
+        time.sleep(0.05)
+    assert [h.state for h in snapshot.hosts] == [HostState.RUNNING] * 4
+    before = dict(poller.requests)
+    for _ in range(3):
+        poller.poll()
+        time.sleep(0.3)  # long enough for heartbeats to be rewritten: they are never read
+    assert poller.requests["list"] == before["list"] + 3
+    assert poller.requests["read"] == before["read"]
+    assert all(h.heartbeat_at for h in poller.snapshot().hosts)
+    handle.cancel()
+
+
+def test_snapshots_carry_state_phase_history_and_log_tail():
+    source = "import os\nprint('line one')\nprint('line two')\nif os.environ['RANK'] == '1':\n    raise KeyError('k')"
+    handle = kinetic_nb.submit(source, hosts=2)
+    handle.wait()
+    leader, worker = handle.hosts()
+    assert leader.state == "succeeded" and leader.log_tail[-1] == "line two" and leader.last_line == "line two"
+    assert worker.state == "failed" and worker.phase == "execute"
+    assert "KeyError: 'k'" in worker.traceback and "line 5" in worker.traceback
+    assert [phase for phase, _ in leader.history][:4] == ["startup", "plan check", "payload load", "start barrier"]
+    assert "execute" in [phase for phase, _ in worker.history]
+    assert worker.exit.exit_code == 1 and leader.exit.recorded_success
