@@ -248,3 +248,15 @@ def _alive(pid: int) -> bool:
             return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_handle_reprs_are_static_snapshots():
+    from IPython.lib.pretty import pretty
+
+    handle = kinetic_nb.submit("print('hi')\n1", hosts=2)
+    handle.result()
+    text = pretty(handle)
+    assert text.splitlines()[0].startswith(f"{handle.job_id} · local · cpu · 2 hosts")
+    assert "    0*  succeeded" in text
+    page = handle._repr_html_()
+    assert "<table>" in page and "succeeded" in page and handle.job_id in page
