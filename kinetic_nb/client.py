@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -10,7 +12,7 @@ from typing import Any
 
 from kinetic_nb.accelerators import local_notice
 from kinetic_nb.backends import Backend, get_backend
-from kinetic_nb.errors import KineticTimeoutError
+from kinetic_nb.errors import KineticTimeoutError, ObjectNotFoundError
 from kinetic_nb.plan import choose_framework, make_plan, new_job_id, prepare_cell, resolve_slice
 from kinetic_nb.results import JobStatus, resolve_outcome
 from kinetic_nb.runner import protocol
@@ -18,6 +20,8 @@ from kinetic_nb.runner.logs import read_log
 from kinetic_nb.runner.protocol import JobPlan
 from kinetic_nb.snapshot import HostSnapshot, JobPoller, JobSnapshot
 from kinetic_nb.storage import Storage, default_root, open_storage
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["HostSnapshot", "JobHandle", "JobSnapshot", "JobStatus", "last_job", "submit"]
 
@@ -30,21 +34,34 @@ MAX_POLL_S = 0.25
 CANCEL_WAIT_S = 10.0
 #: A live view is redrawn at most this often (each redraw is a widget message).
 SNAPSHOT_INTERVAL_S = 0.25
+#: jupyter_client interrupts a kernel just before it kills it for a restart;
+#: an interrupt cancels the job only after this pause, so a restart leaves the
+#: job running for ``%kinetic attach``.
+RESTART_PAUSE_S = 1.0
+#: Once a host has failed on its own, how long to let the others' records land
+#: before deciding (the cell still raises well within a second of the failure).
+SETTLE_S = 0.3
 
 
 class JobHandle:
     """A submitted job: wait for it, read its hosts and logs, get its outcome, cancel it."""
 
     def __init__(self, storage: Storage, plan: JobPlan, backend: Backend, *,
-                 echo: Callable[[str], None] | None = None, submitted_at: float | None = None):
+                 echo: Callable[[str], None] | None = None, submitted_at: float | None = None,
+                 detached: bool = False, keep: bool = False):
         self.storage = storage
         self.plan = plan
         self.backend = backend
+        #: A detached job is never cancelled by an interrupt of whoever waits for it.
+        self.detached = detached
+        #: Keep every object after a success (by default only handle.json and outputs/ stay).
+        self.keep = keep
         self.outputs: dict[str, Any] = {}
         self.poller = JobPoller(storage, plan, backend, submitted_at=submitted_at, on_leader_output=echo)
-        self._started_waiting = time.monotonic()
         self._snapshot: JobSnapshot | None = None
         self._payload: dict[str, Any] | None = None
+        self._status_recorded = False
+        self._submitted_wall = submitted_at if submitted_at is not None else time.time()
 
     @property
     def job_id(self) -> str:
@@ -76,7 +93,10 @@ class JobHandle:
         """Host ``host``'s stdout and stderr so far."""
         if not 0 <= host < self.plan.hosts:
             raise ValueError(f"host {host} is out of range for a {self.plan.hosts}-host job")
-        return read_log(self.storage, host)
+        text = read_log(self.storage, host)
+        if not text and self._payload is not None:  # cleaned up after success: the tail the poller kept
+            text = "".join(f"{line}\n" for line in self.poller.snapshot().hosts[host].log_tail)
+        return text
 
     def summary(self) -> str:
         """A plain-text table: the job's state and each host's state, phase and exit."""
@@ -109,7 +129,10 @@ class JobHandle:
         """Exit summary, phase and last log lines of one host, as a verb phrase."""
         host = (self._snapshot or self.snapshot()).hosts[index]
         summary = host.exit
-        text = summary.describe() if summary else "has not ended"
+        if host.state == "lost":
+            text = "was lost (no heartbeat and no exit record)"
+        else:
+            text = summary.describe() if summary else "has not ended"
         if summary is not None and summary.recorded_success:
             return text + " after recording success"
         if host.updated_at is not None:
@@ -127,10 +150,14 @@ class JobHandle:
 
         ``timeout`` bounds this wait only (the job goes on); the plan's own
         timeout stops the job and raises ``KineticTimeoutError``. An
-        interrupt cancels the job and re-raises ``KeyboardInterrupt``.
-        ``on_snapshot`` sees the job at most every ``SNAPSHOT_INTERVAL_S``,
-        and always once more at the end.
+        interrupt cancels the job (unless it is detached) and re-raises
+        ``KeyboardInterrupt``. ``on_snapshot`` sees the job at most every
+        ``SNAPSHOT_INTERVAL_S``, and always once more at the end.
         """
+        return self._wait_until(lambda snapshot: snapshot.status.done, timeout, on_snapshot).status
+
+    def _wait_until(self, ready: Callable[[JobSnapshot], bool], timeout: float | None,
+                    on_snapshot: Callable[[JobSnapshot], None] | None) -> JobSnapshot:
         deadline = None if timeout is None else time.monotonic() + timeout
         pause = FIRST_POLL_S
         shown_at = 0.0
@@ -138,11 +165,13 @@ class JobHandle:
             while True:
                 snapshot = self.snapshot()
                 now = time.monotonic()
-                if on_snapshot is not None and (snapshot.status.done or now - shown_at >= SNAPSHOT_INTERVAL_S):
+                if ready(snapshot):
+                    if on_snapshot is not None:
+                        on_snapshot(snapshot)
+                    return snapshot
+                if on_snapshot is not None and now - shown_at >= SNAPSHOT_INTERVAL_S:
                     on_snapshot(snapshot)
                     shown_at = now
-                if snapshot.status.done:
-                    return snapshot.status
                 if self.plan.timeout_s is not None and time.time() - self.poller.submitted_at > self.plan.timeout_s:
                     self._stop_for_timeout(on_snapshot)
                 if deadline is not None and now > deadline:
@@ -150,6 +179,14 @@ class JobHandle:
                 time.sleep(pause)
                 pause = min(pause * POLL_GROWTH, MAX_POLL_S)
         except KeyboardInterrupt as interrupt:
+            if self.detached:
+                interrupt.add_note(f"kinetic_nb: job {self.job_id} is detached and goes on; "
+                                   f"%kinetic attach {self.job_id} to wait for it again")
+                raise
+            try:
+                time.sleep(RESTART_PAUSE_S)  # a restarting kernel is killed during this pause
+            except KeyboardInterrupt:
+                pass  # a second interrupt: cancel at once
             self.cancel("interrupted")
             if on_snapshot is not None:
                 on_snapshot(self.snapshot())
@@ -166,15 +203,48 @@ class JobHandle:
             f"job {self.job_id} ran past its timeout of {self.plan.timeout_s:g} s and was stopped; " + "; ".join(where)
         )
 
-    def result(self, timeout: float | None = None) -> Any:
-        """The leader's value, or the right host's own exception (see ``results``)."""
+    def result(self, timeout: float | None = None, *,
+               on_snapshot: Callable[[JobSnapshot], None] | None = None) -> Any:
+        """The leader's value, or the right host's own exception (see ``results``).
+
+        It returns once every host has ended, or raises as soon as one host
+        has failed on its own account: the others are then stopped after the
+        grace period, while the notebook goes on.
+        """
         if self._payload is None:
-            status = self.wait(timeout)
-            self._payload = resolve_outcome(
-                self.storage, self.plan, status, self.poller.exits, lambda: self.poller.listing, self.describe_host
-            )
+            snapshot = self._wait_until(lambda snap: snap.decided, timeout, on_snapshot)
+            if not snapshot.status.done:
+                # A moment for a lower-indexed host's own failure to land: the choice stays the lowest host's.
+                settle = time.monotonic() + SETTLE_S
+                while not snapshot.status.done and time.monotonic() < settle:
+                    time.sleep(0.02)
+                    snapshot = self.snapshot()
+                if on_snapshot is not None:
+                    on_snapshot(snapshot)
+            try:
+                self._payload = resolve_outcome(
+                    self.storage, self.plan, snapshot.status, self.poller.exits, lambda: self.poller.listing,
+                    self.describe_host, lost=snapshot.lost,
+                )
+            except BaseException:
+                self._record_outcome(JobStatus.FAILED)
+                raise
             self.outputs = dict(self._payload.get(protocol.OUTPUTS) or {})
+            self._record_outcome(JobStatus.SUCCEEDED)
         return self._payload.get(protocol.RESULT_VALUE)
+
+    def _record_outcome(self, status: JobStatus) -> None:
+        """Note the outcome in handle.json; after a success, remove all but handle.json and outputs/."""
+        if self._status_recorded:
+            return
+        self._status_recorded = True
+        try:
+            record = {**self.to_dict(), "status": str(status), "decided_at": time.time()}
+            if status is JobStatus.SUCCEEDED and not self.keep:
+                remove_job_objects(self.storage, keep=(protocol.HANDLE, protocol.OUTPUTS_DIR + "/"))
+            self.storage.write_bytes(protocol.HANDLE, json.dumps(record).encode())
+        except Exception:  # bookkeeping must not hide the outcome
+            logger.warning("could not record the outcome of %s", self.job_id, exc_info=True)
 
     def cancel(self, reason: str = "cancelled by the user") -> None:
         """Stop every host; returns once they are gone (or after a bounded wait)."""
@@ -188,13 +258,29 @@ class JobHandle:
     # -- reattaching ---------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
+        """What handle.json holds: enough to list the job and attach to it from any kernel."""
         return {"job_id": self.job_id, "uri": self.uri, "backend": self.backend.name, "hosts": self.plan.hosts,
-                "accelerator": self.plan.accelerator, "submitted_at": time.time()}
+                "accelerator": self.plan.accelerator, "submitted_at": self._submitted_wall}
 
-    @classmethod
-    def from_uri(cls, uri: str, backend: str = "local") -> JobHandle:
-        storage = open_storage(uri)
-        return cls(storage, JobPlan.from_json(storage.read_bytes(protocol.PLAN)), get_backend(backend))
+
+def remove_job_objects(storage: Storage, keep: Iterable[str] = ()) -> None:
+    """Delete a job's objects, except those whose names start with one of ``keep``
+    (with nothing kept, a ``file://`` job's directory goes too)."""
+    keep = tuple(keep)
+    for info in storage.list():
+        if not info.name.startswith(keep):
+            try:
+                storage.delete(info.name)
+            except ObjectNotFoundError:
+                pass
+    root = storage.local_path()
+    if root:  # file://: also the directories the deletes left empty
+        for directory, _, _ in sorted(os.walk(root), key=lambda entry: -len(entry[0])):
+            if directory != root or not keep:
+                try:
+                    os.rmdir(directory)
+                except OSError:
+                    pass  # not empty: something was kept, or a file appeared
 
 
 _last_handle: JobHandle | None = None
@@ -205,7 +291,7 @@ def last_job() -> JobHandle | None:
     return _last_handle
 
 
-def _print_to_stdout(text: str) -> None:
+def print_to_stdout(text: str) -> None:
     sys.stdout.write(text)
     sys.stdout.flush()
 
@@ -225,6 +311,9 @@ def submit(
     cell_name: str = "kinetic cell",
     echo: bool | Callable[[str], None] = False,
     quiet: bool = False,
+    grace: float | None = None,
+    detach: bool = False,
+    keep: bool = False,
 ) -> JobHandle:
     """Run ``source`` on every host of a slice; return at once with a ``JobHandle``.
 
@@ -254,11 +343,22 @@ def submit(
         Print (or pass to the callable) the leader's output while waiting.
     quiet : bool
         Do not print the notice that an accelerator is simulated.
+    grace : float, optional
+        Seconds the other hosts get to report after one fails, before they are
+        stopped (default 10).
+    detach : bool
+        Show the live panel and keep it current in the background; an
+        interrupt never cancels a detached job.
+    keep : bool
+        Keep all of the job's objects after a success (by default only
+        ``handle.json`` and ``outputs/`` stay).
     """
     namespace = {} if namespace is None else namespace
     out = list(out)
     if timeout is not None and timeout <= 0:
         raise ValueError(f"timeout must be positive, got {timeout:g}")
+    if grace is not None and grace < 0:
+        raise ValueError(f"grace must not be negative, got {grace:g}")
     chosen_backend = get_backend(backend)
     acc, host_count = resolve_slice(hosts, accelerator)
     payload = prepare_cell(source, namespace, filename=f"<{cell_name}>", out=out)
@@ -273,16 +373,19 @@ def submit(
         simulated=chosen_backend.name == "local",
         timeout=timeout,
         env=env,
+        grace=grace,
     )
     if acc.simulated_locally and chosen_backend.name == "local" and not quiet:
         print(local_notice(acc), file=sys.stderr)
     job_storage = open_storage(storage or default_root()).child(job_id)
     job_storage.write_bytes(protocol.PAYLOAD, payload.data, exclusive=True)
     job_storage.write_bytes(protocol.PLAN, plan.to_json(), exclusive=True)
-    printer = _print_to_stdout if echo is True else (echo or None)
-    handle = JobHandle(job_storage, plan, chosen_backend, echo=printer)
+    printer = print_to_stdout if echo is True else (echo or None)
+    handle = JobHandle(job_storage, plan, chosen_backend, echo=printer, detached=detach, keep=keep)
     job_storage.write_bytes(protocol.HANDLE, json.dumps(handle.to_dict()).encode())
     chosen_backend.launch(job_storage, plan)
     global _last_handle
     _last_handle = handle
+    if detach:
+        handle.watch()
     return handle

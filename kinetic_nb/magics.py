@@ -1,17 +1,26 @@
-"""``%%kinetic``: parse, submit, wait, return. Everything else is ``kinetic_nb.client``."""
+"""``%%kinetic`` and ``%kinetic``: parse, call the plain API, show, return.
+
+Everything else is ``kinetic_nb.client`` and ``kinetic_nb.jobs``.
+"""
 
 from __future__ import annotations
 
+import datetime
 import keyword
+import shlex
 from typing import Any
 
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, cell_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import MagicArgumentParser, argument, magic_arguments, parse_argstring
 
-from kinetic_nb.client import submit
-from kinetic_nb.errors import CaptureError, UnknownAcceleratorError
+from kinetic_nb import jobs as job_api
+from kinetic_nb.client import JobHandle, submit
+from kinetic_nb.errors import CaptureError, ObjectNotFoundError, UnknownAcceleratorError
 from kinetic_nb.panel import live_view
+
+#: The ``%kinetic`` line magic's subcommands, in the order its help lists them.
+SUBCOMMANDS = ("jobs", "attach", "cancel", "logs", "gc")
 
 
 def _names(values: list[str]) -> list[str]:
@@ -32,6 +41,25 @@ def _environment(values: list[str]) -> dict[str, str]:
     return env
 
 
+def _parser(prog: str, *arguments: tuple[tuple, dict]) -> MagicArgumentParser:
+    parser = MagicArgumentParser(prog=prog, add_help=False)
+    parser.add_argument("--storage", default=None, metavar="URI", help="The storage root (default: per-user).")
+    for args, kwargs in arguments:
+        parser.add_argument(*args, **kwargs)
+    return parser
+
+
+_LINE_PARSERS = {
+    "jobs": _parser("%kinetic jobs", (("-n", "--limit"), dict(type=int, default=20, help="How many jobs."))),
+    "attach": _parser("%kinetic attach", (("job_id",), {}),
+                      (("-o", "--out"), dict(action="append", default=[], metavar="NAME[,NAME]"))),
+    "cancel": _parser("%kinetic cancel", (("job_id",), {})),
+    "logs": _parser("%kinetic logs", (("job_id",), {}), (("--host",), dict(type=int, default=0))),
+    "gc": _parser("%kinetic gc", (("--older-than",), dict(required=True, metavar="DURATION",
+                                                          help="e.g. 7d, 12h, 30m"))),
+}
+
+
 @magics_class
 class KineticMagics(Magics):
     @magic_arguments()
@@ -46,11 +74,16 @@ class KineticMagics(Magics):
     @argument("-e", "--env", action="append", default=[], metavar="KEY=VALUE",
               help="Set an environment variable on every host (repeatable).")
     @argument("--timeout", type=float, default=None, metavar="S", help="Stop the job after S seconds.")
+    @argument("--grace", type=float, default=None, metavar="S",
+              help="After a host fails, the others get S seconds (default 10) to report before they are stopped.")
     @argument("--storage", default=None, metavar="URI", help="Where the job's objects live (file://...).")
+    @argument("--detach", action="store_true",
+              help="Return a JobHandle at once, with its live panel; an interrupt never cancels it.")
+    @argument("--keep", action="store_true", help="Keep all of the job's objects after a success.")
     @argument("--quiet", action="store_true",
               help="No panel and no kinetic notices; the leader's output and the outcome still show.")
-    @cell_magic
-    def kinetic(self, line: str, cell: str) -> Any:
+    @cell_magic("kinetic")
+    def kinetic_cell(self, line: str, cell: str) -> Any:
         """Run this cell on every host of a (local or simulated) multi-host slice.
 
         Every host runs the same cell (SPMD) with jax.distributed or
@@ -69,9 +102,11 @@ class KineticMagics(Magics):
             %%kinetic -a tpu-v5e-16 -o losses
             ...
         """
-        args = parse_argstring(self.kinetic, line)
+        args = parse_argstring(self.kinetic_cell, line)
         if args.timeout is not None and args.timeout <= 0:
             raise UsageError(f"--timeout must be positive, got {args.timeout:g}")
+        if args.grace is not None and args.grace < 0:
+            raise UsageError(f"--grace must not be negative, got {args.grace:g}")
         if args.hosts is not None and args.hosts < 1:
             raise UsageError(f"-n/--hosts must be at least 1, got {args.hosts}")
         out = _names(args.out)
@@ -93,17 +128,30 @@ class KineticMagics(Magics):
                 cell_name=f"kinetic In[{self._cell_number()}]",
                 echo=True,
                 quiet=args.quiet,
+                grace=args.grace,
+                detach=args.detach and not args.quiet,
+                keep=args.keep,
             )
         except (CaptureError, UnknownAcceleratorError, ValueError) as error:
             raise UsageError(str(error)) from None
-        view = None if args.quiet else live_view(handle.plan.hosts)
+        if args.detach:
+            handle.detached = True
+            return handle
+        return self._wait_and_show(handle, out, quiet=args.quiet)
+
+    def _wait_and_show(self, handle: JobHandle, out: list[str], *, quiet: bool = False) -> Any:
+        """Wait with a live view; its final update lands before the cell returns, so a saved notebook keeps it."""
+        view = None if quiet else live_view(handle.plan.hosts)
         try:
-            handle.wait(on_snapshot=view.update if view else None)
+            value = handle.result(on_snapshot=view.update if view else None)
         finally:
             if view is not None:
-                view.close(handle.snapshot())  # before the cell returns, so a saved notebook keeps it
-        value = handle.result()
-        self.shell.user_ns.update(handle.outputs)
+                view.close(handle.snapshot())
+        missing = [name for name in out if name not in handle.outputs]
+        if missing:
+            raise UsageError(f"job {handle.job_id} did not bring back {', '.join(missing)}: "
+                             f"it was submitted with -o {','.join(handle.outputs) or '(nothing)'}")
+        self.shell.user_ns.update({name: handle.outputs[name] for name in out} if out else handle.outputs)
         return value
 
     def _cell_number(self) -> int:
@@ -113,3 +161,56 @@ class KineticMagics(Magics):
         if history is not None and len(history.input_hist_parsed) > 1:
             return len(history.input_hist_parsed) - 1
         return self.shell.execution_count
+
+    @line_magic("kinetic")
+    def kinetic_line(self, line: str) -> Any:
+        """Manage kinetic jobs from any kernel.
+
+        ::
+
+            %kinetic jobs [-n LIMIT]                 recent jobs and their state
+            %kinetic attach JOB_ID [-o NAME[,NAME]]  wait for a job again (also after a restart)
+            %kinetic cancel JOB_ID                   stop every host of a job
+            %kinetic logs JOB_ID [--host I]          one host's output
+            %kinetic gc --older-than 7d              remove old jobs that have ended
+
+        Each also takes ``--storage URI``.
+        """
+        words = shlex.split(line)
+        if not words or words[0] not in _LINE_PARSERS:
+            given = f" {words[0]!r}" if words else ""
+            raise UsageError(f"%kinetic expects a subcommand{given and ', not' + given}: {', '.join(SUBCOMMANDS)}")
+        command, rest = words[0], words[1:]
+        args = _LINE_PARSERS[command].parse_argstring(shlex.join(rest))
+        try:
+            return getattr(self, f"_line_{command}")(args)
+        except ObjectNotFoundError as error:
+            raise UsageError(str(error)) from None
+        except ValueError as error:
+            raise UsageError(str(error)) from None
+
+    def _line_jobs(self, args: Any) -> None:
+        records = job_api.jobs(storage=args.storage, limit=args.limit)
+        if not records:
+            print("no kinetic jobs yet")
+            return
+        print(f"{'job':<26}  {'submitted':<19}  {'hosts':>5}  {'accelerator':<12}  state")
+        for record in records:
+            when = datetime.datetime.fromtimestamp(record.submitted_at).strftime("%Y-%m-%d %H:%M:%S")
+            print(f"{record.job_id:<26}  {when:<19}  {record.hosts:>5}  {record.accelerator:<12}  {record.status}")
+
+    def _line_attach(self, args: Any) -> Any:
+        handle = job_api.attach(args.job_id, storage=args.storage, echo=True)
+        return self._wait_and_show(handle, _names(args.out))
+
+    def _line_cancel(self, args: Any) -> None:
+        handle = job_api.attach(args.job_id, storage=args.storage)
+        handle.cancel()
+        print(f"job {handle.job_id}: {handle.status()}")
+
+    def _line_logs(self, args: Any) -> None:
+        print(job_api.attach(args.job_id, storage=args.storage).logs(args.host), end="")
+
+    def _line_gc(self, args: Any) -> None:
+        removed = job_api.gc(args.older_than, storage=args.storage)
+        print(f"removed {len(removed)} job{'s' if len(removed) != 1 else ''}" + (": " + ", ".join(removed) if removed else ""))

@@ -71,26 +71,27 @@ def _failure_label(traceback: str, message: str) -> str:
 
 
 def failure_groups(hosts: Iterable[HostSnapshot]) -> list[tuple[list[int], str, str]]:
-    """Failed hosts grouped by identical traceback: ``(indices, label, traceback)``, lowest host first."""
+    """Failed or lost hosts grouped by identical traceback (or ending): ``(indices, label, traceback)``."""
     groups: dict[str, list[HostSnapshot]] = {}
     for host in hosts:
-        if host.state == "failed":
-            groups.setdefault(host.traceback or host.message or host.exit_summary, []).append(host)
+        if host.state in ("failed", "lost"):
+            groups.setdefault(host.traceback or host.message or host.exit_summary or host.state, []).append(host)
     result = []
     for key, members in groups.items():
         first = members[0]
-        result.append(([h.index for h in members], _failure_label(first.traceback, first.message or key), key))
+        label = _failure_label(first.traceback, first.message) if first.traceback or first.message else key
+        result.append(([h.index for h in members], label, first.traceback))
     return sorted(result, key=lambda group: group[0][0])
 
 
 def failure_lines(snapshot: JobSnapshot) -> list[str]:
     """``"hosts 1-63: the same ValueError at cell line 12"``, one line per group."""
     lines = []
-    for indices, label, _ in failure_groups(snapshot.hosts):
+    for indices, label, traceback in failure_groups(snapshot.hosts):
         if len(indices) == 1:
             lines.append(f"host {indices[0]}: {label}")
         else:
-            lines.append(f"hosts {host_ranges(indices)}: the same {label}")
+            lines.append(f"hosts {host_ranges(indices)}: {'the same ' if traceback else ''}{label}")
     return lines
 
 

@@ -32,6 +32,9 @@ DEFAULT_BARRIER_TIMEOUT_S = 300.0
 DEFAULT_HEARTBEAT_TIMEOUT_S = 30
 #: JAX's shutdown barrier waits this long for peers (its default is 300 s).
 DEFAULT_SHUTDOWN_TIMEOUT_S = 10
+#: After a host fails, the others get this long to report their own failures
+#: before they are stopped.
+DEFAULT_GRACE_S = 10.0
 
 
 def new_job_id() -> str:
@@ -109,6 +112,7 @@ def make_plan(
     simulated: bool,
     timeout: float | None = None,
     env: Mapping[str, str] | None = None,
+    grace: float | None = None,
 ) -> JobPlan:
     return JobPlan(
         job_id=job_id,
@@ -124,4 +128,5 @@ def make_plan(
         timeout_s=timeout,
         simulated=simulated,
         env=dict(env or {}),
+        grace_s=DEFAULT_GRACE_S if grace is None else grace,
     )

@@ -22,7 +22,7 @@ import dataclasses
 import enum
 import re
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import cloudpickle
@@ -54,11 +54,18 @@ class JobStatus(str, enum.Enum):
         return self in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
 
 
-def job_status(plan: JobPlan, exits: Mapping[int, ExitSummary], *, started: bool, cancelled: bool) -> JobStatus:
-    """The job's state once every host has ended (RUNNING or PENDING before)."""
-    if len(exits) < plan.hosts:
+def job_status(
+    plan: JobPlan,
+    exits: Mapping[int, ExitSummary],
+    *,
+    started: bool,
+    cancelled: bool,
+    lost: Collection[int] = (),
+) -> JobStatus:
+    """The job's state once every host has ended or been lost (RUNNING or PENDING before)."""
+    if len(set(exits) | set(lost)) < plan.hosts:
         return JobStatus.RUNNING if started else JobStatus.PENDING
-    if any(summary.failed for summary in exits.values()):
+    if lost or any(summary.failed for summary in exits.values()):
         return JobStatus.FAILED
     if any(summary.stopped or summary.exit_code == protocol.EXIT_STOPPED for summary in exits.values()):
         return JobStatus.CANCELLED if cancelled else JobStatus.FAILED
@@ -75,6 +82,11 @@ _PEER_LOSS = re.compile(
 #: gRPC status codes the JAX coordination service reports when a peer is gone
 #: (matched in capitals only: "unavailable" is an ordinary word).
 _PEER_LOSS_CODES = re.compile(r"\b(DEADLINE_EXCEEDED|UNAVAILABLE|ABORTED)\b")
+
+
+def is_peer_loss(text: str) -> bool:
+    """Whether an error's ``"Type: message"`` is a known consequence of losing a peer (rule 6)."""
+    return bool(_PEER_LOSS.search(text) or _PEER_LOSS_CODES.search(text)) or text.split(":", 1)[0].endswith("HostStoppedError")
 
 
 @dataclasses.dataclass
@@ -100,10 +112,7 @@ class HostFailure:
     @property
     def is_consequence(self) -> bool:
         """A follow-on of another host's failure (rule 6), not this host's own."""
-        if self.stopped:
-            return True
-        text = f"{self.type_name}: {self.message}"
-        return bool(_PEER_LOSS.search(text) or _PEER_LOSS_CODES.search(text))
+        return self.stopped or is_peer_loss(f"{self.type_name}: {self.message}")
 
     def exception(self, job_id: str) -> BaseException:
         """The remote exception as its own type, carrying the remote traceback."""
@@ -204,12 +213,16 @@ def resolve_outcome(
     exits: Mapping[int, ExitSummary],
     list_job: Callable[[], list[ObjectInfo]],
     describe_host: Callable[[int], str],
+    lost: Collection[int] = (),
 ) -> dict[str, Any]:
     """The leader's success payload, or raise the right host's exception.
 
     ``list_job`` is called at most once, and never for a succeeded or
     single-host job; ``describe_host(i)`` gives host i's exit summary and
-    last log lines for the no-payload error.
+    last log lines for the no-payload error; ``lost`` are hosts whose
+    heartbeat stopped with no exit record. Called before every host has
+    ended, it decides on the records so far (the client does that once a
+    host has failed on its own account).
     """
     warn_teardown_crashes(exits)
     leader = read_failure(storage, protocol.RESULT, protocol.LEADER_INDEX, warn=True)
@@ -223,7 +236,7 @@ def resolve_outcome(
     if plan.hosts == 1:
         if leader is not None and not leader_ok:
             _raise_leader_failure(leader, plan.job_id)
-        raise _no_payload_error(storage, plan, exits, describe_host, leader_ok)
+        raise _no_payload_error(storage, plan, [protocol.LEADER_INDEX], describe_host, leader_ok, exits)
 
     # Rules 3, 4 and 6: the lowest-indexed host that failed on its own account.
     failing = sorted(
@@ -241,32 +254,51 @@ def resolve_outcome(
         if leader is not None and not leader_ok:
             extra.append(f"The leader (host 0) failed as a consequence: {leader.type_name}: {leader.message}")
         _raise_host_failure(failure, plan.job_id, [i for i in failing if i != index], extra)
-    dead = [i for i, summary in sorted(exits.items()) if summary.failed and i not in failing and i != 0]
-    extra = [f"Host {i} ended without writing a payload: it {describe_host(i)}" for i in dead]
-    if leader is not None and not leader_ok:
-        _raise_leader_failure(leader, plan.job_id, extra)
+    # A host that died or was lost without a payload failed on its own account:
+    # it ranks before every consequence, the leader's included.
+    leader_failed = leader is not None and not leader_ok
+    dead = [i for i in range(plan.hosts) if (i in lost or (i in exits and exits[i].failed))
+            and i not in failing and not (i == protocol.LEADER_INDEX and leader is not None)]
+    consequences = []
+    if leader_failed:
+        consequences.append(f"The leader (host 0) failed as a consequence: {leader.type_name}: {leader.message}")
+    if dead:
+        error = _no_payload_error(storage, plan, dead, describe_host, leader_ok, exits)
+        for note in consequences:
+            error.add_note(note)
+        raise error
+    if leader_failed:
+        _raise_leader_failure(leader, plan.job_id)
     if consequence is not None:
-        _raise_host_failure(consequence, plan.job_id, [i for i in failing if i != consequence.host_index], extra)
-    raise _no_payload_error(storage, plan, exits, describe_host, leader_ok)
+        _raise_host_failure(consequence, plan.job_id, [i for i in failing if i != consequence.host_index])
+    raise _no_payload_error(storage, plan, dead, describe_host, leader_ok, exits)
 
 
 def _no_payload_error(
     storage: Storage,
     plan: JobPlan,
-    exits: Mapping[int, ExitSummary],
+    culprits: list[int],
     describe_host: Callable[[int], str],
     leader_ok: bool,
+    exits: Mapping[int, ExitSummary],
 ) -> JobFailedError:
-    failed = [i for i, summary in sorted(exits.items()) if summary.failed]
+    """Rule 4's last case: no payload to raise; name the missing object and how every host ended.
+
+    Of several hosts that died without a payload, the first to end is named as
+    the cause: when a leader dies, JAX aborts its peers a moment later.
+    """
+    never = float("inf")
+    culprits = sorted(culprits, key=lambda i: (exits[i].ended_at if i in exits else never, i))
     if leader_ok:
-        missing = ", ".join(protocol.worker_result(i) for i in failed if i != 0) or "result-worker-*.pkl"
+        missing = ", ".join(protocol.worker_result(i) for i in sorted(culprits) if i != 0) or "result-worker-*.pkl"
         head = f"job {plan.job_id} failed after the leader succeeded, and no failing host wrote its payload ({missing})"
     else:
         head = f"job {plan.job_id} failed and no host wrote a result payload: {storage.uri}/{protocol.RESULT} is missing"
-    if len(failed) == 1:
-        head += f"; host {failed[0]} {exits[failed[0]].describe()}"
+    if culprits:
+        head += f"; host {culprits[0]} {describe_host(culprits[0]).splitlines()[0].split(';')[0]}"
+        if len(culprits) > 1:
+            head += f" first, then hosts {', '.join(map(str, culprits[1:]))} ended too"
     lines = [head + "."]
     for index in range(plan.hosts):
         lines.append(f"host {index} {describe_host(index)}")
     return JobFailedError("\n".join(lines))
-

@@ -10,19 +10,24 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import json
 import threading
 import time
 from collections.abc import Callable
 
 from kinetic_nb.backends import Backend
 from kinetic_nb.errors import ObjectNotFoundError
-from kinetic_nb.results import JobStatus, job_status
+from kinetic_nb.results import JobStatus, is_peer_loss, job_status
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.protocol import ExitSummary, HostState, HostStatus, JobPlan, Phase
+from kinetic_nb.runner.status import HEARTBEAT_INTERVAL_S
 from kinetic_nb.storage import ObjectInfo, Storage
 
 #: Lines of each host's log the poller keeps for the panel's drill-down.
 LOG_TAIL_LINES = 200
+#: A host with no exit record whose heartbeat is older than this is lost: its
+#: process is gone or unreachable (a few heartbeats, with room for a busy host).
+LOST_AFTER_S = 5 * HEARTBEAT_INTERVAL_S
 #: Host states that need no attention.
 FINE_STATES = frozenset({HostState.PENDING.value, HostState.READY.value, HostState.RUNNING.value,
                          HostState.SUCCEEDED.value})
@@ -52,6 +57,17 @@ class HostSnapshot:
     @property
     def fine(self) -> bool:
         return self.state in FINE_STATES
+
+    @property
+    def failed_on_its_own(self) -> bool:
+        """Failed, died or was lost, not as a consequence of another host's failure (rule 6)."""
+        if self.state == HostState.LOST.value:
+            return True
+        if self.state != HostState.FAILED.value:
+            return False
+        if self.exit is not None and self.message == "":
+            return True  # ended without reporting why: killed, or crashed
+        return not is_peer_loss(self.message)
 
     @property
     def exit_summary(self) -> str:
@@ -88,15 +104,30 @@ class JobSnapshot:
     def counts(self) -> collections.Counter:
         return collections.Counter(host.state for host in self.hosts)
 
+    @property
+    def lost(self) -> list[int]:
+        return [host.index for host in self.hosts if host.state == HostState.LOST.value]
 
-def host_state(status: HostStatus | None, summary: ExitSummary | None) -> str:
-    """A host's state from its own record and, once it ended, the backend's."""
+    @property
+    def decided(self) -> bool:
+        """Whether the outcome is known: every host ended, or one failed on its own account."""
+        return self.status.done or any(host.failed_on_its_own for host in self.hosts)
+
+
+def host_state(status: HostStatus | None, summary: ExitSummary | None, heartbeat_at: float | None,
+               now: float) -> str:
+    """A host's state from its own record and, once it ended, the backend's.
+
+    A host without an exit record whose heartbeat stopped is lost.
+    """
     if summary is not None:
         if summary.stopped or summary.exit_code == protocol.EXIT_STOPPED:
             return HostState.STOPPED.value
         if summary.failed:
             return HostState.FAILED.value
         return HostState.SUCCEEDED.value
+    if heartbeat_at is not None and now - heartbeat_at > LOST_AFTER_S:
+        return HostState.LOST.value
     return status.state if status else HostState.PENDING.value
 
 
@@ -157,8 +188,22 @@ class JobPoller:
                 self.requests["list"] += 1
                 self.listing = self.storage.list()
                 self._absorb(self.listing)
-                self._status = job_status(self.plan, self.exits, started=self._started, cancelled=self._cancelled)
+                if self._cleaned_up_status() is not None:
+                    self._status = self._cleaned_up_status()
+                    return self.snapshot()
+                snapshot = self.snapshot()
+                self._status = job_status(self.plan, self.exits, started=self._started, cancelled=self._cancelled,
+                                          lost=snapshot.lost)
             return self.snapshot()
+
+    def _cleaned_up_status(self) -> JobStatus | None:
+        """A job cleaned up after its outcome keeps only handle.json, which records that outcome."""
+        names = {info.name for info in self.listing}
+        if protocol.PLAN in names or protocol.HANDLE not in names:
+            return None
+        data = self._read(protocol.HANDLE)
+        recorded = json.loads(data).get("status") if data else None
+        return JobStatus(recorded) if recorded else None
 
     def _absorb(self, listing: list[ObjectInfo]) -> None:
         ended: list[ObjectInfo] = []
@@ -198,12 +243,13 @@ class JobPoller:
                 self.records[index].exit = summary
 
     def snapshot(self) -> JobSnapshot:
+        now = time.time()
         hosts = []
         for index, records in enumerate(self.records):
             status, lines = records.status, records.lines()
             hosts.append(HostSnapshot(
                 index=index,
-                state=host_state(status, records.exit),
+                state=host_state(status, records.exit, records.heartbeat_at, now),
                 phase=status.phase if status else Phase.STARTUP.value,
                 started_at=status.started_at if status else None,
                 updated_at=status.updated_at if status else None,
@@ -216,5 +262,5 @@ class JobPoller:
                 history=tuple((phase, float(at)) for phase, at in status.history) if status else (),
             ))
         return JobSnapshot(self.plan.job_id, self.backend.name, self.plan.accelerator, self._status,
-                           self.submitted_at, time.time(), tuple(hosts))
+                           self.submitted_at, now, tuple(hosts))
 

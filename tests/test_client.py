@@ -199,7 +199,7 @@ def test_env_reaches_every_host():
 
 
 def test_job_objects_follow_the_protocol():
-    handle = kinetic_nb.submit("print('x')\n3", hosts=2)
+    handle = kinetic_nb.submit("print('x')\n3", hosts=2, keep=True)
     handle.result()
     names = {info.name for info in handle.storage.list()}
     assert {"plan.json", "payload.pkl", "handle.json", ".leader_ready", "result.pkl"} <= names

@@ -36,8 +36,9 @@ from kinetic_nb.runner.logs import LogChunkWriter
 from kinetic_nb.runner.protocol import ExitSummary, HostState, HostStatus, JobPlan
 from kinetic_nb.storage import Storage, open_storage
 
-#: Between SIGTERM and SIGKILL when stopping a host.
-TERM_TO_KILL_S = 1.0
+#: Between SIGTERM and SIGKILL when stopping a host: time to flush and exit
+#: for a host that honours SIGTERM (JAX traps it, so its hosts need the SIGKILL).
+TERM_TO_KILL_S = 0.5
 #: How often the supervisor looks for a cancel request.
 CANCEL_POLL_S = 0.25
 #: How long to keep reading a finished host's pipe for its last output.

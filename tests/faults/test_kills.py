@@ -1,0 +1,67 @@
+"""SIGKILL of the leader, and of a worker, in each phase: the cell names the host and the signal."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import kinetic_nb
+from kinetic_nb.errors import JobFailedError
+from kinetic_nb.results import JobStatus
+
+from .helpers import STRIKES, exits
+
+#: No case may take longer than this: a collective's own timeout would be minutes.
+BOUND_S = 45
+
+CELLS = {
+    "before the barrier": ("none", "kill_on_load\n'value'", "payload load"),
+    "inside a collective": (
+        "jax",
+        "import os, signal, threading, time, jax\n"
+        "from jax.experimental import multihost_utils\n"
+        "multihost_utils.sync_global_devices('everyone is in')\n"
+        "if os.environ['KINETIC_HOST_INDEX'] == os.environ['KILL_HOST']:\n"
+        "    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGKILL)).start()\n"
+        "else:\n"
+        "    time.sleep(2)\n"
+        "multihost_utils.sync_global_devices('never completes')\n",
+        "execute",
+    ),
+    "while writing the result": (
+        "none",
+        "import os\n"
+        "if os.environ['KINETIC_HOST_INDEX'] == os.environ['KILL_HOST']:\n"
+        "    if os.environ['KILL_HOST'] == '0':\n"
+        "        value = KillOnSave()\n"
+        "    else:\n"
+        "        raise KillingError('dies while its failure payload is written')\n"
+        "else:\n"
+        "    value = 'fine'\n"
+        "value",
+        None,  # the leader pickles its value in "result serialization"; a worker its error in "execute"
+    ),
+}
+
+
+@pytest.mark.parametrize("victim", [0, 2], ids=["leader", "worker"])
+@pytest.mark.parametrize("moment", list(CELLS))
+def test_sigkill(moment, victim):
+    framework, source, phase = CELLS[moment]
+    phase = phase or ("result serialization" if victim == 0 else "execute")
+    started = time.monotonic()
+    handle = kinetic_nb.submit(source, hosts=3, framework=framework, namespace=STRIKES,
+                               env={"KILL_HOST": str(victim)}, grace=2)
+    with pytest.raises(JobFailedError) as info:
+        handle.result()
+    assert time.monotonic() - started < BOUND_S
+    first_line = str(info.value).splitlines()[0]
+    assert f"host {victim} was killed by SIGKILL in phase {phase}" in first_line
+    ended = exits(handle)
+    assert handle.status() is JobStatus.FAILED
+    assert ended[victim].signal == "SIGKILL" and ended[victim].failed
+    for other in {0, 1, 2} - {victim}:
+        summary = ended[other]
+        # The others were stopped, finished, or lost their peer: never blamed for the victim.
+        assert not summary.failed or summary.stopped or summary.signal != "SIGKILL", summary

@@ -1,0 +1,46 @@
+"""A kernel restart mid-job, then %kinetic attach in the new kernel: the result arrives, -o lands."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from kinetic_nb.results import JobStatus
+
+from .helpers import kernel, newest_job
+
+
+def run(client, code: str) -> tuple[dict, list[str]]:
+    printed: list[str] = []
+
+    def collect(message):
+        content = message["content"]
+        if message["msg_type"] == "stream":
+            printed.append(content["text"])
+        elif message["msg_type"] == "execute_result":
+            printed.append(content["data"]["text/plain"])
+        elif message["msg_type"] == "error":
+            printed.append("\n".join(content["traceback"]))
+
+    reply = client.execute_interactive(code, timeout=120, output_hook=collect)
+    return reply["content"], printed
+
+
+def test_attach_after_a_kernel_restart(storage_root):
+    with kernel() as (manager, client):
+        submitted = time.time()
+        client.execute("%%kinetic -n 2 -o trained\nimport time\ntime.sleep(4)\ntrained = {'loss': 0.25}\n41 + 1")
+        handle = newest_job(storage_root, submitted, running_hosts=2)
+        manager.restart_kernel(now=True)
+        client.wait_for_ready(timeout=60)
+        assert handle.status() is not JobStatus.CANCELLED  # the job outlived its kernel
+
+        run(client, "%load_ext kinetic_nb")
+        reply, printed = run(client, f"%kinetic attach {handle.job_id} -o trained")
+        assert reply["status"] == "ok", printed
+        assert printed[-1] == "42"
+        reply, printed = run(client, "import json; print(json.dumps(trained))")
+        assert json.loads(printed[-1]) == {"loss": 0.25}
+        reply, printed = run(client, "%kinetic jobs")
+        assert handle.job_id in "".join(printed) and "SUCCEEDED" in "".join(printed)
+    assert handle.status() is JobStatus.SUCCEEDED

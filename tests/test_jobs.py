@@ -1,0 +1,107 @@
+"""Jobs from any kernel: jobs(), attach(), gc(), cleanup after success, and the %kinetic line magic."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+from IPython.core.interactiveshell import InteractiveShell
+
+import kinetic_nb
+from kinetic_nb import jobs
+from kinetic_nb.results import JobStatus
+
+
+def test_a_success_leaves_only_the_record_and_the_outputs():
+    source = "import os, pathlib\npathlib.Path(os.environ['KINETIC_OUTPUT_DIR'], 'model.txt').write_text('weights')\n1"
+    handle = kinetic_nb.submit(source, hosts=2)
+    assert handle.result() == 1
+    names = sorted(info.name for info in handle.storage.list())
+    assert names == ["handle.json", "outputs/model.txt"]
+    record = json.loads(handle.storage.read_bytes("handle.json"))
+    assert record["status"] == "SUCCEEDED" and record["hosts"] == 2
+    assert handle.status() is JobStatus.SUCCEEDED
+
+
+def test_a_failure_keeps_everything_for_inspection():
+    handle = kinetic_nb.submit("raise RuntimeError('inspect me')", hosts=2)
+    with pytest.raises(RuntimeError):
+        handle.result()
+    names = {info.name for info in handle.storage.list()}
+    assert {"plan.json", "payload.pkl", "result.pkl", "hosts/1/exit.json"} <= names
+    assert json.loads(handle.storage.read_bytes("handle.json"))["status"] == "FAILED"
+
+
+def test_jobs_attach_and_gc(storage_root):
+    kept = kinetic_nb.submit("'kept'", hosts=2, keep=True)
+    kept.result()
+    running = kinetic_nb.submit("import time\ntime.sleep(30)", hosts=1)
+    listed = {record.job_id: record for record in jobs.jobs()}
+    assert listed[kept.job_id].status == "SUCCEEDED" and listed[running.job_id].status in ("PENDING", "RUNNING")
+    again = jobs.attach(kept.job_id)
+    assert again.result() == "kept" and again.detached
+    with pytest.raises(FileNotFoundError, match="no job kn-19990101-000000-abc"):
+        jobs.attach("kn-19990101-000000-abc")
+    removed = jobs.gc(0)
+    assert kept.job_id in removed and running.job_id not in removed  # never a running job
+    assert not os.path.exists(kept.storage.local_path())
+    running.cancel()
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("90s", 90), ("30m", 1800), ("12h", 43200), ("7d", 604800), ("5", 5)])
+def test_durations(text, seconds):
+    assert jobs.parse_duration(text) == seconds
+
+
+@pytest.fixture(scope="module")
+def shell():
+    shell = InteractiveShell.instance()
+    shell.run_cell("%load_ext kinetic_nb")
+    yield shell
+    InteractiveShell.clear_instance()
+
+
+def test_line_magic(shell, capsys):
+    failing = kinetic_nb.submit("import os\nprint('hello from', os.environ['RANK'])\nraise ValueError('x')", hosts=2)
+    with pytest.raises(ValueError):
+        failing.result()
+    capsys.readouterr()
+    shell.run_cell("%kinetic jobs")
+    table = capsys.readouterr().out
+    assert table.splitlines()[0].split() == ["job", "submitted", "hosts", "accelerator", "state"]
+    assert failing.job_id in table and "FAILED" in table
+    shell.run_cell(f"%kinetic logs {failing.job_id} --host 1")
+    assert "hello from 1" in capsys.readouterr().out
+    sleeper = kinetic_nb.submit("import time\ntime.sleep(60)", hosts=2)
+    shell.run_cell(f"%kinetic cancel {sleeper.job_id}")
+    assert capsys.readouterr().out.strip() == f"job {sleeper.job_id}: CANCELLED"
+    result = shell.run_cell("%kinetic gc --older-than 1w")
+    assert result.error_in_exec is None and "removed 0 jobs" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ("", "%kinetic expects a subcommand: jobs, attach, cancel, logs, gc"),
+        ("frobnicate", "%kinetic expects a subcommand, not 'frobnicate'"),
+        ("attach", "the following arguments are required: job_id"),
+        ("attach kn-19990101-000000-abc", "no job kn-19990101-000000-abc"),
+        ("gc --older-than soon", "invalid duration 'soon'"),
+        ("logs kn-1 --host x", "argument --host: invalid int value: 'x'"),
+    ],
+)
+def test_line_magic_usage_errors(shell, line, expected):
+    result = shell.run_cell(f"%kinetic {line}")
+    assert type(result.error_in_exec).__name__ == "UsageError"
+    assert expected in str(result.error_in_exec) and "\n" not in str(result.error_in_exec)
+
+
+def test_detached_cell_returns_a_handle_at_once(shell):
+    started = time.monotonic()
+    result = shell.run_cell("%%kinetic -n 2 --detach\nimport time\ntime.sleep(2)\n'later'")
+    assert time.monotonic() - started < 2
+    handle = result.result
+    assert isinstance(handle, kinetic_nb.JobHandle) and handle.detached
+    assert handle.result() == "later"
