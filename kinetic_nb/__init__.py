@@ -21,6 +21,9 @@ _EXPORTS = {
     "JobSnapshot": "kinetic_nb.snapshot",
     "JobStatus": "kinetic_nb.results",
     "resolve_accelerator": "kinetic_nb.accelerators",
+    "attach": "kinetic_nb.catalog",
+    "jobs": "kinetic_nb.catalog",
+    "gc": "kinetic_nb.catalog",
     "accelerator_names": "kinetic_nb.accelerators",
 }
 __all__ = [
@@ -30,6 +33,9 @@ __all__ = [
     "JobStatus",
     "__version__",
     "accelerator_names",
+    "attach",
+    "gc",
+    "jobs",
     "last_job",
     "load_ipython_extension",
     "resolve_accelerator",
@@ -39,6 +45,7 @@ __all__ = [
 if TYPE_CHECKING:
     from kinetic_nb.accelerators import accelerator_names, resolve_accelerator
     from kinetic_nb.client import JobHandle, last_job, submit
+    from kinetic_nb.catalog import attach, gc, jobs
     from kinetic_nb.results import JobStatus
     from kinetic_nb.snapshot import HostSnapshot, JobSnapshot
 

@@ -1,6 +1,6 @@
 """``%%kinetic`` and ``%kinetic``: parse, call the plain API, show, return.
 
-Everything else is ``kinetic_nb.client`` and ``kinetic_nb.jobs``.
+Everything else is ``kinetic_nb.client`` and ``kinetic_nb.catalog``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import MagicArgumentParser, argument, magic_arguments, parse_argstring
 
-from kinetic_nb import jobs as job_api
+from kinetic_nb import catalog
 from kinetic_nb.client import JobHandle, submit
 from kinetic_nb.errors import CaptureError, ObjectNotFoundError, UnknownAcceleratorError
 from kinetic_nb.panel import live_view
@@ -190,7 +190,7 @@ class KineticMagics(Magics):
             raise UsageError(str(error)) from None
 
     def _line_jobs(self, args: Any) -> None:
-        records = job_api.jobs(storage=args.storage, limit=args.limit)
+        records = catalog.jobs(storage=args.storage, limit=args.limit)
         if not records:
             print("no kinetic jobs yet")
             return
@@ -200,17 +200,17 @@ class KineticMagics(Magics):
             print(f"{record.job_id:<26}  {when:<19}  {record.hosts:>5}  {record.accelerator:<12}  {record.status}")
 
     def _line_attach(self, args: Any) -> Any:
-        handle = job_api.attach(args.job_id, storage=args.storage, echo=True)
+        handle = catalog.attach(args.job_id, storage=args.storage, echo=True)
         return self._wait_and_show(handle, _names(args.out))
 
     def _line_cancel(self, args: Any) -> None:
-        handle = job_api.attach(args.job_id, storage=args.storage)
+        handle = catalog.attach(args.job_id, storage=args.storage)
         handle.cancel()
         print(f"job {handle.job_id}: {handle.status()}")
 
     def _line_logs(self, args: Any) -> None:
-        print(job_api.attach(args.job_id, storage=args.storage).logs(args.host), end="")
+        print(catalog.attach(args.job_id, storage=args.storage).logs(args.host), end="")
 
     def _line_gc(self, args: Any) -> None:
-        removed = job_api.gc(args.older_than, storage=args.storage)
+        removed = catalog.gc(args.older_than, storage=args.storage)
         print(f"removed {len(removed)} job{'s' if len(removed) != 1 else ''}" + (": " + ", ".join(removed) if removed else ""))

@@ -10,7 +10,7 @@ import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
 import kinetic_nb
-from kinetic_nb import jobs
+from kinetic_nb import catalog as jobs
 from kinetic_nb.results import JobStatus
 
 
