@@ -24,6 +24,7 @@ import cloudpickle
 from kinetic_nb.errors import HostStoppedError, PlanError, RemoteHostError, ResultSerializationError
 from kinetic_nb.runner import barrier, frameworks, protocol
 from kinetic_nb.runner.hostenv import HOST_INDEX_VARIABLES, resolve_host_index
+from kinetic_nb.runner.log_capture import capture_output, wants_log_upload
 from kinetic_nb.runner.protocol import HostState, JobPlan, Phase
 from kinetic_nb.runner.status import StatusReporter
 from kinetic_nb.storage import Storage, open_storage
@@ -41,7 +42,11 @@ def run_host(job_uri: str) -> int:
             stream.reconfigure(line_buffering=True)
     storage = open_storage(job_uri)
     host_index = resolve_host_index(os.environ)
-    return HostRun(storage, host_index).run()
+    run = HostRun(storage, host_index)
+    if not wants_log_upload():
+        return run.run()  # the backend collects this process's output
+    with capture_output(storage, run.host_index):
+        return run.run()
 
 
 def exception_type_name(exc: BaseException) -> str:
