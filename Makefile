@@ -5,12 +5,12 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench binder-check clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[jax,torch,plots,test]"
+	$(PY) -m pip install --quiet -e ".[jax,torch,plots,examples,test]"
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -19,6 +19,9 @@ demo: $(STAMP)
 test: $(STAMP)
 	scripts/ensure_chromium.sh
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+binder-check:
+	scripts/check_binder.sh
 
 bench: $(STAMP)
 	$(PY) benchmarks/launch_overhead.py

@@ -32,6 +32,24 @@ def phase_spans(history: tuple[tuple[str, float], ...], end: float) -> list[tupl
     return spans
 
 
+def _show_figures_inline() -> None:
+    """Let IPython draw a bare ``Figure`` as a PNG (pyplot would otherwise have to be imported first)."""
+    try:
+        from IPython import get_ipython
+        from IPython.core.pylabtools import select_figure_formats
+        from matplotlib.figure import Figure
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is None:
+        return
+    png = shell.display_formatter.formatters["image/png"]
+    try:
+        png.lookup_by_type(Figure)
+    except KeyError:
+        select_figure_formats(shell, {"png"})
+
+
 def plot_timeline(snapshot: JobSnapshot) -> Any:
     """A matplotlib ``Figure``: one row per host, one coloured bar per phase.
 
@@ -42,6 +60,7 @@ def plot_timeline(snapshot: JobSnapshot) -> Any:
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 
+    _show_figures_inline()
     origin = snapshot.submitted_at
     hosts = snapshot.hosts
     figure = Figure(figsize=(9, 1.2 + 0.3 * min(len(hosts), 64)), layout="constrained")

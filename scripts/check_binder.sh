@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Binder's recipe, checked in a fresh virtual environment: binder/requirements.txt,
+# then binder/postBuild, then every example's imports.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv=build/binder-venv
+rm -rf "$venv"
+python3 -m venv "$venv"
+"$venv/bin/python" -m pip install --quiet --upgrade pip
+"$venv/bin/python" -m pip install --quiet -r binder/requirements.txt
+PATH="$venv/bin:$PATH" bash binder/postBuild >/dev/null
+KERAS_BACKEND=jax "$venv/bin/python" -c "
+import kinetic_nb, kinetic_nb.magics, jax, torch, keras, matplotlib, ipywidgets
+print('binder environment ok: kinetic_nb', kinetic_nb.__version__, '| jax', jax.__version__, '| torch', torch.__version__)
+"
+rm -rf "$venv"
