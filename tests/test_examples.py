@@ -6,28 +6,15 @@ import pathlib
 
 import nbformat
 import pytest
-from nbclient import NotebookClient
+
+from .nbrun import cell_text, execute
 
 EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
 
 
-def execute(name: str, tmp_path) -> list:
-    notebook = nbformat.read(EXAMPLES / name, as_version=4)
-    NotebookClient(notebook, timeout=600, kernel_name="python3",
-                   resources={"metadata": {"path": str(tmp_path)}}).execute()
+def run(name: str, tmp_path) -> list:
+    notebook = execute(nbformat.read(EXAMPLES / name, as_version=4), tmp_path)
     return [cell for cell in notebook.cells if cell.cell_type == "code"]
-
-
-def text(cell) -> str:
-    parts = []
-    for output in cell.outputs:
-        if output.output_type == "stream":
-            parts.append(output.text)
-        elif output.output_type in ("execute_result", "display_data"):
-            parts.append(output.data.get("text/plain", ""))
-        elif output.output_type == "error":
-            parts.append("\n".join(output.traceback))
-    return "\n".join(parts)
 
 
 def value_of(cell):
@@ -47,44 +34,44 @@ def images(cell) -> list:
 
 
 def test_01_quickstart(tmp_path):
-    cells = execute("01_quickstart.ipynb", tmp_path)
-    assert "12.0" in text(cells[1]) and "host 0 of 4 sees 4 devices" in text(cells[1])
-    assert "[3., 3.]" in text(cells[2])
-    assert "SUCCEEDED" in text(cells[3]) and "0*  succeeded" in text(cells[3])
+    cells = run("01_quickstart.ipynb", tmp_path)
+    assert "12.0" in cell_text(cells[1]) and "host 0 of 4 sees 4 devices" in cell_text(cells[1])
+    assert "[3., 3.]" in cell_text(cells[2])
+    assert "SUCCEEDED" in cell_text(cells[3]) and "0*  succeeded" in cell_text(cells[3])
     assert images(cells[4])  # the timeline
-    assert "(16, 36.0)" in text(cells[6])
-    assert "ValueError: host 2 found a bad shard" in text(cells[7])
+    assert "(16, 36.0)" in cell_text(cells[6])
+    assert "ValueError: host 2 found a bad shard" in cell_text(cells[7])
     assert errors(cells) == [cells[7]]  # the deliberate one only
 
 
 def test_02_jax_data_parallel(tmp_path):
-    cells = execute("02_jax_data_parallel.ipynb", tmp_path)
+    cells = run("02_jax_data_parallel.ipynb", tmp_path)
     assert errors(cells) == []
-    assert "over 16 devices" in text(cells[1])
-    assert images(cells[2]) and "parameters back in the notebook: [(8, 32), (32, 1)]" in text(cells[2])
-    first, last = (float(v) for v in text(cells[2]).split("loss ")[1].split(";")[0].split(" -> "))
+    assert "over 16 devices" in cell_text(cells[1])
+    assert images(cells[2]) and "parameters back in the notebook: [(8, 32), (32, 1)]" in cell_text(cells[2])
+    first, last = (float(v) for v in cell_text(cells[2]).split("loss ")[1].split(";")[0].split(" -> "))
     assert last < first / 4  # it learned
     keras_losses = value_of(cells[3])
-    assert "16 devices" in text(cells[3]) and keras_losses[-1] < keras_losses[0]
+    assert "16 devices" in cell_text(cells[3]) and keras_losses[-1] < keras_losses[0]
 
 
 def test_03_torch_ddp(tmp_path):
-    cells = execute("03_torch_ddp.ipynb", tmp_path)
+    cells = run("03_torch_ddp.ipynb", tmp_path)
     assert errors(cells) == []
     metrics = value_of(cells[1])
     assert metrics["world_size"] == 4 and metrics["weights_in_sync"] is True and metrics["final_loss"] < 0.2
 
 
 def test_04_failures(tmp_path):
-    cells = execute("04_failures.ipynb", tmp_path)
+    cells = run("04_failures.ipynb", tmp_path)
     worker, summary, killed, timeout, cancelled, jobs = cells[1:]
     assert errors(cells) == [worker, killed, timeout]
-    assert "KeyError: 'host 2 has no shard 20'" in text(worker) and "Reported by host 2" in text(worker)
-    assert "    2   failed" in text(summary)
-    assert "host 1 was killed by SIGKILL in phase execute" in text(killed) and "about to run out of memory" in text(killed)
-    assert "KineticTimeoutError" in text(timeout) and "waiting for a peer that never comes" in text(timeout)
-    assert "CANCELLED" in text(cancelled)
-    assert text(jobs).splitlines()[0].split() == ["job", "submitted", "hosts", "accelerator", "state"]
+    assert "KeyError: 'host 2 has no shard 20'" in cell_text(worker) and "Reported by host 2" in cell_text(worker)
+    assert "    2   failed" in cell_text(summary)
+    assert "host 1 was killed by SIGKILL in phase execute" in cell_text(killed) and "about to run out of memory" in cell_text(killed)
+    assert "KineticTimeoutError" in cell_text(timeout) and "waiting for a peer that never comes" in cell_text(timeout)
+    assert "CANCELLED" in cell_text(cancelled)
+    assert cell_text(jobs).splitlines()[0].split() == ["job", "submitted", "hosts", "accelerator", "state"]
 
 
 @pytest.mark.parametrize("name", ["01_quickstart.ipynb", "02_jax_data_parallel.ipynb", "03_torch_ddp.ipynb",

@@ -5,28 +5,11 @@ from __future__ import annotations
 import pathlib
 
 import nbformat
-from nbclient import NotebookClient
 from nbformat.v4 import new_code_cell, new_notebook
 
+from .nbrun import cell_text, execute
+
 EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
-
-
-def execute(notebook, tmp_path):
-    NotebookClient(notebook, timeout=300, kernel_name="python3",
-                   resources={"metadata": {"path": str(tmp_path)}}).execute()
-    return notebook
-
-
-def text_of(cell) -> str:
-    parts = []
-    for output in cell.outputs:
-        if output.output_type == "stream":
-            parts.append(output.text)
-        elif output.output_type in ("execute_result", "display_data"):
-            parts.append(output.data.get("text/plain", ""))
-        elif output.output_type == "error":
-            parts.append("\n".join(output.traceback))
-    return "\n".join(parts)
 
 
 def test_a_four_host_cell_in_a_real_kernel(tmp_path):
@@ -43,11 +26,11 @@ def test_a_four_host_cell_in_a_real_kernel(tmp_path):
     value_cell, rank_cell, failing = notebook.cells[2], notebook.cells[3], notebook.cells[4]
     results = [o for o in value_cell.outputs if o.output_type == "execute_result"]
     assert results[0].data["text/plain"] == "101"
-    assert "leader says hi" in text_of(value_cell)
+    assert "leader says hi" in cell_text(value_cell)
     assert rank_cell.outputs[0].data["text/plain"] == "0"
     error = failing.outputs[-1]
     assert error.output_type == "error" and error.ename == "OSError" and error.evalue == "disk gone"
-    rendered = text_of(failing)
+    rendered = cell_text(failing)
     assert f'File "<kinetic In[{failing.execution_count}]>", line 4' in rendered
     assert "raise OSError('disk gone')" in rendered and "Reported by host 1" in rendered
 
@@ -55,9 +38,9 @@ def test_a_four_host_cell_in_a_real_kernel(tmp_path):
 def test_quickstart_example_runs(tmp_path):
     notebook = execute(nbformat.read(EXAMPLES / "01_quickstart.ipynb", as_version=4), tmp_path)
     code = [cell for cell in notebook.cells if cell.cell_type == "code"]
-    assert "12.0" in text_of(code[1])
-    assert "(16, 36.0)" in text_of(code[5])
-    assert "ValueError: host 2 found a bad shard" in text_of(code[6])
+    assert "12.0" in cell_text(code[1])
+    assert "(16, 36.0)" in cell_text(code[5])
+    assert "ValueError: host 2 found a bad shard" in cell_text(code[6])
     errors = [cell for cell in code if any(o.output_type == "error" for o in cell.outputs)]
     assert errors == [code[6]]
 
