@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-import pathlib
 
-import nbformat
 from nbformat.v4 import new_code_cell, new_notebook
 
 from .nbrun import cell_text, execute
-
-EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
-
 
 def test_a_four_host_cell_in_a_real_kernel(tmp_path):
     notebook = new_notebook(cells=[
@@ -33,16 +28,6 @@ def test_a_four_host_cell_in_a_real_kernel(tmp_path):
     rendered = cell_text(failing)
     assert f'File "<kinetic In[{failing.execution_count}]>", line 4' in rendered
     assert "raise OSError('disk gone')" in rendered and "Reported by host 1" in rendered
-
-
-def test_quickstart_example_runs(tmp_path):
-    notebook = execute(nbformat.read(EXAMPLES / "01_quickstart.ipynb", as_version=4), tmp_path)
-    code = [cell for cell in notebook.cells if cell.cell_type == "code"]
-    assert "12.0" in cell_text(code[1])
-    assert "(16, 36.0)" in cell_text(code[5])
-    assert "ValueError: host 2 found a bad shard" in cell_text(code[6])
-    errors = [cell for cell in code if any(o.output_type == "error" for o in cell.outputs)]
-    assert errors == [code[6]]
 
 
 def widget_values(notebook) -> dict[str, dict]:
