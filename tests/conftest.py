@@ -9,6 +9,8 @@ import time
 import psutil
 import pytest
 
+from .fixtures_gcs import gcs_emulator, gcs_root  # noqa: F401 - the fake-gcs-server fixtures, for every test
+
 #: Every local job process carries one of these: the supervisor and the hosts
 #: it forks share its command line; anything a cell starts inherits the variable.
 _JOB_COMMAND = "kinetic_nb.backends.local_supervisor"

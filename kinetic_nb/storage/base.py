@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import io
 import json
-from typing import Any
+import os
+from typing import IO, Any
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,11 +59,44 @@ class Storage(abc.ABC):
     def delete(self, name: str) -> None:
         """Remove ``name``; ``ObjectNotFoundError`` if it does not exist."""
 
+    def write_file(self, name: str, source: str | os.PathLike | IO[bytes], *, exclusive: bool = False) -> None:
+        """Write ``name`` from a local file or a binary file object, atomically, as ``write_bytes`` does.
+
+        Parameters
+        ----------
+        name : str
+            The object's name below this storage's root.
+        source : str, os.PathLike or binary file object
+            A path, or a file object read from its current position to its end.
+        exclusive : bool
+            Fail with ``ObjectExistsError`` if ``name`` exists.
+
+        Implementations stream the bytes (a resumable upload, a file copy), so
+        a large value is never held in memory whole; this default reads it whole.
+        """
+        if isinstance(source, (str, os.PathLike)):
+            with open(source, "rb") as file:
+                data = file.read()
+        else:
+            data = source.read()
+        self.write_bytes(name, data, exclusive=exclusive)
+
+    def open_read(self, name: str) -> IO[bytes]:
+        """A binary file object over ``name``'s bytes; ``ObjectNotFoundError`` at once if it does not exist.
+
+        The caller closes it (``with storage.open_read(name) as file: ...``).
+        Implementations stream: a read holds one chunk, not the whole object,
+        and a reader sees one version of the object even if it is rewritten
+        meanwhile (or fails loudly). This default reads the object whole.
+        """
+        return io.BytesIO(self.read_bytes(name))
+
     def local_path(self, name: str = "") -> str | None:
         """A local filesystem path for ``name``, when the storage has one."""
         return None
 
     def exists(self, name: str) -> bool:
+        """Whether ``name`` exists (implementations ask for that one object, not a listing)."""
         return any(info.name == name for info in self.list(name))
 
     def write_json(self, name: str, record: Any, *, exclusive: bool = False) -> None:
@@ -75,10 +110,17 @@ class Storage(abc.ABC):
 
 
 def open_storage(uri: str) -> Storage:
-    """The storage for ``uri``: ``file://`` or a plain path; ``gs://`` once supported."""
-    from kinetic_nb.storage.local import LocalStorage
+    """The storage for ``uri``: ``file://`` or a plain path, or ``gs://bucket/prefix``.
 
+    ``gs://`` needs the ``gcs`` extra (google-cloud-storage), imported only now.
+    """
     if uri.startswith("file://") or "://" not in uri:
+        from kinetic_nb.storage.local import LocalStorage
+
         return LocalStorage(uri)
+    if uri.startswith("gs://"):
+        from kinetic_nb.storage.gcs import GcsStorage
+
+        return GcsStorage(uri)
     scheme = uri.split("://", 1)[0]
-    raise ValueError(f"unsupported storage URI {uri!r}: scheme {scheme}:// is not supported (use file://)")
+    raise ValueError(f"unsupported storage URI {uri!r}: scheme {scheme}:// is not supported (use file:// or gs://)")

@@ -6,13 +6,18 @@ Host-safe: the standard library only.
 from __future__ import annotations
 
 import os
+import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import IO
 
 from kinetic_nb.errors import ObjectExistsError, ObjectNotFoundError, StorageError
 from kinetic_nb.storage.base import ObjectInfo, Storage
 
 #: Temporary files carry this prefix so a listing never shows a half-written object.
 _TEMP_PREFIX = ".tmp-"
+#: Copy buffer for file objects: large enough that a big value moves in few system calls.
+_COPY_CHUNK_BYTES = 8 * 1024 * 1024
 
 
 def _path_from_uri(uri: str) -> Path:
@@ -39,12 +44,29 @@ class LocalStorage(Storage):
         return str(self._path(name))
 
     def write_bytes(self, name: str, data: bytes, *, exclusive: bool = False) -> None:
+        def fill(temp: Path) -> None:
+            with open(temp, "wb") as file:
+                file.write(data)
+
+        self._write_via_temp(name, fill, exclusive)
+
+    def write_file(self, name: str, source: str | os.PathLike | IO[bytes], *, exclusive: bool = False) -> None:
+        def fill(temp: Path) -> None:
+            if isinstance(source, (str, os.PathLike)):
+                shutil.copyfile(source, temp)  # the kernel copies where it can (copy_file_range, sendfile)
+            else:
+                with open(temp, "wb") as file:
+                    shutil.copyfileobj(source, file, _COPY_CHUNK_BYTES)
+
+        self._write_via_temp(name, fill, exclusive)
+
+    def _write_via_temp(self, name: str, fill: Callable[[Path], None], exclusive: bool) -> None:
+        """Fill a temporary file beside ``name``, then publish it whole by rename (or link, if exclusive)."""
         path = self._path(name)
         path.parent.mkdir(parents=True, exist_ok=True)
         temp = path.with_name(f"{_TEMP_PREFIX}{path.name}-{os.urandom(8).hex()}")
         try:
-            with open(temp, "wb") as file:
-                file.write(data)
+            fill(temp)
             if exclusive:
                 try:
                     os.link(temp, path)  # fails if path exists: atomic create-if-absent
@@ -58,6 +80,13 @@ class LocalStorage(Storage):
     def read_bytes(self, name: str) -> bytes:
         try:
             return self._path(name).read_bytes()
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            raise ObjectNotFoundError(f"{self.uri}/{name} does not exist") from None
+
+    def open_read(self, name: str) -> IO[bytes]:
+        # The open file keeps the version it opened: a rewrite renames a new file over the name.
+        try:
+            return open(self._path(name), "rb")  # the caller closes it
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             raise ObjectNotFoundError(f"{self.uri}/{name} does not exist") from None
 

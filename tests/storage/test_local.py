@@ -1,9 +1,12 @@
+"""What only ``file://`` storage does; the shared rules are in test_contract.py."""
+
+import io
 import os
 import stat
 
 import pytest
 
-from kinetic_nb.errors import ObjectExistsError, ObjectNotFoundError, StorageError
+from kinetic_nb.errors import ObjectExistsError
 from kinetic_nb.storage import LocalStorage, default_root, open_storage
 
 
@@ -12,37 +15,16 @@ def storage(tmp_path):
     return open_storage(f"file://{tmp_path}/root")
 
 
-def test_write_read_list_delete(storage):
-    storage.write_bytes("a/b.txt", b"one")
-    storage.write_bytes("a/c.txt", b"two")
-    storage.write_bytes("z.txt", b"three")
-    assert storage.read_bytes("a/b.txt") == b"one"
-    assert [info.name for info in storage.list("a/")] == ["a/b.txt", "a/c.txt"]
-    assert [info.name for info in storage.list()] == ["a/b.txt", "a/c.txt", "z.txt"]
-    assert [info.name for info in storage.list("a/b")] == ["a/b.txt"]
-    storage.delete("a/b.txt")
-    assert not storage.exists("a/b.txt")
-    with pytest.raises(ObjectNotFoundError, match="a/b.txt does not exist"):
-        storage.read_bytes("a/b.txt")
-    with pytest.raises(ObjectNotFoundError):
-        storage.delete("a/b.txt")
-    assert storage.list("missing/") == []
-
-
-def test_rewrites_change_the_version_and_leave_no_temporary_files(storage):
+def test_writes_leave_no_temporary_files(storage, tmp_path):
     storage.write_bytes("status.json", b"1")
-    first = storage.list("status.json")[0].version
     storage.write_bytes("status.json", b"22")
-    assert storage.list("status.json")[0].version != first
-    assert os.listdir(storage.local_path()) == ["status.json"]
-
-
-def test_exclusive_writes_refuse_a_second_writer(storage):
-    storage.write_bytes("result.pkl", b"first", exclusive=True)
-    with pytest.raises(ObjectExistsError, match="result.pkl already exists"):
-        storage.write_bytes("result.pkl", b"second", exclusive=True)
-    assert storage.read_bytes("result.pkl") == b"first"
-    assert [info.name for info in storage.list()] == ["result.pkl"]
+    source = tmp_path / "value.bin"
+    source.write_bytes(b"x" * 1000)
+    storage.write_file("value.bin", source)
+    storage.write_file("stream.bin", io.BytesIO(b"y" * 1000))
+    with pytest.raises(ObjectExistsError):
+        storage.write_file("value.bin", source, exclusive=True)
+    assert sorted(os.listdir(storage.local_path())) == ["status.json", "stream.bin", "value.bin"]
 
 
 def test_half_written_objects_are_never_listed(storage):
@@ -51,9 +33,10 @@ def test_half_written_objects_are_never_listed(storage):
     assert storage.list() == []
 
 
-def test_names_cannot_escape_the_root(storage):
-    with pytest.raises(StorageError, match="invalid object name"):
-        storage.read_bytes("../secret")
+def test_objects_are_files_at_their_local_path(storage):
+    storage.write_bytes("a/b.txt", b"one")
+    with open(storage.local_path("a/b.txt"), "rb") as file:
+        assert file.read() == b"one"
 
 
 def test_child_and_plain_paths(tmp_path):

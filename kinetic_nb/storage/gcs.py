@@ -1,0 +1,440 @@
+"""``gs://`` storage: objects in a Cloud Storage bucket, on the official client.
+
+Host-safe: this module imports only the standard library; the
+``google-cloud-storage`` client (the ``gcs`` extra) is imported when a ``gs://``
+storage is first opened. ``STORAGE_EMULATOR_HOST`` points the client at an
+emulator (fake-gcs-server), with anonymous credentials.
+
+Every request retries transient errors (429, 408, 5xx, refused or dropped
+connections) with exponential backoff for up to ``RETRY_DEADLINE_S``, long
+enough to ride out a restarted server; a permanent error (403, a missing
+bucket) is one line naming the bucket and the object. Single-writer objects
+are created with ``if_generation_match=0``. Large values move in
+``TRANSFER_CHUNK_BYTES`` pieces (resumable uploads, ranged reads), so a
+transfer never holds a second whole copy in memory.
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import io
+import logging
+import os
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import IO, Any, TypeVar
+
+from kinetic_nb.errors import ObjectExistsError, ObjectNotFoundError, StorageError
+from kinetic_nb.storage.base import ObjectInfo, Storage
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: Points the client at an emulator (the official client honours it too).
+EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
+#: The project named to an emulator, which needs one and checks nothing.
+EMULATOR_PROJECT = "kinetic-emulator"
+#: Give up on transient errors after this long: a restarted server, a brief
+#: outage or throttling is ridden out; a dead endpoint fails within a minute.
+RETRY_DEADLINE_S = 60.0
+#: First pause between attempts; it doubles (with jitter) up to the maximum.
+FIRST_BACKOFF_S = 0.1
+MAX_BACKOFF_S = 4.0
+#: One request may take this long before it counts as a dropped connection.
+REQUEST_TIMEOUT_S = 60.0
+#: The most objects Cloud Storage returns in one listing page.
+LIST_PAGE_SIZE = 1000
+#: Resumable upload chunk and ranged-read size: all a transfer holds in memory
+#: at once. Cloud Storage needs a multiple of 256 KiB.
+TRANSFER_CHUNK_BYTES = 16 * 1024 * 1024
+#: Metadata key of a per-write token: a create-if-absent that is retried after
+#: a dropped response recognises its own earlier, successful attempt.
+WRITER_TOKEN_KEY = "kinetic-writer"
+#: HTTP statuses that say "try again".
+_TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+
+_clients: dict[tuple[int, str | None], Any] = {}
+_clients_lock = threading.Lock()
+
+
+def _google() -> Any:
+    """The ``google.cloud.storage`` module, or a clear error naming the extra."""
+    try:
+        from google.cloud import storage
+    except ImportError as error:
+        raise StorageError(
+            f"gs:// storage needs the google-cloud-storage package: pip install 'kinetic_nb[gcs]' ({error})"
+        ) from error
+    return storage
+
+
+def _client() -> Any:
+    """This process's client (one per process: a forked host must not share its parent's connections)."""
+    emulator = os.environ.get(EMULATOR_ENV) or None
+    key = (os.getpid(), emulator)
+    with _clients_lock:
+        client = _clients.get(key)
+        if client is None:
+            storage = _google()
+            if emulator:
+                from google.auth.credentials import AnonymousCredentials
+
+                project = os.environ.get("GOOGLE_CLOUD_PROJECT", EMULATOR_PROJECT)
+                client = storage.Client(project=project, credentials=AnonymousCredentials())
+            else:
+                client = storage.Client()
+            _clients[key] = client
+        return client
+
+
+def is_transient(error: BaseException) -> bool:
+    """Whether ``error`` is worth retrying: throttling, a server error, a refused or dropped connection."""
+    import http.client
+
+    code = getattr(error, "code", None)
+    if isinstance(code, int) and code in _TRANSIENT_STATUS:
+        return True
+    response = getattr(error, "response", None)
+    if isinstance(getattr(response, "status_code", None), int) and response.status_code in _TRANSIENT_STATUS:
+        return True
+    if isinstance(error, (ConnectionError, TimeoutError, http.client.HTTPException)):
+        return True
+    try:
+        import requests
+        import urllib3
+        from google.auth import exceptions as auth_exceptions
+    except ImportError:
+        return False
+    if isinstance(error, (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError,
+                          urllib3.exceptions.ProtocolError, urllib3.exceptions.TimeoutError,
+                          urllib3.exceptions.PoolError)):
+        return True
+    if isinstance(error, auth_exceptions.TransportError) and error.args and isinstance(error.args[0], BaseException):
+        return is_transient(error.args[0])
+    return False
+
+
+def _status(error: BaseException) -> int | None:
+    code = getattr(error, "code", None)
+    if isinstance(code, int):
+        return code
+    status = getattr(getattr(error, "response", None), "status_code", None)
+    return status if isinstance(status, int) else None
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(getattr(error, "message", "") or error).strip().splitlines()
+    line = text[0] if text else type(error).__name__
+    return line if len(line) <= 300 else line[:300] + "..."
+
+
+def parse_gs_uri(uri: str) -> tuple[str, str]:
+    """``gs://bucket/some/prefix`` -> ``("bucket", "some/prefix/")`` (the prefix is empty or ends in ``/``)."""
+    if not uri.startswith("gs://"):
+        raise ValueError(f"not a gs:// URI: {uri!r}")
+    bucket, _, prefix = uri[len("gs://"):].partition("/")
+    if not bucket:
+        raise ValueError(f"no bucket in {uri!r}: use gs://BUCKET/PREFIX")
+    prefix = prefix.strip("/")
+    return bucket, f"{prefix}/" if prefix else ""
+
+
+class _Shared:
+    """What a storage and its children share: the bucket's state and request counts."""
+
+    def __init__(self) -> None:
+        self.bucket_seen = False
+        #: Requests made, by kind ("list", "read", "write", "delete", "metadata"), retries included.
+        self.requests: collections.Counter[str] = collections.Counter()
+        self.lock = threading.Lock()
+
+    def count(self, kind: str) -> None:
+        with self.lock:
+            self.requests[kind] += 1
+
+
+class GcsStorage(Storage):
+    """Objects below ``gs://bucket/prefix``.
+
+    Parameters
+    ----------
+    uri : str
+        ``gs://BUCKET`` or ``gs://BUCKET/PREFIX``.
+    retry_deadline_s : float
+        How long transient errors are retried before a ``StorageError``.
+    """
+
+    def __init__(self, uri: str, *, retry_deadline_s: float = RETRY_DEADLINE_S, _shared: _Shared | None = None):
+        self.bucket_name, self.prefix = parse_gs_uri(uri)
+        self.uri = f"gs://{self.bucket_name}/{self.prefix}".rstrip("/")
+        self.retry_deadline_s = retry_deadline_s
+        self._shared = _shared or _Shared()
+        _google()  # fail now, with the extra's name, if the client is missing
+
+    @property
+    def requests(self) -> collections.Counter[str]:
+        """Requests made so far through this storage and its children, by kind (retries included)."""
+        return self._shared.requests
+
+    def child(self, name: str) -> GcsStorage:
+        return GcsStorage(f"{self.uri}/{self._check(name)}", retry_deadline_s=self.retry_deadline_s,
+                          _shared=self._shared)
+
+    # -- names -------------------------------------------------------------------
+
+    def _check(self, name: str) -> str:
+        if not name or name.startswith("/") or ".." in name.split("/"):
+            raise StorageError(f"invalid object name {name!r} in {self.uri}")
+        return name
+
+    def _key(self, name: str) -> str:
+        return self.prefix + self._check(name)
+
+    def _target(self, name: str) -> str:
+        return f"{self.uri}/{name}" if name else self.uri
+
+    def _blob(self, name: str) -> Any:
+        blob = _client().bucket(self.bucket_name).blob(self._key(name))
+        blob.chunk_size = TRANSFER_CHUNK_BYTES
+        return blob
+
+    # -- retries and errors ------------------------------------------------------------
+
+    def _call(self, kind: str, op: str, name: str, action: Callable[[int], T]) -> T:
+        """``action(attempt)``, retried on transient errors; permanent ones become storage errors."""
+        deadline = time.monotonic() + self.retry_deadline_s
+        pause = FIRST_BACKOFF_S
+        attempt = 0
+        while True:
+            attempt += 1
+            self._shared.count(kind)
+            try:
+                return action(attempt)
+            except StorageError:
+                raise
+            except Exception as error:
+                if not is_transient(error):
+                    mapped = self._permanent(op, name, error)
+                    if mapped is error:
+                        raise
+                    raise mapped from error
+                if time.monotonic() + pause > deadline:
+                    raise StorageError(
+                        f"cannot {op} {self._target(name)}: still failing after {attempt} attempts over "
+                        f"{self.retry_deadline_s:g} s: {_first_line(error)}"
+                    ) from error
+                logger.info("retrying %s of %s (attempt %d): %s", op, self._target(name), attempt, _first_line(error))
+                time.sleep(pause * random.uniform(0.5, 1.0))
+                pause = min(pause * 2, MAX_BACKOFF_S)
+
+    def _permanent(self, op: str, name: str, error: Exception) -> Exception:
+        """The storage error a permanent failure means (``error`` itself when it is no HTTP error)."""
+        status = _status(error)
+        target = self._target(name)
+        if status == 404:
+            if op in ("write", "list") or not self._bucket_exists():
+                return StorageError(f"bucket {self.bucket_name!r} does not exist (cannot {op} {target})")
+            return ObjectNotFoundError(f"{target} does not exist")
+        if status == 412:
+            return ObjectExistsError(f"{target} already exists")
+        if status in (401, 403):
+            return StorageError(f"permission denied: cannot {op} {target} in bucket {self.bucket_name!r} "
+                                f"(HTTP {status}: {_first_line(error)})")
+        if status is not None:
+            return StorageError(f"cannot {op} {target}: HTTP {status}: {_first_line(error)}")
+        return error
+
+    def _bucket_exists(self) -> bool:
+        """Whether the bucket exists: asked once per storage family, only after a 404."""
+        if self._shared.bucket_seen:
+            return True
+        bucket = _client().bucket(self.bucket_name)
+        exists = self._call("metadata", "check the bucket of", "",
+                            lambda _: bucket.exists(retry=None, timeout=REQUEST_TIMEOUT_S))
+        self._shared.bucket_seen = exists
+        return exists
+
+    # -- the interface ----------------------------------------------------------------
+
+    def write_bytes(self, name: str, data: bytes, *, exclusive: bool = False) -> None:
+        self._upload(name, io.BytesIO(data), 0, len(data), exclusive)  # BytesIO shares the bytes: no copy
+
+    def write_file(self, name: str, source: str | os.PathLike | IO[bytes], *, exclusive: bool = False) -> None:
+        if isinstance(source, (str, os.PathLike)):
+            with open(source, "rb") as file:
+                self._upload(name, file, 0, os.fstat(file.fileno()).st_size, exclusive)
+            return
+        if source.seekable():
+            start = source.tell()
+            size = source.seek(0, io.SEEK_END) - start
+            source.seek(start)
+            self._upload(name, source, start, size, exclusive)
+        else:
+            self._upload(name, source, None, None, exclusive)
+
+    def _upload(self, name: str, stream: IO[bytes], start: int | None, size: int | None, exclusive: bool) -> None:
+        """Upload ``stream`` from ``start`` (None: not rewindable, so only one attempt can read it)."""
+        blob = self._blob(name)
+        token = os.urandom(12).hex()
+        if exclusive:
+            blob.metadata = {WRITER_TOKEN_KEY: token}
+
+        def attempt(number: int) -> None:
+            if number > 1:
+                if start is None:
+                    raise StorageError(f"cannot write {self._target(name)}: the upload failed and its "
+                                       f"source cannot be rewound to try again")
+                stream.seek(start)
+            try:
+                blob.upload_from_file(stream, size=size, if_generation_match=0 if exclusive else None,
+                                      retry=None, timeout=REQUEST_TIMEOUT_S)
+            except Exception as error:
+                if exclusive and number > 1 and _status(error) == 412 and self._written_by(name, token):
+                    return  # an earlier attempt succeeded; only its response was lost
+                raise
+
+        self._call("write", "write", name, attempt)
+        self._shared.bucket_seen = True
+
+    def _written_by(self, name: str, token: str) -> bool:
+        blob = self._call("metadata", "read", name,
+                          lambda _: _client().bucket(self.bucket_name).get_blob(self._key(name), retry=None,
+                                                                               timeout=REQUEST_TIMEOUT_S))
+        return blob is not None and (blob.metadata or {}).get(WRITER_TOKEN_KEY) == token
+
+    def read_bytes(self, name: str) -> bytes:
+        blob = self._blob(name)
+        return self._call("read", "read", name, lambda _: blob.download_as_bytes(retry=None, timeout=REQUEST_TIMEOUT_S))
+
+    def open_read(self, name: str) -> IO[bytes]:
+        blob = self._blob(name)
+        self._call("metadata", "read", name, lambda _: blob.reload(retry=None, timeout=REQUEST_TIMEOUT_S))
+        # Pinned to the generation just seen (fake-gcs-server ignores ifGenerationMatch on downloads,
+        # but honours an explicit generation, as Cloud Storage does).
+        pinned = _client().bucket(self.bucket_name).blob(self._key(name), generation=blob.generation)
+        return io.BufferedReader(_RangeReader(self, name, pinned, blob.size or 0))
+
+    def list(self, prefix: str = "") -> list[ObjectInfo]:
+        key_prefix = self.prefix + prefix
+        found: list[ObjectInfo] = []
+        token: str | None = None
+        while True:
+            page, token = self._call("list", "list", prefix,
+                                     lambda _, after=token: self._list_page(key_prefix, after))
+            for item in page:
+                updated = item.get("updated")
+                found.append(ObjectInfo(
+                    item["name"][len(self.prefix):],
+                    int(item.get("size") or 0),
+                    str(item.get("generation", "")),
+                    datetime.datetime.fromisoformat(updated).timestamp() if updated else 0.0,
+                ))
+            if not token:
+                break
+        self._shared.bucket_seen = True
+        found.sort(key=lambda info: info.name)
+        return found
+
+    def _list_page(self, key_prefix: str, token: str | None) -> tuple[list[dict[str, Any]], str | None]:
+        """One page of the listing, as the API's JSON items (building a Blob per item costs more than the request)."""
+        iterator = _client().list_blobs(
+            self.bucket_name, prefix=key_prefix or None, page_size=LIST_PAGE_SIZE, page_token=token,
+            fields="items(name,size,generation,updated),nextPageToken", retry=None, timeout=REQUEST_TIMEOUT_S,
+        )
+        iterator.item_to_value = lambda _iterator, item: item
+        page = next(iterator.pages, None)
+        return (list(page) if page is not None else []), iterator.next_page_token
+
+    def exists(self, name: str) -> bool:
+        blob = self._blob(name)
+        return self._call("metadata", "look up", name, lambda _: blob.exists(retry=None, timeout=REQUEST_TIMEOUT_S))
+
+    def delete(self, name: str) -> None:
+        blob = self._blob(name)
+
+        def attempt(number: int) -> None:
+            try:
+                blob.delete(retry=None, timeout=REQUEST_TIMEOUT_S)
+            except Exception as error:
+                if number > 1 and _status(error) == 404:
+                    return  # an earlier attempt deleted it; only its response was lost
+                raise
+
+        self._call("delete", "delete", name, attempt)
+
+
+class _Sink:
+    """Keeps what one download writes, without copying it (a single-shot download writes once)."""
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+
+    def write(self, data: bytes) -> int:
+        self.parts.append(data)
+        return len(data)
+
+    def value(self) -> bytes:
+        return self.parts[0] if len(self.parts) == 1 else b"".join(self.parts)
+
+
+class _RangeReader(io.RawIOBase):
+    """One generation of an object, fetched in ranged requests of at most ``TRANSFER_CHUNK_BYTES``.
+
+    The chunk last fetched is all it holds; ``readinto`` copies from it into the caller's buffer.
+    """
+
+    def __init__(self, storage: GcsStorage, name: str, blob: Any, size: int):
+        super().__init__()
+        self._storage = storage
+        self._name = name
+        self._blob = blob
+        self._size = size
+        self._fetched = 0  # bytes of the object fetched so far
+        self._chunk = memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def _fetch(self, count: int) -> bytes:
+        start, end = self._fetched, self._fetched + count - 1
+
+        def attempt(_: int) -> bytes:
+            sink = _Sink()
+            try:
+                self._blob.download_to_file(sink, start=start, end=end, checksum=None, retry=None,
+                                            timeout=REQUEST_TIMEOUT_S, single_shot_download=True)
+            except Exception as error:
+                if _status(error) in (404, 412, 416):
+                    raise StorageError(f"{self._storage._target(self._name)} was replaced or deleted "
+                                       f"while it was being read") from error
+                raise
+            data = sink.value()
+            if len(data) != count:
+                raise ConnectionError(f"a ranged read returned {len(data)} of {count} bytes")  # retried
+            return data
+
+        data = self._storage._call("read", "read", self._name, attempt)
+        self._fetched += len(data)
+        return data
+
+    def readinto(self, buffer: Any) -> int:
+        if not self._chunk:
+            count = min(TRANSFER_CHUNK_BYTES, self._size - self._fetched)
+            if count <= 0:
+                return 0
+            self._chunk = memoryview(self._fetch(count))
+        count = min(len(buffer), len(self._chunk))
+        buffer[:count] = self._chunk[:count]
+        self._chunk = self._chunk[count:]
+        return count
+
+    def readall(self) -> bytes:
+        rest = self._size - self._fetched
+        if not self._chunk:
+            return self._fetch(rest) if rest > 0 else b""  # one request, one copy of the rest
+        head, self._chunk = bytes(self._chunk), memoryview(b"")
+        return head + self._fetch(rest) if rest > 0 else head

@@ -1,0 +1,152 @@
+"""What only ``gs://`` storage does: retries, clear permanent errors, a missing bucket, lazy imports.
+
+Faults are real: a loopback proxy in front of a real fake-gcs-server answers
+503 or 429, drops connections or loses responses; the emulator itself is
+stopped and restarted.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from kinetic_nb.errors import ObjectExistsError, ObjectNotFoundError, StorageError
+from kinetic_nb.storage import GcsStorage, open_storage
+
+from ..fixtures_gcs import TEST_BUCKET
+from ..gcs_emulator import Fault, FaultProxy, GcsEmulator, free_port
+
+
+@pytest.fixture
+def storage(gcs_root) -> GcsStorage:
+    return open_storage(gcs_root)
+
+
+def through(proxy: FaultProxy, monkeypatch, gcs_root: str) -> GcsStorage:
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
+    return open_storage(gcs_root)
+
+
+def test_uri_forms():
+    assert GcsStorage("gs://bucket").uri == "gs://bucket"
+    assert GcsStorage("gs://bucket/").uri == "gs://bucket"
+    assert GcsStorage("gs://bucket/a/b/").uri == "gs://bucket/a/b"
+    assert GcsStorage("gs://bucket/a").child("job").uri == "gs://bucket/a/job"
+    with pytest.raises(ValueError, match="no bucket in 'gs://'"):
+        open_storage("gs://")
+
+
+def test_transient_errors_are_retried(gcs_emulator, gcs_root, monkeypatch):
+    faults = [
+        Fault("POST", "/upload/", 503, times=2),
+        Fault("GET", "/download/", 429),
+        Fault("GET", "/o?", "drop"),
+        Fault("DELETE", "/o/", 500),
+        Fault("GET", "/o/", 502),  # exists() is a metadata GET
+    ]
+    with FaultProxy(gcs_emulator, faults) as proxy:
+        storage = through(proxy, monkeypatch, gcs_root)
+        storage.write_bytes("hosts/0/status.json", b"{}")
+        assert storage.read_bytes("hosts/0/status.json") == b"{}"
+        assert [info.name for info in storage.list()] == ["hosts/0/status.json"]
+        assert storage.exists("hosts/0/status.json")
+        storage.delete("hosts/0/status.json")
+    assert [fault.seen for fault in faults] == [2, 1, 1, 1, 1]
+    assert storage.list() == []
+
+
+def test_a_lost_response_does_not_fail_an_exclusive_write(gcs_emulator, gcs_root, monkeypatch):
+    faults = [Fault("POST", "ifGenerationMatch=0", "lose-response")]
+    with FaultProxy(gcs_emulator, faults) as proxy:
+        storage = through(proxy, monkeypatch, gcs_root)
+        storage.write_bytes("result.pkl", b"mine", exclusive=True)  # the retry finds its own object
+        assert faults[0].seen == 1
+        with pytest.raises(ObjectExistsError, match="result.pkl already exists"):
+            storage.write_bytes("result.pkl", b"another writer", exclusive=True)
+    assert storage.read_bytes("result.pkl") == b"mine"
+
+
+def test_a_lost_delete_response_still_deletes(gcs_emulator, gcs_root, monkeypatch):
+    faults = [Fault("DELETE", "/o/", "lose-response")]
+    with FaultProxy(gcs_emulator, faults) as proxy:
+        storage = through(proxy, monkeypatch, gcs_root)
+        storage.write_bytes("cancel.json", b"{}")
+        storage.delete("cancel.json")
+        assert faults[0].seen == 1
+        assert not storage.exists("cancel.json")
+
+
+def test_permission_denied_is_one_line_naming_the_bucket_and_object(gcs_emulator, gcs_root, monkeypatch):
+    faults = [Fault("GET", "/download/", 403, times=100)]
+    with FaultProxy(gcs_emulator, faults) as proxy:
+        storage = through(proxy, monkeypatch, gcs_root)
+        with pytest.raises(StorageError) as info:
+            storage.read_bytes("result.pkl")
+    message = str(info.value)
+    assert message.startswith(f"permission denied: cannot read {gcs_root}/result.pkl in bucket '{TEST_BUCKET}'")
+    assert "\n" not in message and not isinstance(info.value, ObjectNotFoundError)
+    assert faults[0].seen == 1  # a permanent error is not retried
+
+
+def test_a_missing_bucket_is_a_clear_error_naming_it(gcs_emulator, monkeypatch):
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator.url)
+    storage = open_storage("gs://no-such-bucket/jobs")
+    for action in (lambda: storage.read_bytes("plan.json"), storage.list,
+                   lambda: storage.write_bytes("plan.json", b"{}"), lambda: storage.delete("plan.json"),
+                   lambda: storage.open_read("plan.json")):
+        with pytest.raises(StorageError, match=r"^bucket 'no-such-bucket' does not exist \(cannot ") as info:
+            action()
+        assert not isinstance(info.value, ObjectNotFoundError)
+    assert not storage.exists("plan.json")
+
+
+def test_a_dead_endpoint_fails_within_the_retry_deadline(monkeypatch):
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    storage = GcsStorage(f"gs://{TEST_BUCKET}/dead", retry_deadline_s=1.0)
+    with pytest.raises(StorageError, match=r"cannot read gs://kinetic-tests/dead/plan.json: still failing after \d+ "
+                                           r"attempts over 1 s"):
+        storage.read_bytes("plan.json")
+    assert storage.requests["read"] > 1
+
+
+def test_a_restarted_emulator_is_ridden_out(tmp_path, monkeypatch):
+    with GcsEmulator(tmp_path / "emulator") as emulator:
+        emulator.create_bucket(TEST_BUCKET)
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", emulator.url)
+        storage = open_storage(f"gs://{TEST_BUCKET}/restart")
+        storage.write_bytes("before", b"kept")
+        emulator.stop()
+        restarter = threading.Timer(1.0, emulator.start)
+        restarter.start()
+        try:
+            storage.write_bytes("during", b"retried")  # refused until the server is back
+        finally:
+            restarter.join()
+        assert storage.read_bytes("before") == b"kept"
+        assert [info.name for info in storage.list()] == ["before", "during"]
+        assert storage.requests["write"] > 2
+
+
+def test_the_storage_package_imports_no_cloud_client_until_gs_is_used(gcs_emulator, tmp_path):
+    code = (
+        "import json, sys, kinetic_nb.storage as s\n"
+        "before = sorted(m for m in sys.modules if m.split('.')[0] == 'google')\n"
+        f"s.open_storage('file://{tmp_path}').list()\n"
+        "middle = sorted(m for m in sys.modules if m.split('.')[0] == 'google')\n"
+        f"s.open_storage('gs://{TEST_BUCKET}/imports').list()\n"
+        "print(json.dumps([before, middle, 'google.cloud.storage' in sys.modules]))\n"
+    )
+    env = {**__import__("os").environ, **gcs_emulator.environ()}
+    output = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, env=env).stdout
+    assert json.loads(output) == [[], [], True]
+
+
+def test_listing_times_are_epoch_seconds(storage):
+    storage.write_bytes("hosts/0/heartbeat", b"")
+    (info,) = storage.list()
+    assert abs(info.updated - time.time()) < 300 and info.version.isdigit()

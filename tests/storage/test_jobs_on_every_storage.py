@@ -1,0 +1,106 @@
+"""4-host jobs on the local backend, with their objects in ``file://`` and in ``gs://`` (a real
+fake-gcs-server): the same outcome on both. And a job that outlives an emulator restart.
+
+The hosts are forked by a supervisor that inherits this process's environment,
+so ``STORAGE_EMULATOR_HOST`` (set by the ``gcs_root`` fixture) reaches them.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+import kinetic_nb
+from kinetic_nb.errors import JobFailedError
+from kinetic_nb.results import JobStatus
+from kinetic_nb.runner import protocol
+from kinetic_nb.runner.protocol import HostState
+
+from ..fixtures_gcs import TEST_BUCKET
+from ..gcs_emulator import GcsEmulator
+
+HOST = "import os\nhost = int(os.environ['KINETIC_HOST_INDEX'])\n"
+#: How long a test waits for a job's hosts to reach the cell.
+REACH_CELL_S = 60.0
+
+
+@pytest.fixture(params=["file", "gs"])
+def root(request: pytest.FixtureRequest, storage_root: str) -> str:
+    return storage_root if request.param == "file" else request.getfixturevalue("gcs_root")
+
+
+def test_success(root):
+    handle = kinetic_nb.submit(HOST + "print('output of', host)\nf'value of host {host}'", hosts=4, storage=root)
+    assert handle.uri.startswith(root + "/")
+    assert handle.result() == "value of host 0"
+    assert handle.status() is JobStatus.SUCCEEDED
+    assert [h.state for h in handle.hosts()] == [HostState.SUCCEEDED] * 4
+    assert handle.logs(3) == "output of 3\n"
+    names = {info.name for info in handle.poller.listing}  # the last listing, before any cleanup
+    assert {protocol.PLAN, protocol.PAYLOAD, protocol.HANDLE, protocol.LEADER_READY, protocol.RESULT} <= names
+    assert {protocol.host_status(3), protocol.host_exit(3), protocol.host_log_chunk(3, 0)} <= names
+    assert not any(protocol.parse_worker_result(name) is not None for name in names)
+
+
+def test_a_worker_failure_after_leader_success_raises_the_workers_exception(root):
+    source = HOST + (
+        "import time\n"
+        "from kinetic_nb.storage import open_storage\n"
+        "job = open_storage(os.environ['KINETIC_JOB_URI'])\n"
+        "if host == 2:\n"
+        "    while not job.exists('result.pkl'):  # fail only after the leader has recorded its success\n"
+        "        time.sleep(0.01)\n"
+        "    raise KeyError('only on host 2')\n"
+        "'leader value'"
+    )
+    handle = kinetic_nb.submit(source, hosts=4, storage=root)
+    with pytest.raises(KeyError, match="only on host 2") as info:
+        handle.result()
+    assert info.value.__notes__[0] == (
+        f"Reported by host 2 of multi-host job {handle.job_id} ({handle.uri}/result-worker-2.pkl)."
+    )
+    assert "raise KeyError" in str(info.value.__cause__)
+    assert handle.status() is JobStatus.FAILED
+    assert [h.state for h in handle.hosts()] == [HostState.SUCCEEDED, HostState.SUCCEEDED, HostState.FAILED,
+                                                 HostState.SUCCEEDED]
+
+
+def test_no_host_payload_at_all_names_the_missing_leader_payload(root):
+    handle = kinetic_nb.submit(HOST + "if host == 0:\n    os._exit(7)\nhost", hosts=4, storage=root)
+    with pytest.raises(JobFailedError) as info:
+        handle.result()
+    first_line = str(info.value).splitlines()[0]
+    assert first_line.startswith(
+        f"job {handle.job_id} failed and no host wrote a result payload: {handle.uri}/result.pkl is missing; "
+        f"host 0 exited with code 7"
+    )
+    assert handle.status() is JobStatus.FAILED
+
+
+def test_a_job_rides_out_an_emulator_restart(tmp_path, tmp_path_factory, monkeypatch):
+    with GcsEmulator(tmp_path / "emulator") as emulator:
+        emulator.create_bucket(TEST_BUCKET)
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", emulator.url)
+        session = str(tmp_path_factory.getbasetemp()).strip("/")  # lets the leftover-process check see this job
+        source = HOST + (
+            "import time\n"
+            "for tick in range(15):  # output, so log chunks are written while the emulator is down\n"
+            "    print('tick', tick, flush=True)\n"
+            "    time.sleep(0.2)\n"
+            "f'survived on host {host}'"
+        )
+        handle = kinetic_nb.submit(source, hosts=2, storage=f"gs://{TEST_BUCKET}/{session}/restart")
+        deadline = time.monotonic() + REACH_CELL_S
+        while not all(h.phase == "execute" for h in handle.hosts()):
+            assert time.monotonic() < deadline, handle.summary()
+            time.sleep(0.05)
+        emulator.stop()
+        time.sleep(2.0)
+        emulator.start()
+        assert handle.result() == "survived on host 0"
+        assert handle.status() is JobStatus.SUCCEEDED
+        for index in range(2):
+            assert [line for line in handle.logs(index).splitlines()] == [f"tick {tick}" for tick in range(15)]
+    assert os.environ["STORAGE_EMULATOR_HOST"] == emulator.url
