@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import logging
 import os
@@ -34,6 +35,8 @@ MAX_POLL_S = 0.25
 CANCEL_WAIT_S = 10.0
 #: A live view is redrawn at most this often (each redraw is a widget message).
 SNAPSHOT_INTERVAL_S = 0.25
+#: Deletes in flight when a job's objects are removed (one request each on gs://).
+DELETE_WORKERS = 8
 #: jupyter_client interrupts a kernel just before it kills it for a restart;
 #: an interrupt cancels the job only after this pause, so a restart leaves the
 #: job running for ``%kinetic attach``.
@@ -267,12 +270,17 @@ def remove_job_objects(storage: Storage, keep: Iterable[str] = ()) -> None:
     """Delete a job's objects, except those whose names start with one of ``keep``
     (with nothing kept, a ``file://`` job's directory goes too)."""
     keep = tuple(keep)
-    for info in storage.list():
-        if not info.name.startswith(keep):
-            try:
-                storage.delete(info.name)
-            except ObjectNotFoundError:
-                pass
+    doomed = [info.name for info in storage.list() if not info.name.startswith(keep)]
+
+    def delete(name: str) -> None:
+        try:
+            storage.delete(name)
+        except ObjectNotFoundError:
+            pass
+
+    # A remote store answers one delete per request: several in flight.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=DELETE_WORKERS) as pool:
+        list(pool.map(delete, doomed))
     root = storage.local_path()
     if root:  # file://: also the directories the deletes left empty
         for directory, _, _ in sorted(os.walk(root), key=lambda entry: -len(entry[0])):

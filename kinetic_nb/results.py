@@ -157,7 +157,8 @@ def read_failure(storage: Storage, name: str, host_index: int, *, warn: bool) ->
     """Download and decode one payload; an unreadable or success-claiming one is skipped with a warning."""
     uri = f"{storage.uri}/{name}"
     try:
-        payload = cloudpickle.loads(storage.read_bytes(name))
+        with storage.open_read(name) as file:  # streamed: no second copy of a large value
+            payload = cloudpickle.load(file)
         if not isinstance(payload, dict):
             raise TypeError(f"a {type(payload).__name__}, not a dict")
     except ObjectNotFoundError:

@@ -24,6 +24,10 @@ class CountingStorage(LocalStorage):
         self.reads.append(name)
         return super().read_bytes(name)
 
+    def open_read(self, name):
+        self.reads.append(name)
+        return super().open_read(name)
+
     def list(self, prefix=""):
         self.lists += 1
         return super().list(prefix)

@@ -12,6 +12,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 from kinetic_nb.backends.base import Backend
@@ -37,11 +38,15 @@ class LocalBackend(Backend):
         return f"127.0.0.1:{_free_port()}"
 
     def launch(self, storage: Storage, plan: JobPlan) -> None:
-        log_path = storage.local_path(SUPERVISOR_LOG)
-        log = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
+        # Beside the job when it is local; else in the temporary directory, so a
+        # supervisor that cannot even read the plan still says why somewhere.
+        log_path = storage.local_path(SUPERVISOR_LOG) or os.path.join(
+            tempfile.gettempdir(), f"kinetic-{plan.job_id}-{SUPERVISOR_LOG}")
+        log = open(log_path, "ab")  # noqa: SIM115 - handed to the child, closed below
         try:
             subprocess.Popen(
-                [sys.executable, "-m", "kinetic_nb.backends.local_supervisor", "--job", storage.uri],
+                [sys.executable, "-m", "kinetic_nb.backends.local_supervisor", "--job", storage.uri,
+                 "--log", log_path],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,
@@ -50,8 +55,7 @@ class LocalBackend(Backend):
                 cwd=os.getcwd(),
             )
         finally:
-            if log is not subprocess.DEVNULL:
-                log.close()
+            log.close()
 
     def cancel(self, storage: Storage, plan: JobPlan, reason: str) -> None:
         storage.write_bytes(protocol.CANCEL, json.dumps({"reason": reason, "at": time.time()}).encode())

@@ -24,8 +24,10 @@ import dataclasses
 import errno
 import os
 import selectors
+import shutil
 import signal
 import sys
+import tempfile
 import time
 import traceback
 
@@ -144,11 +146,14 @@ class Supervisor:
         self.first_failure_at: float | None = None
         self.cancelled = False
         self._next_cancel_check = 0.0
+        self.scratch_outputs: str | None = None
 
     def start_hosts(self) -> None:
-        output_dir = self.storage.local_path(protocol.OUTPUTS_DIR) or os.path.join(
-            os.environ.get("TMPDIR", "/tmp"), f"kinetic-{self.plan.job_id}-outputs"
-        )
+        # Hosts write their files to a local directory: the job's own outputs/
+        # on file://, else a scratch directory published to outputs/ at the end.
+        output_dir = self.storage.local_path(protocol.OUTPUTS_DIR)
+        if output_dir is None:
+            output_dir = self.scratch_outputs = tempfile.mkdtemp(prefix=f"kinetic-{self.plan.job_id}-outputs-")
         os.makedirs(output_dir, exist_ok=True)
         base = dict(os.environ)
         sys.stdout.flush()
@@ -271,9 +276,30 @@ class Supervisor:
             stopped=host.stop_sent_at is not None,
             ended_at=time.time(),
         )
-        self.storage.write_bytes(protocol.host_exit(host.index), summary.to_json())
+        if not any(other.alive for other in self.hosts.values()):
+            self._publish_outputs()  # before the last exit record: the client is done once it lands
+        try:
+            self.storage.write_bytes(protocol.host_exit(host.index), summary.to_json())
+        except Exception:  # the job must still be supervised; the client will see the host as lost
+            traceback.print_exc()
         if summary.failed and self.first_failure_at is None:
             self.first_failure_at = time.monotonic()
+
+    def _publish_outputs(self) -> None:
+        """Upload the hosts' scratch outputs to the job's outputs/ (non-local storage only), then remove them."""
+        if self.scratch_outputs is None:
+            return
+        try:
+            for directory, _, files in os.walk(self.scratch_outputs):
+                for file_name in files:
+                    path = os.path.join(directory, file_name)
+                    relative = os.path.relpath(path, self.scratch_outputs).replace(os.sep, "/")
+                    self.storage.write_file(f"{protocol.OUTPUTS_DIR}/{relative}", path)
+        except Exception:
+            traceback.print_exc()
+        finally:
+            shutil.rmtree(self.scratch_outputs, ignore_errors=True)
+            self.scratch_outputs = None
 
     def _recorded_success(self, index: int) -> bool:
         try:
@@ -317,6 +343,7 @@ class Supervisor:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kinetic_nb.backends.local_supervisor")
     parser.add_argument("--job", required=True, help="the job's storage URI")
+    parser.add_argument("--log", help="where this supervisor's own output goes; removed at the end if empty")
     args = parser.parse_args(argv)
     storage = open_storage(args.job)
     plan = JobPlan.from_json(storage.read_bytes(protocol.PLAN))
@@ -324,6 +351,10 @@ def main(argv: list[str] | None = None) -> int:
     supervisor = Supervisor(storage, plan)
     supervisor.start_hosts()
     supervisor.run()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if args.log and os.path.exists(args.log) and os.path.getsize(args.log) == 0:
+        os.unlink(args.log)  # nothing went wrong: nothing to keep
     return 0
 
 

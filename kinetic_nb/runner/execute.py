@@ -16,6 +16,7 @@ import linecache
 import logging
 import os
 import sys
+import tempfile
 import traceback
 from typing import Any
 
@@ -198,13 +199,17 @@ class HostRun:
             protocol.PHASE: Phase.EXECUTE.value,
             protocol.HOST_INDEX: self.host_index,
         }
-        try:
-            data = cloudpickle.dumps(payload)
-        except Exception as error:
-            self._report_unpicklable(value, outputs, error)
-            raise
-        self._enter(Phase.RESULT_UPLOAD)
-        self.storage.write_bytes(protocol.RESULT, data, exclusive=True)
+        # Pickled into a temporary file and streamed up: a large value is not
+        # held twice in memory (the object and its bytes).
+        with tempfile.TemporaryFile() as pickled:
+            try:
+                cloudpickle.dump(payload, pickled)
+            except Exception as error:
+                self._report_unpicklable(value, outputs, error)
+                raise
+            self._enter(Phase.RESULT_UPLOAD)
+            pickled.seek(0)
+            self.storage.write_file(protocol.RESULT, pickled, exclusive=True)
 
     def _report_unpicklable(self, value: Any, outputs: dict[str, Any], error: Exception) -> None:
         """Name what could not be pickled, and ship its repr instead."""

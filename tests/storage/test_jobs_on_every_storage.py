@@ -104,3 +104,12 @@ def test_a_job_rides_out_an_emulator_restart(tmp_path, tmp_path_factory, monkeyp
         for index in range(2):
             assert [line for line in handle.logs(index).splitlines()] == [f"tick {tick}" for tick in range(15)]
     assert os.environ["STORAGE_EMULATOR_HOST"] == emulator.url
+
+
+def test_files_the_cell_writes_land_in_outputs(root):
+    source = HOST + "import pathlib\npathlib.Path(os.environ['KINETIC_OUTPUT_DIR'], f'shard-{host}.txt').write_text(str(host))"
+    handle = kinetic_nb.submit(source, hosts=2, storage=root)
+    handle.result()
+    names = sorted(info.name for info in handle.storage.list("outputs/"))
+    assert names == ["outputs/shard-0.txt", "outputs/shard-1.txt"]  # kept after the success's cleanup
+    assert handle.storage.read_bytes("outputs/shard-1.txt") == b"1"
