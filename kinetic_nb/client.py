@@ -248,6 +248,12 @@ class JobHandle:
             self.storage.write_bytes(protocol.HANDLE, json.dumps(record).encode())
         except Exception:  # bookkeeping must not hide the outcome
             logger.warning("could not record the outcome of %s", self.job_id, exc_info=True)
+        cleanup = getattr(self.backend, "cleanup", None)
+        if cleanup is not None:  # a cluster's objects: a LeaderWorkerSet's parked pods hold their TPUs
+            try:
+                cleanup(self.plan)
+            except Exception:
+                logger.warning("could not clean up the cluster objects of %s", self.job_id, exc_info=True)
 
     def cancel(self, reason: str = "cancelled by the user") -> None:
         """Stop every host; returns once they are gone (or after a bounded wait)."""
@@ -322,6 +328,7 @@ def submit(
     grace: float | None = None,
     detach: bool = False,
     keep: bool = False,
+    backend_options: Mapping[str, Any] | None = None,
 ) -> JobHandle:
     """Run ``source`` on every host of a slice; return at once with a ``JobHandle``.
 
@@ -360,6 +367,9 @@ def submit(
     keep : bool
         Keep all of the job's objects after a success (by default only
         ``handle.json`` and ``outputs/`` stay).
+    backend_options : mapping, optional
+        The backend's settings; ``kubernetes``: ``namespace``, ``image``,
+        ``service_account``, ... and ``config`` (see ``KubernetesSettings.resolve``).
     """
     namespace = {} if namespace is None else namespace
     out = list(out)
@@ -367,7 +377,7 @@ def submit(
         raise ValueError(f"timeout must be positive, got {timeout:g}")
     if grace is not None and grace < 0:
         raise ValueError(f"grace must not be negative, got {grace:g}")
-    chosen_backend = get_backend(backend)
+    chosen_backend = get_backend(backend, **dict(backend_options or {}))
     acc, host_count = resolve_slice(hosts, accelerator)
     payload = prepare_cell(source, namespace, filename=f"<{cell_name}>", out=out)
     job_id = new_job_id()

@@ -14,7 +14,10 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import MagicArgumentParser, argument, magic_arguments, parse_argstring
 
+from traitlets import Unicode
+
 from kinetic_nb import catalog
+from kinetic_nb.backends import BACKENDS
 from kinetic_nb.client import JobHandle, submit
 from kinetic_nb.errors import CaptureError, ObjectNotFoundError, UnknownAcceleratorError
 from kinetic_nb.panel import live_view
@@ -62,11 +65,31 @@ _LINE_PARSERS = {
 
 @magics_class
 class KineticMagics(Magics):
+    namespace = Unicode(None, allow_none=True,
+                        help="Kubernetes namespace for -b kubernetes (below --namespace and $KINETIC_NAMESPACE)."
+                        ).tag(config=True)
+    image = Unicode(None, allow_none=True,
+                    help="Container image for -b kubernetes (below --image and $KINETIC_IMAGE).").tag(config=True)
+
+    def _backend_options(self, args: Any) -> dict[str, Any]:
+        if args.backend != "kubernetes":
+            if args.namespace or args.image:
+                raise UsageError("--namespace and --image are for -b kubernetes")
+            return {}
+        from kinetic_nb.backends.kubernetes import KubernetesSettings
+
+        config = KubernetesSettings(namespace=self.namespace or "default", image=self.image or None)
+        return {"namespace": args.namespace, "image": args.image, "config": config}
+
     @magic_arguments()
     @argument("-n", "--hosts", type=int, default=None, help="Number of hosts (default: the accelerator's, or 1).")
     @argument("-a", "--accelerator", default=None,
               help="Accelerator name, e.g. tpu-v5e-16 or gpu-h100x8 (simulated on CPU locally).")
-    @argument("-b", "--backend", default="local", choices=["local"], help="Where the hosts run.")
+    @argument("-b", "--backend", default="local", choices=list(BACKENDS),
+              help="Where the hosts run: local processes, or kubernetes pods (docs/gke.md).")
+    @argument("--namespace", default=None, help="Kubernetes namespace (-b kubernetes; default $KINETIC_NAMESPACE).")
+    @argument("--image", default=None,
+              help="Container image with kinetic_nb installed (-b kubernetes; default $KINETIC_IMAGE).")
     @argument("--framework", default="auto", choices=["auto", "jax", "torch", "none"],
               help="What to initialize before the cell; auto decides by the cell's imports.")
     @argument("-o", "--out", action="append", default=[], metavar="NAME[,NAME]",
@@ -131,6 +154,7 @@ class KineticMagics(Magics):
                 grace=args.grace,
                 detach=args.detach and not args.quiet,
                 keep=args.keep,
+                backend_options=self._backend_options(args),
             )
         except (CaptureError, UnknownAcceleratorError, ValueError) as error:
             raise UsageError(str(error)) from None

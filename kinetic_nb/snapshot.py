@@ -237,14 +237,30 @@ class JobPoller:
                 records.add_log(text)
                 if index == protocol.LEADER_INDEX and self.on_leader_output is not None:
                     self.on_leader_output(text)
-        if ended:
+        # A platform backend (kubernetes) learns how hosts ended from its pods, so it is asked every poll
+        # (it rate-limits its own pod listing); the local one only when exit records appear.
+        from_platform = getattr(self.backend, "exits_from_platform", False)
+        if ended or from_platform:
             self.requests["read"] += len(ended)
-            for index, summary in self.backend.exit_summaries(self.storage, self.plan, ended).items():
-                self.records[index].exit = summary
+            given = listing if from_platform else ended
+            for index, summary in self.backend.exit_summaries(self.storage, self.plan, given).items():
+                if index < self.plan.hosts:
+                    self.records[index].exit = summary
+
+    def _platform_reasons(self) -> dict[int, str]:
+        """Why hosts that have not started yet are waiting, from the platform (a pod's scheduler reason)."""
+        if not getattr(self.backend, "exits_from_platform", False) or all(r.status for r in self.records):
+            return {}
+        try:
+            states = self.backend.host_states(self.plan)  # cached by the backend: no extra request
+        except Exception:  # noqa: BLE001 - a reason is a nicety; polling goes on
+            return {}
+        return {index: state.reason for index, state in states.items() if state.reason}
 
     def snapshot(self) -> JobSnapshot:
         now = time.time()
         hosts = []
+        waiting_because = self._platform_reasons()
         for index, records in enumerate(self.records):
             status, lines = records.status, records.lines()
             hosts.append(HostSnapshot(
@@ -256,7 +272,7 @@ class JobPoller:
                 heartbeat_at=records.heartbeat_at,
                 last_line=next((line for line in reversed(lines) if line.strip()), ""),
                 log_tail=lines,
-                message=status.message if status else "",
+                message=status.message if status else waiting_because.get(index, ""),
                 traceback=status.traceback if status else "",
                 exit=records.exit,
                 history=tuple((phase, float(at)) for phase, at in status.history) if status else (),

@@ -30,7 +30,8 @@ def run_cell(shell, code):
         ("-o 1x", "-o/--out expects variable names, got '1x'"),
         ("--timeout -1", "--timeout must be positive"),
         ("--bogus", "unrecognized arguments: --bogus"),
-        ("-b kubernetes", "argument -b/--backend: invalid choice: 'kubernetes'"),
+        ("-b slurm", "argument -b/--backend: invalid choice: 'slurm'"),
+        ("--namespace ml", "--namespace and --image are for -b kubernetes"),
         ("--storage s3://bucket/x", "unsupported storage URI 's3://bucket/x'"),
     ],
 )

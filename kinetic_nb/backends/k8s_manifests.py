@@ -1,0 +1,380 @@
+"""The Kubernetes objects one kinetic job becomes, as plain dicts shaped like the API's JSON.
+
+A multi-host TPU slice becomes one LeaderWorkerSet (``leaderworkerset.x-k8s.io/v1``),
+whose group of ``size`` pods GKE places on one TPU slice. Anything else (a
+single host, GPU hosts, CPU hosts) becomes an Indexed Job, with a headless
+Service when it has more than one host so that host 0 has a DNS name.
+
+Every pod runs ``python -m kinetic_nb.runner --job URI`` behind a few lines of
+``sh`` (:data:`HOST_SCRIPT`) that refuse to run a host's part twice, and gets
+the environment the runner, JAX and torch need: the host index from the
+downward API, the coordinator from ``LWS_LEADER_ADDRESS`` on a
+LeaderWorkerSet, ``KINETIC_LOG_UPLOAD=1`` (there is no supervisor to pump the
+host's output), and the plan's own ``env`` last.
+
+Pure functions, no ``kubernetes`` import: the manifests are tested offline.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from typing import TYPE_CHECKING, Any
+
+from kinetic_nb.accelerators import GPU_NODE_SELECTOR, TPU_NODE_SELECTOR, Accelerator, resolve_accelerator
+from kinetic_nb.runner.frameworks import COORDINATOR_ENV
+from kinetic_nb.runner.log_capture import LOG_UPLOAD_ENV
+from kinetic_nb.runner.protocol import JobPlan
+
+if TYPE_CHECKING:
+    from kinetic_nb.backends.kubernetes import KubernetesSettings
+
+__all__ = [
+    "JOB_LABEL", "LWS_API_VERSION", "LWS_GROUP", "LWS_PLURAL", "LWS_VERSION", "build_manifests", "job_selector",
+    "leader_host", "resource_name", "uses_leader_worker_set",
+]
+
+LWS_GROUP = "leaderworkerset.x-k8s.io"
+LWS_VERSION = "v1"
+LWS_API_VERSION = f"{LWS_GROUP}/{LWS_VERSION}"
+LWS_KIND = "LeaderWorkerSet"
+LWS_PLURAL = "leaderworkersets"
+#: The LeaderWorkerSet controller labels each pod with its index in the group (leader 0).
+LWS_WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
+#: The Job controller annotates (and, since Kubernetes 1.28, labels) each pod of an Indexed Job with its index.
+JOB_COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+#: GKE label whose value selects the TPU slice shape (``4x4``) within a TPU node pool.
+TPU_TOPOLOGY_SELECTOR = "cloud.google.com/gke-tpu-topology"
+TPU_RESOURCE = "google.com/tpu"
+GPU_RESOURCE = "nvidia.com/gpu"
+
+#: Carried by every object and pod of a job, so listing its pods, cancelling it
+#: and cleaning it up are each one label selector. Its value is :func:`resource_name`.
+JOB_LABEL = "kinetic-nb/job"
+#: The job id exactly as kinetic_nb spells it (a label value has tighter rules).
+JOB_ID_ANNOTATION = "kinetic-nb/job-id"
+ROLE_LABEL = "kinetic-nb/role"
+MANAGED_BY = {"app.kubernetes.io/managed-by": "kinetic-nb"}
+
+#: The one container of every pod.
+CONTAINER_NAME = "host"
+#: An emptyDir for the cell's scratch files and ``KINETIC_OUTPUT_DIR``.
+SCRATCH_VOLUME = "kinetic-scratch"
+SCRATCH_DIR = "/kinetic"
+#: Between SIGTERM and SIGKILL when a pod is deleted: time to flush the last log
+#: chunk. JAX traps SIGTERM, so waiting longer would only delay a cancel.
+TERMINATION_GRACE_S = 5
+#: A finished Job (and its pods) stays this long for ``kubectl logs`` and the
+#: exit-state fallback, then the cluster removes it even if no client cleans up.
+JOB_TTL_AFTER_FINISHED_S = 24 * 3600
+#: Added to the plan's timeout for the Job's ``activeDeadlineSeconds``: the
+#: client stops a job that runs too long with a clearer message; the deadline
+#: is the cluster's backstop for when no client is watching.
+DEADLINE_MARGIN_S = 60
+#: Longest resource name. Kubernetes derives longer names from it (pods
+#: ``{name}-0-15``, StatefulSets ``{name}-0`` whose pods carry a revision-hash
+#: label ``{name}-0-{10 chars}``), and each must stay a 63-character DNS label.
+MAX_NAME_LENGTH = 40
+#: Characters of the job id's hash kept when a name has to be shortened.
+_NAME_HASH_CHARS = 6
+
+#: Runs once per container start. The first start runs the host (``exec``, so
+#: the runner's own exit code, OOMKilled included, is the container's). A later
+#: start finds the host's ``status.json`` already stored and parks instead of
+#: running the cell a second time: a LeaderWorkerSet's pods must have
+#: ``restartPolicy: Always``, so the kubelet restarts a host that ended, and a
+#: pod the StatefulSet recreates after an eviction would start over. The first
+#: run's exit stays in the pod's ``lastState.terminated``, where the backend
+#: reads it. The check is host-safe Python; any error in it means "run".
+_ALREADY_STARTED = (
+    "import os, sys\n"
+    "from kinetic_nb.runner import protocol\n"
+    "from kinetic_nb.runner.hostenv import resolve_host_index\n"
+    "from kinetic_nb.storage import open_storage\n"
+    "index = resolve_host_index(os.environ) or 0\n"
+    'sys.exit(0 if open_storage(os.environ["KINETIC_JOB_URI"]).exists(protocol.host_status(index)) else 1)\n'
+)
+HOST_SCRIPT = f"""\
+if python -c '{_ALREADY_STARTED}' 2>/dev/null; then
+  echo "kinetic_nb: host $KINETIC_HOST_INDEX of job $KINETIC_JOB_ID has run already; not running the cell again" >&2
+  trap 'kill $! 2>/dev/null; exit 0' TERM INT
+  while :; do sleep 3600 & wait $!; done
+fi
+exec "$@"
+"""
+#: ``$0`` of :data:`HOST_SCRIPT`, as ``ps`` and error messages show it.
+HOST_SCRIPT_NAME = "kinetic-host"
+
+_INVALID_NAME_CHARS = re.compile(r"[^a-z0-9-]+")
+#: A ``$`` the kubelet would read as the start of ``$$`` or ``$(VAR)``.
+_KUBELET_SPECIAL = re.compile(r"\$(?=[$(])")
+
+
+def resource_name(job_id: str) -> str:
+    """The Kubernetes name of a job's objects: a DNS-1035 label of at most :data:`MAX_NAME_LENGTH`.
+
+    Parameters
+    ----------
+    job_id : str
+        A kinetic job id such as ``kn-20261129-234752-3e8d32`` (which is kept as it is).
+
+    Returns
+    -------
+    str
+        Lowercase letters, digits and ``-``, starting with a letter; a name that
+        had to be changed or shortened ends with a hash of ``job_id``, so two
+        ids never share a name.
+    """
+    name = _INVALID_NAME_CHARS.sub("-", job_id.lower()).strip("-")
+    name = re.sub(r"-{2,}", "-", name)
+    if not name[:1].isalpha():
+        name = f"kn-{name}".rstrip("-")
+    if name != job_id or len(name) > MAX_NAME_LENGTH:
+        digest = hashlib.sha256(job_id.encode()).hexdigest()[:_NAME_HASH_CHARS]
+        name = f"{name[:MAX_NAME_LENGTH - _NAME_HASH_CHARS - 1].rstrip('-')}-{digest}"
+    return name
+
+
+def job_selector(job_id: str) -> str:
+    """The label selector of every object and pod of ``job_id``."""
+    return f"{JOB_LABEL}={resource_name(job_id)}"
+
+
+def leader_host(job_id: str, namespace: str) -> str:
+    """The DNS name of host 0, for both kinds of workload.
+
+    A LeaderWorkerSet's leader pod is ``{name}-0`` in the headless Service
+    ``{name}`` that the LeaderWorkerSet controller creates; an Indexed Job's
+    pod 0 has the hostname ``{name}-0`` and the subdomain of the Service
+    ``{name}`` created with it. Either way: ``{name}-0.{name}.{namespace}``
+    (the form the LeaderWorkerSet controller puts in ``LWS_LEADER_ADDRESS``).
+    """
+    name = resource_name(job_id)
+    return f"{name}-0.{name}.{namespace}"
+
+
+def uses_leader_worker_set(acc: Accelerator, hosts: int) -> bool:
+    """A multi-host TPU slice is one LeaderWorkerSet; everything else an Indexed Job."""
+    return acc.kind == "tpu" and hosts > 1
+
+
+def build_manifests(plan: JobPlan, job_uri: str, settings: KubernetesSettings) -> list[dict[str, Any]]:
+    """Every object to create for ``plan``, in creation order.
+
+    Parameters
+    ----------
+    plan : JobPlan
+        The stored plan; its accelerator decides the workload and the node pool.
+    job_uri : str
+        The job's storage URI (``gs://bucket/prefix/{job_id}``) the pods read and write.
+    settings : KubernetesSettings
+        Namespace, image (required), service account, coordinator port, extra node selectors.
+
+    Returns
+    -------
+    list of dict
+        ``[LeaderWorkerSet]`` for a multi-host TPU slice; else ``[Job]``, or
+        ``[Service, Job]`` when there is more than one host (the Service first, so
+        host 0's name resolves as soon as its pod exists).
+    """
+    acc = resolve_accelerator(plan.accelerator)
+    image = settings.require_image()
+    if uses_leader_worker_set(acc, plan.hosts):
+        return [_leader_worker_set(plan, acc, job_uri, settings, image)]
+    job = _indexed_job(plan, acc, job_uri, settings, image)
+    return [_headless_service(plan, settings), job] if plan.hosts > 1 else [job]
+
+
+def _metadata(plan: JobPlan, settings: KubernetesSettings, **labels: str) -> dict[str, Any]:
+    return {
+        "name": resource_name(plan.job_id),
+        "namespace": settings.namespace,
+        "labels": {JOB_LABEL: resource_name(plan.job_id), **MANAGED_BY, **labels},
+        "annotations": {JOB_ID_ANNOTATION: plan.job_id},
+    }
+
+
+def _leader_worker_set(plan: JobPlan, acc: Accelerator, job_uri: str, settings: KubernetesSettings,
+                       image: str) -> dict[str, Any]:
+    return {
+        "apiVersion": LWS_API_VERSION,
+        "kind": LWS_KIND,
+        "metadata": _metadata(plan, settings),
+        "spec": {
+            "replicas": 1,
+            # Workers start with the leader: the hosts wait for each other at kinetic's own start barrier.
+            "startupPolicy": "LeaderCreated",
+            # One headless Service named after the set: the leader is {name}-0.{name}, see leader_host().
+            "networkConfig": {"subdomainPolicy": "Shared"},
+            "leaderWorkerTemplate": {
+                "size": plan.hosts,
+                # Never recreate the group behind the user's back: a new group would run the cell
+                # again from the start. A failure ends the job; the client reports it.
+                "restartPolicy": "None",
+                "leaderTemplate": _pod_template(plan, acc, job_uri, settings, image, role="leader", lws=True),
+                "workerTemplate": _pod_template(plan, acc, job_uri, settings, image, role="worker", lws=True),
+            },
+        },
+    }
+
+
+def _indexed_job(plan: JobPlan, acc: Accelerator, job_uri: str, settings: KubernetesSettings,
+                 image: str) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "completionMode": "Indexed",
+        "completions": plan.hosts,
+        "parallelism": plan.hosts,
+        # A failed host fails the job: no pod is retried, so no cell runs twice.
+        "backoffLimit": 0,
+        "ttlSecondsAfterFinished": JOB_TTL_AFTER_FINISHED_S,
+        "template": _pod_template(plan, acc, job_uri, settings, image, role="host", lws=False),
+    }
+    if plan.timeout_s is not None:
+        spec["activeDeadlineSeconds"] = math.ceil(plan.timeout_s) + DEADLINE_MARGIN_S
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": _metadata(plan, settings), "spec": spec}
+
+
+def _headless_service(plan: JobPlan, settings: KubernetesSettings) -> dict[str, Any]:
+    name = resource_name(plan.job_id)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(plan, settings),
+        "spec": {
+            "clusterIP": "None",
+            # Hosts look each other up before they are Ready.
+            "publishNotReadyAddresses": True,
+            "selector": {JOB_LABEL: name},
+            "ports": [{"name": "coordinator", "port": settings.coordinator_port,
+                       "targetPort": settings.coordinator_port}],
+        },
+    }
+
+
+def _pod_template(plan: JobPlan, acc: Accelerator, job_uri: str, settings: KubernetesSettings, image: str, *,
+                  role: str, lws: bool) -> dict[str, Any]:
+    name = resource_name(plan.job_id)
+    container: dict[str, Any] = {
+        "name": CONTAINER_NAME,
+        "image": image,
+        "command": [_escape(word) for word in ("/bin/sh", "-c", HOST_SCRIPT, HOST_SCRIPT_NAME)],
+        "args": [_escape(word) for word in ("python", "-m", "kinetic_nb.runner", "--job", job_uri)],
+        "env": host_environment(plan, acc, job_uri, settings, lws=lws),
+        "ports": [{"name": "coordinator", "containerPort": settings.coordinator_port}],
+        "volumeMounts": [{"name": SCRATCH_VOLUME, "mountPath": SCRATCH_DIR}],
+    }
+    resources = _accelerator_resources(acc)
+    if resources:
+        container["resources"] = {"requests": resources, "limits": dict(resources)}
+    spec: dict[str, Any] = {
+        # A StatefulSet's pods (a LeaderWorkerSet's) must say Always; HOST_SCRIPT keeps a host to one run.
+        "restartPolicy": "Always" if lws else "Never",
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_S,
+        # No variables for every Service in the namespace: they could shadow $(VAR) references.
+        "enableServiceLinks": False,
+        "containers": [container],
+        "volumes": [{"name": SCRATCH_VOLUME, "emptyDir": {}}],
+    }
+    node_selector = {**_accelerator_node_selector(acc), **settings.node_selector}
+    if node_selector:
+        spec["nodeSelector"] = node_selector
+    if settings.service_account:
+        spec["serviceAccountName"] = settings.service_account
+    if not lws and plan.hosts > 1:
+        spec["subdomain"] = name  # pod i is {name}-{i}.{name}: host 0 is the coordinator
+    return {
+        "metadata": {
+            "labels": {JOB_LABEL: name, ROLE_LABEL: role, **MANAGED_BY},
+            "annotations": {JOB_ID_ANNOTATION: plan.job_id},
+        },
+        "spec": spec,
+    }
+
+
+def _accelerator_node_selector(acc: Accelerator) -> dict[str, str]:
+    if acc.kind == "tpu":
+        return {TPU_NODE_SELECTOR: acc.gke_accelerator, TPU_TOPOLOGY_SELECTOR: acc.topology}
+    if acc.kind == "gpu":
+        return {GPU_NODE_SELECTOR: acc.gke_accelerator}
+    return {}
+
+
+def _accelerator_resources(acc: Accelerator) -> dict[str, str]:
+    if acc.kind == "tpu":
+        return {TPU_RESOURCE: str(acc.devices_per_host)}
+    if acc.kind == "gpu":
+        return {GPU_RESOURCE: str(acc.devices_per_host)}
+    return {}
+
+
+def _escape(text: str) -> str:
+    """``text`` as a literal for the kubelet, which expands ``$(VAR)`` in env values, command
+    and args and turns ``$$`` into ``$``: a ``$`` before ``$`` or ``(`` is doubled, any other
+    ``$`` is kept as it is (so a shell script stays readable)."""
+    return _KUBELET_SPECIAL.sub("$$", text)
+
+
+def _value(name: str, value: str) -> dict[str, str]:
+    """A literal variable."""
+    return {"name": name, "value": _escape(value)}
+
+
+def _reference(name: str, value: str) -> dict[str, str]:
+    """A variable built from earlier ones with the kubelet's ``$(VAR)`` expansion."""
+    return {"name": name, "value": value}
+
+
+def _field(name: str, field_path: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": field_path}}}
+
+
+def host_environment(plan: JobPlan, acc: Accelerator, job_uri: str, settings: KubernetesSettings, *,
+                     lws: bool) -> list[dict[str, Any]]:
+    """The container's ``env`` list, in order (a ``$(VAR)`` sees only the variables before it).
+
+    On a LeaderWorkerSet the controller's webhook puts ``LWS_LEADER_ADDRESS``,
+    ``LWS_GROUP_SIZE`` and ``LWS_WORKER_INDEX`` in front of this list, so they
+    can be referenced here.
+    """
+    port = str(settings.coordinator_port)
+    env = [
+        _value("KINETIC_JOB_ID", plan.job_id),
+        _value("KINETIC_JOB_URI", job_uri),
+        _value("KINETIC_NUM_HOSTS", str(plan.hosts)),
+        _value(LOG_UPLOAD_ENV, "1"),  # no supervisor pumps the output: the runner uploads its own log
+        _value("KINETIC_OUTPUT_DIR", f"{SCRATCH_DIR}/outputs"),
+        _value("PYTHONUNBUFFERED", "1"),
+    ]
+    if lws:
+        index_path = f"metadata.labels['{LWS_WORKER_INDEX_LABEL}']"
+        name = resource_name(plan.job_id)
+        env += [
+            _field("KINETIC_HOST_INDEX", index_path),
+            # Set here, the LeaderWorkerSet webhook adds no TPU variables of its own: it skips a
+            # container that has TPU_WORKER_ID, so the hostnames it would add are given too.
+            _field("TPU_WORKER_ID", index_path),
+            _value("TPU_WORKER_HOSTNAMES", ",".join(
+                [f"{name}-0.{name}"] + [f"{name}-0-{i}.{name}" for i in range(1, plan.hosts)])),
+            # JAX's own cluster detection does not know LeaderWorkerSets: the runner passes this on.
+            _reference(COORDINATOR_ENV, f"$(LWS_LEADER_ADDRESS):{port}"),
+            _reference("MASTER_ADDR", "$(LWS_LEADER_ADDRESS)"),
+        ]
+    else:
+        env.append(_field("JOB_COMPLETION_INDEX", f"metadata.annotations['{JOB_COMPLETION_INDEX_ANNOTATION}']"))
+        env.append(_reference("KINETIC_HOST_INDEX", "$(JOB_COMPLETION_INDEX)"))
+        if plan.hosts == 1:
+            # No Service for one host: it is its own coordinator, on the loopback.
+            env.append(_value(COORDINATOR_ENV, f"127.0.0.1:{port}"))
+            env.append(_value("MASTER_ADDR", "127.0.0.1"))
+        else:
+            env.append(_value("MASTER_ADDR", leader_host(plan.job_id, settings.namespace)))
+    env += [
+        _value("MASTER_PORT", port),
+        _reference("RANK", "$(KINETIC_HOST_INDEX)"),
+        _value("WORLD_SIZE", str(plan.hosts)),
+        _value("LOCAL_RANK", "0"),
+        _value("LOCAL_WORLD_SIZE", "1"),
+    ]
+    env += [_value(key, value) for key, value in plan.env.items()]  # the user's own, last: they win
+    return env

@@ -1,0 +1,497 @@
+"""The ``kubernetes`` backend: a job's hosts are pods on a (GKE) cluster.
+
+A multi-host TPU slice becomes one LeaderWorkerSet, anything else an Indexed
+Job (see :mod:`kinetic_nb.backends.k8s_manifests`). Each pod runs the runner
+against the job's storage, normally ``gs://``, and uploads its own log. The
+kubelet and the pods' statuses play the local supervisor's part: this backend
+turns them into the hosts' ``exit.json`` records (see
+:mod:`kinetic_nb.backends.k8s_pods`), including a failure for a pod stuck
+Pending past ``pending_timeout_s``.
+
+Needs the ``k8s`` extra (the official ``kubernetes`` client), imported only
+when the backend first talks to a cluster, so ``import kinetic_nb.backends``
+stays light. Credentials come from the pod's service account when running in
+a cluster, else from kubeconfig (``gcloud container clusters get-credentials``).
+
+Settings (namespace, container image, service account, ...) are resolved per
+field: an explicit argument (a magic flag) > a ``KINETIC_*`` environment
+variable > a config object (``%config KineticMagics...``) > the default. See
+:class:`KubernetesSettings`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import re
+import threading
+import time
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
+
+from kinetic_nb.backends.base import Backend
+from kinetic_nb.backends.k8s_manifests import (
+    LWS_GROUP,
+    LWS_PLURAL,
+    LWS_VERSION,
+    build_manifests,
+    job_selector,
+    leader_host,
+    resource_name,
+)
+from kinetic_nb.backends.k8s_pods import (
+    DEFAULT_PENDING_TIMEOUT_S,
+    PodExitSummary,
+    PodHostState,
+    as_api_dict,
+    host_states,
+    pod_exit_summaries,
+    pod_host_state,
+    stuck_pending,
+)
+from kinetic_nb.errors import KineticError, KineticWarning, ObjectExistsError, ObjectNotFoundError
+from kinetic_nb.runner import protocol
+from kinetic_nb.runner.protocol import ExitSummary, HostState, HostStatus, JobPlan
+from kinetic_nb.storage import ObjectInfo, Storage
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "KubernetesApi", "KubernetesBackend", "KubernetesSettings", "PodExitSummary", "PodHostState", "connect",
+    "host_states", "pod_host_state", "stuck_pending",
+]
+
+DEFAULT_NAMESPACE = "default"
+#: The port the JAX coordinator (and torch's rendezvous) listens on, on host 0.
+#: 8476 is the one JAX itself uses for Cloud TPU slices.
+DEFAULT_COORDINATOR_PORT = 8476
+#: A job's pods are listed at most this often: the client polls storage several
+#: times a second, and each listing is a request to the API server.
+POD_LIST_INTERVAL_S = 2.0
+#: Seconds one API request may take before it is given up.
+API_TIMEOUT_S = 30.0
+#: Storage the pods can reach on their own (a file:// path only through a shared mount).
+REMOTE_STORAGE_SCHEMES = ("gs://",)
+
+#: Propagation when cancelling: the LeaderWorkerSet or Job stays (terminating)
+#: until its pods are gone, so ``kubectl get`` shows the job until its hosts are.
+CANCEL_PROPAGATION = "Foreground"
+#: Propagation when cleaning up after an outcome: nothing to wait for.
+CLEANUP_PROPAGATION = "Background"
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+@dataclasses.dataclass(frozen=True)
+class KubernetesSettings:
+    """Where and how a job's pods run.
+
+    Attributes
+    ----------
+    namespace : str
+        Kubernetes namespace of the job's objects (``KINETIC_NAMESPACE``).
+    image : str or None
+        Container image with kinetic_nb (and jax or torch) installed
+        (``KINETIC_IMAGE``); required to launch, no default.
+    service_account : str or None
+        The pods' Kubernetes service account, bound to a Google service account
+        that may write the bucket via Workload Identity (``KINETIC_SERVICE_ACCOUNT``).
+    context : str or None
+        kubeconfig context to use instead of the current one (``KINETIC_KUBE_CONTEXT``).
+    coordinator_port : int
+        Port of the coordinator on host 0 (``KINETIC_COORDINATOR_PORT``).
+    pending_timeout_s : float
+        A pod Pending longer than this fails the job with the scheduler's
+        reason (``KINETIC_PENDING_TIMEOUT``).
+    node_selector : mapping of str to str
+        Node labels added to the accelerator's, e.g. a node pool name
+        (``KINETIC_NODE_SELECTOR="cloud.google.com/gke-nodepool=tpu-pool"``,
+        comma-separated ``key=value`` pairs).
+    """
+
+    namespace: str = DEFAULT_NAMESPACE
+    image: str | None = None
+    service_account: str | None = None
+    context: str | None = None
+    coordinator_port: int = DEFAULT_COORDINATOR_PORT
+    pending_timeout_s: float = DEFAULT_PENDING_TIMEOUT_S
+    node_selector: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    #: The environment variable of each field.
+    ENVIRONMENT: ClassVar[dict[str, str]] = {
+        "namespace": "KINETIC_NAMESPACE",
+        "image": "KINETIC_IMAGE",
+        "service_account": "KINETIC_SERVICE_ACCOUNT",
+        "context": "KINETIC_KUBE_CONTEXT",
+        "coordinator_port": "KINETIC_COORDINATOR_PORT",
+        "pending_timeout_s": "KINETIC_PENDING_TIMEOUT",
+        "node_selector": "KINETIC_NODE_SELECTOR",
+    }
+    #: The magic's flag of each field that has one.
+    FLAGS: ClassVar[dict[str, str]] = {"namespace": "--namespace", "image": "--image"}
+
+    def __post_init__(self) -> None:
+        if not _DNS_LABEL.match(self.namespace or ""):
+            raise ValueError(f"namespace {self.namespace!r} is not a valid Kubernetes namespace "
+                             "(lowercase letters, digits and '-', at most 63)")
+        if not 0 < self.coordinator_port < 65536:
+            raise ValueError(f"coordinator port {self.coordinator_port} is not a TCP port (1-65535)")
+        if not self.pending_timeout_s > 0:
+            raise ValueError(f"pending timeout must be positive, got {self.pending_timeout_s:g} s")
+        if self.image is not None and (not self.image.strip() or any(c.isspace() for c in self.image)):
+            raise ValueError(f"container image {self.image!r} is not an image reference")
+
+    @classmethod
+    def resolve(cls, *, namespace: str | None = None, image: str | None = None,
+                service_account: str | None = None, context: str | None = None,
+                coordinator_port: int | None = None, pending_timeout_s: float | None = None,
+                node_selector: Mapping[str, str] | None = None, config: KubernetesSettings | None = None,
+                environ: Mapping[str, str] | None = None) -> KubernetesSettings:
+        """Each field from its argument, else its ``KINETIC_*`` variable, else ``config``, else the default.
+
+        Parameters
+        ----------
+        namespace, image, service_account, context, coordinator_port, pending_timeout_s, node_selector
+            Explicit values (the magic's flags); None means "not given".
+        config : KubernetesSettings, optional
+            What ``%config`` set; its fields rank below the environment.
+        environ : mapping, optional
+            The environment to read (default ``os.environ``).
+
+        Raises
+        ------
+        ValueError
+            One line naming the bad value and where it came from.
+        """
+        environ = os.environ if environ is None else environ
+        given = {"namespace": namespace, "image": image, "service_account": service_account, "context": context,
+                 "coordinator_port": coordinator_port, "pending_timeout_s": pending_timeout_s,
+                 "node_selector": node_selector}
+        values: dict[str, Any] = {}
+        for field, value in given.items():
+            variable = cls.ENVIRONMENT[field]
+            if value is None and environ.get(variable, "").strip():
+                value = _parse(field, variable, environ[variable].strip())
+            if value is None and config is not None:
+                value = getattr(config, field)
+            if value is not None:
+                values[field] = value
+        return cls(**values)
+
+    def require_image(self) -> str:
+        """The container image, or a one-line error naming the flag and the variable."""
+        if not self.image:
+            raise ValueError("the kubernetes backend needs a container image with kinetic_nb installed: "
+                             f"pass {self.FLAGS['image']} IMAGE or set {self.ENVIRONMENT['image']}")
+        return self.image
+
+
+def _parse(field: str, variable: str, raw: str) -> Any:
+    try:
+        if field == "coordinator_port":
+            return int(raw)
+        if field == "pending_timeout_s":
+            return float(raw)
+        if field == "node_selector":
+            pairs = [item.split("=", 1) for item in raw.split(",") if item.strip()]
+            if any(len(pair) != 2 or not pair[0].strip() for pair in pairs):
+                raise ValueError
+            return {key.strip(): value.strip() for key, value in pairs}
+    except ValueError:
+        kind = {"coordinator_port": "a port number", "pending_timeout_s": "a number of seconds",
+                "node_selector": "comma-separated key=value pairs"}[field]
+        raise ValueError(f"{variable}={raw!r} is not {kind}") from None
+    return raw
+
+
+@dataclasses.dataclass
+class KubernetesApi:
+    """The three API groups the backend calls (``CoreV1Api``, ``BatchV1Api``, ``CustomObjectsApi``).
+
+    Tests pass a double with the same methods; :func:`connect` builds the real ones.
+    """
+
+    core: Any
+    batch: Any
+    custom: Any
+
+
+def connect(settings: KubernetesSettings) -> KubernetesApi:
+    """API clients from in-cluster credentials, else kubeconfig (``settings.context``).
+
+    Raises
+    ------
+    KineticError
+        One line: the ``k8s`` extra is missing, or there are no credentials.
+    """
+    try:
+        from kubernetes import client, config
+    except ImportError as error:
+        raise KineticError("the kubernetes backend needs the official client: "
+                           "pip install 'kinetic_nb[k8s]'") from error
+    try:
+        if os.environ.get("KUBERNETES_SERVICE_HOST") and settings.context is None:
+            configuration = client.Configuration()
+            config.load_incluster_config(client_configuration=configuration)
+            api_client = client.ApiClient(configuration)
+        else:
+            api_client = config.new_client_from_config(context=settings.context)
+    except (config.ConfigException, OSError) as error:
+        raise KineticError(f"no Kubernetes credentials ({error}); run `gcloud container clusters "
+                           "get-credentials CLUSTER` or set KUBECONFIG") from error
+    return KubernetesApi(core=client.CoreV1Api(api_client), batch=client.BatchV1Api(api_client),
+                         custom=client.CustomObjectsApi(api_client))
+
+
+def _status(error: BaseException) -> int | None:
+    return getattr(error, "status", None)
+
+
+def _api_message(error: BaseException) -> str:
+    """The API server's own message from an ApiException, else the error's text."""
+    try:
+        return json.loads(getattr(error, "body", None) or "")["message"]
+    except (ValueError, KeyError, TypeError):
+        reason = getattr(error, "reason", None)
+        return f"{_status(error)} {reason}" if reason else str(error).splitlines()[0]
+
+
+class KubernetesBackend(Backend):
+    """Runs a job's hosts as pods: one LeaderWorkerSet, or an Indexed Job.
+
+    Parameters
+    ----------
+    settings : KubernetesSettings, optional
+        Default: :meth:`KubernetesSettings.resolve` from the environment.
+    api : KubernetesApi, optional
+        Default: :func:`connect` on first use.
+    pod_list_interval_s : float
+        A job's pods are listed at most this often.
+    clock : callable
+        Wall-clock time (``time.time``), for the pending bound.
+    """
+
+    name = "kubernetes"
+    #: Host ends are read from the platform, not only from stored records: a poller should call
+    #: :meth:`exit_summaries` on every poll with the full listing (it is cheap when nothing changed).
+    exits_from_platform = True
+
+    def __init__(self, settings: KubernetesSettings | None = None, *, api: KubernetesApi | None = None,
+                 pod_list_interval_s: float = POD_LIST_INTERVAL_S, clock: Callable[[], float] = time.time):
+        self.settings = settings if settings is not None else KubernetesSettings.resolve()
+        self._api = api
+        self._pod_list_interval_s = pod_list_interval_s
+        self._clock = clock
+        self._launched_at: dict[str, float] = {}
+        self._cancelled: set[str] = set()
+        #: Exit records already read or stored, so a poll reads each at most once; those this
+        #: backend stored keep their pods' reasons (exit.json has no field for one).
+        self._exits: dict[tuple[str, int], ExitSummary] = {}
+        self._pods: dict[str, tuple[float, list[dict[str, Any]]]] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def api(self) -> KubernetesApi:
+        if self._api is None:
+            self._api = connect(self.settings)
+        return self._api
+
+    # -- the Backend interface -----------------------------------------------------
+
+    def coordinator_address(self, job_id: str) -> str:
+        """``{name}-0.{name}.{namespace}:{port}``: host 0's DNS name.
+
+        On a LeaderWorkerSet each pod's ``KINETIC_COORDINATOR_ADDRESS``, built
+        from ``LWS_LEADER_ADDRESS``, overrides it (with the same value); a
+        single host uses the loopback. Called once per submission before
+        anything is stored, so a missing image fails before the job exists.
+        """
+        self.settings.require_image()
+        return f"{leader_host(job_id, self.settings.namespace)}:{self.settings.coordinator_port}"
+
+    def manifests(self, storage: Storage, plan: JobPlan) -> list[dict[str, Any]]:
+        """The objects :meth:`launch` creates for ``plan``, in order."""
+        return build_manifests(plan, storage.uri, self.settings)
+
+    def launch(self, storage: Storage, plan: JobPlan) -> None:
+        """Create the job's objects; on a failure remove those already created and raise
+        (unless the failure is a conflict: the objects then belong to an earlier launch of this job).
+
+        Raises
+        ------
+        KineticError
+            One line: the API server's reason (no LeaderWorkerSet controller,
+            forbidden, quota, ...).
+        """
+        if not storage.uri.startswith(REMOTE_STORAGE_SCHEMES):
+            warnings.warn(f"job storage {storage.uri} is local to this machine: the pods reach it only if the "
+                          "same path is mounted in them; use --storage gs://BUCKET/PREFIX", KineticWarning,
+                          stacklevel=2)
+        for manifest in self.manifests(storage, plan):
+            try:
+                self._create(manifest)
+            except Exception as error:
+                if _status(error) != 409:  # a conflict is another launch of this job: leave its objects alone
+                    self._delete_all(plan.job_id, CLEANUP_PROPAGATION, quiet=True)
+                raise KineticError(self._create_failure(manifest, error)) from error
+            logger.info("created %s %s/%s", manifest["kind"], self.settings.namespace, manifest["metadata"]["name"])
+        self._launched_at[plan.job_id] = self._clock()
+
+    def cancel(self, storage: Storage, plan: JobPlan, reason: str) -> None:
+        """Record ``cancel.json``, then delete the job's workload and Service (pods go with them)."""
+        storage.write_bytes(protocol.CANCEL, json.dumps({"reason": reason, "at": time.time()}).encode())
+        self._cancelled.add(plan.job_id)
+        self._delete_all(plan.job_id, CANCEL_PROPAGATION)
+
+    def cleanup(self, plan: JobPlan) -> None:
+        """Delete whatever is left of the job on the cluster (after its outcome is recorded); never raises."""
+        self._delete_all(plan.job_id, CLEANUP_PROPAGATION, quiet=True)
+
+    def exit_summaries(self, storage: Storage, plan: JobPlan, listing: list[ObjectInfo]) -> dict[int, ExitSummary]:
+        """The stored ``exit.json`` records, completed from the pods for hosts that have none.
+
+        A host whose pod ended, was stuck Pending past the bound, or is gone
+        after a cancel or another host's failure gets a record, which is also
+        stored as ``hosts/{i}/exit.json`` (the backend writes exit records, as
+        the local supervisor does), so the other hosts' start barrier and a
+        later reader see it. Each record is read once; pods are listed at
+        most every ``pod_list_interval_s``, and only while a host has no
+        record; an API error is logged and leaves the stored records as they
+        are. Give it the job's full listing on every poll.
+        """
+        names = {info.name: info for info in listing}
+        summaries: dict[int, ExitSummary] = {}
+        for index in range(plan.hosts):
+            name = protocol.host_exit(index)
+            if (plan.job_id, index) in self._exits:
+                summaries[index] = self._exits[plan.job_id, index]
+            elif name in names:
+                try:
+                    summaries[index] = self._exits[plan.job_id, index] = ExitSummary.from_json(
+                        storage.read_bytes(name))
+                except ObjectNotFoundError:
+                    pass
+        if len(summaries) == plan.hosts:
+            return summaries
+        try:
+            pods = self.pods(plan)
+        except Exception as error:  # noqa: BLE001 - polling must survive a flaky API server
+            logger.warning("could not list the pods of %s: %s", plan.job_id, _api_message(error))
+            return summaries
+        plan_info = names.get(protocol.PLAN)
+        found = pod_exit_summaries(
+            plan.hosts, host_states(pods), summaries, now=self._clock(),
+            launched_at=self._launched_at.get(plan.job_id, plan_info.updated if plan_info else None),
+            cancelled=protocol.CANCEL in names or plan.job_id in self._cancelled,
+            recorded_success=lambda index: _recorded_success(storage, index),
+            pending_timeout_s=self.settings.pending_timeout_s,
+        )
+        for index, summary in found.items():
+            summaries[index] = self._store_exit(storage, plan.job_id, summary)
+        return summaries
+
+    # -- pods ----------------------------------------------------------------------
+
+    def pods(self, plan: JobPlan, *, fresh: bool = False) -> list[dict[str, Any]]:
+        """The job's pods as the API's JSON (one label selector), listed at most every ``pod_list_interval_s``."""
+        now = time.monotonic()
+        with self._lock:
+            cached = self._pods.get(plan.job_id)
+            if cached is not None and not fresh and now - cached[0] < self._pod_list_interval_s:
+                return cached[1]
+        listed = self.api.core.list_namespaced_pod(self.settings.namespace, label_selector=job_selector(plan.job_id),
+                                                   _request_timeout=API_TIMEOUT_S)
+        pods = [as_api_dict(pod) for pod in (listed.items if hasattr(listed, "items") else listed["items"])]
+        with self._lock:
+            self._pods[plan.job_id] = (now, pods)
+        return pods
+
+    def host_states(self, plan: JobPlan) -> dict[int, PodHostState]:
+        """Each host's pod state and reason, for the panel (Pending: Unschedulable, ImagePullBackOff, ...)."""
+        return host_states(self.pods(plan))
+
+    def stuck_hosts(self, plan: JobPlan) -> dict[int, PodHostState]:
+        """Hosts whose pod has been Pending longer than ``settings.pending_timeout_s``."""
+        return stuck_pending(self.pods(plan), self._clock(), self.settings.pending_timeout_s)
+
+    # -- helpers ---------------------------------------------------------------------
+
+    def _create(self, manifest: dict[str, Any]) -> None:
+        namespace = self.settings.namespace
+        # Strict: the API server rejects a field it does not know instead of dropping it.
+        options = {"field_validation": "Strict", "_request_timeout": API_TIMEOUT_S}
+        kind = manifest["kind"]
+        if kind == "Service":
+            self.api.core.create_namespaced_service(namespace, manifest, **options)
+        elif kind == "Job":
+            self.api.batch.create_namespaced_job(namespace, manifest, **options)
+        elif kind == "LeaderWorkerSet":
+            self.api.custom.create_namespaced_custom_object(LWS_GROUP, LWS_VERSION, namespace, LWS_PLURAL, manifest,
+                                                            **options)
+        else:  # pragma: no cover - build_manifests makes only these
+            raise ValueError(f"cannot create a {kind}")
+
+    def _create_failure(self, manifest: dict[str, Any], error: BaseException) -> str:
+        kind, name, namespace = manifest["kind"], manifest["metadata"]["name"], self.settings.namespace
+        status = _status(error)
+        if kind == "LeaderWorkerSet" and status == 404:
+            return (f"the cluster has no LeaderWorkerSet API ({LWS_GROUP}/{LWS_VERSION}): install the "
+                    "LeaderWorkerSet controller first (docs/gke.md)")
+        if status == 403:
+            return f"not allowed to create {kind} {name} in namespace {namespace}: {_api_message(error)}"
+        return f"could not create {kind} {name} in namespace {namespace}: {_api_message(error)}"
+
+    def _delete_all(self, job_id: str, propagation: str, *, quiet: bool = False) -> None:
+        """Delete the job's LeaderWorkerSet, Job and Service by its label; a kind that is not there is fine."""
+        namespace, selector = self.settings.namespace, job_selector(job_id)
+        options = {"label_selector": selector, "propagation_policy": propagation, "_request_timeout": API_TIMEOUT_S}
+        deletions = [
+            ("LeaderWorkerSet", lambda: self.api.custom.delete_collection_namespaced_custom_object(
+                LWS_GROUP, LWS_VERSION, namespace, LWS_PLURAL, **options)),
+            ("Job", lambda: self.api.batch.delete_collection_namespaced_job(namespace, **options)),
+            ("Service", lambda: self.api.core.delete_collection_namespaced_service(
+                namespace, label_selector=selector, _request_timeout=API_TIMEOUT_S)),
+        ]
+        failures = []
+        for kind, delete in deletions:
+            try:
+                delete()
+            except Exception as error:  # noqa: BLE001 - every kind is tried; the failures are reported together
+                if _status(error) == 404:  # no such API (no LeaderWorkerSet controller): nothing of that kind
+                    continue
+                failures.append(f"{kind}: {_api_message(error)}")
+        with self._lock:
+            self._pods.pop(job_id, None)
+        if failures:
+            message = f"could not delete all of job {job_id} ({resource_name(job_id)}) in {namespace}: " + "; ".join(
+                failures)
+            if not quiet:
+                raise KineticError(message)
+            logger.warning("%s", message)
+
+    def _store_exit(self, storage: Storage, job_id: str, summary: PodExitSummary) -> ExitSummary:
+        """Store ``summary`` as the host's exit record, unless one appeared meanwhile (then that one)."""
+        name = protocol.host_exit(summary.host_index)
+        try:
+            storage.write_bytes(name, summary.to_json(), exclusive=True)
+            self._exits[job_id, summary.host_index] = summary
+        except ObjectExistsError:
+            try:
+                stored = self._exits[job_id, summary.host_index] = ExitSummary.from_json(storage.read_bytes(name))
+                return stored
+            except ObjectNotFoundError:
+                return summary
+        except Exception:  # a record that could not be stored is still returned
+            logger.warning("could not store %s", name, exc_info=True)
+        return summary
+
+
+def _recorded_success(storage: Storage, index: int) -> bool:
+    try:
+        status = HostStatus.from_json(storage.read_bytes(protocol.host_status(index)))
+    except (ObjectNotFoundError, ValueError, TypeError):
+        return False
+    return status.state == HostState.SUCCEEDED.value

@@ -1,0 +1,452 @@
+"""Stand-ins for the parts of a Kubernetes cluster the kubernetes backend relies on.
+
+No real API server, controller or kubelet can run here (no cluster, no
+network), so these small doubles play their documented parts, and nothing more:
+
+- the LeaderWorkerSet controller and its pod webhook: the pods a
+  LeaderWorkerSet becomes (names, labels, annotations, hostname, subdomain)
+  and the variables the webhook puts in front of each container's env
+  (``LWS_LEADER_ADDRESS``, ``LWS_GROUP_SIZE``, ``LWS_WORKER_INDEX``; the TPU
+  variables unless the container already has ``TPU_WORKER_ID``), following
+  ``pkg/utils/pod/pod_utils.go`` and ``pkg/utils/accelerators/tpu.go`` of
+  kubernetes-sigs/lws;
+- the Job controller: an Indexed Job's pods (hostname ``{job}-{i}``, the
+  completion-index annotation and label, ``JOB_COMPLETION_INDEX`` added to the
+  env when missing);
+- the kubelet: a container's environment resolved the way the kubelet does it
+  (in order; ``valueFrom.fieldRef`` from the pod; ``$(VAR)`` expanded against
+  the variables before it, ``$$`` to ``$``, an undefined reference left as it
+  is) and its command and args expanded against that environment;
+- :class:`FakeKubernetes`: the three API groups the backend calls, recording
+  what was created and deleted and returning pods that a test scripts;
+- :class:`FakeKubelet`: runs each pod's real container command (the real
+  runner) as a local process with the pod's resolved environment, and reports
+  the pods' statuses as the API would.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterable
+from types import SimpleNamespace
+from typing import Any
+
+from kinetic_nb.backends import k8s_manifests as km
+
+LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
+LWS_GROUP_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/group-index"
+LWS_SIZE_ANNOTATION = "leaderworkerset.sigs.k8s.io/size"
+LWS_LEADER_REQUESTS_TPUS = "leaderworkerset.sigs.k8s.io/leader-requests-tpus"
+JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
+
+
+def now_rfc3339(offset_s: float = 0.0) -> str:
+    moment = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=offset_s)
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# -- the kubelet's expansion and environment -------------------------------------------
+
+
+def expand(text: str, defined: dict[str, str]) -> str:
+    """The kubelet's ``$(VAR)`` expansion (k8s third_party/forked/golang/expansion)."""
+    out, cursor = [], 0
+    while cursor < len(text):
+        char = text[cursor]
+        if char == "$" and cursor + 1 < len(text):
+            following = text[cursor + 1]
+            if following == "$":
+                out.append("$")
+                cursor += 2
+                continue
+            if following == "(":
+                closing = text.find(")", cursor + 2)
+                if closing != -1:
+                    name = text[cursor + 2:closing]
+                    out.append(defined.get(name, f"$({name})"))
+                    cursor = closing + 1
+                    continue
+                out.append("$(")
+                cursor += 2
+                continue
+            out.append("$" + following)
+            cursor += 2
+            continue
+        out.append(char)
+        cursor += 1
+    return "".join(out)
+
+
+_SUBSCRIPT = re.compile(r"^metadata\.(labels|annotations)\['([^']+)'\]$")
+
+
+def field_value(pod: dict[str, Any], path: str) -> str:
+    """What the downward API gives for ``fieldRef.fieldPath``."""
+    match = _SUBSCRIPT.match(path)
+    if match:
+        values = pod["metadata"].get(match.group(1)) or {}
+        if match.group(2) not in values:
+            raise KeyError(f"{path}: the pod has no such {match.group(1)[:-1]}")
+        return values[match.group(2)]
+    simple = {
+        "metadata.name": pod["metadata"]["name"],
+        "metadata.namespace": pod["metadata"]["namespace"],
+        "spec.nodeName": pod["spec"].get("nodeName", "node-a"),
+        "spec.serviceAccountName": pod["spec"].get("serviceAccountName", "default"),
+    }
+    return simple[path]
+
+
+def container_environment(pod: dict[str, Any], container: dict[str, Any] | None = None) -> dict[str, str]:
+    """The container's environment as the kubelet resolves it (enableServiceLinks: false: no Service variables)."""
+    container = container or pod["spec"]["containers"][0]
+    assert pod["spec"].get("enableServiceLinks") is False
+    resolved: dict[str, str] = {}
+    for entry in container.get("env", []):
+        if "valueFrom" in entry:
+            resolved[entry["name"]] = field_value(pod, entry["valueFrom"]["fieldRef"]["fieldPath"])
+        else:
+            resolved[entry["name"]] = expand(entry.get("value", ""), resolved)
+    return resolved
+
+
+def container_command(pod: dict[str, Any], environment: dict[str, str]) -> list[str]:
+    container = pod["spec"]["containers"][0]
+    return [expand(word, environment) for word in [*container.get("command", []), *container.get("args", [])]]
+
+
+# -- the controllers ---------------------------------------------------------------------
+
+
+def _requests_tpus(container: dict[str, Any]) -> bool:
+    resources = container.get("resources", {})
+    return any(int(part.get(km.TPU_RESOURCE, 0)) for part in (resources.get("limits", {}), resources.get("requests", {})))
+
+
+def _prepend_env(container: dict[str, Any], first: list[dict[str, Any]]) -> None:
+    """LWS's addEnvVarsIfNotExists: its variables first, then the container's own that it did not define."""
+    names = {entry["name"] for entry in first}
+    container["env"] = first + [entry for entry in container.get("env", []) if entry["name"] not in names]
+
+
+def leader_worker_set_pods(lws: dict[str, Any]) -> list[dict[str, Any]]:
+    """The pods of group 0 of ``lws``, as its controller and webhook make them (leader first)."""
+    name, namespace = lws["metadata"]["name"], lws["metadata"]["namespace"]
+    template = lws["spec"]["leaderWorkerTemplate"]
+    size = template["size"]
+    leader_tpus = _requests_tpus(template["leaderTemplate"]["spec"]["containers"][0])
+    pods = []
+    for index in range(size):
+        source = template["leaderTemplate"] if index == 0 else template["workerTemplate"]
+        pod = {"apiVersion": "v1", "kind": "Pod", **copy.deepcopy(source)}
+        pod_name = f"{name}-0" if index == 0 else f"{name}-0-{index}"
+        metadata = pod["metadata"]
+        metadata.update(name=pod_name, namespace=namespace)
+        metadata["labels"] = {**metadata.get("labels", {}), LWS_NAME_LABEL: name, LWS_GROUP_INDEX_LABEL: "0",
+                              km.LWS_WORKER_INDEX_LABEL: str(index)}
+        metadata["annotations"] = {**metadata.get("annotations", {}), LWS_SIZE_ANNOTATION: str(size)}
+        if leader_tpus:
+            metadata["annotations"][LWS_LEADER_REQUESTS_TPUS] = "true"
+        pod["spec"].update(hostname=pod_name, subdomain=name)  # the StatefulSets' serviceName is the set's name
+        for container in pod["spec"]["containers"]:
+            _prepend_env(container, [
+                {"name": "LWS_LEADER_ADDRESS", "value": f"{name}-0.{name}.{namespace}"},
+                {"name": "LWS_GROUP_SIZE", "value": str(size)},
+                {"name": "LWS_WORKER_INDEX", "value": str(index)},
+            ])
+            names = {entry["name"] for entry in container["env"]}
+            if _requests_tpus(container) and not names & {"TPU_WORKER_HOSTNAMES", "TPU_WORKER_ID"}:
+                hostnames = [f"{name}-0.{name}"] + [f"{name}-0-{i}.{name}" for i in range(1, size)]
+                container["env"] += [{"name": "TPU_WORKER_HOSTNAMES", "value": ",".join(hostnames)},
+                                     {"name": "TPU_WORKER_ID", "value": str(index)},
+                                     {"name": "TPU_NAME", "value": pod_name}]
+        pods.append(pod)
+    return pods
+
+
+def indexed_job_pods(job: dict[str, Any]) -> list[dict[str, Any]]:
+    """The pods of an Indexed Job, as the Job controller makes them."""
+    name, namespace = job["metadata"]["name"], job["metadata"]["namespace"]
+    assert job["spec"]["completionMode"] == "Indexed"
+    pods = []
+    for index in range(job["spec"]["completions"]):
+        pod = {"apiVersion": "v1", "kind": "Pod", **copy.deepcopy(job["spec"]["template"])}
+        metadata = pod["metadata"]
+        metadata.update(name=f"{name}-{index}-x7k2p", namespace=namespace)
+        metadata["labels"] = {**metadata.get("labels", {}), JOB_NAME_LABEL: name, "job-name": name,
+                              km.JOB_COMPLETION_INDEX_ANNOTATION: str(index)}
+        metadata["annotations"] = {**metadata.get("annotations", {}), km.JOB_COMPLETION_INDEX_ANNOTATION: str(index)}
+        pod["spec"]["hostname"] = f"{name}-{index}"
+        for container in pod["spec"]["containers"]:
+            if not any(entry["name"] == "JOB_COMPLETION_INDEX" for entry in container.get("env", [])):
+                container.setdefault("env", []).append({"name": "JOB_COMPLETION_INDEX", "valueFrom": {"fieldRef": {
+                    "fieldPath": f"metadata.annotations['{km.JOB_COMPLETION_INDEX_ANNOTATION}']"}}})
+        pods.append(pod)
+    return pods
+
+
+def pods_for(manifests: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The pods the cluster's controllers would make from the backend's objects, host 0 first."""
+    for manifest in manifests:
+        if manifest["kind"] == "LeaderWorkerSet":
+            return leader_worker_set_pods(manifest)
+        if manifest["kind"] == "Job":
+            return indexed_job_pods(manifest)
+    raise AssertionError("no workload among the manifests")
+
+
+def dns_name(pod: dict[str, Any]) -> str | None:
+    """The pod's name in cluster DNS (``hostname.subdomain.namespace``), when it has one."""
+    spec = pod["spec"]
+    if spec.get("hostname") and spec.get("subdomain"):
+        return f"{spec['hostname']}.{spec['subdomain']}.{pod['metadata']['namespace']}"
+    return None
+
+
+# -- the API -------------------------------------------------------------------------------
+
+
+def api_exception(status: int, reason: str, message: str) -> Exception:
+    from kubernetes.client import ApiException
+
+    error = ApiException(status=status, reason=reason)
+    error.body = json.dumps({"kind": "Status", "status": "Failure", "message": message, "code": status})
+    return error
+
+
+def _matches(labels: dict[str, str], selector: str) -> bool:
+    key, _, value = selector.partition("=")
+    return labels.get(key) == value
+
+
+def to_client_pod_list(pods: list[dict[str, Any]]) -> Any:
+    """A real ``V1PodList`` of ``V1Pod`` objects, from pods as JSON."""
+    from kubernetes import client
+
+    data = {"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": pods}
+    if hasattr(client.V1PodList, "from_dict"):
+        return client.V1PodList.from_dict(data)
+    return client.ApiClient()._ApiClient__deserialize(data, "V1PodList")  # older generated clients
+
+
+class FakeKubernetes:
+    """A test double of ``CoreV1Api``, ``BatchV1Api`` and ``CustomObjectsApi`` as the backend calls them.
+
+    No real API server can run here. It stores created objects by (kind,
+    name), refuses a second object of the same name (409), deletes by label
+    selector, and lists the pods :attr:`pods` returns (plain dicts, or with
+    ``client_objects=True`` real ``V1Pod`` objects). ``fail`` maps a kind to an
+    exception its create raises.
+    """
+
+    def __init__(self, *, client_objects: bool = False):
+        self.objects: dict[tuple[str, str], dict[str, Any]] = {}
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+        self.fail: dict[str, Exception] = {}
+        self.pod_source: Any = list  # a callable returning the pods as JSON
+        self.client_objects = client_objects
+        self.on_delete: list[Any] = []
+        self.core = SimpleNamespace(create_namespaced_service=self._creator("Service"),
+                                    list_namespaced_pod=self._list_pods,
+                                    delete_collection_namespaced_service=self._deleter("Service"))
+        self.batch = SimpleNamespace(create_namespaced_job=self._creator("Job"),
+                                     delete_collection_namespaced_job=self._deleter("Job"))
+        self.custom = SimpleNamespace(create_namespaced_custom_object=self._create_custom,
+                                      delete_collection_namespaced_custom_object=self._delete_custom)
+
+    def created(self, kind: str) -> list[dict[str, Any]]:
+        return [manifest for (k, _), manifest in self.objects.items() if k == kind]
+
+    def _creator(self, kind: str):
+        def create(namespace: str, body: dict[str, Any], **options: Any) -> dict[str, Any]:
+            self.calls.append((f"create {kind}", {"namespace": namespace, **options}))
+            if kind in self.fail:
+                raise self.fail[kind]
+            assert body["kind"] == kind and body["metadata"]["namespace"] == namespace
+            key = (kind, body["metadata"]["name"])
+            if key in self.objects:
+                raise api_exception(409, "Conflict", f'{kind.lower()}s "{key[1]}" already exists')
+            self.objects[key] = copy.deepcopy(body)
+            return body
+        return create
+
+    def _create_custom(self, group: str, version: str, namespace: str, plural: str, body: dict[str, Any],
+                       **options: Any) -> dict[str, Any]:
+        assert (group, version, plural) == (km.LWS_GROUP, km.LWS_VERSION, km.LWS_PLURAL)
+        assert body["apiVersion"] == f"{group}/{version}"
+        return self._creator(body["kind"])(namespace, body, **options)
+
+    def _deleter(self, kind: str):
+        def delete(namespace: str, *, label_selector: str, **options: Any) -> None:
+            self.calls.append((f"delete {kind}", {"namespace": namespace, "label_selector": label_selector,
+                                                  **options}))
+            for key in [key for key, body in self.objects.items()
+                        if key[0] == kind and _matches(body["metadata"].get("labels", {}), label_selector)]:
+                del self.objects[key]
+                for listener in self.on_delete:
+                    listener(kind, key[1])
+        return delete
+
+    def _delete_custom(self, group: str, version: str, namespace: str, plural: str, **options: Any) -> None:
+        assert (group, version, plural) == (km.LWS_GROUP, km.LWS_VERSION, km.LWS_PLURAL)
+        self._deleter("LeaderWorkerSet")(namespace, **options)
+
+    def _list_pods(self, namespace: str, *, label_selector: str, **options: Any) -> Any:
+        self.calls.append(("list pods", {"namespace": namespace, "label_selector": label_selector, **options}))
+        pods = [pod for pod in self.pod_source()
+                if pod["metadata"]["namespace"] == namespace and _matches(pod["metadata"]["labels"], label_selector)]
+        return to_client_pod_list(pods) if self.client_objects else SimpleNamespace(items=copy.deepcopy(pods))
+
+
+# -- the kubelet -------------------------------------------------------------------------------
+
+
+class FakeKubelet:
+    """Runs pods' real container commands as local processes and reports their statuses.
+
+    Each pod's command is the backend's own (``sh -c HOST_SCRIPT ... python -m
+    kinetic_nb.runner --job URI``) with the environment the kubelet would give
+    it, on top of a minimal base (``PATH`` with this interpreter first, so
+    ``python`` is the test's). ``dns`` replaces names of cluster DNS, which
+    cannot run here, by addresses that resolve on this machine. A pod with
+    ``restartPolicy: Always`` is started again when its container ends, as the
+    kubelet does; a deleted workload's pods get SIGTERM, then SIGKILL after
+    their grace period.
+    """
+
+    def __init__(self, pods: list[dict[str, Any]], log_dir: str, *, dns: dict[str, str] | None = None,
+                 extra_env: dict[str, str] | None = None):
+        self.pods = pods
+        self.log_dir = log_dir
+        self.dns = dns or {}
+        self.extra_env = extra_env or {}
+        self.processes: dict[int, subprocess.Popen] = {}
+        self.runs: dict[int, int] = {}
+        self.first_exit: dict[int, int] = {}
+        self.reasons: dict[int, str] = {}
+        self.deleted: set[int] = set()
+        self.created_at = now_rfc3339()
+        self._lock = threading.RLock()
+
+    def environment(self, index: int) -> dict[str, str]:
+        env = container_environment(self.pods[index])
+        for name, value in env.items():
+            for dns_name_, address in self.dns.items():
+                value = value.replace(dns_name_, address)
+            env[name] = value
+        return env
+
+    def start(self, index: int | None = None) -> None:
+        for position in ([index] if index is not None else range(len(self.pods))):
+            self._run(position)
+
+    def _run(self, index: int) -> None:
+        env = self.environment(index)
+        command = container_command(self.pods[index], env)
+        base = {"PATH": f"{os.path.dirname(sys.executable)}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+                "HOME": os.environ.get("HOME", "/tmp"), "TMPDIR": os.environ.get("TMPDIR", "/tmp")}
+        with self._lock:
+            self.runs[index] = self.runs.get(index, 0) + 1
+            with open(self.log_path(index, self.runs[index]), "wb") as log:
+                self.processes[index] = subprocess.Popen(command, env={**base, **env, **self.extra_env},
+                                                         stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                                         start_new_session=True)
+
+    def log_path(self, index: int, run: int = 1) -> str:
+        """What the container printed on its ``run``-th start (``kubectl logs``)."""
+        return os.path.join(self.log_dir, f"pod-{index}-run-{run}.log")
+
+    def output(self, index: int, run: int = 1) -> str:
+        with open(self.log_path(index, run), errors="replace") as log:
+            return log.read()
+
+    def step(self) -> None:
+        """Note the containers that ended; restart those whose pods say ``restartPolicy: Always``."""
+        with self._lock:
+            for index, process in list(self.processes.items()):
+                code = process.poll()
+                if code is None or index in self.first_exit:
+                    continue
+                self.first_exit[index] = code
+                if self.pods[index]["spec"]["restartPolicy"] == "Always" and index not in self.deleted:
+                    self._run(index)
+
+    def kill(self, index: int, reason: str) -> None:
+        """The node kills a container (``reason``: OOMKilled, as the kubelet reports it)."""
+        with self._lock:
+            self.reasons[index] = reason
+            os.killpg(self.processes[index].pid, signal.SIGKILL)
+            self.processes[index].wait()
+
+    def delete_all(self, *_: Any) -> None:
+        """Pod deletion: SIGTERM, then SIGKILL after the pod's grace period; nothing restarts."""
+        with self._lock:
+            self.deleted.update(self.processes)
+            grace = self.pods[0]["spec"]["terminationGracePeriodSeconds"]
+            for process in self.processes.values():
+                if process.poll() is None:
+                    os.killpg(process.pid, signal.SIGTERM)
+            for process in self.processes.values():
+                try:
+                    process.wait(timeout=grace)
+                except subprocess.TimeoutExpired:
+                    os.killpg(process.pid, signal.SIGKILL)
+                    process.wait()
+
+    def close(self) -> None:
+        """Stop everything still running (a test's teardown)."""
+        self.delete_all()
+
+    # -- the pods as the API shows them
+
+    def pod_json(self) -> list[dict[str, Any]]:
+        self.step()
+        with self._lock:
+            return [self._pod(index) for index in range(len(self.pods)) if index not in self.deleted]
+
+    def _pod(self, index: int) -> dict[str, Any]:
+        pod = copy.deepcopy(self.pods[index])
+        pod["metadata"]["creationTimestamp"] = self.created_at
+        pod["metadata"]["uid"] = f"uid-{index}"
+        process = self.processes.get(index)
+        status: dict[str, Any] = {"phase": "Pending", "conditions": [
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": self.created_at}]}
+        container = {"name": km.CONTAINER_NAME, "image": pod["spec"]["containers"][0]["image"], "ready": False,
+                     "restartCount": max(0, self.runs.get(index, 0) - 1), "state": {}, "lastState": {}}
+        if process is not None:
+            first = self.first_exit.get(index)
+            terminated = None
+            if first is not None:
+                terminated = {"exitCode": first if first >= 0 else 128 - first,
+                              "reason": self.reasons.get(index, "Completed" if first == 0 else "Error"),
+                              "startedAt": self.created_at, "finishedAt": now_rfc3339()}
+            restarted = self.runs.get(index, 0) > 1
+            if terminated and not restarted:
+                container["state"] = {"terminated": terminated}
+                status["phase"] = "Succeeded" if first == 0 else "Failed"
+            else:
+                container["state"] = {"running": {"startedAt": self.created_at}}
+                container["ready"] = True
+                if terminated:
+                    container["lastState"] = {"terminated": terminated}
+                status["phase"] = "Running"
+            status["containerStatuses"] = [container]
+        pod["status"] = status
+        return pod
+
+
+def wait_for(condition, timeout: float = 60.0, pause: float = 0.05, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(pause)

@@ -1,0 +1,189 @@
+"""The whole client path on the kubernetes backend, with the pods played by real runner processes.
+
+No real API server, controller or kubelet can run here, so:
+
+- ``kinetic_nb.submit(..., backend="kubernetes")`` runs for real and creates
+  its objects through ``FakeKubernetes``, a test double of the Kubernetes API
+  (``connect`` is replaced; nothing else is);
+- the pods those objects become (``k8s_cluster.pods_for``: what the
+  LeaderWorkerSet and Job controllers make) are played by ``FakeKubelet``: each
+  pod's own container command (``sh -c HOST_SCRIPT ... python -m
+  kinetic_nb.runner --job URI``) runs as a local process with the environment
+  the kubelet would resolve for it, against ``file://`` storage; the kubelet
+  restarts a LeaderWorkerSet pod's container when it ends, as it would;
+- the API's pod listing reports those processes as pod statuses.
+
+That proves the manifests' environment, the runner and the outcome path work
+together. One step is done by the test itself: the client's poller asks the
+backend for exit summaries only once some ``exit.json`` exists, so the test
+calls ``backend.exit_summaries`` itself until every host has one, as the
+poller will once it asks the backend on every poll (see the report).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import pytest
+
+import kinetic_nb
+from kinetic_nb.backends import kubernetes as k8s
+from kinetic_nb.errors import JobFailedError, KineticWarning
+from kinetic_nb.runner import protocol
+
+from .k8s_cluster import FakeKubelet, FakeKubernetes, pods_for, wait_for
+
+NAMESPACE = "ml-team"
+pytestmark = pytest.mark.filterwarnings("ignore:job storage file.*is local to this machine:kinetic_nb.errors.KineticWarning")
+
+
+@pytest.fixture
+def cluster(monkeypatch, tmp_path):
+    """A fake API server, the environment that configures the backend, and the kubelets to stop afterwards."""
+    api = FakeKubernetes()
+    monkeypatch.setattr(k8s, "connect", lambda settings: api)
+    monkeypatch.setenv("KINETIC_IMAGE", "registry.example/kinetic-jax:test")
+    monkeypatch.setenv("KINETIC_NAMESPACE", NAMESPACE)
+    kubelets: list[FakeKubelet] = []
+    yield api, kubelets
+    for kubelet in kubelets:
+        kubelet.close()
+
+
+def start_pods(api, kubelets, tmp_path, **options) -> FakeKubelet:
+    workloads = [manifest for kind in ("LeaderWorkerSet", "Job") for manifest in api.created(kind)]
+    log_dir = tmp_path / "pods"
+    log_dir.mkdir(exist_ok=True)
+    kubelet = FakeKubelet(pods_for(workloads), str(log_dir), **options)
+    kubelets.append(kubelet)
+    api.pod_source = kubelet.pod_json
+    api.on_delete.append(kubelet.delete_all)
+    kubelet.start()
+    return kubelet
+
+
+def settle(handle, kubelet: FakeKubelet, timeout: float = 90.0) -> dict:
+    """Play the poller's future part: ask the backend for exit summaries until every host has one."""
+    deadline = time.monotonic() + timeout
+    while True:
+        kubelet.step()
+        summaries = handle.backend.exit_summaries(handle.storage, handle.plan, handle.storage.list())
+        if len(summaries) == handle.plan.hosts:
+            return summaries
+        if time.monotonic() > deadline:
+            logs = {index: kubelet.output(index) for index in range(len(kubelet.pods))}
+            raise AssertionError(f"hosts did not all end: {summaries}; logs: {logs}")
+        time.sleep(0.05)
+
+
+def test_a_tpu_slice_runs_as_a_leader_worker_set(cluster, tmp_path):
+    api, kubelets = cluster
+    source = ("import os\n"
+              "print('hello from host', os.environ['TPU_WORKER_ID'])\n"
+              "{'host': int(os.environ['TPU_WORKER_ID']), 'hosts': int(os.environ['KINETIC_NUM_HOSTS']),\n"
+              " 'coordinator': os.environ['KINETIC_COORDINATOR_ADDRESS']}")
+    handle = kinetic_nb.submit(source, accelerator="tpu-v5e-16", backend="kubernetes",
+                               storage=f"file://{tmp_path}/jobs", quiet=True, keep=True)
+    assert handle.backend.name == "kubernetes"
+    [lws] = api.created("LeaderWorkerSet")
+    assert lws["spec"]["leaderWorkerTemplate"]["size"] == 4
+    name = lws["metadata"]["name"]
+    kubelet = start_pods(api, kubelets, tmp_path)
+
+    summaries = settle(handle, kubelet)
+    assert all(summary.recorded_success and summary.exit_code == 0 for summary in summaries.values())
+    # The kubelet restarted every ended container (restartPolicy: Always); none ran the cell twice.
+    wait_for(lambda: all("not running the cell again" in kubelet.output(index, 2) for index in range(4)),
+             what="the restarted containers to park")
+    assert all(kubelet.runs[index] == 2 for index in range(4))
+    assert {host.state for host in handle.backend.host_states(handle.plan).values()} == {"succeeded"}
+
+    assert handle.result(timeout=30) == {"host": 0, "hosts": 4, "coordinator": f"{name}-0.{name}.{NAMESPACE}:8476"}
+    assert [host.state for host in handle.hosts()] == ["succeeded"] * 4
+    for index in range(4):  # the runner uploaded its own log (KINETIC_LOG_UPLOAD=1): there is no supervisor
+        assert f"hello from host {index}" in handle.logs(index)
+    handle.backend.cleanup(handle.plan)  # what the client will do once the outcome is recorded (see the report)
+    assert api.objects == {}
+    assert all(process.poll() is not None for process in kubelet.processes.values())
+
+
+def test_jax_hosts_meet_at_the_coordinator_the_leader_worker_set_names(cluster, tmp_path, monkeypatch):
+    """JAX's own cluster detection does not know LWS: the runner must pass KINETIC_COORDINATOR_ADDRESS on."""
+    pytest.importorskip("jax")
+    api, kubelets = cluster
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        monkeypatch.setenv("KINETIC_COORDINATOR_PORT", str(probe.getsockname()[1]))
+    source = ("import jax, jax.numpy as jnp\n"
+              "from jax.experimental import multihost_utils\n"
+              "total = multihost_utils.process_allgather(jnp.ones(2) * jax.process_index()).sum()\n"
+              "(jax.process_count(), jax.process_index(), float(total))")
+    handle = kinetic_nb.submit(source, accelerator="tpu-v6e-8", backend="kubernetes", env={"JAX_PLATFORMS": "cpu"},
+                               storage=f"file://{tmp_path}/jobs", quiet=True)
+    assert handle.plan.framework == "jax"
+    [lws] = api.created("LeaderWorkerSet")
+    name = lws["metadata"]["name"]
+    # Cluster DNS cannot run here: the leader's name resolves to this machine, as DNS would give its pod's address.
+    kubelet = start_pods(api, kubelets, tmp_path, dns={f"{name}-0.{name}.{NAMESPACE}": "127.0.0.1"})
+    settle(handle, kubelet, timeout=180)
+    assert handle.result(timeout=30) == (2, 0, 2.0)
+
+
+def test_an_oom_killed_host_fails_the_cell_with_the_pods_reason(cluster, tmp_path):
+    api, kubelets = cluster
+    source = ("import os, time\n"
+              "if os.environ['JOB_COMPLETION_INDEX'] == '1':\n"
+              "    time.sleep(300)\n"
+              "'done'")
+    handle = kinetic_nb.submit(source, hosts=2, backend="kubernetes", storage=f"file://{tmp_path}/jobs", quiet=True)
+    assert [kind for kind, _ in api.objects] == ["Service", "Job"]
+    kubelet = start_pods(api, kubelets, tmp_path)
+
+    def in_cell(index: int) -> bool:
+        try:
+            return json.loads(handle.storage.read_bytes(protocol.host_status(index)))["phase"] == "execute"
+        except FileNotFoundError:
+            return False
+
+    wait_for(lambda: in_cell(1), what="host 1 to run the cell")
+    kubelet.kill(1, "OOMKilled")  # the node runs out of memory: no payload, no exit record from the host
+    summaries = settle(handle, kubelet)
+    assert summaries[1].describe() == "was killed by SIGKILL (OOMKilled)"
+    with pytest.raises(JobFailedError, match=r"host 1 was killed by SIGKILL \(OOMKilled\)"):
+        handle.result(timeout=30)
+    handle.backend.cleanup(handle.plan)
+    assert api.objects == {}
+
+
+def test_cancel_deletes_the_workload_and_stops_the_hosts(cluster, tmp_path):
+    api, kubelets = cluster
+    handle = kinetic_nb.submit("import time\ntime.sleep(300)", accelerator="tpu-v6e-8", backend="kubernetes",
+                               storage=f"file://{tmp_path}/jobs", quiet=True)
+    kubelet = start_pods(api, kubelets, tmp_path)
+    wait_for(lambda: all(handle.storage.exists(protocol.host_status(index)) for index in range(2)),
+             what="both hosts to start")
+    # What handle.cancel() calls; handle.cancel() itself then polls for the hosts' ends, which (until the
+    # poller asks the backend on every poll) no exit record would bring: settle() below does that part.
+    handle.backend.cancel(handle.storage, handle.plan, "by the test")  # deletes the LeaderWorkerSet and its pods
+    assert api.objects == {}
+    assert all(process.poll() is not None for process in kubelet.processes.values())
+    assert json.loads(handle.storage.read_bytes(protocol.CANCEL))["reason"] == "by the test"
+    summaries = settle(handle, kubelet)
+    assert all(summary.stopped for summary in summaries.values())
+    assert str(handle.status()) == "CANCELLED"
+
+
+def test_submit_without_an_image_stores_nothing(cluster, tmp_path, monkeypatch):
+    api, _ = cluster
+    monkeypatch.delenv("KINETIC_IMAGE")
+    with pytest.raises(ValueError, match="pass --image IMAGE or set KINETIC_IMAGE"):
+        kinetic_nb.submit("1", accelerator="tpu-v5e-16", backend="kubernetes", storage=f"file://{tmp_path}/jobs")
+    assert not (tmp_path / "jobs").exists() and api.objects == {}
+
+
+def test_local_storage_is_warned_about(cluster, tmp_path):
+    with pytest.warns(KineticWarning, match="the pods reach it only if the same path is mounted"):
+        handle = kinetic_nb.submit("1", backend="kubernetes", storage=f"file://{tmp_path}/jobs", quiet=True)
+    handle.backend.cleanup(handle.plan)

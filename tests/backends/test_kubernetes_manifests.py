@@ -1,0 +1,289 @@
+"""The kubernetes backend's manifests, validated offline.
+
+- The Job, Service and every pod template against the Kubernetes API's own
+  schemas, shipped per Kubernetes version by ``kubernetes-validate`` (strict:
+  an unknown field is an error), for the oldest version we support and the
+  newest the package ships.
+- The LeaderWorkerSet against a hand-copied subset of its CRD's
+  openAPIV3Schema (``data/leaderworkerset_crd_v1.yaml``, see its header) with
+  a small structural checker (``crd_schema.py``); its pod templates against
+  the core/v1 schemas as PodTemplate and Pod.
+- Each host's environment, resolved the way the kubelet resolves it for the
+  pod the controllers make (``k8s_cluster.py``), through the runner's own host
+  index resolution and coordinator choice: host i is host i, and everyone
+  meets at host 0.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from unittest import mock
+
+import kubernetes_validate
+import pytest
+
+from kinetic_nb.backends import k8s_manifests as km
+from kinetic_nb.backends.kubernetes import KubernetesBackend, KubernetesSettings
+from kinetic_nb.plan import make_plan, prepare_cell, resolve_slice
+from kinetic_nb.runner import frameworks
+from kinetic_nb.runner.hostenv import resolve_host_index
+from kinetic_nb.runner.protocol import JobPlan
+
+from .crd_schema import check_custom_resource, load_crd
+from .k8s_cluster import container_command, container_environment, dns_name, pods_for
+
+#: The oldest Kubernetes we support (Indexed Jobs label their pods with the completion
+#: index from 1.28; GKE's oldest supported minor is newer still), and the newest schema shipped.
+SCHEMA_VERSIONS = ("1.30", kubernetes_validate.utils.latest_version())
+JOB_ID = "kn-20261129-234752-3e8d32"
+URI = f"gs://ml-bucket/jobs/{JOB_ID}"
+SETTINGS = KubernetesSettings(namespace="ml-team", image="registry.example/kinetic-jax:1.0", coordinator_port=8476)
+#: A user's variables, with what the kubelet would otherwise expand: they must arrive as written.
+USER_ENV = {"XLA_FLAGS": "--xla_dump_to=/tmp/dump", "TRICKY": "$(HOME) and a$$b and $PATH"}
+
+#: accelerator -> (workload kind, hosts, devices per host, GKE accelerator, topology)
+SHAPES = {
+    "tpu-v5e-16": ("LeaderWorkerSet", 4, 4, "tpu-v5-lite-podslice", "4x4"),
+    "tpu-v6e-8": ("LeaderWorkerSet", 2, 4, "tpu-v6e-slice", "2x4"),
+    "tpu-v5e-8": ("Job", 1, 8, "tpu-v5-lite-podslice", "2x4"),
+    "gpu-h100x8": ("Job", 1, 8, "nvidia-h100-80gb", None),
+}
+#: The issue's four shapes, plus CPU hosts (an Indexed Job with a Service).
+CASES = [*SHAPES, "cpu-3-hosts"]
+
+
+def job_plan(case: str, *, settings: KubernetesSettings = SETTINGS, timeout: float | None = None) -> JobPlan:
+    accelerator, hosts = ("cpu", 3) if case == "cpu-3-hosts" else (case, None)
+    acc, host_count = resolve_slice(hosts, accelerator)
+    backend = KubernetesBackend(settings, api=object())  # no API call: coordinator_address is pure
+    return make_plan(job_id=JOB_ID, acc=acc, hosts=host_count, framework="jax",
+                     coordinator_address=backend.coordinator_address(JOB_ID),
+                     payload=prepare_cell("1 + 1", {}, filename="<cell>"), simulated=False, timeout=timeout,
+                     env=USER_ENV)
+
+
+def manifests_for(case: str, **options) -> tuple[JobPlan, list[dict]]:
+    plan = job_plan(case, **options)
+    return plan, km.build_manifests(plan, URI, options.get("settings", SETTINGS))
+
+
+def templates(manifests: list[dict]) -> list[dict]:
+    found = []
+    for manifest in manifests:
+        if manifest["kind"] == "LeaderWorkerSet":
+            template = manifest["spec"]["leaderWorkerTemplate"]
+            found += [template["leaderTemplate"], template["workerTemplate"]]
+        elif manifest["kind"] == "Job":
+            found.append(manifest["spec"]["template"])
+    return found
+
+
+def validate_core(resource: dict) -> None:
+    for version in SCHEMA_VERSIONS:
+        kubernetes_validate.validate(resource, version, strict=True)
+
+
+def as_pod_template(template: dict) -> dict:
+    return {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t", "namespace": "ml-team"},
+            "template": template}
+
+
+def as_pod(template: dict) -> dict:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {**template["metadata"], "name": "p"},
+            "spec": template["spec"]}
+
+
+# -- shape ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("accelerator", SHAPES)
+def test_each_shape_becomes_its_workload_on_its_node_pool(accelerator):
+    kind, hosts, devices, gke_accelerator, topology = SHAPES[accelerator]
+    _, manifests = manifests_for(accelerator)
+    assert [manifest["kind"] for manifest in manifests] == [kind]  # one host: no Service
+    workload = manifests[0]
+    if kind == "LeaderWorkerSet":
+        assert workload["apiVersion"] == "leaderworkerset.x-k8s.io/v1"
+        spec = workload["spec"]
+        assert spec["replicas"] == 1
+        assert spec["leaderWorkerTemplate"]["size"] == hosts
+        assert spec["leaderWorkerTemplate"]["restartPolicy"] == "None"  # a failed group is never recreated
+    else:
+        spec = workload["spec"]
+        assert (spec["completionMode"], spec["completions"], spec["parallelism"]) == ("Indexed", hosts, hosts)
+        assert spec["backoffLimit"] == 0
+    for template in templates(manifests):
+        pod = template["spec"]
+        [container] = pod["containers"]
+        resource = km.TPU_RESOURCE if accelerator.startswith("tpu") else km.GPU_RESOURCE
+        assert container["resources"] == {"requests": {resource: str(devices)}, "limits": {resource: str(devices)}}
+        if topology:
+            assert pod["nodeSelector"] == {"cloud.google.com/gke-tpu-accelerator": gke_accelerator,
+                                           "cloud.google.com/gke-tpu-topology": topology}
+        else:
+            assert pod["nodeSelector"] == {"cloud.google.com/gke-accelerator": gke_accelerator}
+        assert pod["restartPolicy"] == ("Always" if kind == "LeaderWorkerSet" else "Never")
+        assert container["args"] == ["python", "-m", "kinetic_nb.runner", "--job", URI]
+        assert container["image"] == SETTINGS.image
+
+
+def test_cpu_hosts_get_an_indexed_job_and_a_headless_service_for_host_0():
+    _, (service, job) = manifests_for("cpu-3-hosts")
+    assert (service["kind"], job["kind"]) == ("Service", "Job")
+    assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"] is True
+    assert job["spec"]["template"]["spec"]["subdomain"] == service["metadata"]["name"]
+    assert "resources" not in job["spec"]["template"]["spec"]["containers"][0]
+    assert "nodeSelector" not in job["spec"]["template"]["spec"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_everything_carries_the_job_label_so_one_selector_finds_it(case):
+    _, manifests = manifests_for(case)
+    key, value = km.job_selector(JOB_ID).split("=")
+    for manifest in manifests:
+        assert manifest["metadata"]["labels"][key] == value
+        assert manifest["metadata"]["namespace"] == "ml-team"
+    for template in templates(manifests):
+        assert template["metadata"]["labels"][key] == value
+        assert template["metadata"]["annotations"][km.JOB_ID_ANNOTATION] == JOB_ID
+    for manifest in manifests:
+        if manifest["kind"] == "Service":
+            assert manifest["spec"]["selector"] == {key: value}
+
+
+def test_a_timeout_becomes_the_jobs_deadline_with_a_margin_for_the_clients_own_stop():
+    _, [job] = manifests_for("tpu-v5e-8", timeout=120.5)
+    assert job["spec"]["activeDeadlineSeconds"] == 121 + km.DEADLINE_MARGIN_S
+    _, [job] = manifests_for("tpu-v5e-8")
+    assert "activeDeadlineSeconds" not in job["spec"]
+
+
+def test_settings_add_a_service_account_and_node_selectors():
+    settings = KubernetesSettings(namespace="ml-team", image="img:1", service_account="kinetic-runner",
+                                  node_selector={"cloud.google.com/gke-nodepool": "v5e-pool"})
+    _, manifests = manifests_for("tpu-v5e-16", settings=settings)
+    for template in templates(manifests):
+        assert template["spec"]["serviceAccountName"] == "kinetic-runner"
+        assert template["spec"]["nodeSelector"]["cloud.google.com/gke-nodepool"] == "v5e-pool"
+        assert template["spec"]["nodeSelector"]["cloud.google.com/gke-tpu-topology"] == "4x4"
+
+
+def test_no_image_is_one_line_naming_the_flag_and_the_variable():
+    with pytest.raises(ValueError, match=r"--image IMAGE or set KINETIC_IMAGE") as caught:
+        km.build_manifests(job_plan("tpu-v5e-8"), URI, KubernetesSettings(namespace="ml-team"))
+    assert "\n" not in str(caught.value)
+
+
+# -- schemas ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_core_objects_and_pod_templates_validate_against_the_kubernetes_schemas(case):
+    _, manifests = manifests_for(case)
+    for manifest in manifests:
+        if manifest["kind"] in ("Job", "Service"):
+            validate_core(manifest)
+    for template in templates(manifests):
+        validate_core(as_pod_template(template))
+        validate_core(as_pod(template))
+    for pod in pods_for(manifests):  # as the controllers make them, with the webhook's variables
+        validate_core(pod)
+
+
+@pytest.mark.parametrize("accelerator", ["tpu-v5e-16", "tpu-v6e-8"])
+def test_leader_worker_set_conforms_to_its_crd(accelerator):
+    _, [lws] = manifests_for(accelerator)
+    assert check_custom_resource(lws, load_crd()) == []
+
+
+def test_the_validators_do_catch_mistakes():
+    """Neither check is vacuous: a misspelt field, a bad enum value and a missing field are caught."""
+    _, [lws] = manifests_for("tpu-v5e-16")
+    crd = load_crd()
+    lws["spec"]["leaderWorkerTemplate"]["restartPolicy"] = "Never"
+    lws["spec"]["leaderWorkerTemplate"]["sizee"] = 4
+    lws["spec"]["networkConfig"] = {}
+    errors = check_custom_resource(lws, crd)
+    assert any("restartPolicy" in error and "not one of" in error for error in errors)
+    assert any("sizee: unknown field" in error for error in errors)
+    assert any("networkConfig.subdomainPolicy: required" in error for error in errors)
+    assert check_custom_resource({**lws, "apiVersion": "leaderworkerset.x-k8s.io/v1beta1"}, crd)
+
+    _, [job] = manifests_for("tpu-v5e-8")
+    job["spec"]["template"]["spec"]["restartPolicyy"] = "Never"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate_core(job)
+    _, [job] = manifests_for("tpu-v5e-8")
+    job["spec"]["completions"] = "one"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate_core(job)
+
+
+# -- each host's environment --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_every_host_resolves_its_own_index_and_meets_the_others_at_host_0(case):
+    plan, manifests = manifests_for(case)
+    pods = pods_for(manifests)
+    assert len(pods) == plan.hosts
+    port = str(SETTINGS.coordinator_port)
+    if plan.hosts > 1:
+        leader = dns_name(pods[0])
+        assert leader is not None
+        expected_coordinator = f"{leader}:{port}"
+        assert plan.coordinator_address == expected_coordinator  # the plan records where hosts meet
+        container_ports = pods[0]["spec"]["containers"][0]["ports"]
+        assert {"name": "coordinator", "containerPort": SETTINGS.coordinator_port} in container_ports
+    else:
+        expected_coordinator = f"127.0.0.1:{port}"  # a lone host is its own coordinator
+    for index, pod in enumerate(pods):
+        env = container_environment(pod)
+        assert resolve_host_index(env) == index
+        with mock.patch.dict(os.environ, env, clear=True):
+            assert frameworks.coordinator_address(plan) == expected_coordinator
+        assert f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}" == expected_coordinator
+        assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"]) == (str(index), str(plan.hosts), "0")
+        assert env["KINETIC_HOST_INDEX"] == str(index)
+        assert (env["KINETIC_JOB_ID"], env["KINETIC_JOB_URI"], env["KINETIC_NUM_HOSTS"]) == (
+            JOB_ID, URI, str(plan.hosts))
+        assert env["KINETIC_LOG_UPLOAD"] == "1"
+        for name, value in USER_ENV.items():
+            assert env[name] == value
+        assert not any("$(" in value and name not in USER_ENV for name, value in env.items()), env
+        assert container_command(pod, env) == ["/bin/sh", "-c", km.HOST_SCRIPT, km.HOST_SCRIPT_NAME,
+                                               "python", "-m", "kinetic_nb.runner", "--job", URI]
+
+
+@pytest.mark.parametrize("accelerator", ["tpu-v5e-16", "tpu-v6e-8"])
+def test_tpu_hosts_get_worker_ids_and_hostnames_that_match_the_slices_pods(accelerator):
+    _, manifests = manifests_for(accelerator)
+    pods = pods_for(manifests)
+    hostnames = ",".join(f"{pod['spec']['hostname']}.{pod['spec']['subdomain']}" for pod in pods)
+    for index, pod in enumerate(pods):
+        env = container_environment(pod)
+        assert env["TPU_WORKER_ID"] == env["LWS_WORKER_INDEX"] == str(index)
+        assert env["TPU_WORKER_HOSTNAMES"] == hostnames
+        names = [entry["name"] for entry in pod["spec"]["containers"][0]["env"]]
+        assert names.count("TPU_WORKER_ID") == 1 and "TPU_NAME" not in names  # the webhook added none of its own
+
+
+# -- names ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("job_id", [JOB_ID, "My_Job.2026", "7-starts-with-a-digit", "x" * 90, "kn--a--b-",
+                                    "kn-20261129-234752-3e8d32-with-a-long-suffix-for-tests"])
+def test_resource_names_are_dns_labels_short_enough_for_every_derived_name(job_id):
+    name = km.resource_name(job_id)
+    assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name)
+    assert len(name) <= km.MAX_NAME_LENGTH
+    for derived in (f"{name}-0-15", f"{name}-0-{'a' * 10}", f"{name}-99-x7k2p"):  # pods, revision hashes
+        assert len(derived) <= 63
+    if job_id == JOB_ID:
+        assert name == JOB_ID  # kinetic's own ids are kept as they are
+
+
+def test_different_ids_that_clean_up_alike_keep_different_names():
+    assert km.resource_name("Job_A") != km.resource_name("job-a")
+    assert km.resource_name("x" * 90) != km.resource_name("x" * 91)

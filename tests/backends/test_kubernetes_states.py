@@ -1,0 +1,161 @@
+"""Pods to host states: pods shaped as the API returns them, as dicts and as the client's V1Pod objects.
+
+``data/pods.json`` holds one pod per case, as ``kubectl get pods -o json``
+returns them (written by hand after real API output, names and ids made up;
+the ``test.kinetic-nb/case`` annotation names the case). The file itself is
+checked against the core/v1 Pod schema, so the cases stay API-shaped.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import kubernetes_validate
+import pytest
+
+from kinetic_nb.backends.k8s_pods import (
+    PodExitSummary,
+    PodHostState,
+    host_states,
+    pod_exit_summaries,
+    pod_host_state,
+    stuck_pending,
+)
+from kinetic_nb.runner.protocol import ExitSummary
+
+from .k8s_cluster import to_client_pod_list
+
+PODS = json.loads((pathlib.Path(__file__).parent / "data" / "pods.json").read_text())["items"]
+BY_CASE = {pod["metadata"]["annotations"]["test.kinetic-nb/case"]: pod for pod in PODS}
+#: 23:47:55Z, when every pod in the file was created, as seconds since the epoch.
+CREATED = 1795996075.0
+
+#: case -> (index, state, reason (prefix), exit code, signal)
+EXPECTED = {
+    "unschedulable": (2, "pending", "Unschedulable: 0/4 nodes are available: 4 Insufficient google.com/tpu.", None,
+                      None),
+    "image-pull-backoff": (0, "pending", 'ImagePullBackOff: Back-off pulling image "registry.example/kinetic-jax:typo"',
+                           None, None),
+    "err-image-pull": (1, "pending", 'ErrImagePull: failed to pull and unpack image', None, None),
+    "container-creating": (2, "pending", "ContainerCreating", None, None),
+    "running": (0, "running", "", None, None),
+    "succeeded": (0, "succeeded", "", 0, None),
+    "error-exit-1": (1, "failed", "", 1, None),
+    "oomkilled": (2, "failed", "OOMKilled", 137, "SIGKILL"),
+    "sigkill": (3, "failed", "", 137, "SIGKILL"),
+    "evicted": (4, "failed", "Evicted: The node was low on resource: memory.", 137, "SIGKILL"),
+    "parked-after-exit-1": (1, "failed", "", 1, None),
+    "crashloop-after-oom": (3, "failed", "OOMKilled", 137, "SIGKILL"),
+    "deleted-sigterm": (5, "failed", "", 143, "SIGTERM"),
+    "node-lost": (6, "lost", "NodeLost: Node gke-ml-v5e-pool-3a1b2c4d-x9zq which was running pod", None, None),
+}
+
+
+def test_the_fixture_pods_are_api_shaped():
+    assert set(BY_CASE) == set(EXPECTED)
+    for pod in PODS:
+        kubernetes_validate.validate(pod, "1.33", strict=True)
+
+
+@pytest.mark.parametrize("case", EXPECTED)
+def test_pod_to_host_state(case):
+    index, state, reason, exit_code, signal = EXPECTED[case]
+    found = pod_host_state(BY_CASE[case])
+    assert (found.index, found.state, found.exit_code, found.signal) == (index, state, exit_code, signal)
+    assert found.reason.startswith(reason) and (reason or found.reason == "")
+    assert "\n" not in found.reason
+    assert found.pod_name == BY_CASE[case]["metadata"]["name"]
+    assert found.created_at == CREATED
+
+
+def test_client_objects_map_exactly_as_their_json():
+    """``V1Pod`` objects from the official client give what their JSON gives."""
+    objects = to_client_pod_list(PODS).items
+    assert [pod_host_state(pod) for pod in objects] == [pod_host_state(pod) for pod in PODS]
+
+
+def test_ended_state_and_deletion():
+    assert pod_host_state(BY_CASE["deleted-sigterm"]).deleted
+    assert not pod_host_state(BY_CASE["sigkill"]).deleted
+    assert pod_host_state(BY_CASE["oomkilled"]).ended and not pod_host_state(BY_CASE["running"]).ended
+    assert pod_host_state(BY_CASE["oomkilled"]).finished_at == CREATED + 225  # 23:51:40Z
+
+
+def test_host_states_are_keyed_by_index_and_prefer_the_live_replacement():
+    replaced = json.loads(json.dumps(BY_CASE["running"]))
+    replaced["metadata"]["deletionTimestamp"] = "2026-11-29T23:50:00Z"
+    states = host_states([replaced, BY_CASE["running"], BY_CASE["unschedulable"]])
+    assert set(states) == {0, 2}
+    assert not states[0].deleted
+    no_index = json.loads(json.dumps(BY_CASE["running"]))
+    del no_index["metadata"]["labels"]["leaderworkerset.sigs.k8s.io/worker-index"]
+    assert host_states([no_index]) == {}
+
+
+def test_stuck_pending_after_the_bound_with_the_schedulers_reason():
+    pods = [BY_CASE[case] for case in ("unschedulable", "image-pull-backoff", "running", "succeeded")]
+    assert stuck_pending(pods, now=CREATED + 599, pending_timeout_s=600) == {}
+    stuck = stuck_pending(pods, now=CREATED + 601, pending_timeout_s=600)
+    assert set(stuck) == {2, 0}
+    assert stuck[2].reason.startswith("Unschedulable: 0/4 nodes are available")
+    assert stuck[0].reason.startswith("ImagePullBackOff")
+
+
+# -- exit summaries from pods -------------------------------------------------------------
+
+
+def summaries(states: dict[int, PodHostState], recorded=None, *, hosts=4, now=CREATED + 60, launched_at=CREATED,
+              cancelled=False, successes=()) -> dict[int, PodExitSummary]:
+    return pod_exit_summaries(hosts, states, recorded or {}, now=now, launched_at=launched_at, cancelled=cancelled,
+                              recorded_success=lambda index: index in successes, pending_timeout_s=600)
+
+
+def test_ended_pods_give_exit_summaries_that_say_why():
+    states = host_states([BY_CASE[case] for case in ("oomkilled", "evicted", "succeeded", "error-exit-1")])
+    found = summaries({**states}, hosts=5, successes={0})
+    assert set(found) == {0, 1, 2, 3, 4}
+    assert found[3].stopped and found[3].describe() == (  # no pod, and others failed: the platform removed it
+        "ended without an exit code (its pod was deleted) (stopped after another host failed)")
+    assert found[2].signal == "SIGKILL" and found[2].exit_code is None and found[2].failed
+    assert found[2].describe() == "was killed by SIGKILL (OOMKilled)"
+    assert found[4].describe().startswith("was killed by SIGKILL (Evicted: The node was low on resource: memory.")
+    assert found[1].describe() == "exited with code 1" and found[1].failed
+    assert found[0].recorded_success and not found[0].failed
+    stored = ExitSummary.from_json(found[2].to_json())  # a plain exit.json: every reader can read it
+    assert (stored.host_index, stored.signal, stored.exit_code) == (2, "SIGKILL", None)
+
+
+def test_a_host_stopped_by_the_platform_is_stopped_not_failed():
+    found = summaries(host_states([BY_CASE["deleted-sigterm"]]), hosts=6)
+    assert found[5].stopped and not found[5].failed
+    assert found[5].describe() == "was killed by SIGTERM (stopped after another host failed)"
+
+
+def test_a_pod_pending_past_the_bound_fails_its_host_with_the_reason():
+    states = host_states([BY_CASE["unschedulable"], BY_CASE["running"]])
+    assert summaries(states, now=CREATED + 599) == {}
+    found = summaries(states, now=CREATED + 601)
+    assert set(found) == {1, 2, 3}  # hosts 1 and 3 have no pod: stopped, now that host 2 failed
+    assert found[1].stopped and found[3].stopped
+    assert found[2].failed and found[2].never_started
+    assert found[2].describe().startswith(
+        "never started: its pod was Pending for more than 600 s: Unschedulable: 0/4 nodes are available")
+
+
+def test_hosts_without_pods():
+    running = host_states([BY_CASE["running"]])
+    # Just launched: the controllers have not made the pods yet.
+    assert summaries(running, now=CREATED + 5) == {}
+    # Cancelled, or another host failed: the missing pods were deleted, their hosts stopped.
+    found = summaries(running, cancelled=True)
+    assert set(found) == {1, 2, 3} and all(summary.stopped for summary in found.values())
+    failed = {1: ExitSummary(host_index=1, exit_code=1)}
+    assert set(summaries(running, failed)) == {2, 3}
+    # No pod long after the launch: never created (a quota, a webhook); unless the host had finished.
+    found = summaries(running, now=CREATED + 601, successes={3})
+    assert found[1].never_started and "no pod was created" in found[1].describe()
+    assert found[3].recorded_success and not found[3].failed
+    # Already recorded hosts are left alone.
+    recorded = {index: ExitSummary(host_index=index, exit_code=0, recorded_success=True) for index in (1, 2, 3)}
+    assert summaries(running, recorded, now=CREATED + 601) == {}
