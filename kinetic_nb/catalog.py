@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import re
 import time
@@ -19,6 +20,8 @@ from kinetic_nb.results import JobStatus
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.protocol import JobPlan
 from kinetic_nb.storage import Storage, default_root, open_storage
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["JobRecord", "attach", "gc", "jobs", "parse_duration"]
 
@@ -66,7 +69,8 @@ def _handle_record(job: Storage) -> dict:
 
 def _handle_for(job: Storage, record: dict, *, echo: bool = False) -> JobHandle:
     plan = JobPlan.from_json(job.read_bytes(protocol.PLAN))
-    return JobHandle(job, plan, get_backend(record.get("backend", "local")), echo=print_to_stdout if echo else None,
+    backend = get_backend(record.get("backend", "local"), **record.get("backend_options", {}))
+    return JobHandle(job, plan, backend, echo=print_to_stdout if echo else None,
                      submitted_at=record.get("submitted_at"), detached=True)
 
 
@@ -117,6 +121,17 @@ def parse_duration(text: str) -> float:
     return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
 
 
+def _clean_up_platform(job: Storage, record: dict) -> None:
+    """Remove what a cluster still holds for the job (the local backend holds nothing)."""
+    if record.get("backend", "local") == "local":
+        return
+    try:
+        handle = _handle_for(job, record)
+        handle.backend.cleanup(handle.plan)
+    except Exception:  # the objects in storage go regardless
+        logger.warning("could not clean up the %s objects of %s", record.get("backend"), job.uri, exc_info=True)
+
+
 def gc(older_than: float | str, *, storage: str | None = None) -> list[str]:
     """Remove jobs submitted longer than ``older_than`` ago that have ended; return their ids."""
     age = parse_duration(older_than) if isinstance(older_than, str) else float(older_than)
@@ -130,6 +145,7 @@ def gc(older_than: float | str, *, storage: str | None = None) -> list[str]:
         status = _current_status(job, record)
         if status in (str(JobStatus.RUNNING), str(JobStatus.PENDING)):
             continue  # never pull a running job's objects from under it
+        _clean_up_platform(job, record)
         remove_job_objects(job)
         removed.append(job_id)
     return removed

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import json
 import logging
 import os
@@ -268,8 +269,12 @@ class JobHandle:
 
     def to_dict(self) -> dict[str, Any]:
         """What handle.json holds: enough to list the job and attach to it from any kernel."""
-        return {"job_id": self.job_id, "uri": self.uri, "backend": self.backend.name, "hosts": self.plan.hosts,
-                "accelerator": self.plan.accelerator, "submitted_at": self._submitted_wall}
+        record = {"job_id": self.job_id, "uri": self.uri, "backend": self.backend.name, "hosts": self.plan.hosts,
+                  "accelerator": self.plan.accelerator, "submitted_at": self._submitted_wall}
+        settings = getattr(self.backend, "settings", None)
+        if dataclasses.is_dataclass(settings):  # where a cluster job lives: namespace, context, ...
+            record["backend_options"] = {k: v for k, v in dataclasses.asdict(settings).items() if v is not None}
+        return record
 
 
 def remove_job_objects(storage: Storage, keep: Iterable[str] = ()) -> None:

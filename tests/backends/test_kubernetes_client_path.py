@@ -187,3 +187,18 @@ def test_local_storage_is_warned_about(cluster, tmp_path):
     with pytest.warns(KineticWarning, match="the pods reach it only if the same path is mounted"):
         handle = kinetic_nb.submit("1", backend="kubernetes", storage=f"file://{tmp_path}/jobs", quiet=True)
     handle.backend.cleanup(handle.plan)
+
+
+def test_attach_from_another_kernel_finds_the_jobs_namespace(cluster, tmp_path, monkeypatch):
+    """handle.json records where a cluster job lives; attach() uses it, whatever this kernel's settings."""
+    from kinetic_nb import catalog
+
+    api, kubelets = cluster
+    handle = kinetic_nb.submit("1", accelerator="tpu-v5e-16", backend="kubernetes", storage=f"file://{tmp_path}/jobs",
+                               quiet=True, backend_options={"namespace": "team-a"})
+    record = json.loads(handle.storage.read_bytes("handle.json"))
+    assert record["backend_options"]["namespace"] == "team-a"
+    monkeypatch.setenv("KINETIC_NAMESPACE", "somewhere-else")  # another kernel, set up differently
+    again = catalog.attach(handle.job_id, storage=f"file://{tmp_path}/jobs")
+    assert again.backend.name == "kubernetes" and again.backend.settings.namespace == "team-a"
+    handle.backend.cleanup(handle.plan)
