@@ -247,11 +247,10 @@ def stuck_pending(pods: Iterable[Any], now: float,
 class PodExitSummary(ExitSummary):
     """An :class:`ExitSummary` read from a pod, with the pod's reason.
 
-    Stored as a plain ``exit.json`` (the reason is not part of the protocol's
-    record), so every reader of exit records can read it.
+    Stored as a plain ``exit.json``, reason included, so every reader of exit
+    records (another kernel too) can read it.
     """
 
-    reason: str = ""
     #: The host's pod never ran (stuck Pending); ``exit_code`` and ``signal`` are None.
     never_started: bool = False
 

@@ -253,6 +253,8 @@ class ExitSummary:
     #: The backend stopped this host because another host failed first.
     stopped: bool = False
     ended_at: float = 0.0
+    #: The platform's word for it, when it has one (a pod's OOMKilled, Evicted, Unschedulable).
+    reason: str = ""
 
     @property
     def failed(self) -> bool:
@@ -267,6 +269,8 @@ class ExitSummary:
     def describe(self) -> str:
         """How the process ended, as a verb phrase: "was killed by SIGKILL", "exited with code 1"."""
         how = f"was killed by {self.signal}" if self.signal else f"exited with code {self.exit_code}"
+        if self.reason:
+            how += f" ({self.reason})"
         if self.stopped:
             how += " (stopped after another host failed)"
         return how
@@ -276,7 +280,8 @@ class ExitSummary:
 
     @classmethod
     def from_json(cls, data: bytes) -> ExitSummary:
-        return cls(**json.loads(data))
+        known = {field.name for field in dataclasses.fields(cls)}
+        return cls(**{key: value for key, value in json.loads(data).items() if key in known})
 
 
 @dataclasses.dataclass(frozen=True)

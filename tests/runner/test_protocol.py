@@ -1,0 +1,46 @@
+import json
+
+import pytest
+
+from kinetic_nb.runner import protocol
+from kinetic_nb.runner.protocol import ExitSummary, HostStatus, JobPlan
+
+
+def test_exit_records_keep_the_platforms_reason_and_tolerate_newer_fields():
+    summary = ExitSummary(2, None, "SIGKILL", reason="OOMKilled", ended_at=5.0)
+    assert ExitSummary.from_json(summary.to_json()) == summary
+    assert summary.describe() == "was killed by SIGKILL (OOMKilled)"
+    newer = json.dumps({**json.loads(summary.to_json()), "from_a_later_version": 1}).encode()
+    assert ExitSummary.from_json(newer) == summary
+
+
+@pytest.mark.parametrize(
+    ("summary", "failed"),
+    [
+        (ExitSummary(1, 1), True),
+        (ExitSummary(1, 0), True),  # ended without recording success
+        (ExitSummary(1, 0, recorded_success=True), False),
+        (ExitSummary(1, None, "SIGABRT", recorded_success=True), False),  # a teardown crash
+        (ExitSummary(1, protocol.EXIT_STOPPED), False),
+        (ExitSummary(1, None, "SIGKILL", stopped=True), False),
+    ],
+)
+def test_which_exits_are_a_hosts_own_failure(summary, failed):
+    assert summary.failed is failed
+
+
+def test_object_names_parse_back():
+    for host in (0, 9, 10, 255):
+        assert protocol.parse_host_object(protocol.host_status(host)) == (host, "status", None)
+        assert protocol.parse_host_object(protocol.host_heartbeat(host)) == (host, "heartbeat", None)
+        assert protocol.parse_host_object(protocol.host_log_chunk(host, 12)) == (host, "log", 12)
+        assert protocol.result_object(host) == ("result.pkl" if host == 0 else f"result-worker-{host}.pkl")
+    assert protocol.parse_worker_result("result-worker-10.pkl") == 10
+    assert protocol.parse_worker_result("result.pkl") is None
+
+
+def test_records_round_trip():
+    plan = JobPlan("kn-x", 4, "tpu-v5e-16", 4, "jax", "127.0.0.1:1234", "0" * 64, 300.0, 30, 10, env={"A": "1"})
+    assert JobPlan.from_json(plan.to_json()) == plan and plan.coordinator_port == 1234
+    status = HostStatus(1, "running", "execute", 1.0, 2.0, 42, "h", history=[["startup", 1.0]])
+    assert HostStatus.from_json(status.to_json()) == status
