@@ -255,17 +255,13 @@ class PodExitSummary(ExitSummary):
     never_started: bool = False
 
     def describe(self) -> str:
+        if self.exit_code is not None or self.signal is not None:
+            return super().describe()
         if self.never_started:
             text = f"never started: {self.reason}"
-        elif self.exit_code is None and self.signal is None:
-            text = f"ended without an exit code ({self.reason or 'its pod gave none'})"
         else:
-            text = f"was killed by {self.signal}" if self.signal else f"exited with code {self.exit_code}"
-            if self.reason:
-                text += f" ({self.reason})"
-        if self.stopped:
-            text += " (stopped after another host failed)"
-        return text
+            text = f"ended without an exit code ({self.reason or 'its pod gave none'})"
+        return text + (" (stopped after another host failed)" if self.stopped else "")
 
     def to_json(self) -> bytes:
         fields = {field.name for field in dataclasses.fields(ExitSummary)}
