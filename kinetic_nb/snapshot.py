@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -28,6 +29,19 @@ LOG_TAIL_LINES = 200
 #: A host with no exit record whose heartbeat is older than this is lost: its
 #: process is gone or unreachable (a few heartbeats, with room for a busy host).
 LOST_AFTER_S = 5 * HEARTBEAT_INTERVAL_S
+#: Lines a framework prints for itself on every run (JAX's CPU collectives
+#: announce each gloo connection): kept in the logs, but never shown as a
+#: host's last line nor echoed as the leader's output.
+CHATTER = re.compile(r"^\[Gloo\] Rank \d+ is connected to \d+ peer ranks\b.*$")
+
+
+def without_chatter(text: str) -> str:
+    """``text`` less the lines that are framework chatter."""
+    if "[Gloo]" not in text:
+        return text
+    return "".join(line for line in text.splitlines(keepends=True) if not CHATTER.match(line.rstrip("\n")))
+
+
 #: Host states that need no attention.
 FINE_STATES = frozenset({HostState.PENDING.value, HostState.READY.value, HostState.RUNNING.value,
                          HostState.SUCCEEDED.value})
@@ -236,7 +250,9 @@ class JobPoller:
                 text = data.decode(errors="replace")
                 records.add_log(text)
                 if index == protocol.LEADER_INDEX and self.on_leader_output is not None:
-                    self.on_leader_output(text)
+                    shown = without_chatter(text)
+                    if shown:
+                        self.on_leader_output(shown)
         # A platform backend (kubernetes) learns how hosts ended from its pods, so it is asked every poll
         # (it rate-limits its own pod listing); the local one only when exit records appear.
         from_platform = getattr(self.backend, "exits_from_platform", False)
@@ -270,7 +286,7 @@ class JobPoller:
                 started_at=status.started_at if status else None,
                 updated_at=status.updated_at if status else None,
                 heartbeat_at=records.heartbeat_at,
-                last_line=next((line for line in reversed(lines) if line.strip()), ""),
+                last_line=next((line for line in reversed(lines) if line.strip() and not CHATTER.match(line)), ""),
                 log_tail=lines,
                 message=status.message if status else waiting_because.get(index, ""),
                 traceback=status.traceback if status else "",

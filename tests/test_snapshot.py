@@ -39,3 +39,14 @@ def test_snapshots_carry_state_phase_history_and_log_tail():
     assert [phase for phase, _ in leader.history][:4] == ["startup", "plan check", "payload load", "start barrier"]
     assert "execute" in [phase for phase, _ in worker.history]
     assert worker.exit.exit_code == 1 and leader.exit.recorded_success
+
+
+def test_framework_chatter_is_neither_echoed_nor_a_last_line():
+    echoed = []
+    source = "print('[Gloo] Rank 0 is connected to 1 peer ranks. Expected number of connected peer ranks is : 1')\n" \
+             "print('real progress')\nprint('[Gloo] Rank 0 is connected to 1 peer ranks. Expected number of...')"
+    handle = kinetic_nb.submit(source, echo=echoed.append, keep=True)
+    handle.result()
+    assert "".join(echoed) == "real progress\n"
+    assert handle.hosts()[0].last_line == "real progress"
+    assert handle.logs(0).count("[Gloo]") == 2  # the log keeps everything
