@@ -11,9 +11,14 @@ The rules (DESIGN, "How the client turns host records into the cell's outcome"):
    error naming the missing object and every host's exit summary.
 5. Only the payload that is re-raised is downloaded; unreadable or
    success-claiming worker payloads are skipped with a warning. Single-host
-   jobs skip the listing.
+   jobs skip the listing. A listing that fails never becomes the error: it is
+   a warning and a note, and the job's failure is raised from what is known
+   (the leader's payload, the hosts' exit summaries and last log lines).
 6. Root cause first: a failure that is a known consequence of losing a peer
    ranks after a host's own failure.
+
+A re-raised host exception carries the phase its payload names as a note
+("Failed during phase: payload load"), for the leader and for a worker.
 """
 
 from __future__ import annotations
@@ -184,16 +189,40 @@ def _raise_host_failure(failure: HostFailure, job_id: str, others: list[int], ex
     if others:
         note += f" Other hosts that also reported a failure: {_hosts_text(others)}."
     error.add_note(note)
-    for line in extra:
-        error.add_note(line)
+    _add_notes(error, [*_phase_notes(failure), *extra])
     raise error from error.__cause__
 
 
 def _raise_leader_failure(failure: HostFailure, job_id: str, extra: list[str] = ()) -> None:
     error = failure.exception(job_id)
-    for line in extra:
-        error.add_note(line)
+    _add_notes(error, [*_phase_notes(failure), *extra])
     raise error from error.__cause__
+
+
+def _phase_notes(failure: HostFailure) -> list[str]:
+    phase = failure.payload.get(protocol.PHASE)
+    return [f"Failed during phase: {phase}"] if phase else []
+
+
+def _add_notes(error: BaseException, notes: list[str]) -> None:
+    for note in notes:
+        error.add_note(note)
+
+
+def _list_failing_hosts(list_job: Callable[[], list[ObjectInfo]], job_id: str, uri: str) -> tuple[list[int], list[str]]:
+    """The hosts whose failure payload is listed, and the notes to add when the listing itself failed.
+
+    The listing's own error never replaces the job's failure (a bucket briefly
+    unreachable, a permission error on a reattach): it is a warning, and the
+    failure is built from what is known without it.
+    """
+    try:
+        listing = list_job()
+    except Exception as error:
+        message = f"could not list per-host result payloads of job {job_id} ({uri}): {type(error).__name__}: {error}"
+        warnings.warn(message, KineticWarning, 3)
+        return [], [message[0].upper() + message[1:] + "; the hosts are described by their exit records."]
+    return sorted(index for info in listing if (index := protocol.parse_worker_result(info.name)) is not None), []
 
 
 def warn_teardown_crashes(exits: Mapping[int, ExitSummary]) -> None:
@@ -240,9 +269,7 @@ def resolve_outcome(
         raise _no_payload_error(storage, plan, [protocol.LEADER_INDEX], describe_host, leader_ok, exits)
 
     # Rules 3, 4 and 6: the lowest-indexed host that failed on its own account.
-    failing = sorted(
-        index for info in list_job() if (index := protocol.parse_worker_result(info.name)) is not None
-    )
+    failing, listing_notes = _list_failing_hosts(list_job, plan.job_id, storage.uri)
     consequence: HostFailure | None = None
     for index in failing:
         failure = read_failure(storage, protocol.worker_result(index), index, warn=True)
@@ -263,16 +290,18 @@ def resolve_outcome(
     consequences = []
     if leader_failed:
         consequences.append(f"The leader (host 0) failed as a consequence: {leader.type_name}: {leader.message}")
+    listed = not listing_notes
     if dead:
-        error = _no_payload_error(storage, plan, dead, describe_host, leader_ok, exits)
-        for note in consequences:
-            error.add_note(note)
+        error = _no_payload_error(storage, plan, dead, describe_host, leader_ok, exits, listed=listed)
+        _add_notes(error, [*consequences, *listing_notes])
         raise error
     if leader_failed:
-        _raise_leader_failure(leader, plan.job_id)
+        _raise_leader_failure(leader, plan.job_id, listing_notes)
     if consequence is not None:
         _raise_host_failure(consequence, plan.job_id, [i for i in failing if i != consequence.host_index])
-    raise _no_payload_error(storage, plan, dead, describe_host, leader_ok, exits)
+    error = _no_payload_error(storage, plan, dead, describe_host, leader_ok, exits, listed=listed)
+    _add_notes(error, listing_notes)
+    raise error
 
 
 def _no_payload_error(
@@ -282,6 +311,8 @@ def _no_payload_error(
     describe_host: Callable[[int], str],
     leader_ok: bool,
     exits: Mapping[int, ExitSummary],
+    *,
+    listed: bool = True,
 ) -> JobFailedError:
     """Rule 4's last case: no payload to raise; name the missing object and how every host ended.
 
@@ -290,9 +321,14 @@ def _no_payload_error(
     """
     never = float("inf")
     culprits = sorted(culprits, key=lambda i: (exits[i].ended_at if i in exits else never, i))
-    if leader_ok:
+    if leader_ok and not listed:
+        head = f"job {plan.job_id} failed after the leader succeeded; its per-host result payloads could not be listed"
+    elif leader_ok:
         missing = ", ".join(protocol.worker_result(i) for i in sorted(culprits) if i != 0) or "result-worker-*.pkl"
         head = f"job {plan.job_id} failed after the leader succeeded, and no failing host wrote its payload ({missing})"
+    elif not listed:
+        head = (f"job {plan.job_id} failed: {storage.uri}/{protocol.RESULT} is missing and its per-host result "
+                "payloads could not be listed")
     else:
         head = f"job {plan.job_id} failed and no host wrote a result payload: {storage.uri}/{protocol.RESULT} is missing"
     if culprits:

@@ -155,6 +155,7 @@ def test_a_host_failing_to_load_the_payload_stops_the_others_before_the_cell(tmp
         handle.result()
     assert time.monotonic() - started < 60  # seconds, not a collective's timeout
     assert any("'bomb' on host 2" in note for note in info.value.__notes__)
+    assert "Failed during phase: payload load" in info.value.__notes__  # also for scripts, not only the panel
     assert list(tmp_path.iterdir()) == []  # nobody entered the cell
     hosts = handle.hosts()
     assert hosts[2].state == HostState.FAILED and hosts[2].phase == "payload load"

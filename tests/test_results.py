@@ -39,12 +39,12 @@ def make_plan(hosts: int) -> JobPlan:
                    heartbeat_timeout_s=1, shutdown_timeout_s=1)
 
 
-def failure(host: int, error: BaseException, *, stopped: bool = False) -> bytes:
+def failure(host: int, error: BaseException, *, stopped: bool = False, phase: str = "execute") -> bytes:
     return cloudpickle.dumps({
         protocol.SUCCESS: False, protocol.EXCEPTION: cloudpickle.dumps(error),
         protocol.EXCEPTION_TYPE: type(error).__name__, protocol.EXCEPTION_MESSAGE: str(error),
         protocol.TRACEBACK: f"Traceback (most recent call last):\n  File \"<cell>\", line 1\n{error!r}\n",
-        protocol.PHASE: "execute", protocol.HOST_INDEX: host, protocol.STOPPED: stopped,
+        protocol.PHASE: phase, protocol.HOST_INDEX: host, protocol.STOPPED: stopped,
     })
 
 
@@ -63,11 +63,13 @@ def exits(hosts: int, failed=(), stopped=()) -> dict[int, ExitSummary]:
                            stopped=i in stopped) for i in range(hosts)}
 
 
-def resolve(storage, hosts, status, host_exits):
+def resolve(storage, hosts, status, host_exits, *, listing_error: Exception | None = None):
     listed = []
 
     def list_job():
         listed.append(True)
+        if listing_error is not None:
+            raise listing_error
         return storage.list()
 
     outcome = resolve_outcome(storage, make_plan(hosts), status, host_exits, list_job, lambda i: f"ended (host {i})")
@@ -98,7 +100,8 @@ def test_rule_3_and_5_one_download_names_the_others(storage):
         resolve(storage, 8, JobStatus.FAILED, exits(8, failed=(2, 5, 7)))
     assert info.value.__notes__ == [
         f"Reported by host 2 of multi-host job kn-test ({storage.uri}/result-worker-2.pkl). "
-        "Other hosts that also reported a failure: 5, 7."
+        "Other hosts that also reported a failure: 5, 7.",
+        "Failed during phase: execute",
     ]
     assert storage.reads == ["result.pkl", "result-worker-2.pkl"]
     assert "host 2" in str(info.value.__cause__)  # the remote traceback travels as the cause
@@ -145,7 +148,7 @@ def test_rule_6_a_peer_loss_ranks_after_a_hosts_own_failure(storage):
     with pytest.raises(MemoryError) as info:
         resolve(storage, 4, JobStatus.FAILED, exits(4, failed=(0, 1, 3)))
     assert "Other hosts that also reported a failure: 1." in info.value.__notes__[0]
-    assert "The leader (host 0) failed as a consequence" in info.value.__notes__[1]
+    assert "The leader (host 0) failed as a consequence" in info.value.__notes__[2]
 
 
 def test_a_stopped_leader_defers_to_the_failing_host(storage):
@@ -188,3 +191,54 @@ def test_ordinary_words_do_not_make_a_failure_a_consequence(storage):
     storage.write_bytes("result-worker-2.pkl", failure(2, RuntimeError("UNAVAILABLE: coordination service lost")))
     with pytest.raises(RuntimeError, match="resource unavailable"):
         resolve(storage, 3, JobStatus.FAILED, exits(3, failed=(0, 1, 2)))
+
+
+# A failed listing never becomes the error (the seed: "could not list per-host result payloads").
+
+def test_a_failed_listing_after_leader_success_raises_the_jobs_failure_with_a_warning(storage):
+    storage.write_bytes("result.pkl", success("never returned"))
+    storage.write_bytes("result-worker-2.pkl", failure(2, ValueError("unseen")))
+    with pytest.warns(KineticWarning, match="could not list per-host result payloads of job kn-test"):
+        with pytest.raises(JobFailedError) as info:
+            resolve(storage, 3, JobStatus.FAILED, exits(3, failed=(2,)), listing_error=RuntimeError("bucket unreachable"))
+    message = str(info.value)
+    assert message.startswith("job kn-test failed after the leader succeeded; its per-host result payloads could not")
+    assert "host 2 ended (host 2)" in message.splitlines()[0]  # the culprit, from its exit summary
+    assert all(f"host {i} ended (host {i})" in message for i in range(3))  # every host's summary and last lines
+    assert any("RuntimeError: bucket unreachable" in note for note in info.value.__notes__)
+    assert storage.reads == ["result.pkl"]
+
+
+def test_a_failed_listing_with_no_leader_payload_still_names_the_dead_host(storage):
+    with pytest.warns(KineticWarning, match="could not list"):
+        with pytest.raises(JobFailedError) as info:
+            resolve(storage, 2, JobStatus.FAILED, exits(2, failed=(1,)), listing_error=PermissionError("403"))
+    assert "result.pkl is missing and its per-host result payloads could not be listed" in str(info.value)
+    assert "host 1 ended (host 1)" in str(info.value).splitlines()[0]
+    assert any("PermissionError: 403" in note for note in info.value.__notes__)
+
+
+def test_a_failed_listing_keeps_the_leaders_consequence_failure_with_a_note(storage):
+    storage.write_bytes("result.pkl", failure(0, RuntimeError("gloo: connection reset by peer")))
+    with pytest.warns(KineticWarning, match="could not list"):
+        with pytest.raises(RuntimeError, match="connection reset by peer") as info:
+            resolve(storage, 2, JobStatus.FAILED, exits(2, failed=(0,)), listing_error=OSError("unreachable"))
+    assert any("OSError: unreachable" in note for note in info.value.__notes__)
+
+
+# The failing phase travels with the exception.
+
+def test_the_leaders_failure_names_its_phase(storage):
+    storage.write_bytes("result.pkl", failure(0, ImportError("no module named foo"), phase="payload load"))
+    with pytest.raises(ImportError) as info:
+        resolve(storage, 2, JobStatus.FAILED, exits(2, failed=(0,)))
+    assert info.value.__notes__ == ["Failed during phase: payload load"]
+
+
+def test_a_workers_failure_names_its_phase(storage):
+    storage.write_bytes("result.pkl", success(1))
+    storage.write_bytes("result-worker-1.pkl", failure(1, TimeoutError("barrier"), phase="start barrier"))
+    with pytest.raises(TimeoutError) as info:
+        resolve(storage, 2, JobStatus.FAILED, exits(2, failed=(1,)))
+    assert "Failed during phase: start barrier" in info.value.__notes__
+    assert info.value.__notes__[0].startswith("Reported by host 1")
