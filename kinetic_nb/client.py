@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import concurrent.futures
-import dataclasses
 import json
 import logging
 import os
@@ -19,7 +18,7 @@ from kinetic_nb.plan import choose_framework, make_plan, new_job_id, prepare_cel
 from kinetic_nb.results import JobStatus, resolve_outcome
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.logs import read_log
-from kinetic_nb.runner.protocol import JobPlan
+from kinetic_nb.runner.protocol import CancelRequest, JobPlan
 from kinetic_nb.snapshot import HostSnapshot, JobPoller, JobSnapshot
 from kinetic_nb.storage import Storage, default_root, open_storage
 
@@ -42,6 +41,8 @@ DELETE_WORKERS = 8
 #: an interrupt cancels the job only after this pause, so a restart leaves the
 #: job running for ``%kinetic attach``.
 RESTART_PAUSE_S = 1.0
+#: The hosts' agents stop a job at its timeout; the client steps in only this much later.
+TIMEOUT_SLACK_S = 5.0
 #: Once a host has failed on its own, how long to let the others' records land
 #: before deciding (the cell still raises well within a second of the failure).
 SETTLE_S = 0.3
@@ -163,6 +164,7 @@ class JobHandle:
     def _wait_until(self, ready: Callable[[JobSnapshot], bool], timeout: float | None,
                     on_snapshot: Callable[[JobSnapshot], None] | None) -> JobSnapshot:
         deadline = None if timeout is None else time.monotonic() + timeout
+        started = self.plan.created_at or self.poller.submitted_at
         pause = FIRST_POLL_S
         shown_at = 0.0
         try:
@@ -172,11 +174,13 @@ class JobHandle:
                 if ready(snapshot):
                     if on_snapshot is not None:
                         on_snapshot(snapshot)
+                    if self.stopped_at_timeout:
+                        raise self._timeout_error(snapshot)
                     return snapshot
                 if on_snapshot is not None and now - shown_at >= SNAPSHOT_INTERVAL_S:
                     on_snapshot(snapshot)
                     shown_at = now
-                if self.plan.timeout_s is not None and time.time() - self.poller.submitted_at > self.plan.timeout_s:
+                if self.plan.timeout_s is not None and time.time() - started > self.plan.timeout_s + TIMEOUT_SLACK_S:
                     self._stop_for_timeout(on_snapshot)
                 if deadline is not None and now > deadline:
                     raise KineticTimeoutError(f"job {self.job_id} has not finished after {timeout:g} s; it goes on")
@@ -197,13 +201,24 @@ class JobHandle:
             interrupt.add_note(f"kinetic_nb: cancelled job {self.job_id} and stopped its {self.plan.hosts} hosts")
             raise
 
+    @property
+    def stopped_at_timeout(self) -> bool:
+        """Whether the job was stopped because it ran past the plan's timeout (by its agent or by this client)."""
+        request = self.poller.cancel_request
+        return request is not None and request.reason == CancelRequest.TIMEOUT
+
     def _stop_for_timeout(self, on_snapshot: Callable[[JobSnapshot], None] | None) -> None:
-        where = [f"host {h.index}: {h.state}, phase {h.phase}" + (f", last line: {h.last_line}" if h.last_line else "")
-                 for h in self.hosts()]
-        self.cancel("timeout")
+        """The client's backstop for an agent that did not stop the job at its timeout."""
+        self.cancel(CancelRequest.TIMEOUT)
+        snapshot = self.snapshot()
         if on_snapshot is not None:
-            on_snapshot(self.snapshot())
-        raise KineticTimeoutError(
+            on_snapshot(snapshot)
+        raise self._timeout_error(snapshot)
+
+    def _timeout_error(self, snapshot: JobSnapshot) -> KineticTimeoutError:
+        where = [f"host {h.index}: {h.state}, phase {h.phase}" + (f", last line: {h.last_line}" if h.last_line else "")
+                 for h in snapshot.hosts]
+        return KineticTimeoutError(
             f"job {self.job_id} ran past its timeout of {self.plan.timeout_s:g} s and was stopped; " + "; ".join(where)
         )
 
@@ -249,12 +264,10 @@ class JobHandle:
             self.storage.write_bytes(protocol.HANDLE, json.dumps(record).encode())
         except Exception:  # bookkeeping must not hide the outcome
             logger.warning("could not record the outcome of %s", self.job_id, exc_info=True)
-        cleanup = getattr(self.backend, "cleanup", None)
-        if cleanup is not None:  # a cluster's objects: a LeaderWorkerSet's parked pods hold their TPUs
-            try:
-                cleanup(self.plan)
-            except Exception:
-                logger.warning("could not clean up the cluster objects of %s", self.job_id, exc_info=True)
+        try:  # a cluster's objects: a LeaderWorkerSet's parked pods hold their TPUs
+            self.backend.cleanup(self.plan)
+        except Exception:
+            logger.warning("could not clean up the cluster objects of %s", self.job_id, exc_info=True)
 
     def cancel(self, reason: str = "cancelled by the user") -> None:
         """Stop every host; returns once they are gone (or after a bounded wait)."""
@@ -271,9 +284,9 @@ class JobHandle:
         """What handle.json holds: enough to list the job and attach to it from any kernel."""
         record = {"job_id": self.job_id, "uri": self.uri, "backend": self.backend.name, "hosts": self.plan.hosts,
                   "accelerator": self.plan.accelerator, "submitted_at": self._submitted_wall}
-        settings = getattr(self.backend, "settings", None)
-        if dataclasses.is_dataclass(settings):  # where a cluster job lives: namespace, context, ...
-            record["backend_options"] = {k: v for k, v in dataclasses.asdict(settings).items() if v is not None}
+        options = self.backend.options()
+        if options:  # where a cluster job lives: namespace, context, ...
+            record["backend_options"] = options
         return record
 
 
@@ -310,9 +323,11 @@ def last_job() -> JobHandle | None:
     return _last_handle
 
 
-def print_to_stdout(text: str) -> None:
-    sys.stdout.write(text)
-    sys.stdout.flush()
+def print_to_stdout(text: str, stream: str = protocol.STDOUT) -> None:
+    """Echo a host's output to this process's stream of the same name."""
+    out = sys.stderr if stream == protocol.STDERR else sys.stdout
+    out.write(text)
+    out.flush()
 
 
 def submit(
@@ -360,7 +375,9 @@ def submit(
     storage : str, optional
         Storage root URI (default: a per-user directory, or ``$KINETIC_STORAGE``).
     echo : bool or callable
-        Print (or pass to the callable) the leader's output while waiting.
+        Print the leader's output while waiting (stdout and stderr to their
+        own streams), or call ``echo(text, stream)`` with it (``stream`` is
+        ``"out"`` or ``"err"``).
     quiet : bool
         Do not print the notice that an accelerator is simulated.
     grace : float, optional
@@ -393,12 +410,13 @@ def submit(
         framework=choose_framework(framework, payload.modules),
         coordinator_address=chosen_backend.coordinator_address(job_id),
         payload=payload,
-        simulated=chosen_backend.name == "local",
+        simulated=chosen_backend.simulates_accelerators,
         timeout=timeout,
         env=env,
         grace=grace,
     )
-    if acc.simulated_locally and chosen_backend.name == "local" and not quiet:
+    chosen_backend.preflight(plan)
+    if acc.simulated_locally and chosen_backend.simulates_accelerators and not quiet:
         print(local_notice(acc), file=sys.stderr)
     job_storage = open_storage(storage or default_root()).child(job_id)
     job_storage.write_bytes(protocol.PAYLOAD, payload.data, exclusive=True)

@@ -17,10 +17,11 @@ import time
 from collections.abc import Callable
 
 from kinetic_nb.backends import Backend
+from kinetic_nb.backends.base import PlatformView
 from kinetic_nb.errors import ObjectNotFoundError
 from kinetic_nb.results import JobStatus, is_peer_loss, job_status
 from kinetic_nb.runner import protocol
-from kinetic_nb.runner.protocol import ExitSummary, HostState, HostStatus, JobPlan, Phase
+from kinetic_nb.runner.protocol import CancelRequest, ExitSummary, HostState, HostStatus, JobPlan, Phase
 from kinetic_nb.runner.status import HEARTBEAT_INTERVAL_S
 from kinetic_nb.storage import ObjectInfo, Storage
 
@@ -169,7 +170,7 @@ class JobPoller:
     """Reads a job's records incrementally, one listing per poll."""
 
     def __init__(self, storage: Storage, plan: JobPlan, backend: Backend, *, submitted_at: float | None = None,
-                 on_leader_output: Callable[[str], None] | None = None):
+                 on_leader_output: Callable[[str, str], None] | None = None):
         self.storage = storage
         self.plan = plan
         self.backend = backend
@@ -177,10 +178,13 @@ class JobPoller:
         self.on_leader_output = on_leader_output
         self.records = [_HostRecords() for _ in range(plan.hosts)]
         self.listing: list[ObjectInfo] = []
+        self.platform = PlatformView()
         self.requests = collections.Counter()  # "list" and "read": what polling has cost
         self._versions: dict[str, str] = {}
         self._status = JobStatus.PENDING
         self._cancelled = False
+        #: Why the job was cancelled (``CancelRequest.TIMEOUT`` when its agent stopped it at the plan's timeout).
+        self.cancel_request: CancelRequest | None = None
         self._started = False
         self._lock = threading.Lock()  # a background watcher and the caller may poll at once
 
@@ -223,6 +227,9 @@ class JobPoller:
         ended: list[ObjectInfo] = []
         for info in listing:
             if info.name == protocol.CANCEL:
+                if not self._cancelled:
+                    data = self._read(info.name)
+                    self.cancel_request = CancelRequest.from_json(data) if data else None
                 self._cancelled = True
                 continue
             parsed = protocol.parse_host_object(info.name)
@@ -234,6 +241,8 @@ class JobPoller:
             if kind == "heartbeat":
                 records.heartbeat_at = info.updated
                 continue
+            if kind == "stacks":
+                continue  # read on request, by JobHandle.stacks()
             if self._versions.get(info.name) == info.version:
                 continue
             if kind == "exit":
@@ -247,31 +256,26 @@ class JobPoller:
             if kind == "status":
                 records.status = HostStatus.from_json(data)
             else:
-                text = data.decode(errors="replace")
-                records.add_log(text)
-                if index == protocol.LEADER_INDEX and self.on_leader_output is not None:
-                    shown = without_chatter(text)
-                    if shown:
-                        self.on_leader_output(shown)
-        # A platform backend (kubernetes) learns how hosts ended from its pods, so it is asked every poll
-        # (it rate-limits its own pod listing); the local one only when exit records appear.
-        from_platform = getattr(self.backend, "exits_from_platform", False)
-        if ended or from_platform:
-            self.requests["read"] += len(ended)
-            given = listing if from_platform else ended
-            for index, summary in self.backend.exit_summaries(self.storage, self.plan, given).items():
-                if index < self.plan.hosts:
-                    self.records[index].exit = summary
+                for stream, text in protocol.decode_log_chunk(data):
+                    records.add_log(text)
+                    if index == protocol.LEADER_INDEX and self.on_leader_output is not None:
+                        shown = without_chatter(text)
+                        if shown:
+                            self.on_leader_output(shown, stream)
+        for info in ended:
+            data = self._read(info.name)
+            if data is not None:
+                index = protocol.parse_host_object(info.name)[0]
+                self.records[index].exit = ExitSummary.from_json(data)
+        # What only the platform sees: a pod evicted, an agent that died (the backend keeps its own pace).
+        self.platform = self.backend.observe(self.storage, self.plan, listing, self.exits)
+        for index, summary in self.platform.exits.items():
+            if index < self.plan.hosts and self.records[index].exit is None:
+                self.records[index].exit = summary
 
     def _platform_reasons(self) -> dict[int, str]:
         """Why hosts that have not started yet are waiting, from the platform (a pod's scheduler reason)."""
-        if not getattr(self.backend, "exits_from_platform", False) or all(r.status for r in self.records):
-            return {}
-        try:
-            states = self.backend.host_states(self.plan)  # cached by the backend: no extra request
-        except Exception:  # noqa: BLE001 - a reason is a nicety; polling goes on
-            return {}
-        return {index: state.reason for index, state in states.items() if state.reason}
+        return {index: reason for index, reason in self.platform.waiting.items() if not self.records[index].status}
 
     def snapshot(self) -> JobSnapshot:
         now = time.time()

@@ -11,7 +11,7 @@ FORBIDDEN = ("IPython", "ipywidgets", "traitlets", "matplotlib", "kubernetes", "
 
 @pytest.mark.parametrize(
     "module", ["kinetic_nb.runner", "kinetic_nb.runner.execute", "kinetic_nb.runner.__main__",
-               "kinetic_nb.backends.local_supervisor", "kinetic_nb.storage", "kinetic_nb.errors"]
+               "kinetic_nb.agent.__main__", "kinetic_nb.agent.supervisor", "kinetic_nb.storage", "kinetic_nb.errors"]
 )
 def test_host_side_imports_stay_light(module):
     code = f"import json, sys, {module}; print(json.dumps(sorted(sys.modules)))"

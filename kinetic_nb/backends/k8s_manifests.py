@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any
 
 from kinetic_nb.accelerators import GPU_NODE_SELECTOR, TPU_NODE_SELECTOR, Accelerator, resolve_accelerator
 from kinetic_nb.runner.frameworks import COORDINATOR_ENV
-from kinetic_nb.runner.log_capture import LOG_UPLOAD_ENV
 from kinetic_nb.runner.protocol import JobPlan
 
 if TYPE_CHECKING:
@@ -259,7 +258,7 @@ def _pod_template(plan: JobPlan, acc: Accelerator, job_uri: str, settings: Kuber
         "name": CONTAINER_NAME,
         "image": image,
         "command": [_escape(word) for word in ("/bin/sh", "-c", HOST_SCRIPT, HOST_SCRIPT_NAME)],
-        "args": [_escape(word) for word in ("python", "-m", "kinetic_nb.runner", "--job", job_uri)],
+        "args": [_escape(word) for word in ("python", "-m", "kinetic_nb.agent", "--job", job_uri)],
         "env": host_environment(plan, acc, job_uri, settings, lws=lws),
         "ports": [{"name": "coordinator", "containerPort": settings.coordinator_port}],
         "volumeMounts": [{"name": SCRATCH_VOLUME, "mountPath": SCRATCH_DIR}],
@@ -342,7 +341,6 @@ def host_environment(plan: JobPlan, acc: Accelerator, job_uri: str, settings: Ku
         _value("KINETIC_JOB_ID", plan.job_id),
         _value("KINETIC_JOB_URI", job_uri),
         _value("KINETIC_NUM_HOSTS", str(plan.hosts)),
-        _value(LOG_UPLOAD_ENV, "1"),  # no supervisor pumps the output: the runner uploads its own log
         _value("KINETIC_OUTPUT_DIR", f"{SCRATCH_DIR}/outputs"),
         _value("PYTHONUNBUFFERED", "1"),
     ]

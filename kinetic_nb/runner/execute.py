@@ -25,8 +25,8 @@ import cloudpickle
 from kinetic_nb.errors import HostStoppedError, PlanError, RemoteHostError, ResultSerializationError
 from kinetic_nb.runner import barrier, frameworks, protocol
 from kinetic_nb.runner.hostenv import HOST_INDEX_VARIABLES, resolve_host_index
-from kinetic_nb.runner.log_capture import capture_output, wants_log_upload
 from kinetic_nb.runner.protocol import HostState, JobPlan, Phase
+from kinetic_nb.runner.stacks import enable_stack_dumps
 from kinetic_nb.runner.status import StatusReporter
 from kinetic_nb.storage import Storage, open_storage
 
@@ -37,17 +37,17 @@ _MAX_REPR = 2000
 
 
 def run_host(job_uri: str) -> int:
-    """Run this host's part of the job at ``job_uri``; return the process exit code."""
+    """Run this host's part of the job at ``job_uri``; return the process exit code.
+
+    The host's agent collects this process's output and records how it ended.
+    """
     for stream in (sys.stdout, sys.stderr):
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(line_buffering=True)
+    enable_stack_dumps()
     storage = open_storage(job_uri)
     host_index = resolve_host_index(os.environ)
-    run = HostRun(storage, host_index)
-    if not wants_log_upload():
-        return run.run()  # the backend collects this process's output
-    with capture_output(storage, run.host_index):
-        return run.run()
+    return HostRun(storage, host_index).run()
 
 
 def exception_type_name(exc: BaseException) -> str:
