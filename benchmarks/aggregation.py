@@ -43,9 +43,10 @@ import cloudpickle
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tests' emulator helper
 
 from kinetic_nb.errors import ObjectNotFoundError
-from kinetic_nb.results import JobStatus, resolve_outcome
+from kinetic_nb.results import resolve_outcome
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.protocol import ExitSummary, HostState, HostStatus, JobPlan
+from kinetic_nb.state import JobStatus
 from kinetic_nb.storage import GcsStorage, ObjectInfo, Storage, open_storage
 from tests.gcs_emulator import GcsEmulator
 

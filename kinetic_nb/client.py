@@ -16,11 +16,13 @@ from kinetic_nb.accelerators import local_notice
 from kinetic_nb.backends import Backend, get_backend
 from kinetic_nb.errors import KineticTimeoutError, ObjectNotFoundError
 from kinetic_nb.plan import choose_framework, make_plan, new_job_id, prepare_cell, resolve_slice
-from kinetic_nb.results import JobStatus, resolve_outcome
+from kinetic_nb import views
+from kinetic_nb.poller import JobPoller
+from kinetic_nb.results import resolve_outcome
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.logs import read_log
 from kinetic_nb.runner.protocol import JobPlan
-from kinetic_nb.snapshot import HostSnapshot, JobPoller, JobSnapshot
+from kinetic_nb.state import SNAPSHOT_INTERVAL_S, HostSnapshot, HostState, JobSnapshot, JobStatus
 from kinetic_nb.storage import Storage, default_root, open_storage
 
 logger = logging.getLogger(__name__)
@@ -34,8 +36,6 @@ POLL_GROWTH = 1.25
 MAX_POLL_S = 0.25
 #: After a cancel, how long to wait for the hosts to be gone.
 CANCEL_WAIT_S = 10.0
-#: A live view is redrawn at most this often (each redraw is a widget message).
-SNAPSHOT_INTERVAL_S = 0.25
 #: Deletes in flight when a job's objects are removed (one request each on gs://).
 DELETE_WORKERS = 8
 #: jupyter_client interrupts a kernel just before it kills it for a restart;
@@ -104,36 +104,32 @@ class JobHandle:
 
     def summary(self) -> str:
         """A plain-text table: the job's state and each host's state, phase and exit."""
-        from kinetic_nb.panel import text_summary
-
-        return text_summary(self.snapshot())
+        return views.render("text", self.snapshot())
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         printer.text(repr(self) if cycle else self.summary())
 
     def _repr_html_(self) -> str:
         """A static snapshot that survives in a saved notebook and on nbviewer."""
-        from kinetic_nb.panel import html_summary
-
-        return html_summary(self.snapshot())
+        return views.render("html", self.snapshot())
 
     def watch(self) -> None:
-        """Show the live panel (or its text twin) and keep it current in the background; return at once."""
-        from kinetic_nb.panel import live_view, watch_in_background
+        """Show the live panel (or its text twin) and keep it current in the background; return at once.
 
-        watch_in_background(self, live_view(self.plan.hosts))
+        The display polls the job through ``_Watched``, which also stops it
+        past its plan's timeout, as ``wait`` does.
+        """
+        views.render("watch", _Watched(self))
 
     def timeline(self) -> Any:
         """A matplotlib Figure: one row per host, one bar per phase (needs the ``plots`` extra)."""
-        from kinetic_nb.timeline import plot_timeline
-
-        return plot_timeline(self.snapshot())
+        return views.render("timeline", self.snapshot())
 
     def describe_host(self, index: int) -> str:
         """Exit summary, phase and last log lines of one host, as a verb phrase."""
         host = (self._snapshot or self.snapshot()).hosts[index]
         summary = host.exit
-        if host.state == "lost":
+        if host.state == HostState.LOST:
             text = "was lost (no heartbeat and no exit record)"
         else:
             text = summary.describe() if summary else "has not ended"
@@ -176,8 +172,7 @@ class JobHandle:
                 if on_snapshot is not None and now - shown_at >= SNAPSHOT_INTERVAL_S:
                     on_snapshot(snapshot)
                     shown_at = now
-                if self.plan.timeout_s is not None and time.time() - self.poller.submitted_at > self.plan.timeout_s:
-                    self._stop_for_timeout(on_snapshot)
+                self._check_timeout(on_snapshot)
                 if deadline is not None and now > deadline:
                     raise KineticTimeoutError(f"job {self.job_id} has not finished after {timeout:g} s; it goes on")
                 time.sleep(pause)
@@ -196,6 +191,11 @@ class JobHandle:
                 on_snapshot(self.snapshot())
             interrupt.add_note(f"kinetic_nb: cancelled job {self.job_id} and stopped its {self.plan.hosts} hosts")
             raise
+
+    def _check_timeout(self, on_snapshot: Callable[[JobSnapshot], None] | None) -> None:
+        """Stop the job and raise ``KineticTimeoutError`` once it has run past its plan's timeout."""
+        if self.plan.timeout_s is not None and time.time() - self.poller.submitted_at > self.plan.timeout_s:
+            self._stop_for_timeout(on_snapshot)
 
     def _stop_for_timeout(self, on_snapshot: Callable[[JobSnapshot], None] | None) -> None:
         where = [f"host {h.index}: {h.state}, phase {h.phase}" + (f", last line: {h.last_line}" if h.last_line else "")
@@ -275,6 +275,21 @@ class JobHandle:
         if dataclasses.is_dataclass(settings):  # where a cluster job lives: namespace, context, ...
             record["backend_options"] = {k: v for k, v in dataclasses.asdict(settings).items() if v is not None}
         return record
+
+
+class _Watched:
+    """The snapshot source ``JobHandle.watch`` gives the display: the handle's
+    snapshots, with the plan's timeout enforced as ``wait`` enforces it."""
+
+    def __init__(self, handle: JobHandle):
+        self.handle = handle
+        self.plan = handle.plan
+
+    def snapshot(self) -> JobSnapshot:
+        snapshot = self.handle.snapshot()
+        if not snapshot.status.done:
+            self.handle._check_timeout(None)
+        return snapshot
 
 
 def remove_job_objects(storage: Storage, keep: Iterable[str] = ()) -> None:

@@ -24,8 +24,7 @@ A re-raised host exception carries the phase its payload names as a note
 from __future__ import annotations
 
 import dataclasses
-import enum
-import re
+import logging
 import warnings
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
@@ -41,57 +40,10 @@ from kinetic_nb.errors import (
 )
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.protocol import ExitSummary, JobPlan
+from kinetic_nb.state import JobStatus, is_peer_loss
 from kinetic_nb.storage import ObjectInfo, Storage
 
-
-class JobStatus(str, enum.Enum):
-    PENDING = "PENDING"
-    RUNNING = "RUNNING"
-    SUCCEEDED = "SUCCEEDED"
-    FAILED = "FAILED"
-    CANCELLED = "CANCELLED"
-
-    def __str__(self) -> str:
-        return self.value
-
-    @property
-    def done(self) -> bool:
-        return self in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
-
-
-def job_status(
-    plan: JobPlan,
-    exits: Mapping[int, ExitSummary],
-    *,
-    started: bool,
-    cancelled: bool,
-    lost: Collection[int] = (),
-) -> JobStatus:
-    """The job's state once every host has ended or been lost (RUNNING or PENDING before)."""
-    if len(set(exits) | set(lost)) < plan.hosts:
-        return JobStatus.RUNNING if started else JobStatus.PENDING
-    if lost or any(summary.failed for summary in exits.values()):
-        return JobStatus.FAILED
-    if any(summary.stopped or summary.exit_code == protocol.EXIT_STOPPED for summary in exits.values()):
-        return JobStatus.CANCELLED if cancelled else JobStatus.FAILED
-    return JobStatus.SUCCEEDED
-
-
-#: Messages of errors that follow from losing a peer (gloo, NCCL, the JAX
-#: coordination service), rather than from a host's own code.
-_PEER_LOSS = re.compile(
-    r"connection (closed|reset) by peer|broken pipe|gloo|nccl|coordination service|heartbeat|"
-    r"barrier timed out|peer .* (died|lost|gone)",
-    re.IGNORECASE,
-)
-#: gRPC status codes the JAX coordination service reports when a peer is gone
-#: (matched in capitals only: "unavailable" is an ordinary word).
-_PEER_LOSS_CODES = re.compile(r"\b(DEADLINE_EXCEEDED|UNAVAILABLE|ABORTED)\b")
-
-
-def is_peer_loss(text: str) -> bool:
-    """Whether an error's ``"Type: message"`` is a known consequence of losing a peer (rule 6)."""
-    return bool(_PEER_LOSS.search(text) or _PEER_LOSS_CODES.search(text)) or text.split(":", 1)[0].endswith("HostStoppedError")
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass

@@ -6,9 +6,10 @@ import cloudpickle
 import pytest
 
 from kinetic_nb.errors import HostStoppedError, JobCancelledError, JobFailedError, KineticWarning
-from kinetic_nb.results import JobStatus, job_status, resolve_outcome
+from kinetic_nb.results import resolve_outcome
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.protocol import ExitSummary, JobPlan
+from kinetic_nb.state import JobStatus, job_status
 from kinetic_nb.storage import LocalStorage
 
 
