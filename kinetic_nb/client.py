@@ -21,7 +21,7 @@ from kinetic_nb.poller import JobPoller
 from kinetic_nb.results import resolve_outcome
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.logs import read_log
-from kinetic_nb.runner.protocol import JobPlan
+from kinetic_nb.runner.protocol import JobPlan, ResultPayload
 from kinetic_nb.state import SNAPSHOT_INTERVAL_S, HostSnapshot, HostState, JobSnapshot, JobStatus
 from kinetic_nb.storage import Storage, default_root, open_storage
 
@@ -63,7 +63,7 @@ class JobHandle:
         self.outputs: dict[str, Any] = {}
         self.poller = JobPoller(storage, plan, backend, submitted_at=submitted_at, on_leader_output=echo)
         self._snapshot: JobSnapshot | None = None
-        self._payload: dict[str, Any] | None = None
+        self._payload: ResultPayload | None = None
         self._status_recorded = False
         self._submitted_wall = submitted_at if submitted_at is not None else time.time()
 
@@ -233,9 +233,9 @@ class JobHandle:
             except BaseException:
                 self._record_outcome(JobStatus.FAILED)
                 raise
-            self.outputs = dict(self._payload.get(protocol.OUTPUTS) or {})
+            self.outputs = dict(self._payload.outputs)
             self._record_outcome(JobStatus.SUCCEEDED)
-        return self._payload.get(protocol.RESULT_VALUE)
+        return self._payload.result
 
     def _record_outcome(self, status: JobStatus) -> None:
         """Note the outcome in handle.json; after a success, remove all but handle.json and outputs/."""
