@@ -15,11 +15,13 @@ from kinetic_nb.accelerators import local_notice
 from kinetic_nb.backends import Backend, get_backend
 from kinetic_nb.errors import KineticTimeoutError, ObjectNotFoundError
 from kinetic_nb.plan import choose_framework, make_plan, new_job_id, prepare_cell, resolve_slice
-from kinetic_nb.results import JobStatus, resolve_outcome
+from kinetic_nb import views
+from kinetic_nb.poller import JobPoller
+from kinetic_nb.results import resolve_outcome
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.logs import read_log
-from kinetic_nb.runner.protocol import CancelRequest, JobPlan
-from kinetic_nb.snapshot import HostSnapshot, JobPoller, JobSnapshot
+from kinetic_nb.runner.protocol import CancelRequest, JobPlan, ResultPayload
+from kinetic_nb.state import SNAPSHOT_INTERVAL_S, HostSnapshot, HostState, JobSnapshot, JobStatus
 from kinetic_nb.storage import Storage, default_root, open_storage
 
 logger = logging.getLogger(__name__)
@@ -33,8 +35,6 @@ POLL_GROWTH = 1.25
 MAX_POLL_S = 0.25
 #: After a cancel, how long to wait for the hosts to be gone.
 CANCEL_WAIT_S = 10.0
-#: A live view is redrawn at most this often (each redraw is a widget message).
-SNAPSHOT_INTERVAL_S = 0.25
 #: Deletes in flight when a job's objects are removed (one request each on gs://).
 DELETE_WORKERS = 8
 #: jupyter_client interrupts a kernel just before it kills it for a restart;
@@ -64,7 +64,7 @@ class JobHandle:
         self.outputs: dict[str, Any] = {}
         self.poller = JobPoller(storage, plan, backend, submitted_at=submitted_at, on_leader_output=echo)
         self._snapshot: JobSnapshot | None = None
-        self._payload: dict[str, Any] | None = None
+        self._payload: ResultPayload | None = None
         self._status_recorded = False
         self._submitted_wall = submitted_at if submitted_at is not None else time.time()
 
@@ -105,36 +105,32 @@ class JobHandle:
 
     def summary(self) -> str:
         """A plain-text table: the job's state and each host's state, phase and exit."""
-        from kinetic_nb.panel import text_summary
-
-        return text_summary(self.snapshot())
+        return views.render("text", self.snapshot())
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         printer.text(repr(self) if cycle else self.summary())
 
     def _repr_html_(self) -> str:
         """A static snapshot that survives in a saved notebook and on nbviewer."""
-        from kinetic_nb.panel import html_summary
-
-        return html_summary(self.snapshot())
+        return views.render("html", self.snapshot())
 
     def watch(self) -> None:
-        """Show the live panel (or its text twin) and keep it current in the background; return at once."""
-        from kinetic_nb.panel import live_view, watch_in_background
+        """Show the live panel (or its text twin) and keep it current in the background; return at once.
 
-        watch_in_background(self, live_view(self.plan.hosts))
+        The display polls the job through ``_Watched``, which also stops it
+        past its plan's timeout, as ``wait`` does.
+        """
+        views.render("watch", _Watched(self))
 
     def timeline(self) -> Any:
         """A matplotlib Figure: one row per host, one bar per phase (needs the ``plots`` extra)."""
-        from kinetic_nb.timeline import plot_timeline
-
-        return plot_timeline(self.snapshot())
+        return views.render("timeline", self.snapshot())
 
     def describe_host(self, index: int) -> str:
         """Exit summary, phase and last log lines of one host, as a verb phrase."""
         host = (self._snapshot or self.snapshot()).hosts[index]
         summary = host.exit
-        if host.state == "lost":
+        if host.state == HostState.LOST:
             text = "was lost (no heartbeat and no exit record)"
         else:
             text = summary.describe() if summary else "has not ended"
@@ -164,7 +160,6 @@ class JobHandle:
     def _wait_until(self, ready: Callable[[JobSnapshot], bool], timeout: float | None,
                     on_snapshot: Callable[[JobSnapshot], None] | None) -> JobSnapshot:
         deadline = None if timeout is None else time.monotonic() + timeout
-        started = self.plan.created_at or self.poller.submitted_at
         pause = FIRST_POLL_S
         shown_at = 0.0
         try:
@@ -180,8 +175,7 @@ class JobHandle:
                 if on_snapshot is not None and now - shown_at >= SNAPSHOT_INTERVAL_S:
                     on_snapshot(snapshot)
                     shown_at = now
-                if self.plan.timeout_s is not None and time.time() - started > self.plan.timeout_s + TIMEOUT_SLACK_S:
-                    self._stop_for_timeout(on_snapshot)
+                self._check_timeout(on_snapshot)
                 if deadline is not None and now > deadline:
                     raise KineticTimeoutError(f"job {self.job_id} has not finished after {timeout:g} s; it goes on")
                 time.sleep(pause)
@@ -206,6 +200,12 @@ class JobHandle:
         """Whether the job was stopped because it ran past the plan's timeout (by its agent or by this client)."""
         request = self.poller.cancel_request
         return request is not None and request.reason == CancelRequest.TIMEOUT
+
+    def _check_timeout(self, on_snapshot: Callable[[JobSnapshot], None] | None) -> None:
+        """The client's backstop: stop the job a little after its timeout if its agent has not."""
+        started = self.plan.created_at or self.poller.submitted_at
+        if self.plan.timeout_s is not None and time.time() - started > self.plan.timeout_s + TIMEOUT_SLACK_S:
+            self._stop_for_timeout(on_snapshot)
 
     def _stop_for_timeout(self, on_snapshot: Callable[[JobSnapshot], None] | None) -> None:
         """The client's backstop for an agent that did not stop the job at its timeout."""
@@ -248,9 +248,9 @@ class JobHandle:
             except BaseException:
                 self._record_outcome(JobStatus.FAILED)
                 raise
-            self.outputs = dict(self._payload.get(protocol.OUTPUTS) or {})
+            self.outputs = dict(self._payload.outputs)
             self._record_outcome(JobStatus.SUCCEEDED)
-        return self._payload.get(protocol.RESULT_VALUE)
+        return self._payload.result
 
     def _record_outcome(self, status: JobStatus) -> None:
         """Note the outcome in handle.json; after a success, remove all but handle.json and outputs/."""
@@ -288,6 +288,21 @@ class JobHandle:
         if options:  # where a cluster job lives: namespace, context, ...
             record["backend_options"] = options
         return record
+
+
+class _Watched:
+    """The snapshot source ``JobHandle.watch`` gives the display: the handle's
+    snapshots, with the plan's timeout enforced as ``wait`` enforces it."""
+
+    def __init__(self, handle: JobHandle):
+        self.handle = handle
+        self.plan = handle.plan
+
+    def snapshot(self) -> JobSnapshot:
+        snapshot = self.handle.snapshot()
+        if not snapshot.status.done:
+            self.handle._check_timeout(None)
+        return snapshot
 
 
 def remove_job_objects(storage: Storage, keep: Iterable[str] = ()) -> None:

@@ -10,8 +10,8 @@ import pytest
 
 import kinetic_nb
 from kinetic_nb.errors import JobFailedError, KineticWarning, ResultSerializationError
-from kinetic_nb.results import JobStatus
 from kinetic_nb.runner.protocol import HostState
+from kinetic_nb.state import JobStatus
 
 from .conftest import notebook
 

@@ -396,6 +396,69 @@ class CancelRequest:
         return cls(reason=str(record.get("reason", "")), at=float(record.get("at", 0.0)))
 
 
+@dataclasses.dataclass(frozen=True)
+class ResultPayload:
+    """``result.pkl`` / ``result-worker-{i}.pkl``: a host's success or failure, as the client reads it.
+
+    On the wire it is a cloudpickled dict (``to_dict``) keyed by the payload
+    keys above: a success carries ``success``, ``result``, ``outputs``,
+    ``phase`` and ``host_index``; a failure carries ``success``,
+    ``exception``, ``exception_type``, ``exception_message``, ``traceback``,
+    ``phase``, ``host_index`` and ``stopped``, plus ``serialization_failed``
+    and ``result_repr`` when the value could not be pickled. ``from_dict``
+    ignores keys it does not know and defaults those that are missing.
+    """
+
+    success: bool
+    host_index: int = LEADER_INDEX
+    phase: str = ""
+    #: The leader's value (a success).
+    result: Any = None
+    #: The ``--out`` variables, by name (a success).
+    outputs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: The exception, cloudpickled on its own so the payload stays readable when it cannot be rebuilt.
+    exception: bytes | None = None
+    exception_type: str = ""
+    exception_message: str = ""
+    traceback: str = ""
+    stopped: bool = False
+    serialization_failed: bool = False
+    result_repr: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The dict that is cloudpickled into the payload object: the keys a host has always written."""
+        if self.success:
+            return {SUCCESS: True, RESULT_VALUE: self.result, OUTPUTS: self.outputs, PHASE: self.phase,
+                    HOST_INDEX: self.host_index}
+        payload = {SUCCESS: False, EXCEPTION: self.exception, EXCEPTION_TYPE: self.exception_type,
+                   EXCEPTION_MESSAGE: self.exception_message, TRACEBACK: self.traceback, PHASE: self.phase,
+                   HOST_INDEX: self.host_index, STOPPED: self.stopped}
+        if self.serialization_failed:
+            payload[SERIALIZATION_FAILED] = True
+            payload[RESULT_REPR] = self.result_repr
+        return payload
+
+    @classmethod
+    def from_dict(cls, payload: dict[str, Any]) -> ResultPayload:
+        """The record of an unpickled payload dict; unknown keys are ignored, missing ones defaulted.
+
+        Raises
+        ------
+        TypeError
+            When ``payload`` is not a dict.
+        """
+        if not isinstance(payload, dict):
+            raise TypeError(f"a {type(payload).__name__}, not a dict")
+        keys = {SUCCESS: "success", HOST_INDEX: "host_index", PHASE: "phase", RESULT_VALUE: "result",
+                OUTPUTS: "outputs", EXCEPTION: "exception", EXCEPTION_TYPE: "exception_type",
+                EXCEPTION_MESSAGE: "exception_message", TRACEBACK: "traceback", STOPPED: "stopped",
+                SERIALIZATION_FAILED: "serialization_failed", RESULT_REPR: "result_repr"}
+        values = {field: payload[key] for key, field in keys.items() if key in payload}
+        values["success"] = bool(values.get("success"))
+        values["outputs"] = dict(values.get("outputs") or {})
+        return cls(**values)
+
+
 def stopped_message(host_index: int, phase: str) -> str:
     """The one line a host gives when it stops because ``host_index`` failed."""
     return f"stopped: host {host_index} failed in phase {phase}"
