@@ -14,14 +14,14 @@ from typing import Any
 
 from kinetic_nb.accelerators import local_notice
 from kinetic_nb.backends import Backend, get_backend
-from kinetic_nb.errors import JobCancelledError, KineticTimeoutError, ObjectNotFoundError
+from kinetic_nb.errors import JobCancelledError, KineticTimeoutError, ObjectExistsError, ObjectNotFoundError
 from kinetic_nb.plan import choose_framework, make_plan, new_job_id, prepare_cell, resolve_slice
 from kinetic_nb import views
 from kinetic_nb.poller import JobPoller
 from kinetic_nb.results import read_failure, resolve_outcome
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.logs import read_log
-from kinetic_nb.runner.protocol import CancelRequest, JobPlan, ResultPayload
+from kinetic_nb.runner.protocol import CancelRequest, FirstFailure, JobPlan, ResultPayload
 from kinetic_nb.state import SNAPSHOT_INTERVAL_S, HostSnapshot, HostState, JobSnapshot, JobStatus
 from kinetic_nb.storage import Storage, default_root, open_storage
 
@@ -90,9 +90,19 @@ class JobHandle:
     # -- reading the job's state -------------------------------------------------
 
     def snapshot(self) -> JobSnapshot:
-        """The job as it is now (one listing; only changed records are read)."""
-        self._snapshot = self.poller.poll()
-        return self._snapshot
+        """The job as it is now (one listing; only changed records are read).
+
+        A host that has turned quiet gets its stacks fetched, once, so the
+        panel can show where it is stuck.
+        """
+        snapshot = self.poller.poll()
+        quiet = [h.index for h in snapshot.hosts if h.state == HostState.QUIET and h.index not in self.poller.stacks]
+        if quiet:
+            for index, text in self._ask_for_stacks(quiet, STACKS_WAIT_S).items():
+                self.poller.stacks[index] = text
+            snapshot = self.poller.snapshot()
+        self._snapshot = snapshot
+        return snapshot
 
     def status(self) -> JobStatus:
         """PENDING, RUNNING, SUCCEEDED, FAILED or CANCELLED."""
@@ -265,6 +275,8 @@ class JobHandle:
                     snapshot = self.snapshot()
                 if on_snapshot is not None:
                     on_snapshot(snapshot)
+            if snapshot.lost:
+                self._report_lost_hosts(snapshot.lost)
             try:
                 self._payload = resolve_outcome(
                     self.storage, self.plan, snapshot.status, self.poller.exits, lambda: self.poller.listing,
@@ -279,6 +291,16 @@ class JobHandle:
             self.outputs = dict(self._payload.outputs)
             self._record_outcome(JobStatus.SUCCEEDED)
         return self._payload.result
+
+    def _report_lost_hosts(self, lost: list[int]) -> None:
+        """Tell the agents of a lost host, as an agent tells of a failed one: they stop theirs after the grace."""
+        record = FirstFailure(host_index=lost[0], at=time.time(), description="was lost (no heartbeat)")
+        try:
+            self.storage.write_bytes(protocol.FAILED, record.to_json(), exclusive=True)
+        except ObjectExistsError:
+            pass  # an agent saw a failure first
+        except Exception:  # bookkeeping must not hide the outcome
+            logger.warning("could not record the lost hosts of %s", self.job_id, exc_info=True)
 
     def _record_outcome(self, status: JobStatus) -> None:
         """Note the outcome in handle.json; after a success, remove all but handle.json and outputs/."""
@@ -338,13 +360,15 @@ class JobHandle:
         """
         if host is not None and not 0 <= host < self.plan.hosts:
             raise ValueError(f"host {host} is out of range for a {self.plan.hosts}-host job")
-        running = [h.index for h in self.snapshot().hosts if h.exit is None and host in (None, h.index)]
-        if not running:
-            return {}
+        running = [h.index for h in self.poller.poll().hosts if h.exit is None and host in (None, h.index)]
+        return self._ask_for_stacks(running, wait) if running else {}
+
+    def _ask_for_stacks(self, hosts: list[int], wait: float) -> dict[int, str]:
+        """Write the next stacks request and collect the answers of ``hosts`` for ``wait`` seconds at most."""
         asked = [protocol.parse_stacks_request(i.name) for i in self.storage.list(protocol.CONTROL_DIR + "/")]
         seq = max([number for number in asked if number is not None], default=-1) + 1
-        self.storage.write_json(protocol.stacks_request(seq), {"at": time.time(), "hosts": running})
-        wanted = {protocol.host_stacks(index, seq): index for index in running}
+        self.storage.write_json(protocol.stacks_request(seq), {"at": time.time(), "hosts": hosts})
+        wanted = {protocol.host_stacks(index, seq): index for index in hosts}
         answers: dict[int, str] = {}
         deadline = time.monotonic() + wait
         while True:
@@ -352,11 +376,11 @@ class JobHandle:
                 index = wanted.get(info.name)
                 if index is not None and index not in answers:
                     answers[index] = self.storage.read_bytes(info.name).decode(errors="replace")
-            if len(answers) == len(running) or time.monotonic() > deadline:
+            if len(answers) == len(hosts) or time.monotonic() > deadline:
                 break
             time.sleep(0.05)
         return {index: answers.get(index, f"no answer: host {index} did not answer within {wait:g} s\n")
-                for index in running}
+                for index in hosts}
 
     def cancel(self, reason: str = "cancelled by the user") -> None:
         """Stop every host; returns once they are gone (or after a bounded wait)."""

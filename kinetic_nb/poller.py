@@ -22,7 +22,17 @@ from kinetic_nb.backends.base import PlatformView
 from kinetic_nb.errors import ObjectNotFoundError
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.protocol import CancelRequest, ExitSummary, HostStatus, JobPlan, Phase
-from kinetic_nb.state import CHATTER, HostSnapshot, JobSnapshot, JobStatus, host_state, job_status, without_chatter
+from kinetic_nb.state import (
+    CHATTER,
+    HostSnapshot,
+    HostState,
+    JobSnapshot,
+    JobStatus,
+    host_state,
+    is_quiet,
+    job_status,
+    without_chatter,
+)
 from kinetic_nb.storage import ObjectInfo, Storage
 
 logger = logging.getLogger(__name__)
@@ -40,6 +50,8 @@ class _HostRecords:
         self.status: HostStatus | None = None
         self.exit: ExitSummary | None = None
         self.heartbeat_at: float | None = None
+        #: When the host last printed or changed phase (the newest such object's time).
+        self.active_at: float | None = None
         self.tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
         self.partial = ""  # a line still being written
 
@@ -66,6 +78,8 @@ class JobPoller:
         self.records = [_HostRecords() for _ in range(plan.hosts)]
         self.listing: list[ObjectInfo] = []
         self.platform = PlatformView()
+        #: Stacks fetched for hosts that turned quiet, by host index.
+        self.stacks: dict[int, str] = {}
         self.requests = collections.Counter()  # "list" and "read": what polling has cost
         self._versions: dict[str, str] = {}
         self._status = JobStatus.PENDING
@@ -140,6 +154,7 @@ class JobPoller:
             if data is None:
                 continue
             self._versions[info.name] = info.version
+            records.active_at = max(records.active_at or 0.0, info.updated)
             if kind == "status":
                 records.status = HostStatus.from_json(data)
             else:
@@ -169,11 +184,16 @@ class JobPoller:
         now = time.time()
         hosts = []
         waiting_because = self._platform_reasons()
+        ends = [records.exit.ended_at for records in self.records if records.exit is not None and records.exit.ended_at]
+        first_end = min(ends) if ends else None
         for index, records in enumerate(self.records):
             status, lines = records.status, records.lines()
+            state = host_state(status, records.exit, records.heartbeat_at, now)
+            if state == HostState.RUNNING and is_quiet(records.active_at, first_end, self.plan.grace_s, now):
+                state = HostState.QUIET.value
             hosts.append(HostSnapshot(
                 index=index,
-                state=host_state(status, records.exit, records.heartbeat_at, now),
+                state=state,
                 phase=status.phase if status else Phase.STARTUP.value,
                 started_at=status.started_at if status else None,
                 updated_at=status.updated_at if status else None,
@@ -184,6 +204,7 @@ class JobPoller:
                 traceback=status.traceback if status else "",
                 exit=records.exit,
                 history=tuple((phase, float(at)) for phase, at in status.history) if status else (),
+                stacks=self.stacks.get(index, ""),
             ))
         return JobSnapshot(self.plan.job_id, self.backend.name, self.plan.accelerator, self._status,
                            self.submitted_at, now, tuple(hosts))

@@ -159,6 +159,8 @@ class HostSnapshot:
     traceback: str = ""
     exit: ExitSummary | None = None
     history: tuple[tuple[str, float], ...] = ()
+    #: Every thread's Python stack, fetched once when the host turned quiet.
+    stacks: str = ""
 
     @property
     def is_leader(self) -> bool:
@@ -254,6 +256,17 @@ def host_state(status: HostStatus | None, summary: ExitSummary | None, heartbeat
     if heartbeat_at is not None and now - heartbeat_at > LOST_AFTER_S:
         return HostState.LOST.value
     return status.state if status else HostState.PENDING.value
+
+
+def is_quiet(active_at: float | None, others_ended_at: float | None, grace_s: float, now: float) -> bool:
+    """Whether a running host has been silent (no output, no phase change) for ``grace_s`` since another ended.
+
+    A slow checkpoint that keeps printing is not quiet; one that prints
+    nothing is shown as quiet with its stacks, and the cell keeps waiting.
+    """
+    if others_ended_at is None or active_at is None:
+        return False
+    return now - max(active_at, others_ended_at) >= grace_s
 
 
 class SnapshotSource(Protocol):

@@ -99,7 +99,8 @@ def test_the_panel_goes_live_in_jupyterlab(jupyterlab):
             page.get_by_text("FAILED", exact=False).first.wait_for(timeout=90_000)
             rows = panel.locator(".widget-html-content > div[style*='font-size:12px']")
             assert rows.count() == 4
-            assert "failed" in rows.nth(3).inner_text()
+            # Widget updates arrive as separate messages: wait for the row's, not only the header's.
+            playwright_api.expect(rows.nth(3)).to_contain_text("failed", timeout=30_000)
             page.get_by_text("host 3 · failed · execute").click()
             traceback = panel.get_by_text("ValueError: host 3 lost its shard").first
             traceback.wait_for(state="visible", timeout=10_000)

@@ -46,7 +46,10 @@ STATE_COLORS = {
     HostState.FAILED: "#e53935",
     HostState.STOPPED: "#fb8c00",
     HostState.LOST: "#6d4c41",
+    HostState.QUIET: "#8e24aa",
 }
+#: Frames of a quiet host's stack quoted in the text summary (the innermost, where it waits).
+QUIET_FRAMES = 4
 #: The progress bar's style for each job state (tqdm's meanings).
 BAR_STYLES = {JobStatus.PENDING: "", JobStatus.RUNNING: "info", JobStatus.SUCCEEDED: "success",
               JobStatus.FAILED: "danger", JobStatus.CANCELLED: "warning"}
@@ -101,6 +104,25 @@ def failure_lines(snapshot: JobSnapshot) -> list[str]:
     return lines
 
 
+def quiet_lines(snapshot: JobSnapshot) -> list[str]:
+    """One line per quiet host with the innermost frames of its main thread: where it waits."""
+    lines = []
+    for host in snapshot.hosts:
+        if host.state != HostState.QUIET:
+            continue
+        where = [line.strip() for line in _main_thread(host.stacks) if line.strip().startswith("File")][:QUIET_FRAMES]
+        text = f"host {host.index} is quiet: no output and no phase change since another host ended"
+        lines.append(text + (": " + " <- ".join(where) if where else ""))
+    return lines
+
+
+def _main_thread(stacks: str) -> list[str]:
+    """The lines of the thread ``faulthandler`` marks as current (the one the signal interrupted), else all."""
+    blocks = stacks.split("\n\n")
+    current = [block for block in blocks if block.startswith("Current thread")]
+    return (current[0] if current else stacks).splitlines()
+
+
 def _seconds(value: float) -> str:
     return f"{value:.1f} s" if value < 600 else f"{value / 60:.0f} min"
 
@@ -141,6 +163,9 @@ def _detail_html(host: HostSnapshot) -> str:
         parts.append(f"<pre>{html.escape(host.message)}</pre>")
     if host.exit is not None:
         parts.append(f"<div>process {html.escape(host.exit.describe())}</div>")
+    if host.stacks:
+        parts.append(f"<div>quiet: no output and no phase change since another host ended; its stacks:</div>"
+                     f'<pre style="max-height:20em;overflow:auto">{html.escape(host.stacks)}</pre>')
     tail = "\n".join(host.log_tail[-DETAIL_LINES:])
     parts.append(f'<pre style="max-height:20em;overflow:auto">{html.escape(tail) or "(no output yet)"}</pre>')
     return "".join(parts)
@@ -255,6 +280,7 @@ def text_summary(snapshot: JobSnapshot) -> str:
         lines.append(f"{host.index:>5}{leader}  {host.state:<9}  {host.phase:<20}  "
                      f"{_seconds(host.elapsed(snapshot.taken_at)):>7}  {tail}")
     lines.extend(failure_lines(snapshot))
+    lines.extend(quiet_lines(snapshot))
     return "\n".join(lines)
 
 

@@ -168,6 +168,9 @@ class HostState(str, enum.Enum):
     FAILED = "failed"
     STOPPED = "stopped"
     LOST = "lost"
+    #: Shown by the client, never written by a host: still running, but it has
+    #: printed nothing and changed no phase for ``grace_s`` since another host ended.
+    QUIET = "quiet"
 
     def __str__(self) -> str:
         return self.value

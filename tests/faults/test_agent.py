@@ -182,3 +182,17 @@ def test_a_storage_error_mid_job_is_named(tmp_path):
     with pytest.raises(JobFailedError) as info:
         job.result(timeout=HANG_GUARD_S)
     assert "storage error: ENOTDIR" in str(info.value)
+
+
+def test_a_worker_stuck_after_the_leader_succeeded_is_shown_quiet_with_its_stack():
+    source = HOST + "import time\nif host == 1:\n    time.sleep(600)\n'the leader is done'"
+    job = kinetic_nb.submit(source, hosts=2, grace=1)
+    quiet = wait_for(lambda: [h for h in job.hosts() if h.state == "quiet"], "host 1 turning quiet")
+    assert [h.index for h in quiet] == [1]
+    assert 'File "<kinetic cell>", line 5 in <module>' in quiet[0].stacks
+    assert "host 1 is quiet" in job.summary() and "line 5 in <module>" in job.summary()
+    with pytest.raises(KineticTimeoutError, match="it goes on"):
+        job.result(timeout=2)  # a slow checkpoint is legitimate: the cell keeps waiting
+    assert job.leader_result() == "the leader is done"  # never lost, whatever the workers do
+    job.cancel()
+    assert job.leader_result() == "the leader is done"
