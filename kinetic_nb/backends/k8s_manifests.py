@@ -28,7 +28,7 @@ from kinetic_nb.runner.log_capture import LOG_UPLOAD_ENV
 from kinetic_nb.runner.protocol import JobPlan
 
 if TYPE_CHECKING:
-    from kinetic_nb.backends.kubernetes import KubernetesSettings
+    from kinetic_nb.backends.k8s_settings import KubernetesSettings
 
 __all__ = [
     "JOB_LABEL", "LWS_API_VERSION", "LWS_GROUP", "LWS_PLURAL", "LWS_VERSION", "build_manifests", "job_selector",
