@@ -43,9 +43,10 @@ import cloudpickle
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tests' emulator helper
 
 from kinetic_nb.errors import ObjectNotFoundError
-from kinetic_nb.results import JobStatus, resolve_outcome
+from kinetic_nb.results import resolve_outcome
 from kinetic_nb.runner import protocol
-from kinetic_nb.runner.protocol import ExitSummary, HostState, HostStatus, JobPlan
+from kinetic_nb.runner.protocol import ExitSummary, HostState, HostStatus, JobPlan, ResultPayload
+from kinetic_nb.state import JobStatus
 from kinetic_nb.storage import GcsStorage, ObjectInfo, Storage, open_storage
 from tests.gcs_emulator import GcsEmulator
 
@@ -114,16 +115,15 @@ def failure_payload(host: int, error: BaseException) -> bytes:
         raise error
     except BaseException as raised:  # noqa: BLE001 - any exception a cell raises
         text = "".join(traceback.format_exception(raised))
-    return cloudpickle.dumps({
-        protocol.SUCCESS: False,
-        protocol.EXCEPTION: cloudpickle.dumps(error),
-        protocol.EXCEPTION_TYPE: type(error).__qualname__,
-        protocol.EXCEPTION_MESSAGE: str(error),
-        protocol.TRACEBACK: text,
-        protocol.PHASE: "execute",
-        protocol.HOST_INDEX: host,
-        protocol.STOPPED: False,
-    })
+    return cloudpickle.dumps(ResultPayload(
+        success=False,
+        exception=cloudpickle.dumps(error),
+        exception_type=type(error).__qualname__,
+        exception_message=str(error),
+        traceback=text,
+        phase="execute",
+        host_index=host,
+    ).to_dict())
 
 
 def write_failed_job(storage: Storage, hosts: int, leader: str) -> tuple[JobPlan, dict[int, ExitSummary]]:

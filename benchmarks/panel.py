@@ -23,10 +23,10 @@ import tempfile
 import time
 
 from kinetic_nb.backends.local import LocalBackend
-from kinetic_nb.panel import HostPanel
+from kinetic_nb.display.panel import HostPanel
+from kinetic_nb.poller import JobPoller
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.protocol import HostStatus, JobPlan
-from kinetic_nb.snapshot import JobPoller
 from kinetic_nb.storage import LocalStorage
 
 TRACEBACK = 'Traceback (most recent call last):\n  File "<kinetic In[3]>", line 12, in <module>\nValueError: bad\n'

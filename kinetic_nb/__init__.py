@@ -17,9 +17,9 @@ _EXPORTS = {
     "submit": "kinetic_nb.client",
     "last_job": "kinetic_nb.client",
     "JobHandle": "kinetic_nb.client",
-    "HostSnapshot": "kinetic_nb.snapshot",
-    "JobSnapshot": "kinetic_nb.snapshot",
-    "JobStatus": "kinetic_nb.results",
+    "HostSnapshot": "kinetic_nb.state",
+    "JobSnapshot": "kinetic_nb.state",
+    "JobStatus": "kinetic_nb.state",
     "resolve_accelerator": "kinetic_nb.accelerators",
     "attach": "kinetic_nb.catalog",
     "jobs": "kinetic_nb.catalog",
@@ -46,8 +46,7 @@ if TYPE_CHECKING:
     from kinetic_nb.accelerators import accelerator_names, resolve_accelerator
     from kinetic_nb.client import JobHandle, last_job, submit
     from kinetic_nb.catalog import attach, gc, jobs
-    from kinetic_nb.results import JobStatus
-    from kinetic_nb.snapshot import HostSnapshot, JobSnapshot
+    from kinetic_nb.state import HostSnapshot, JobSnapshot, JobStatus
 
 
 def __getattr__(name: str) -> Any:
@@ -58,7 +57,11 @@ def __getattr__(name: str) -> Any:
 
 
 def load_ipython_extension(ipython: Any) -> None:
-    """``%load_ext kinetic_nb``: register ``%%kinetic``."""
+    """``%load_ext kinetic_nb``: register ``%%kinetic``.
+
+    The magic imports ``kinetic_nb.display``, which registers the views a
+    ``JobHandle`` is shown by (``kinetic_nb.views``).
+    """
     from kinetic_nb.magics import KineticMagics
 
     ipython.register_magics(KineticMagics)

@@ -16,7 +16,7 @@ import time
 from kinetic_nb.backends import get_backend
 from kinetic_nb.client import JobHandle, print_to_stdout, remove_job_objects
 from kinetic_nb.errors import ObjectNotFoundError
-from kinetic_nb.results import JobStatus
+from kinetic_nb.state import JobStatus
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.protocol import JobPlan
 from kinetic_nb.storage import Storage, default_root, open_storage

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import concurrent.futures
-import dataclasses
 import json
 import logging
 import os
@@ -16,11 +15,13 @@ from kinetic_nb.accelerators import local_notice
 from kinetic_nb.backends import Backend, get_backend
 from kinetic_nb.errors import KineticTimeoutError, ObjectNotFoundError
 from kinetic_nb.plan import choose_framework, make_plan, new_job_id, prepare_cell, resolve_slice
-from kinetic_nb.results import JobStatus, resolve_outcome
+from kinetic_nb import views
+from kinetic_nb.poller import JobPoller
+from kinetic_nb.results import resolve_outcome
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.logs import read_log
-from kinetic_nb.runner.protocol import JobPlan
-from kinetic_nb.snapshot import HostSnapshot, JobPoller, JobSnapshot
+from kinetic_nb.runner.protocol import CancelRequest, JobPlan, ResultPayload
+from kinetic_nb.state import SNAPSHOT_INTERVAL_S, HostSnapshot, HostState, JobSnapshot, JobStatus
 from kinetic_nb.storage import Storage, default_root, open_storage
 
 logger = logging.getLogger(__name__)
@@ -34,14 +35,14 @@ POLL_GROWTH = 1.25
 MAX_POLL_S = 0.25
 #: After a cancel, how long to wait for the hosts to be gone.
 CANCEL_WAIT_S = 10.0
-#: A live view is redrawn at most this often (each redraw is a widget message).
-SNAPSHOT_INTERVAL_S = 0.25
 #: Deletes in flight when a job's objects are removed (one request each on gs://).
 DELETE_WORKERS = 8
 #: jupyter_client interrupts a kernel just before it kills it for a restart;
 #: an interrupt cancels the job only after this pause, so a restart leaves the
 #: job running for ``%kinetic attach``.
 RESTART_PAUSE_S = 1.0
+#: The hosts' agents stop a job at its timeout; the client steps in only this much later.
+TIMEOUT_SLACK_S = 5.0
 #: Once a host has failed on its own, how long to let the others' records land
 #: before deciding (the cell still raises well within a second of the failure).
 SETTLE_S = 0.3
@@ -63,7 +64,7 @@ class JobHandle:
         self.outputs: dict[str, Any] = {}
         self.poller = JobPoller(storage, plan, backend, submitted_at=submitted_at, on_leader_output=echo)
         self._snapshot: JobSnapshot | None = None
-        self._payload: dict[str, Any] | None = None
+        self._payload: ResultPayload | None = None
         self._status_recorded = False
         self._submitted_wall = submitted_at if submitted_at is not None else time.time()
 
@@ -104,36 +105,32 @@ class JobHandle:
 
     def summary(self) -> str:
         """A plain-text table: the job's state and each host's state, phase and exit."""
-        from kinetic_nb.panel import text_summary
-
-        return text_summary(self.snapshot())
+        return views.render("text", self.snapshot())
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         printer.text(repr(self) if cycle else self.summary())
 
     def _repr_html_(self) -> str:
         """A static snapshot that survives in a saved notebook and on nbviewer."""
-        from kinetic_nb.panel import html_summary
-
-        return html_summary(self.snapshot())
+        return views.render("html", self.snapshot())
 
     def watch(self) -> None:
-        """Show the live panel (or its text twin) and keep it current in the background; return at once."""
-        from kinetic_nb.panel import live_view, watch_in_background
+        """Show the live panel (or its text twin) and keep it current in the background; return at once.
 
-        watch_in_background(self, live_view(self.plan.hosts))
+        The display polls the job through ``_Watched``, which also stops it
+        past its plan's timeout, as ``wait`` does.
+        """
+        views.render("watch", _Watched(self))
 
     def timeline(self) -> Any:
         """A matplotlib Figure: one row per host, one bar per phase (needs the ``plots`` extra)."""
-        from kinetic_nb.timeline import plot_timeline
-
-        return plot_timeline(self.snapshot())
+        return views.render("timeline", self.snapshot())
 
     def describe_host(self, index: int) -> str:
         """Exit summary, phase and last log lines of one host, as a verb phrase."""
         host = (self._snapshot or self.snapshot()).hosts[index]
         summary = host.exit
-        if host.state == "lost":
+        if host.state == HostState.LOST:
             text = "was lost (no heartbeat and no exit record)"
         else:
             text = summary.describe() if summary else "has not ended"
@@ -172,12 +169,13 @@ class JobHandle:
                 if ready(snapshot):
                     if on_snapshot is not None:
                         on_snapshot(snapshot)
+                    if self.stopped_at_timeout:
+                        raise self._timeout_error(snapshot)
                     return snapshot
                 if on_snapshot is not None and now - shown_at >= SNAPSHOT_INTERVAL_S:
                     on_snapshot(snapshot)
                     shown_at = now
-                if self.plan.timeout_s is not None and time.time() - self.poller.submitted_at > self.plan.timeout_s:
-                    self._stop_for_timeout(on_snapshot)
+                self._check_timeout(on_snapshot)
                 if deadline is not None and now > deadline:
                     raise KineticTimeoutError(f"job {self.job_id} has not finished after {timeout:g} s; it goes on")
                 time.sleep(pause)
@@ -197,13 +195,30 @@ class JobHandle:
             interrupt.add_note(f"kinetic_nb: cancelled job {self.job_id} and stopped its {self.plan.hosts} hosts")
             raise
 
+    @property
+    def stopped_at_timeout(self) -> bool:
+        """Whether the job was stopped because it ran past the plan's timeout (by its agent or by this client)."""
+        request = self.poller.cancel_request
+        return request is not None and request.reason == CancelRequest.TIMEOUT
+
+    def _check_timeout(self, on_snapshot: Callable[[JobSnapshot], None] | None) -> None:
+        """The client's backstop: stop the job a little after its timeout if its agent has not."""
+        started = self.plan.created_at or self.poller.submitted_at
+        if self.plan.timeout_s is not None and time.time() - started > self.plan.timeout_s + TIMEOUT_SLACK_S:
+            self._stop_for_timeout(on_snapshot)
+
     def _stop_for_timeout(self, on_snapshot: Callable[[JobSnapshot], None] | None) -> None:
-        where = [f"host {h.index}: {h.state}, phase {h.phase}" + (f", last line: {h.last_line}" if h.last_line else "")
-                 for h in self.hosts()]
-        self.cancel("timeout")
+        """The client's backstop for an agent that did not stop the job at its timeout."""
+        self.cancel(CancelRequest.TIMEOUT)
+        snapshot = self.snapshot()
         if on_snapshot is not None:
-            on_snapshot(self.snapshot())
-        raise KineticTimeoutError(
+            on_snapshot(snapshot)
+        raise self._timeout_error(snapshot)
+
+    def _timeout_error(self, snapshot: JobSnapshot) -> KineticTimeoutError:
+        where = [f"host {h.index}: {h.state}, phase {h.phase}" + (f", last line: {h.last_line}" if h.last_line else "")
+                 for h in snapshot.hosts]
+        return KineticTimeoutError(
             f"job {self.job_id} ran past its timeout of {self.plan.timeout_s:g} s and was stopped; " + "; ".join(where)
         )
 
@@ -233,9 +248,9 @@ class JobHandle:
             except BaseException:
                 self._record_outcome(JobStatus.FAILED)
                 raise
-            self.outputs = dict(self._payload.get(protocol.OUTPUTS) or {})
+            self.outputs = dict(self._payload.outputs)
             self._record_outcome(JobStatus.SUCCEEDED)
-        return self._payload.get(protocol.RESULT_VALUE)
+        return self._payload.result
 
     def _record_outcome(self, status: JobStatus) -> None:
         """Note the outcome in handle.json; after a success, remove all but handle.json and outputs/."""
@@ -249,12 +264,10 @@ class JobHandle:
             self.storage.write_bytes(protocol.HANDLE, json.dumps(record).encode())
         except Exception:  # bookkeeping must not hide the outcome
             logger.warning("could not record the outcome of %s", self.job_id, exc_info=True)
-        cleanup = getattr(self.backend, "cleanup", None)
-        if cleanup is not None:  # a cluster's objects: a LeaderWorkerSet's parked pods hold their TPUs
-            try:
-                cleanup(self.plan)
-            except Exception:
-                logger.warning("could not clean up the cluster objects of %s", self.job_id, exc_info=True)
+        try:  # a cluster's objects: a LeaderWorkerSet's parked pods hold their TPUs
+            self.backend.cleanup(self.plan)
+        except Exception:
+            logger.warning("could not clean up the cluster objects of %s", self.job_id, exc_info=True)
 
     def cancel(self, reason: str = "cancelled by the user") -> None:
         """Stop every host; returns once they are gone (or after a bounded wait)."""
@@ -271,10 +284,25 @@ class JobHandle:
         """What handle.json holds: enough to list the job and attach to it from any kernel."""
         record = {"job_id": self.job_id, "uri": self.uri, "backend": self.backend.name, "hosts": self.plan.hosts,
                   "accelerator": self.plan.accelerator, "submitted_at": self._submitted_wall}
-        settings = getattr(self.backend, "settings", None)
-        if dataclasses.is_dataclass(settings):  # where a cluster job lives: namespace, context, ...
-            record["backend_options"] = {k: v for k, v in dataclasses.asdict(settings).items() if v is not None}
+        options = self.backend.options()
+        if options:  # where a cluster job lives: namespace, context, ...
+            record["backend_options"] = options
         return record
+
+
+class _Watched:
+    """The snapshot source ``JobHandle.watch`` gives the display: the handle's
+    snapshots, with the plan's timeout enforced as ``wait`` enforces it."""
+
+    def __init__(self, handle: JobHandle):
+        self.handle = handle
+        self.plan = handle.plan
+
+    def snapshot(self) -> JobSnapshot:
+        snapshot = self.handle.snapshot()
+        if not snapshot.status.done:
+            self.handle._check_timeout(None)
+        return snapshot
 
 
 def remove_job_objects(storage: Storage, keep: Iterable[str] = ()) -> None:
@@ -310,9 +338,11 @@ def last_job() -> JobHandle | None:
     return _last_handle
 
 
-def print_to_stdout(text: str) -> None:
-    sys.stdout.write(text)
-    sys.stdout.flush()
+def print_to_stdout(text: str, stream: str = protocol.STDOUT) -> None:
+    """Echo a host's output to this process's stream of the same name."""
+    out = sys.stderr if stream == protocol.STDERR else sys.stdout
+    out.write(text)
+    out.flush()
 
 
 def submit(
@@ -360,7 +390,9 @@ def submit(
     storage : str, optional
         Storage root URI (default: a per-user directory, or ``$KINETIC_STORAGE``).
     echo : bool or callable
-        Print (or pass to the callable) the leader's output while waiting.
+        Print the leader's output while waiting (stdout and stderr to their
+        own streams), or call ``echo(text, stream)`` with it (``stream`` is
+        ``"out"`` or ``"err"``).
     quiet : bool
         Do not print the notice that an accelerator is simulated.
     grace : float, optional
@@ -393,12 +425,13 @@ def submit(
         framework=choose_framework(framework, payload.modules),
         coordinator_address=chosen_backend.coordinator_address(job_id),
         payload=payload,
-        simulated=chosen_backend.name == "local",
+        simulated=chosen_backend.simulates_accelerators,
         timeout=timeout,
         env=env,
         grace=grace,
     )
-    if acc.simulated_locally and chosen_backend.name == "local" and not quiet:
+    chosen_backend.preflight(plan)
+    if acc.simulated_locally and chosen_backend.simulates_accelerators and not quiet:
         print(local_notice(acc), file=sys.stderr)
     job_storage = open_storage(storage or default_root()).child(job_id)
     job_storage.write_bytes(protocol.PAYLOAD, payload.data, exclusive=True)

@@ -20,7 +20,7 @@ from kinetic_nb import catalog
 from kinetic_nb.backends import BACKENDS
 from kinetic_nb.client import JobHandle, submit
 from kinetic_nb.errors import CaptureError, ObjectNotFoundError, UnknownAcceleratorError
-from kinetic_nb.panel import live_view
+from kinetic_nb.display import live_view
 
 #: The ``%kinetic`` line magic's subcommands, in the order its help lists them.
 SUBCOMMANDS = ("jobs", "attach", "cancel", "logs", "gc")

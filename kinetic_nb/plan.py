@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import secrets
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -129,4 +130,5 @@ def make_plan(
         simulated=simulated,
         env=dict(env or {}),
         grace_s=DEFAULT_GRACE_S if grace is None else grace,
+        created_at=time.time(),
     )

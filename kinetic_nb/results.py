@@ -24,11 +24,9 @@ A re-raised host exception carries the phase its payload names as a note
 from __future__ import annotations
 
 import dataclasses
-import enum
-import re
+import logging
 import warnings
 from collections.abc import Callable, Collection, Mapping
-from typing import Any
 
 import cloudpickle
 
@@ -40,79 +38,32 @@ from kinetic_nb.errors import (
     RemoteHostError,
 )
 from kinetic_nb.runner import protocol
-from kinetic_nb.runner.protocol import ExitSummary, JobPlan
+from kinetic_nb.runner.protocol import ExitSummary, JobPlan, ResultPayload
+from kinetic_nb.state import JobStatus, is_peer_loss
 from kinetic_nb.storage import ObjectInfo, Storage
 
-
-class JobStatus(str, enum.Enum):
-    PENDING = "PENDING"
-    RUNNING = "RUNNING"
-    SUCCEEDED = "SUCCEEDED"
-    FAILED = "FAILED"
-    CANCELLED = "CANCELLED"
-
-    def __str__(self) -> str:
-        return self.value
-
-    @property
-    def done(self) -> bool:
-        return self in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
-
-
-def job_status(
-    plan: JobPlan,
-    exits: Mapping[int, ExitSummary],
-    *,
-    started: bool,
-    cancelled: bool,
-    lost: Collection[int] = (),
-) -> JobStatus:
-    """The job's state once every host has ended or been lost (RUNNING or PENDING before)."""
-    if len(set(exits) | set(lost)) < plan.hosts:
-        return JobStatus.RUNNING if started else JobStatus.PENDING
-    if lost or any(summary.failed for summary in exits.values()):
-        return JobStatus.FAILED
-    if any(summary.stopped or summary.exit_code == protocol.EXIT_STOPPED for summary in exits.values()):
-        return JobStatus.CANCELLED if cancelled else JobStatus.FAILED
-    return JobStatus.SUCCEEDED
-
-
-#: Messages of errors that follow from losing a peer (gloo, NCCL, the JAX
-#: coordination service), rather than from a host's own code.
-_PEER_LOSS = re.compile(
-    r"connection (closed|reset) by peer|broken pipe|gloo|nccl|coordination service|heartbeat|"
-    r"barrier timed out|peer .* (died|lost|gone)",
-    re.IGNORECASE,
-)
-#: gRPC status codes the JAX coordination service reports when a peer is gone
-#: (matched in capitals only: "unavailable" is an ordinary word).
-_PEER_LOSS_CODES = re.compile(r"\b(DEADLINE_EXCEEDED|UNAVAILABLE|ABORTED)\b")
-
-
-def is_peer_loss(text: str) -> bool:
-    """Whether an error's ``"Type: message"`` is a known consequence of losing a peer (rule 6)."""
-    return bool(_PEER_LOSS.search(text) or _PEER_LOSS_CODES.search(text)) or text.split(":", 1)[0].endswith("HostStoppedError")
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
 class HostFailure:
-    """One host's failure payload, decoded."""
+    """One host's payload record, where it was read from, and what the rules ask of it."""
 
     host_index: int
-    payload: dict[str, Any]
+    payload: ResultPayload
     uri: str
 
     @property
     def stopped(self) -> bool:
-        return bool(self.payload.get(protocol.STOPPED))
+        return self.payload.stopped
 
     @property
     def type_name(self) -> str:
-        return self.payload.get(protocol.EXCEPTION_TYPE, "")
+        return self.payload.exception_type
 
     @property
     def message(self) -> str:
-        return self.payload.get(protocol.EXCEPTION_MESSAGE, "")
+        return self.payload.exception_message
 
     @property
     def is_consequence(self) -> bool:
@@ -122,10 +73,10 @@ class HostFailure:
     def exception(self, job_id: str) -> BaseException:
         """The remote exception as its own type, carrying the remote traceback."""
         try:
-            error = cloudpickle.loads(self.payload[protocol.EXCEPTION])
+            error = cloudpickle.loads(self.payload.exception)
         except Exception:
             error = RemoteHostError(f"{self.type_name}: {self.message}")
-        attach_remote_traceback(error, self.payload.get(protocol.TRACEBACK, ""), self.host_index, job_id)
+        attach_remote_traceback(error, self.payload.traceback, self.host_index, job_id)
         return error
 
 
@@ -159,20 +110,36 @@ def attach_remote_traceback(error: BaseException, text: str, host_index: int, jo
 
 
 def read_failure(storage: Storage, name: str, host_index: int, *, warn: bool) -> HostFailure | None:
-    """Download and decode one payload; an unreadable or success-claiming one is skipped with a warning."""
+    """Download and decode one payload into its record; skip an unreadable or success-claiming one.
+
+    Parameters
+    ----------
+    storage : Storage
+        The job's storage.
+    name : str
+        The payload object (``result.pkl`` or ``result-worker-{i}.pkl``).
+    host_index : int
+        The host that wrote it.
+    warn : bool
+        Warn (``KineticWarning``) when an unreadable payload is skipped.
+
+    Returns
+    -------
+    HostFailure or None
+        The ``ResultPayload`` record with where it came from; None when the
+        object is missing, unreadable, or a worker's that claims success.
+    """
     uri = f"{storage.uri}/{name}"
     try:
         with storage.open_read(name) as file:  # streamed: no second copy of a large value
-            payload = cloudpickle.load(file)
-        if not isinstance(payload, dict):
-            raise TypeError(f"a {type(payload).__name__}, not a dict")
+            payload = ResultPayload.from_dict(cloudpickle.load(file))
     except ObjectNotFoundError:
         return None
     except Exception as error:
         if warn:
             warnings.warn(f"skipping the unreadable payload of host {host_index} ({uri}): {error}", KineticWarning, 3)
         return None
-    if payload.get(protocol.SUCCESS) and host_index != protocol.LEADER_INDEX:
+    if payload.success and host_index != protocol.LEADER_INDEX:
         warnings.warn(f"skipping the payload of host {host_index} ({uri}): a worker payload that claims success",
                       KineticWarning, 3)
         return None
@@ -200,7 +167,7 @@ def _raise_leader_failure(failure: HostFailure, job_id: str, extra: list[str] = 
 
 
 def _phase_notes(failure: HostFailure) -> list[str]:
-    phase = failure.payload.get(protocol.PHASE)
+    phase = failure.payload.phase
     return [f"Failed during phase: {phase}"] if phase else []
 
 
@@ -244,8 +211,8 @@ def resolve_outcome(
     list_job: Callable[[], list[ObjectInfo]],
     describe_host: Callable[[int], str],
     lost: Collection[int] = (),
-) -> dict[str, Any]:
-    """The leader's success payload, or raise the right host's exception.
+) -> ResultPayload:
+    """The leader's success payload record, or raise the right host's exception.
 
     ``list_job`` is called at most once, and never for a succeeded or
     single-host job; ``describe_host(i)`` gives host i's exit summary and
@@ -256,7 +223,7 @@ def resolve_outcome(
     """
     warn_teardown_crashes(exits)
     leader = read_failure(storage, protocol.RESULT, protocol.LEADER_INDEX, warn=True)
-    leader_ok = leader is not None and bool(leader.payload.get(protocol.SUCCESS))
+    leader_ok = leader is not None and leader.payload.success
     if leader is not None and not leader_ok and not leader.is_consequence:
         _raise_leader_failure(leader, plan.job_id)  # rule 1
     if leader_ok and status is JobStatus.SUCCEEDED:

@@ -13,7 +13,7 @@ from .fixtures_gcs import gcs_emulator, gcs_root  # noqa: F401 - the fake-gcs-se
 
 #: Every local job process carries one of these: the supervisor and the hosts
 #: it forks share its command line; anything a cell starts inherits the variable.
-_JOB_COMMAND = "kinetic_nb.backends.local_supervisor"
+_JOB_COMMAND = "kinetic_nb.agent"
 _JOB_VARIABLE = "KINETIC_JOB_URI"
 #: This session's jobs all live below it (another test run's jobs are not ours to judge).
 _session_root = ""

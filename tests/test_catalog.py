@@ -11,7 +11,7 @@ from IPython.core.interactiveshell import InteractiveShell
 
 import kinetic_nb
 from kinetic_nb import catalog as jobs
-from kinetic_nb.results import JobStatus
+from kinetic_nb.state import JobStatus
 
 
 def test_a_success_leaves_only_the_record_and_the_outputs():

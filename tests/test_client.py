@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import os
+import stat
 import time
 
 import pytest
 
 import kinetic_nb
 from kinetic_nb.errors import JobFailedError, KineticWarning, ResultSerializationError
-from kinetic_nb.results import JobStatus
 from kinetic_nb.runner.protocol import HostState
+from kinetic_nb.state import JobStatus
 
 from .conftest import notebook
 
@@ -204,9 +205,11 @@ def test_job_objects_follow_the_protocol():
     handle.result()
     names = {info.name for info in handle.storage.list()}
     assert {"plan.json", "payload.pkl", "handle.json", ".leader_ready", "result.pkl"} <= names
-    assert {"hosts/0/status.json", "hosts/1/exit.json", "hosts/1/log/000000.txt"} <= names
+    assert {"hosts/0/status.json", "hosts/1/exit.json", "hosts/1/log/000000.json"} <= names
     assert not any(name.startswith("result-worker") for name in names)
-    assert os.stat(handle.storage.local_path()).st_mode & 0o777
+    # This user's only, under a custom root too (the tests run under $KINETIC_STORAGE).
+    assert stat.S_IMODE(os.stat(handle.storage.local_path()).st_mode) == 0o700
+    assert {stat.S_IMODE(os.stat(handle.storage.local_path(name)).st_mode) for name in names} == {0o600}
 
 
 def test_timeout_stops_the_job():

@@ -6,10 +6,19 @@ import io
 
 import pytest
 
-from kinetic_nb.panel import GRID_ABOVE, HostPanel, TextStatus, failure_lines, host_ranges, html_summary, text_summary
-from kinetic_nb.results import JobStatus
-from kinetic_nb.runner.protocol import ExitSummary
-from kinetic_nb.snapshot import HostSnapshot, JobSnapshot
+from kinetic_nb.display.panel import (
+    GRID_ABOVE,
+    HostPanel,
+    TextStatus,
+    failure_lines,
+    host_ranges,
+    html_summary,
+    text_summary,
+    watch_in_background,
+)
+from kinetic_nb import views
+from kinetic_nb.runner.protocol import ExitSummary, JobPlan
+from kinetic_nb.state import HostSnapshot, JobSnapshot, JobStatus
 
 T0 = 1_000_000.0
 TRACEBACK = (
@@ -138,3 +147,42 @@ def test_text_status_writes_a_line_per_change_when_not_a_terminal():
     lines = stream.getvalue().splitlines()
     assert lines[0] == "kn-test: 2 running · 3.0 s" and lines[1] == "kn-test: 1 running, 1 failed · 3.0 s"
     assert lines[2].startswith("kn-test · local") and lines[-1] == "host 1: ValueError at cell line 12"
+
+
+class FakeSource:
+    """A plain snapshot source: a plan and a script of snapshots; no handle, storage or backend."""
+
+    def __init__(self, snapshots):
+        self.plan = JobPlan("kn-test", len(snapshots[0].hosts), "tpu-v5e-16", 4, "none", "127.0.0.1:1", "0" * 64,
+                            1.0, 1, 1)
+        self.snapshots = list(snapshots)
+        self.calls = 0
+
+    def snapshot(self) -> JobSnapshot:
+        self.calls += 1
+        return self.snapshots[min(self.calls, len(self.snapshots)) - 1]
+
+
+def script() -> list[JobSnapshot]:
+    return [job([host(0), host(1)]), job([host(0), failed(1)]),
+            job([host(0, "succeeded"), failed(1)], JobStatus.FAILED)]
+
+
+def test_watch_follows_a_plain_snapshot_source_until_its_job_ends():
+    stream = io.StringIO()
+    source = FakeSource(script())
+    thread = watch_in_background(source, TextStatus(stream), interval=0.001)
+    thread.join(5)
+    assert not thread.is_alive() and source.calls == 3  # polled until done, then drawn once more by close
+    assert thread.name == "kinetic-watch-kn-test"
+    assert stream.getvalue().splitlines()[-1] == "host 1: ValueError at cell line 12"
+
+
+def test_the_views_a_handle_is_shown_by_take_plain_values(capsys):
+    snapshot = script()[-1]
+    assert views.render("text", snapshot) == text_summary(snapshot)
+    assert views.render("html", snapshot) == html_summary(snapshot)
+    views.render("watch", FakeSource(script())).join(5)  # no widget frontend here: the text twin on stderr
+    assert "host 1: ValueError at cell line 12" in capsys.readouterr().err
+    with pytest.raises(LookupError, match="no view 'sparkline'"):
+        views.render("sparkline", snapshot)

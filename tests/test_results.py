@@ -6,9 +6,10 @@ import cloudpickle
 import pytest
 
 from kinetic_nb.errors import HostStoppedError, JobCancelledError, JobFailedError, KineticWarning
-from kinetic_nb.results import JobStatus, job_status, resolve_outcome
+from kinetic_nb.results import resolve_outcome
 from kinetic_nb.runner import protocol
-from kinetic_nb.runner.protocol import ExitSummary, JobPlan
+from kinetic_nb.runner.protocol import ExitSummary, JobPlan, ResultPayload
+from kinetic_nb.state import JobStatus, job_status
 from kinetic_nb.storage import LocalStorage
 
 
@@ -40,17 +41,15 @@ def make_plan(hosts: int) -> JobPlan:
 
 
 def failure(host: int, error: BaseException, *, stopped: bool = False, phase: str = "execute") -> bytes:
-    return cloudpickle.dumps({
-        protocol.SUCCESS: False, protocol.EXCEPTION: cloudpickle.dumps(error),
-        protocol.EXCEPTION_TYPE: type(error).__name__, protocol.EXCEPTION_MESSAGE: str(error),
-        protocol.TRACEBACK: f"Traceback (most recent call last):\n  File \"<cell>\", line 1\n{error!r}\n",
-        protocol.PHASE: phase, protocol.HOST_INDEX: host, protocol.STOPPED: stopped,
-    })
+    text = f"Traceback (most recent call last):\n  File \"<cell>\", line 1\n{error!r}\n"
+    return cloudpickle.dumps(ResultPayload(
+        success=False, exception=cloudpickle.dumps(error), exception_type=type(error).__name__,
+        exception_message=str(error), traceback=text, phase=phase, host_index=host, stopped=stopped,
+    ).to_dict())
 
 
 def success(value) -> bytes:
-    return cloudpickle.dumps({protocol.SUCCESS: True, protocol.RESULT_VALUE: value, protocol.OUTPUTS: {},
-                              protocol.PHASE: "execute", protocol.HOST_INDEX: 0})
+    return cloudpickle.dumps(ResultPayload(success=True, result=value, phase="execute", host_index=0).to_dict())
 
 
 @pytest.fixture
@@ -80,7 +79,7 @@ def test_rule_2_success_reads_only_the_leader_and_never_lists(storage):
     storage.write_bytes("result.pkl", success(42))
     storage.write_bytes("result-worker-3.pkl", failure(3, ValueError("stale")))
     outcome, listed = resolve(storage, 4, JobStatus.SUCCEEDED, exits(4))
-    assert outcome[protocol.RESULT_VALUE] == 42
+    assert outcome.result == 42
     assert storage.reads == ["result.pkl"] and listed == []
 
 

@@ -1,17 +1,46 @@
-"""The small interface a backend implements."""
+"""The interface a backend implements: everything the client, the poller and the catalog call."""
 
 from __future__ import annotations
 
 import abc
+import dataclasses
+import time
+from collections.abc import Mapping
 
-from kinetic_nb.runner.protocol import ExitSummary, JobPlan
+from kinetic_nb.runner import protocol
+from kinetic_nb.runner.protocol import CancelRequest, ExitSummary, JobPlan
 from kinetic_nb.storage import ObjectInfo, Storage
 
 
+@dataclasses.dataclass(frozen=True)
+class PlatformView:
+    """What only the platform sees of a job's hosts, at one poll.
+
+    Attributes
+    ----------
+    exits : dict of int to ExitSummary
+        Ends of hosts that have no ``exit.json`` from their agent: a pod
+        evicted or OOMKilled as a whole, a node lost, an agent that died.
+    waiting : dict of int to str
+        Why a host that has not started is waiting (a pod's scheduler reason).
+    problem : str
+        A job-wide problem in one line (the agent died, a storage error), or "".
+    """
+
+    exits: Mapping[int, ExitSummary] = dataclasses.field(default_factory=dict)
+    waiting: Mapping[int, str] = dataclasses.field(default_factory=dict)
+    problem: str = ""
+
+
 class Backend(abc.ABC):
-    """Starts a job's hosts, stops them, and says how each one ended."""
+    """Starts a job's hosts, stops them, and says what the platform alone sees of them."""
 
     name: str
+    #: The accelerator is simulated with CPU devices on this backend (the local one).
+    simulates_accelerators: bool = False
+
+    def preflight(self, plan: JobPlan) -> None:
+        """Refuse, with one line (``ValueError``), a plan this backend cannot run; nothing is stored yet."""
 
     @abc.abstractmethod
     def coordinator_address(self, job_id: str) -> str:
@@ -21,10 +50,19 @@ class Backend(abc.ABC):
     def launch(self, storage: Storage, plan: JobPlan) -> None:
         """Start every host of ``plan``; plan.json and payload.pkl are already stored."""
 
-    @abc.abstractmethod
     def cancel(self, storage: Storage, plan: JobPlan, reason: str) -> None:
-        """Ask for every host of the job to be stopped."""
+        """Ask every host's agent to stop its hosts (``control/cancel.json``)."""
+        storage.write_bytes(protocol.CANCEL, CancelRequest(reason=reason, at=time.time()).to_json())
 
     @abc.abstractmethod
-    def exit_summaries(self, storage: Storage, plan: JobPlan, listing: list[ObjectInfo]) -> dict[int, ExitSummary]:
-        """How each host that has ended ended, from a listing of the job's objects."""
+    def observe(self, storage: Storage, plan: JobPlan, listing: list[ObjectInfo],
+                recorded: Mapping[int, ExitSummary]) -> PlatformView:
+        """What the platform sees of the hosts; ``recorded`` are the exit records already read from storage."""
+
+    def cleanup(self, plan: JobPlan) -> None:
+        """Remove what the platform still holds for the job once its outcome is recorded; never raises."""
+
+    def options(self) -> dict[str, object]:
+        """The settings that recreate this backend from any kernel (stored in ``handle.json``)."""
+        return {}
+

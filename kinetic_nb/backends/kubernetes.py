@@ -30,10 +30,10 @@ import os
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from kinetic_nb.backends.base import Backend
+from kinetic_nb.backends.base import Backend, PlatformView
 from kinetic_nb.backends.k8s_manifests import (
     LWS_GROUP,
     LWS_PLURAL,
@@ -149,9 +149,6 @@ class KubernetesBackend(Backend):
     """
 
     name = "kubernetes"
-    #: Host ends are read from the platform, not only from stored records: a poller should call
-    #: :meth:`exit_summaries` on every poll with the full listing (it is cheap when nothing changed).
-    exits_from_platform = True
 
     def __init__(self, settings: KubernetesSettings | None = None, *, api: KubernetesApi | None = None,
                  pod_list_interval_s: float = POD_LIST_INTERVAL_S, clock: Callable[[], float] = time.time):
@@ -221,7 +218,7 @@ class KubernetesBackend(Backend):
 
     def cancel(self, storage: Storage, plan: JobPlan, reason: str) -> None:
         """Record ``cancel.json``, then delete the job's root Job: everything it owns, pods included, goes with it."""
-        storage.write_bytes(protocol.CANCEL, json.dumps({"reason": reason, "at": time.time()}).encode())
+        super().cancel(storage, plan, reason)
         self._cancelled.add(plan.job_id)
         self._delete(plan.job_id, CANCEL_PROPAGATION)
 
@@ -271,6 +268,23 @@ class KubernetesBackend(Backend):
         for index, summary in found.items():
             summaries[index] = self._store_exit(storage, plan.job_id, summary)
         return summaries
+
+    def observe(self, storage: Storage, plan: JobPlan, listing: list[ObjectInfo],
+                recorded: Mapping[int, ExitSummary]) -> PlatformView:
+        """Pod ends for hosts with no record of their own, and why pods that have not started are waiting."""
+        summaries = self.exit_summaries(storage, plan, listing)
+        exits = {index: summary for index, summary in summaries.items() if index not in recorded}
+        waiting: dict[int, str] = {}
+        if len(summaries) < plan.hosts:
+            try:
+                states = self.host_states(plan)  # cached with the pod listing: no extra request
+            except Exception:  # noqa: BLE001 - a reason is a nicety; polling goes on
+                states = {}
+            waiting = {index: state.reason for index, state in states.items() if state.reason}
+        return PlatformView(exits=exits, waiting=waiting)
+
+    def options(self) -> dict[str, object]:
+        return {key: value for key, value in dataclasses.asdict(self.settings).items() if value is not None}
 
     # -- pods ----------------------------------------------------------------------
 

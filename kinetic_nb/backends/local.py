@@ -1,28 +1,37 @@
 """The ``local`` backend: a job's hosts are processes on this machine.
 
-``launch`` starts one detached supervisor per job (see
-``local_supervisor``); everything else goes through storage, so a kernel
-restart, an interrupt or a second kernel sees the same job.
+``launch`` starts one detached host agent per job (``python -m
+kinetic_nb.agent --all-hosts``) that forks and supervises every host;
+everything else goes through storage, so a kernel restart, an interrupt or a
+second kernel sees the same job. The agent's own log and record live in a
+per-user directory outside the job's storage, so a client can still tell why
+the agent died or could not write the job.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import subprocess
 import sys
-import tempfile
 import time
+from collections.abc import Mapping
 
-from kinetic_nb.backends.base import Backend
+from kinetic_nb.agent.local_state import AgentState
+from kinetic_nb.agent.processes import host_count_problem
+from kinetic_nb.backends.base import Backend, PlatformView
 from kinetic_nb.errors import ObjectNotFoundError
 from kinetic_nb.runner import protocol
-from kinetic_nb.runner.protocol import ExitSummary, JobPlan
+from kinetic_nb.runner.logs import last_lines
+from kinetic_nb.runner.protocol import ExitSummary, HostState, HostStatus, JobPlan
 from kinetic_nb.storage import ObjectInfo, Storage
+from kinetic_nb.storage.defaults import user_directory
 
-#: The supervisor's own messages go here, in the job's directory when it has one.
-SUPERVISOR_LOG = "supervisor.log"
+#: An agent that has not written its record this long after the job was
+#: stored never started (an import error, a missing interpreter): its log says why.
+AGENT_START_TIMEOUT_S = 15.0
+#: Lines of a dead agent's log quoted in the error.
+AGENT_LOG_LINES = 8
 
 
 def _free_port() -> int:
@@ -31,22 +40,51 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
+def agent_files(job_id: str) -> tuple[str, str]:
+    """The paths of a local job's agent log and agent record (per user, outside the job's storage)."""
+    directory = user_directory("agents")
+    return str(directory / f"{job_id}.log"), str(directory / f"{job_id}.json")
+
+
+def _alive(pid: int, job_id: str) -> bool:
+    """Whether ``pid`` is still the agent of ``job_id`` (a reused pid runs something else)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            return job_id.encode() in cmdline.read()
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc: ask the kernel whether the pid exists at all
+        try:
+            os.kill(pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+
+
 class LocalBackend(Backend):
     name = "local"
+    simulates_accelerators = True
+
+    def __init__(self) -> None:
+        self._agents: dict[str, subprocess.Popen] = {}
+
+    def preflight(self, plan: JobPlan) -> None:
+        problem = host_count_problem(plan.hosts)
+        if problem:
+            raise ValueError(problem)
 
     def coordinator_address(self, job_id: str) -> str:
         return f"127.0.0.1:{_free_port()}"
 
     def launch(self, storage: Storage, plan: JobPlan) -> None:
-        # Beside the job when it is local; else in the temporary directory, so a
-        # supervisor that cannot even read the plan still says why somewhere.
-        log_path = storage.local_path(SUPERVISOR_LOG) or os.path.join(
-            tempfile.gettempdir(), f"kinetic-{plan.job_id}-{SUPERVISOR_LOG}")
-        log = open(log_path, "ab")  # noqa: SIM115 - handed to the child, closed below
+        log_path, state_path = agent_files(plan.job_id)
+        log = open(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")  # noqa: SIM115
         try:
-            subprocess.Popen(
-                [sys.executable, "-m", "kinetic_nb.backends.local_supervisor", "--job", storage.uri,
-                 "--log", log_path],
+            self._agents[plan.job_id] = subprocess.Popen(
+                [sys.executable, "-m", "kinetic_nb.agent", "--job", storage.uri, "--all-hosts",
+                 "--log", log_path, "--state", state_path],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,
@@ -57,17 +95,59 @@ class LocalBackend(Backend):
         finally:
             log.close()
 
-    def cancel(self, storage: Storage, plan: JobPlan, reason: str) -> None:
-        storage.write_bytes(protocol.CANCEL, json.dumps({"reason": reason, "at": time.time()}).encode())
+    def observe(self, storage: Storage, plan: JobPlan, listing: list[ObjectInfo],
+                recorded: Mapping[int, ExitSummary]) -> PlatformView:
+        """A dead agent's hosts as ended (with the tail of its log), and its storage error."""
+        if len(recorded) >= plan.hosts:
+            return PlatformView()
+        log_path, state_path = agent_files(plan.job_id)
+        state = AgentState.read(state_path)
+        died = self._agent_death(plan, state)
+        if died is None:
+            problem = f"the job's agent met a storage error: {state.storage_error}" if state and state.storage_error else ""
+            return PlatformView(problem=problem)
+        tail = _log_tail(log_path)
+        reason = died + (f"; its log ({log_path}) ends:\n" + "\n".join(f"    {line}" for line in tail) if tail else "")
+        # Looked up one by one: an exit record may have landed after the poll's listing.
+        missing = [index for index in range(plan.hosts)
+                   if index not in recorded and not storage.exists(protocol.host_exit(index))]
+        exits = {index: ExitSummary(index, None, recorded_success=_recorded_success(storage, index),
+                                    ended_at=time.time(), reason=reason,
+                                    storage_error=state.storage_error if state else "")
+                 for index in missing}
+        return PlatformView(exits=exits, problem=reason.splitlines()[0] if exits else "")
 
-    def exit_summaries(self, storage: Storage, plan: JobPlan, listing: list[ObjectInfo]) -> dict[int, ExitSummary]:
-        summaries = {}
-        for info in listing:
-            parsed = protocol.parse_host_object(info.name)
-            if parsed is None or parsed[1] != "exit":
-                continue
-            try:
-                summaries[parsed[0]] = ExitSummary.from_json(storage.read_bytes(info.name))
-            except ObjectNotFoundError:
-                continue
-        return summaries
+    def _agent_death(self, plan: JobPlan, state: AgentState | None) -> str | None:
+        """Why the job's agent is gone while hosts have no exit record, or None while it lives."""
+        popen = self._agents.get(plan.job_id)
+        if state is not None:
+            if state.finished:
+                return "the job's agent ended without recording how this host ended"
+            if _alive(state.pid, plan.job_id):
+                return None
+            return f"the job's agent (pid {state.pid}) died"
+        if popen is not None:
+            code = popen.poll()
+            if code is None:
+                return None
+            return f"the job's agent exited with code {code} before it started any host"
+        if time.time() - (plan.created_at or time.time()) > AGENT_START_TIMEOUT_S:
+            return f"the job's agent never started ({AGENT_START_TIMEOUT_S:g} s after the job was stored)"
+        return None
+
+
+def _log_tail(path: str) -> list[str]:
+    try:
+        with open(path, "rb") as log:
+            log.seek(max(0, os.path.getsize(path) - 16384))
+            return last_lines(log.read().decode(errors="replace"), AGENT_LOG_LINES)
+    except OSError:
+        return []
+
+
+def _recorded_success(storage: Storage, index: int) -> bool:
+    try:
+        status = HostStatus.from_json(storage.read_bytes(protocol.host_status(index)))
+    except (ObjectNotFoundError, ValueError, TypeError, OSError):
+        return False
+    return status.state == HostState.SUCCEEDED.value

@@ -42,11 +42,15 @@ class _HostWatcher:
         self.failed: dict[int, str] = {}  # host -> phase it failed in
 
     def refresh(self, prefix: str = protocol.HOSTS_DIR + "/") -> None:
+        changed = []
         for info in self._storage.list(prefix):
             parsed = protocol.parse_host_object(info.name)
             if parsed is None or parsed[1] not in ("status", "exit") or self._seen.get(info.name) == info.version:
                 continue
-            host, kind, _ = parsed
+            changed.append((parsed, info))
+        # Statuses first: a host's exit record names the phase its last status was in.
+        changed.sort(key=lambda item: item[0][1] != "status")
+        for (host, kind, _), info in changed:
             try:
                 data = self._storage.read_bytes(info.name)
             except ObjectNotFoundError:

@@ -25,8 +25,8 @@ import cloudpickle
 from kinetic_nb.errors import HostStoppedError, PlanError, RemoteHostError, ResultSerializationError
 from kinetic_nb.runner import barrier, frameworks, protocol
 from kinetic_nb.runner.hostenv import HOST_INDEX_VARIABLES, resolve_host_index
-from kinetic_nb.runner.log_capture import capture_output, wants_log_upload
-from kinetic_nb.runner.protocol import HostState, JobPlan, Phase
+from kinetic_nb.runner.protocol import HostState, JobPlan, Phase, ResultPayload
+from kinetic_nb.runner.stacks import enable_stack_dumps
 from kinetic_nb.runner.status import StatusReporter
 from kinetic_nb.storage import Storage, open_storage
 
@@ -37,17 +37,17 @@ _MAX_REPR = 2000
 
 
 def run_host(job_uri: str) -> int:
-    """Run this host's part of the job at ``job_uri``; return the process exit code."""
+    """Run this host's part of the job at ``job_uri``; return the process exit code.
+
+    The host's agent collects this process's output and records how it ended.
+    """
     for stream in (sys.stdout, sys.stderr):
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(line_buffering=True)
+    enable_stack_dumps()
     storage = open_storage(job_uri)
     host_index = resolve_host_index(os.environ)
-    run = HostRun(storage, host_index)
-    if not wants_log_upload():
-        return run.run()  # the backend collects this process's output
-    with capture_output(storage, run.host_index):
-        return run.run()
+    return HostRun(storage, host_index).run()
 
 
 def exception_type_name(exc: BaseException) -> str:
@@ -192,18 +192,13 @@ class HostRun:
         if missing:
             raise NameError(f"--out names {', '.join(missing)}, which the cell did not define on the leader")
         outputs = {name: namespace[name] for name in out_names}
-        payload = {
-            protocol.SUCCESS: True,
-            protocol.RESULT_VALUE: value,
-            protocol.OUTPUTS: outputs,
-            protocol.PHASE: Phase.EXECUTE.value,
-            protocol.HOST_INDEX: self.host_index,
-        }
+        payload = ResultPayload(success=True, result=value, outputs=outputs, phase=Phase.EXECUTE.value,
+                                host_index=self.host_index)
         # Pickled into a temporary file and streamed up: a large value is not
         # held twice in memory (the object and its bytes).
         with tempfile.TemporaryFile() as pickled:
             try:
-                cloudpickle.dump(payload, pickled)
+                cloudpickle.dump(payload.to_dict(), pickled)
             except Exception as error:
                 self._report_unpicklable(value, outputs, error)
                 raise
@@ -243,21 +238,21 @@ class HostRun:
               file=sys.stderr)
         if stopped and not self.is_leader:
             return  # a stopped worker reports nothing: it did not fail on its own
-        payload = {
-            protocol.SUCCESS: False,
-            protocol.EXCEPTION: _shippable_exception(error),
-            protocol.EXCEPTION_TYPE: exception_type_name(error),
-            protocol.EXCEPTION_MESSAGE: str(error),
-            protocol.TRACEBACK: remote_traceback,
-            protocol.PHASE: self.phase.value,
-            protocol.HOST_INDEX: self.host_index,
-            protocol.STOPPED: stopped,
-        }
-        if serialization_failed_repr is not None:
-            payload[protocol.SERIALIZATION_FAILED] = True
-            payload[protocol.RESULT_REPR] = serialization_failed_repr
+        payload = ResultPayload(
+            success=False,
+            exception=_shippable_exception(error),
+            exception_type=exception_type_name(error),
+            exception_message=str(error),
+            traceback=remote_traceback,
+            phase=self.phase.value,
+            host_index=self.host_index,
+            stopped=stopped,
+            serialization_failed=serialization_failed_repr is not None,
+            result_repr=serialization_failed_repr,
+        )
         try:
-            self.storage.write_bytes(protocol.result_object(self.host_index), cloudpickle.dumps(payload), exclusive=True)
+            self.storage.write_bytes(protocol.result_object(self.host_index), cloudpickle.dumps(payload.to_dict()),
+                                     exclusive=True)
         except Exception:
             logger.exception("host %d could not write its failure payload", self.host_index)
         finally:

@@ -1,14 +1,18 @@
 """A host's stdout and stderr as append-only chunks in storage.
 
-``hosts/{i}/log/{seq:06d}.txt`` objects are never rewritten, so a reader
-that lists them knows which ones it has already read. A progress bar that
-redraws with ``\\r`` keeps only its last state in a chunk.
+``hosts/{i}/log/{seq:06d}.json`` objects are never rewritten, so a reader
+that lists them knows which ones it has already read. Each chunk holds the
+host's output as ``[stream, text]`` segments in the order it was written, so
+stdout and stderr stay apart and in order. A progress bar that redraws with
+``\\r`` keeps only its last state in a chunk.
 """
 
 from __future__ import annotations
 
+import codecs
 import logging
 import time
+from collections.abc import Callable
 
 from kinetic_nb.runner import protocol
 from kinetic_nb.storage import Storage
@@ -26,55 +30,73 @@ def collapse_carriage_returns(text: str) -> str:
 
 
 class LogChunkWriter:
-    """Buffers one host's output and writes it as numbered chunks."""
+    """Buffers one host's output, stream by stream, and writes it as numbered chunks.
 
-    def __init__(self, storage: Storage, host_index: int):
+    ``on_error`` is called with the exception when a chunk cannot be stored
+    (the host goes on; its agent records the storage error).
+    """
+
+    def __init__(self, storage: Storage, host_index: int, *,
+                 on_error: Callable[[str, BaseException], None] | None = None):
         self._storage = storage
         self._host_index = host_index
-        self._buffer = bytearray()
+        self._on_error = on_error
+        #: Bytes become text as they arrive; a UTF-8 sequence cut between two reads waits in its decoder.
+        self._decoders = {stream: codecs.getincrementaldecoder("utf-8")(errors="replace")
+                          for stream in (protocol.STDOUT, protocol.STDERR)}
+        self._segments: list[list[str]] = []
         self._seq = 0
         self._last_flush = time.monotonic()
 
-    def feed(self, data: bytes) -> None:
-        self._buffer += data
+    def feed(self, data: bytes, stream: str = protocol.STDOUT) -> None:
+        text = self._decoders[stream].decode(data)
+        if text:
+            self._append(stream, text)
         if time.monotonic() - self._last_flush >= FLUSH_INTERVAL_S:
             self.flush()
 
+    def _append(self, stream: str, text: str) -> None:
+        if self._segments and self._segments[-1][0] == stream:
+            self._segments[-1][1] += text
+        else:
+            self._segments.append([stream, text])
+
     def due(self) -> bool:
-        return bool(self._buffer) and time.monotonic() - self._last_flush >= FLUSH_INTERVAL_S
+        return bool(self._segments) and time.monotonic() - self._last_flush >= FLUSH_INTERVAL_S
 
     def flush(self, final: bool = False) -> None:
         """Write what is buffered as the next chunk (``final``: the host has ended)."""
         self._last_flush = time.monotonic()
-        if not self._buffer:
+        if final:
+            for stream, decoder in self._decoders.items():
+                rest = decoder.decode(b"", final=True)
+                if rest:
+                    self._append(stream, rest)
+        if not self._segments:
             return
-        # Hold back an incomplete trailing UTF-8 sequence for the next chunk.
-        cut = len(self._buffer)
-        text = ""
-        for back in range(0 if final else 4):
-            try:
-                text = bytes(self._buffer[: cut - back]).decode()
-                cut -= back
-                break
-            except UnicodeDecodeError:
-                continue
-        else:
-            text = bytes(self._buffer).decode(errors="replace")
-        del self._buffer[:cut]
-        if not text:
-            return
+        segments = [(stream, collapse_carriage_returns(text)) for stream, text in self._segments]
+        self._segments = []
         name = protocol.host_log_chunk(self._host_index, self._seq)
         try:
-            self._storage.write_bytes(name, collapse_carriage_returns(text).encode())
+            self._storage.write_bytes(name, protocol.encode_log_chunk(segments))
             self._seq += 1
-        except Exception:
+        except Exception as error:
             logger.warning("could not write %s", name, exc_info=True)
+            if self._on_error is not None:
+                self._on_error(name, error)
+
+
+def read_log_segments(storage: Storage, host_index: int) -> list[tuple[str, str]]:
+    """A host's whole log as ``(stream, text)`` segments, its chunks in order."""
+    segments: list[tuple[str, str]] = []
+    for info in storage.list(protocol.host_log_prefix(host_index)):
+        segments += protocol.decode_log_chunk(storage.read_bytes(info.name))
+    return segments
 
 
 def read_log(storage: Storage, host_index: int) -> str:
-    """A host's whole log, its chunks joined in order."""
-    chunks = storage.list(protocol.host_log_prefix(host_index))
-    return "".join(storage.read_bytes(info.name).decode(errors="replace") for info in chunks)
+    """A host's whole log, stdout and stderr interleaved as written."""
+    return "".join(text for _, text in read_log_segments(storage, host_index))
 
 
 def last_lines(text: str, count: int = 10) -> list[str]:

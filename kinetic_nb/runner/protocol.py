@@ -10,9 +10,13 @@ A job lives under ``{storage root}/{job_id}/``::
     payload.pkl                  client, once; its sha256 is in the plan
     hosts/{i}/status.json        host i, whenever its state or phase changes
     hosts/{i}/heartbeat          host i, rewritten (empty) every few seconds while it lives
-    hosts/{i}/log/{seq:06d}.txt  host i's stdout and stderr, append-only chunks
-    hosts/{i}/exit.json          the backend, when host i ends
+    hosts/{i}/log/{seq:06d}.json host i's stdout and stderr, append-only chunks of [stream, text] segments
+    hosts/{i}/exit.json          host i's agent (or the backend, for what only the platform sees), when it ends
+    hosts/{i}/stacks/{seq}.txt   host i's agent: every thread's Python stack, on request
     .leader_ready                the leader, after the start barrier (go or abort)
+    control/cancel.json          a client or an agent: stop every host (the reason: cancelled, timeout)
+    control/failed.json          the first agent to see one of its hosts fail (exclusive create)
+    control/stacks-{seq}.json    a client: every agent dumps its live hosts' stacks
     result.pkl                   the leader only, success or failure
     result-worker-{i}.pkl        host i > 0, only when it fails
     outputs/                     the cell's files (KINETIC_OUTPUT_DIR)
@@ -26,25 +30,33 @@ import dataclasses
 import enum
 import json
 import re
-from typing import Any
+from typing import Any, ClassVar
 
 #: Bumped whenever an object name, a payload key or a record's shape changes
 #: incompatibly; a host refuses a plan with another version.
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 
 PLAN = "plan.json"
 PAYLOAD = "payload.pkl"
 LEADER_READY = ".leader_ready"
 RESULT = "result.pkl"
 HANDLE = "handle.json"
-CANCEL = "cancel.json"
+#: What steers every host's agent: one listing of this prefix per look, whatever the number of hosts.
+CONTROL_DIR = "control"
+CANCEL = f"{CONTROL_DIR}/cancel.json"
+FAILED = f"{CONTROL_DIR}/failed.json"
 OUTPUTS_DIR = "outputs"
 HOSTS_DIR = "hosts"
 
 LEADER_INDEX = 0
 
 _WORKER_RESULT_RE = re.compile(r"^result-worker-(\d+)\.pkl$")
-_HOST_OBJECT_RE = re.compile(r"^hosts/(\d+)/(status\.json|exit\.json|heartbeat|log/(\d+)\.txt)$")
+_HOST_OBJECT_RE = re.compile(r"^hosts/(\d+)/(status\.json|exit\.json|heartbeat|log/(\d+)\.json|stacks/(\d+)\.txt)$")
+_STACKS_REQUEST_RE = re.compile(r"^control/stacks-(\d+)\.json$")
+
+#: The two streams of a host's output, as log chunks name them.
+STDOUT = "out"
+STDERR = "err"
 
 
 def worker_result(host_index: int) -> str:
@@ -74,7 +86,36 @@ def host_log_prefix(host_index: int) -> str:
 
 
 def host_log_chunk(host_index: int, seq: int) -> str:
-    return f"{host_log_prefix(host_index)}{seq:06d}.txt"
+    return f"{host_log_prefix(host_index)}{seq:06d}.json"
+
+
+def host_stacks(host_index: int, seq: int) -> str:
+    """Where host ``host_index``'s agent puts its answer to stacks request ``seq``."""
+    return f"{HOSTS_DIR}/{host_index}/stacks/{seq:06d}.txt"
+
+
+def stacks_request(seq: int) -> str:
+    return f"{CONTROL_DIR}/stacks-{seq:06d}.json"
+
+
+def parse_stacks_request(name: str) -> int | None:
+    """The sequence number of a ``control/stacks-{seq}.json`` name, else None."""
+    match = _STACKS_REQUEST_RE.match(name)
+    return int(match.group(1)) if match else None
+
+
+def encode_log_chunk(segments: list[tuple[str, str]]) -> bytes:
+    """A log chunk: ``[[stream, text], ...]`` in the order the host wrote them."""
+    return json.dumps([[stream, text] for stream, text in segments], ensure_ascii=False).encode()
+
+
+def decode_log_chunk(data: bytes) -> list[tuple[str, str]]:
+    """The ``(stream, text)`` segments of a log chunk; text that is not a chunk counts as stdout."""
+    try:
+        segments = json.loads(data)
+        return [(str(stream), str(text)) for stream, text in segments]
+    except (ValueError, TypeError):
+        return [(STDOUT, data.decode(errors="replace"))]
 
 
 def parse_worker_result(name: str) -> int | None:
@@ -84,16 +125,20 @@ def parse_worker_result(name: str) -> int | None:
 
 
 def parse_host_object(name: str) -> tuple[int, str, int | None] | None:
-    """Split ``hosts/{i}/...`` into (host index, kind, log sequence).
+    """Split ``hosts/{i}/...`` into (host index, kind, sequence).
 
-    ``kind`` is ``"status"``, ``"exit"``, ``"heartbeat"`` or ``"log"``; other names give None.
+    ``kind`` is ``"status"``, ``"exit"``, ``"heartbeat"``, ``"log"`` or
+    ``"stacks"`` (the last two with their sequence number); other names give None.
     """
     match = _HOST_OBJECT_RE.match(name)
     if not match:
         return None
-    kind = {"status.json": "status", "exit.json": "exit", "heartbeat": "heartbeat"}.get(match.group(2), "log")
-    seq = int(match.group(3)) if match.group(3) is not None else None
-    return int(match.group(1)), kind, seq
+    if match.group(3) is not None:
+        return int(match.group(1)), "log", int(match.group(3))
+    if match.group(4) is not None:
+        return int(match.group(1)), "stacks", int(match.group(4))
+    kind = {"status.json": "status", "exit.json": "exit", "heartbeat": "heartbeat"}[match.group(2)]
+    return int(match.group(1)), kind, None
 
 
 class Phase(str, enum.Enum):
@@ -192,6 +237,9 @@ class JobPlan:
     grace_s: float = 10.0
     #: The accelerator is simulated with CPU devices (the local backend).
     simulated: bool = False
+    #: When the client stored the plan (seconds since the epoch): ``timeout_s`` counts from here,
+    #: on every host's agent, with or without a client.
+    created_at: float = 0.0
     env: dict[str, str] = dataclasses.field(default_factory=dict)
     protocol_version: int = PROTOCOL_VERSION
 
@@ -255,6 +303,10 @@ class ExitSummary:
     ended_at: float = 0.0
     #: The platform's word for it, when it has one (a pod's OOMKilled, Evicted, Unschedulable).
     reason: str = ""
+    #: The last lines the host wrote to stderr, for a host that died before it could report.
+    stderr_tail: tuple[str, ...] = ()
+    #: A storage error the host's agent met while recording the host (ENOSPC, EACCES, ...), named as such.
+    storage_error: str = ""
 
     @property
     def failed(self) -> bool:
@@ -268,11 +320,18 @@ class ExitSummary:
 
     def describe(self) -> str:
         """How the process ended, as a verb phrase: "was killed by SIGKILL", "exited with code 1"."""
-        how = f"was killed by {self.signal}" if self.signal else f"exited with code {self.exit_code}"
+        if self.signal:
+            how = f"was killed by {self.signal}"
+        elif self.exit_code is None:
+            how = "ended unrecorded"
+        else:
+            how = f"exited with code {self.exit_code}"
         if self.reason:
             how += f" ({self.reason})"
         if self.stopped:
             how += " (stopped after another host failed)"
+        if self.storage_error:
+            how += f" (storage error: {self.storage_error})"
         return how
 
     def to_json(self) -> bytes:
@@ -281,7 +340,9 @@ class ExitSummary:
     @classmethod
     def from_json(cls, data: bytes) -> ExitSummary:
         known = {field.name for field in dataclasses.fields(cls)}
-        return cls(**{key: value for key, value in json.loads(data).items() if key in known})
+        record = {key: value for key, value in json.loads(data).items() if key in known}
+        record["stderr_tail"] = tuple(record.get("stderr_tail") or ())
+        return cls(**record)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -298,6 +359,104 @@ class LeaderReady:
     @classmethod
     def from_json(cls, data: bytes) -> LeaderReady:
         return cls(**json.loads(data))
+
+
+@dataclasses.dataclass(frozen=True)
+class FirstFailure:
+    """``control/failed.json``: the first host failure an agent saw; every agent stops its hosts ``grace_s`` later."""
+
+    host_index: int
+    at: float
+    description: str = ""
+
+    def to_json(self) -> bytes:
+        return _to_json(self)
+
+    @classmethod
+    def from_json(cls, data: bytes) -> FirstFailure:
+        known = {field.name for field in dataclasses.fields(cls)}
+        return cls(**{key: value for key, value in json.loads(data).items() if key in known})
+
+
+@dataclasses.dataclass(frozen=True)
+class CancelRequest:
+    """``control/cancel.json``: why the job is being stopped (``"timeout"`` when the plan's timeout passed)."""
+
+    reason: str
+    at: float
+
+    TIMEOUT: ClassVar[str] = "timeout"
+
+    def to_json(self) -> bytes:
+        return _to_json(self)
+
+    @classmethod
+    def from_json(cls, data: bytes) -> CancelRequest:
+        record = json.loads(data)
+        return cls(reason=str(record.get("reason", "")), at=float(record.get("at", 0.0)))
+
+
+@dataclasses.dataclass(frozen=True)
+class ResultPayload:
+    """``result.pkl`` / ``result-worker-{i}.pkl``: a host's success or failure, as the client reads it.
+
+    On the wire it is a cloudpickled dict (``to_dict``) keyed by the payload
+    keys above: a success carries ``success``, ``result``, ``outputs``,
+    ``phase`` and ``host_index``; a failure carries ``success``,
+    ``exception``, ``exception_type``, ``exception_message``, ``traceback``,
+    ``phase``, ``host_index`` and ``stopped``, plus ``serialization_failed``
+    and ``result_repr`` when the value could not be pickled. ``from_dict``
+    ignores keys it does not know and defaults those that are missing.
+    """
+
+    success: bool
+    host_index: int = LEADER_INDEX
+    phase: str = ""
+    #: The leader's value (a success).
+    result: Any = None
+    #: The ``--out`` variables, by name (a success).
+    outputs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: The exception, cloudpickled on its own so the payload stays readable when it cannot be rebuilt.
+    exception: bytes | None = None
+    exception_type: str = ""
+    exception_message: str = ""
+    traceback: str = ""
+    stopped: bool = False
+    serialization_failed: bool = False
+    result_repr: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The dict that is cloudpickled into the payload object: the keys a host has always written."""
+        if self.success:
+            return {SUCCESS: True, RESULT_VALUE: self.result, OUTPUTS: self.outputs, PHASE: self.phase,
+                    HOST_INDEX: self.host_index}
+        payload = {SUCCESS: False, EXCEPTION: self.exception, EXCEPTION_TYPE: self.exception_type,
+                   EXCEPTION_MESSAGE: self.exception_message, TRACEBACK: self.traceback, PHASE: self.phase,
+                   HOST_INDEX: self.host_index, STOPPED: self.stopped}
+        if self.serialization_failed:
+            payload[SERIALIZATION_FAILED] = True
+            payload[RESULT_REPR] = self.result_repr
+        return payload
+
+    @classmethod
+    def from_dict(cls, payload: dict[str, Any]) -> ResultPayload:
+        """The record of an unpickled payload dict; unknown keys are ignored, missing ones defaulted.
+
+        Raises
+        ------
+        TypeError
+            When ``payload`` is not a dict.
+        """
+        if not isinstance(payload, dict):
+            raise TypeError(f"a {type(payload).__name__}, not a dict")
+        keys = {SUCCESS: "success", HOST_INDEX: "host_index", PHASE: "phase", RESULT_VALUE: "result",
+                OUTPUTS: "outputs", EXCEPTION: "exception", EXCEPTION_TYPE: "exception_type",
+                EXCEPTION_MESSAGE: "exception_message", TRACEBACK: "traceback", STOPPED: "stopped",
+                SERIALIZATION_FAILED: "serialization_failed", RESULT_REPR: "result_repr"}
+        values = {field: payload[key] for key, field in keys.items() if key in payload}
+        values["success"] = bool(values.get("success"))
+        values["outputs"] = dict(values.get("outputs") or {})
+        return cls(**values)
 
 
 def stopped_message(host_index: int, phase: str) -> str:

@@ -17,8 +17,13 @@ def default_root() -> str:
     configured = os.environ.get(STORAGE_ENV)
     if configured:
         return configured
+    return f"file://{user_directory('jobs')}"
+
+
+def user_directory(name: str) -> Path:
+    """``~/.cache/kinetic_nb/{name}`` (or under ``$XDG_CACHE_HOME``), created with mode 0700: this user's only."""
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    root = cache / "kinetic_nb" / "jobs"
-    root.mkdir(parents=True, exist_ok=True, mode=0o700)
-    root.chmod(0o700)
-    return f"file://{root}"
+    directory = cache / "kinetic_nb" / name
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    directory.chmod(0o700)
+    return directory

@@ -18,6 +18,29 @@ from kinetic_nb.storage.base import ObjectInfo, Storage
 _TEMP_PREFIX = ".tmp-"
 #: Copy buffer for file objects: large enough that a big value moves in few system calls.
 _COPY_CHUNK_BYTES = 8 * 1024 * 1024
+#: Jobs hold pickled notebook values and the hosts' output: this user's only, under any root.
+DIRECTORY_MODE = 0o700
+FILE_MODE = 0o600
+
+
+def _make_directories(path: Path) -> None:
+    """Create ``path`` and its missing parents with :data:`DIRECTORY_MODE` (whatever the umask)."""
+    missing = []
+    while not path.is_dir():
+        missing.append(path)
+        if path.parent == path:
+            break
+        path = path.parent
+    for directory in reversed(missing):
+        try:
+            directory.mkdir(mode=DIRECTORY_MODE)
+        except FileExistsError:
+            continue
+        os.chmod(directory, DIRECTORY_MODE)
+
+
+def _create_private(path: Path) -> IO[bytes]:
+    return open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE), "wb")
 
 
 def _path_from_uri(uri: str) -> Path:
@@ -45,7 +68,7 @@ class LocalStorage(Storage):
 
     def write_bytes(self, name: str, data: bytes, *, exclusive: bool = False) -> None:
         def fill(temp: Path) -> None:
-            with open(temp, "wb") as file:
+            with _create_private(temp) as file:
                 file.write(data)
 
         self._write_via_temp(name, fill, exclusive)
@@ -53,9 +76,10 @@ class LocalStorage(Storage):
     def write_file(self, name: str, source: str | os.PathLike | IO[bytes], *, exclusive: bool = False) -> None:
         def fill(temp: Path) -> None:
             if isinstance(source, (str, os.PathLike)):
+                _create_private(temp).close()
                 shutil.copyfile(source, temp)  # the kernel copies where it can (copy_file_range, sendfile)
             else:
-                with open(temp, "wb") as file:
+                with _create_private(temp) as file:
                     shutil.copyfileobj(source, file, _COPY_CHUNK_BYTES)
 
         self._write_via_temp(name, fill, exclusive)
@@ -63,7 +87,7 @@ class LocalStorage(Storage):
     def _write_via_temp(self, name: str, fill: Callable[[Path], None], exclusive: bool) -> None:
         """Fill a temporary file beside ``name``, then publish it whole by rename (or link, if exclusive)."""
         path = self._path(name)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        _make_directories(path.parent)
         temp = path.with_name(f"{_TEMP_PREFIX}{path.name}-{os.urandom(8).hex()}")
         try:
             fill(temp)

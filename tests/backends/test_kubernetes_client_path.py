@@ -34,6 +34,7 @@ import pytest
 
 import kinetic_nb
 from kinetic_nb.backends import kubernetes as k8s
+from kinetic_nb.backends.k8s_pods import host_states
 from kinetic_nb.errors import JobFailedError, KineticWarning
 from kinetic_nb.runner import protocol
 
@@ -101,10 +102,15 @@ def test_a_tpu_slice_runs_as_a_leader_worker_set(cluster, tmp_path):
     summaries = settle(handle, kubelet)
     assert all(summary.recorded_success and summary.exit_code == 0 for summary in summaries.values())
     # The kubelet restarted every ended container (restartPolicy: Always); none ran the cell twice.
-    wait_for(lambda: all("not running the cell again" in kubelet.output(index, 2) for index in range(4)),
-             what="the restarted containers to park")
+    # (The agents' exit records can come before their containers end: the kubelet restarts each one when it does.)
+    def parked(index: int) -> bool:
+        kubelet.step()
+        return kubelet.runs.get(index, 0) >= 2 and "not running the cell again" in kubelet.output(index, 2)
+
+    wait_for(lambda: all(parked(index) for index in range(4)), what="the restarted containers to park")
     assert all(kubelet.runs[index] == 2 for index in range(4))
-    assert {host.state for host in handle.backend.host_states(handle.plan).values()} == {"succeeded"}
+    pods = handle.backend.pods(handle.plan, fresh=True)  # not the listing cached before the containers ended
+    assert {host.state for host in host_states(pods).values()} == {"succeeded"}
 
     assert handle.result(timeout=30) == {"host": 0, "hosts": 4, "coordinator": f"{name}-0.{name}.{NAMESPACE}:8476"}
     assert [host.state for host in handle.hosts()] == ["succeeded"] * 4

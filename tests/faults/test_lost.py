@@ -12,7 +12,7 @@ import pytest
 import kinetic_nb
 from kinetic_nb.errors import JobFailedError
 from kinetic_nb.results import JobStatus
-from kinetic_nb.snapshot import LOST_AFTER_S
+from kinetic_nb.state import LOST_AFTER_S
 
 
 def test_hosts_are_lost_when_their_supervisor_dies():

@@ -1,9 +1,11 @@
+import dataclasses
 import json
+import pickle
 
 import pytest
 
 from kinetic_nb.runner import protocol
-from kinetic_nb.runner.protocol import ExitSummary, HostStatus, JobPlan
+from kinetic_nb.runner.protocol import ExitSummary, HostStatus, JobPlan, ResultPayload
 
 
 def test_exit_records_keep_the_platforms_reason_and_tolerate_newer_fields():
@@ -44,3 +46,24 @@ def test_records_round_trip():
     assert JobPlan.from_json(plan.to_json()) == plan and plan.coordinator_port == 1234
     status = HostStatus(1, "running", "execute", 1.0, 2.0, 42, "h", history=[["startup", 1.0]])
     assert HostStatus.from_json(status.to_json()) == status
+
+
+def test_result_payloads_keep_todays_keys_and_round_trip():
+    success = ResultPayload(success=True, result=[1, 2], outputs={"w": 3}, phase="execute", host_index=0)
+    assert set(success.to_dict()) == {"success", "result", "outputs", "phase", "host_index"}
+    failure = ResultPayload(success=False, exception=b"pickled", exception_type="ValueError", exception_message="bad",
+                            traceback="Traceback ...", phase="execute", host_index=3, stopped=True)
+    assert set(failure.to_dict()) == {"success", "exception", "exception_type", "exception_message", "traceback",
+                                      "phase", "host_index", "stopped"}
+    unpicklable = dataclasses.replace(failure, serialization_failed=True, result_repr="<lock>")
+    assert unpicklable.to_dict()[protocol.SERIALIZATION_FAILED] and unpicklable.to_dict()[protocol.RESULT_REPR] == "<lock>"
+    for record in (success, failure, unpicklable):
+        assert ResultPayload.from_dict(pickle.loads(pickle.dumps(record.to_dict()))) == record
+
+
+def test_result_payloads_tolerate_unknown_and_missing_keys():
+    newer = {protocol.SUCCESS: True, protocol.RESULT_VALUE: 7, "from_a_later_version": 1}
+    assert ResultPayload.from_dict(newer) == ResultPayload(success=True, result=7)
+    assert ResultPayload.from_dict({}).success is False
+    with pytest.raises(TypeError, match="a list, not a dict"):
+        ResultPayload.from_dict([])

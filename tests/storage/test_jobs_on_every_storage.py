@@ -14,9 +14,9 @@ import pytest
 
 import kinetic_nb
 from kinetic_nb.errors import JobFailedError
-from kinetic_nb.results import JobStatus
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.protocol import HostState
+from kinetic_nb.state import JobStatus
 
 from ..fixtures_gcs import TEST_BUCKET
 from ..gcs_emulator import GcsEmulator

@@ -1,148 +1,36 @@
-"""One poller turns a job's stored records into snapshots for the panel and the client.
+"""The one poller: a job's stored records, read incrementally, become snapshots.
 
 Each poll is one listing of the job's objects. The listing's versions say which
 objects changed; only those are read: a status that changed, an exit record
 once, a log chunk once (chunks are append-only). When nothing changed, a poll
-costs the listing alone, whatever the number of hosts.
+costs the listing alone, whatever the number of hosts. The snapshots are the
+view model of ``kinetic_nb.state``; the poller is what feeds it from storage
+and the backend.
 """
 
 from __future__ import annotations
 
 import collections
-import dataclasses
 import json
-import re
+import logging
 import threading
 import time
 from collections.abc import Callable
 
 from kinetic_nb.backends import Backend
+from kinetic_nb.backends.base import PlatformView
 from kinetic_nb.errors import ObjectNotFoundError
-from kinetic_nb.results import JobStatus, is_peer_loss, job_status
 from kinetic_nb.runner import protocol
-from kinetic_nb.runner.protocol import ExitSummary, HostState, HostStatus, JobPlan, Phase
-from kinetic_nb.runner.status import HEARTBEAT_INTERVAL_S
+from kinetic_nb.runner.protocol import CancelRequest, ExitSummary, HostStatus, JobPlan, Phase
+from kinetic_nb.state import CHATTER, HostSnapshot, JobSnapshot, JobStatus, host_state, job_status, without_chatter
 from kinetic_nb.storage import ObjectInfo, Storage
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["LOG_TAIL_LINES", "JobPoller"]
 
 #: Lines of each host's log the poller keeps for the panel's drill-down.
 LOG_TAIL_LINES = 200
-#: A host with no exit record whose heartbeat is older than this is lost: its
-#: process is gone or unreachable (a few heartbeats, with room for a busy host).
-LOST_AFTER_S = 5 * HEARTBEAT_INTERVAL_S
-#: Lines a framework prints for itself on every run (JAX's CPU collectives
-#: announce each gloo connection): kept in the logs, but never shown as a
-#: host's last line nor echoed as the leader's output.
-CHATTER = re.compile(r"^\[Gloo\] Rank \d+ is connected to \d+ peer ranks\b.*$")
-
-
-def without_chatter(text: str) -> str:
-    """``text`` less the lines that are framework chatter."""
-    if "[Gloo]" not in text:
-        return text
-    return "".join(line for line in text.splitlines(keepends=True) if not CHATTER.match(line.rstrip("\n")))
-
-
-#: Host states that need no attention.
-FINE_STATES = frozenset({HostState.PENDING.value, HostState.READY.value, HostState.RUNNING.value,
-                         HostState.SUCCEEDED.value})
-
-
-@dataclasses.dataclass(frozen=True)
-class HostSnapshot:
-    """One host at one poll."""
-
-    index: int
-    state: str
-    phase: str
-    started_at: float | None = None
-    updated_at: float | None = None
-    heartbeat_at: float | None = None
-    last_line: str = ""
-    log_tail: tuple[str, ...] = ()
-    message: str = ""
-    traceback: str = ""
-    exit: ExitSummary | None = None
-    history: tuple[tuple[str, float], ...] = ()
-
-    @property
-    def is_leader(self) -> bool:
-        return self.index == protocol.LEADER_INDEX
-
-    @property
-    def fine(self) -> bool:
-        return self.state in FINE_STATES
-
-    @property
-    def failed_on_its_own(self) -> bool:
-        """Failed, died or was lost, not as a consequence of another host's failure (rule 6)."""
-        if self.state == HostState.LOST.value:
-            return True
-        if self.state != HostState.FAILED.value:
-            return False
-        if self.exit is not None and self.message == "":
-            return True  # ended without reporting why: killed, or crashed
-        return not is_peer_loss(self.message)
-
-    @property
-    def exit_summary(self) -> str:
-        return self.exit.describe() if self.exit else ""
-
-    @property
-    def ended_at(self) -> float | None:
-        return self.exit.ended_at if self.exit else None
-
-    def elapsed(self, now: float) -> float:
-        if self.started_at is None:
-            return 0.0
-        return max(0.0, (self.ended_at or now) - self.started_at)
-
-
-@dataclasses.dataclass(frozen=True)
-class JobSnapshot:
-    """The whole job at one poll: what the panel draws."""
-
-    job_id: str
-    backend: str
-    accelerator: str
-    status: JobStatus
-    submitted_at: float
-    taken_at: float
-    hosts: tuple[HostSnapshot, ...]
-
-    @property
-    def elapsed(self) -> float:
-        ends = [host.ended_at for host in self.hosts if host.ended_at]
-        end = max(ends) if self.status.done and ends else self.taken_at
-        return max(0.0, end - self.submitted_at)
-
-    def counts(self) -> collections.Counter:
-        return collections.Counter(host.state for host in self.hosts)
-
-    @property
-    def lost(self) -> list[int]:
-        return [host.index for host in self.hosts if host.state == HostState.LOST.value]
-
-    @property
-    def decided(self) -> bool:
-        """Whether the outcome is known: every host ended, or one failed on its own account."""
-        return self.status.done or any(host.failed_on_its_own for host in self.hosts)
-
-
-def host_state(status: HostStatus | None, summary: ExitSummary | None, heartbeat_at: float | None,
-               now: float) -> str:
-    """A host's state from its own record and, once it ended, the backend's.
-
-    A host without an exit record whose heartbeat stopped is lost.
-    """
-    if summary is not None:
-        if summary.stopped or summary.exit_code == protocol.EXIT_STOPPED:
-            return HostState.STOPPED.value
-        if summary.failed:
-            return HostState.FAILED.value
-        return HostState.SUCCEEDED.value
-    if heartbeat_at is not None and now - heartbeat_at > LOST_AFTER_S:
-        return HostState.LOST.value
-    return status.state if status else HostState.PENDING.value
 
 
 class _HostRecords:
@@ -169,7 +57,7 @@ class JobPoller:
     """Reads a job's records incrementally, one listing per poll."""
 
     def __init__(self, storage: Storage, plan: JobPlan, backend: Backend, *, submitted_at: float | None = None,
-                 on_leader_output: Callable[[str], None] | None = None):
+                 on_leader_output: Callable[[str, str], None] | None = None):
         self.storage = storage
         self.plan = plan
         self.backend = backend
@@ -177,10 +65,13 @@ class JobPoller:
         self.on_leader_output = on_leader_output
         self.records = [_HostRecords() for _ in range(plan.hosts)]
         self.listing: list[ObjectInfo] = []
+        self.platform = PlatformView()
         self.requests = collections.Counter()  # "list" and "read": what polling has cost
         self._versions: dict[str, str] = {}
         self._status = JobStatus.PENDING
         self._cancelled = False
+        #: Why the job was cancelled (``CancelRequest.TIMEOUT`` when its agent stopped it at the plan's timeout).
+        self.cancel_request: CancelRequest | None = None
         self._started = False
         self._lock = threading.Lock()  # a background watcher and the caller may poll at once
 
@@ -223,6 +114,9 @@ class JobPoller:
         ended: list[ObjectInfo] = []
         for info in listing:
             if info.name == protocol.CANCEL:
+                if not self._cancelled:
+                    data = self._read(info.name)
+                    self.cancel_request = CancelRequest.from_json(data) if data else None
                 self._cancelled = True
                 continue
             parsed = protocol.parse_host_object(info.name)
@@ -234,6 +128,8 @@ class JobPoller:
             if kind == "heartbeat":
                 records.heartbeat_at = info.updated
                 continue
+            if kind == "stacks":
+                continue  # read on request, by JobHandle.stacks()
             if self._versions.get(info.name) == info.version:
                 continue
             if kind == "exit":
@@ -247,33 +143,29 @@ class JobPoller:
             if kind == "status":
                 records.status = HostStatus.from_json(data)
             else:
-                text = data.decode(errors="replace")
-                records.add_log(text)
-                if index == protocol.LEADER_INDEX and self.on_leader_output is not None:
-                    shown = without_chatter(text)
-                    if shown:
-                        self.on_leader_output(shown)
-        # A platform backend (kubernetes) learns how hosts ended from its pods, so it is asked every poll
-        # (it rate-limits its own pod listing); the local one only when exit records appear.
-        from_platform = getattr(self.backend, "exits_from_platform", False)
-        if ended or from_platform:
-            self.requests["read"] += len(ended)
-            given = listing if from_platform else ended
-            for index, summary in self.backend.exit_summaries(self.storage, self.plan, given).items():
-                if index < self.plan.hosts:
-                    self.records[index].exit = summary
+                for stream, text in protocol.decode_log_chunk(data):
+                    records.add_log(text)
+                    if index == protocol.LEADER_INDEX and self.on_leader_output is not None:
+                        shown = without_chatter(text)
+                        if shown:
+                            self.on_leader_output(shown, stream)
+        for info in ended:
+            data = self._read(info.name)
+            if data is not None:
+                index = protocol.parse_host_object(info.name)[0]
+                self.records[index].exit = ExitSummary.from_json(data)
+        # What only the platform sees: a pod evicted, an agent that died (the backend keeps its own pace).
+        self.platform = self.backend.observe(self.storage, self.plan, listing, self.exits)
+        for index, summary in self.platform.exits.items():
+            if index < self.plan.hosts and self.records[index].exit is None:
+                self.records[index].exit = summary
 
     def _platform_reasons(self) -> dict[int, str]:
         """Why hosts that have not started yet are waiting, from the platform (a pod's scheduler reason)."""
-        if not getattr(self.backend, "exits_from_platform", False) or all(r.status for r in self.records):
-            return {}
-        try:
-            states = self.backend.host_states(self.plan)  # cached by the backend: no extra request
-        except Exception:  # noqa: BLE001 - a reason is a nicety; polling goes on
-            return {}
-        return {index: state.reason for index, state in states.items() if state.reason}
+        return {index: reason for index, reason in self.platform.waiting.items() if not self.records[index].status}
 
     def snapshot(self) -> JobSnapshot:
+        """The job as last read, without a listing (a platform backend may answer from its cache)."""
         now = time.time()
         hosts = []
         waiting_because = self._platform_reasons()

@@ -1,4 +1,4 @@
-"""The one poller: one listing per poll, and no reads when nothing changed."""
+"""The one poller (kinetic_nb.poller): one listing per poll, and no reads when nothing changed."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def test_framework_chatter_is_neither_echoed_nor_a_last_line():
     echoed = []
     source = "print('[Gloo] Rank 0 is connected to 1 peer ranks. Expected number of connected peer ranks is : 1')\n" \
              "print('real progress')\nprint('[Gloo] Rank 0 is connected to 1 peer ranks. Expected number of...')"
-    handle = kinetic_nb.submit(source, echo=echoed.append, keep=True)
+    handle = kinetic_nb.submit(source, echo=lambda text, stream: echoed.append(text), keep=True)
     handle.result()
     assert "".join(echoed) == "real progress\n"
     assert handle.hosts()[0].last_line == "real progress"

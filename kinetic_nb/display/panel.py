@@ -11,6 +11,7 @@ grouped into one line.
 
 Outside a widget frontend the same snapshots are drawn as text
 (``TextStatus``); ``text_summary`` and ``html_summary`` are the static forms.
+``watch_in_background`` keeps a view current from any ``SnapshotSource``.
 """
 
 from __future__ import annotations
@@ -18,13 +19,15 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import html
+import logging
 import re
 import sys
 import threading
+import time
 from collections.abc import Iterable
 from typing import IO, Any
 
-from kinetic_nb.snapshot import HostSnapshot, JobSnapshot
+from kinetic_nb.state import SNAPSHOT_INTERVAL_S, HostSnapshot, HostState, JobSnapshot, JobStatus, SnapshotSource
 
 #: Above this many hosts, one row each no longer fits a cell's output.
 GRID_ABOVE = 32
@@ -36,16 +39,19 @@ DETAIL_LINES = 40
 LAST_LINE_CHARS = 120
 
 STATE_COLORS = {
-    "pending": "#9e9e9e",
-    "ready": "#64b5f6",
-    "running": "#1e88e5",
-    "succeeded": "#43a047",
-    "failed": "#e53935",
-    "stopped": "#fb8c00",
-    "lost": "#6d4c41",
+    HostState.PENDING: "#9e9e9e",
+    HostState.READY: "#64b5f6",
+    HostState.RUNNING: "#1e88e5",
+    HostState.SUCCEEDED: "#43a047",
+    HostState.FAILED: "#e53935",
+    HostState.STOPPED: "#fb8c00",
+    HostState.LOST: "#6d4c41",
 }
 #: The progress bar's style for each job state (tqdm's meanings).
-BAR_STYLES = {"PENDING": "", "RUNNING": "info", "SUCCEEDED": "success", "FAILED": "danger", "CANCELLED": "warning"}
+BAR_STYLES = {JobStatus.PENDING: "", JobStatus.RUNNING: "info", JobStatus.SUCCEEDED: "success",
+              JobStatus.FAILED: "danger", JobStatus.CANCELLED: "warning"}
+
+logger = logging.getLogger(__name__)
 
 _CELL_LINE = re.compile(r'File "<kinetic[^"]*>", line (\d+)')
 
@@ -74,7 +80,7 @@ def failure_groups(hosts: Iterable[HostSnapshot]) -> list[tuple[list[int], str, 
     """Failed or lost hosts grouped by identical traceback (or ending): ``(indices, label, traceback)``."""
     groups: dict[str, list[HostSnapshot]] = {}
     for host in hosts:
-        if host.state in ("failed", "lost"):
+        if host.state in (HostState.FAILED, HostState.LOST):
             groups.setdefault(host.traceback or host.message or host.exit_summary or host.state, []).append(host)
     result = []
     for key, members in groups.items():
@@ -203,7 +209,7 @@ class HostPanel:
             stack.enter_context(self.details.hold_sync())
             self.header.value = f"<b>{html.escape(_header_text(snapshot))}</b> &nbsp; {_counts_text(snapshot)}"
             self.progress.value = done
-            self.progress.bar_style = BAR_STYLES[str(snapshot.status)]
+            self.progress.bar_style = BAR_STYLES[snapshot.status]
             self.progress.description = str(snapshot.status)
             self.failures.value = _failures_html(snapshot)
             if self.compact:
@@ -340,19 +346,41 @@ def live_view(hosts: int, *, widgets: bool | None = None, stream: IO[str] | None
     return WidgetView(hosts) if widgets else TextStatus(stream)
 
 
-def watch_in_background(handle: Any, view: WidgetView | TextStatus) -> threading.Thread:
-    """Keep ``view`` current from a thread until ``handle``'s job ends.
+def watch_in_background(source: SnapshotSource, view: WidgetView | TextStatus | None = None, *,
+                        interval: float = SNAPSHOT_INTERVAL_S) -> threading.Thread:
+    """Keep ``view`` current from a thread until ``source``'s job ends.
 
     The thread runs in a copy of the caller's context, which carries the
     kernel's parent header (ipykernel 7 keeps it in a context variable), so its
     messages belong to the cell that started it, not whichever cell runs now.
+
+    Parameters
+    ----------
+    source : SnapshotSource
+        Polled with ``source.snapshot()`` every ``interval`` seconds; nothing
+        else of it is called.
+    view : WidgetView or TextStatus, optional
+        What to draw on (default: ``live_view`` for ``source.plan.hosts``).
+    interval : float
+        Seconds between two polls.
+
+    Returns
+    -------
+    threading.Thread
+        The started daemon thread; it ends after the view's final update.
     """
+    view = view if view is not None else live_view(source.plan.hosts)
     context = contextvars.copy_context()
 
     def follow() -> None:
-        handle.wait(on_snapshot=view.update)
-        view.close(handle.snapshot())
+        snapshot = source.snapshot()
+        while not snapshot.status.done:
+            view.update(snapshot)
+            time.sleep(interval)
+            snapshot = source.snapshot()
+        view.close(snapshot)
 
-    thread = threading.Thread(target=context.run, args=(follow,), name=f"kinetic-watch-{handle.job_id}", daemon=True)
+    name = f"kinetic-watch-{source.plan.job_id}"
+    thread = threading.Thread(target=context.run, args=(follow,), name=name, daemon=True)
     thread.start()
     return thread

@@ -6,7 +6,7 @@ import statistics
 from typing import Any
 
 from kinetic_nb.runner.protocol import Phase
-from kinetic_nb.snapshot import JobSnapshot
+from kinetic_nb.state import HostState, JobSnapshot
 
 PHASE_COLORS = {
     Phase.STARTUP.value: "#cfd8dc",
@@ -75,9 +75,9 @@ def plot_timeline(snapshot: JobSnapshot) -> Any:
         bars = [(start - origin, duration) for _, start, duration in spans]
         colors = [PHASE_COLORS.get(phase, "#999999") for phase, _, _ in spans]
         axes.broken_barh(bars, (host.index - 0.4, 0.8), facecolors=colors, label=f"host {host.index}")
-        if host.state == "failed":
+        if host.state == HostState.FAILED:
             axes.plot([end - origin], [host.index], marker="x", color="#d32f2f", markersize=9, mew=2)
-        elif host.state == "stopped":
+        elif host.state == HostState.STOPPED:
             axes.plot([end - origin], [host.index], marker="|", color="#ef6c00", markersize=14, mew=3)
     if len(executes) >= 2:
         typical = statistics.median(executes.values())

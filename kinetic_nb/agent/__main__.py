@@ -1,0 +1,73 @@
+"""``python -m kinetic_nb.agent --job URI [--all-hosts | --watch]``: a job's host agent."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import time
+
+from kinetic_nb.agent import processes
+from kinetic_nb.agent.local_state import AgentState
+from kinetic_nb.agent.supervisor import Agent
+from kinetic_nb.agent.watch import wait_for_job_end
+from kinetic_nb.runner import protocol
+from kinetic_nb.runner.hostenv import host_environment, resolve_host_index
+from kinetic_nb.runner.protocol import JobPlan
+from kinetic_nb.storage import open_storage
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kinetic_nb.agent", description=__doc__)
+    parser.add_argument("--job", required=True, help="the job's storage URI (file://... or gs://...)")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--all-hosts", action="store_true",
+                      help="run every host of the job here (the local backend), with its environment")
+    mode.add_argument("--watch", action="store_true", help="only wait until the job has ended")
+    parser.add_argument("--log", help="this agent's own output; removed at the end if empty")
+    parser.add_argument("--state", help="where to keep this agent's own record (local backend)")
+    args = parser.parse_args(argv)
+    storage = open_storage(args.job)
+    if args.watch:
+        return wait_for_job_end(storage)
+    plan = JobPlan.from_json(storage.read_bytes(protocol.PLAN))
+    state = AgentState(pid=os.getpid(), started_at=time.time())
+
+    def keep_state(**changes) -> None:
+        nonlocal state
+        state = dataclasses.replace(state, **changes)
+        if args.state:
+            state.write(args.state)
+
+    keep_state()
+    if args.all_hosts:
+        problem = processes.host_count_problem(plan.hosts)
+        if problem:
+            print(f"kinetic agent: {problem}", file=sys.stderr)
+            return 2
+        processes.raise_open_file_limit()
+        indices = list(range(plan.hosts))
+        base = dict(os.environ)
+
+        def environment(index: int, output_dir: str) -> dict[str, str]:
+            return host_environment(plan, index, storage.uri, output_dir, base)
+    else:  # a pod or VM: this host's index and environment come from the platform
+        indices = [resolve_host_index(os.environ) or protocol.LEADER_INDEX]
+
+        def environment(index: int, output_dir: str) -> dict[str, str]:
+            return {**os.environ, "KINETIC_OUTPUT_DIR": output_dir}
+    processes.adopt_orphans()
+    agent = Agent(storage, plan, indices, environment, on_storage_error=lambda text: keep_state(storage_error=text))
+    agent.start_hosts()
+    agent.run()
+    keep_state(finished=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if args.log and os.path.exists(args.log) and os.path.getsize(args.log) == 0:
+        os.unlink(args.log)  # nothing went wrong: nothing to keep
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,127 @@
+"""The agent's host processes: forked from the lean agent, tied to its life, counted before they start.
+
+Linux process controls (parent-death signal, child subreaper) make sure no
+host outlives its agent; elsewhere they are no-ops.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import resource
+import signal
+
+#: File descriptors the agent holds for each host: its stdout and stderr pipes and its pidfd.
+FDS_PER_HOST = 3
+#: Descriptors the agent needs besides its hosts' (storage clients, the selector, its log, slack).
+FDS_RESERVED = 64
+#: Processes one host may count against the user's process limit (RLIMIT_NPROC counts
+#: threads): a JAX or torch host starts dozens of threads.
+THREADS_PER_HOST = 64
+#: Memory one host needs at the least (a forked interpreter that imports numpy); a
+#: framework takes far more, but this is the floor below which nothing can run.
+MIN_HOST_MEMORY_BYTES = 64 * 1024 * 1024
+#: The most hosts the local backend starts: past this, one machine is not a slice.
+MAX_LOCAL_HOSTS = 512
+
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def _prctl(option: int, value: int) -> None:
+    """Linux process controls; elsewhere a no-op."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(option, value)
+    except (AttributeError, OSError):
+        pass
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Have the kernel SIGKILL this process when its parent dies, and die now if it already has.
+
+    The signal is armed after ``fork``: a parent killed in between would go
+    unnoticed, so the parent is checked once more after arming it.
+    """
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
+def adopt_orphans() -> None:
+    """Become the parent of whatever the hosts start and then abandon, so nothing outlives the job."""
+    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+
+
+def end_adopted_orphans() -> None:
+    """SIGKILL and reap every remaining child: descendants the hosts left behind."""
+    me = str(os.getpid())
+    try:
+        pids = [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
+    except FileNotFoundError:
+        pids = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                parent = stat.read().rsplit(")", 1)[1].split()[1]
+        except (OSError, IndexError):
+            continue
+        if parent == me:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    while True:
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            return
+
+
+def raise_open_file_limit() -> int:
+    """Raise this process's soft open-file limit to its hard limit; return the new soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    return soft
+
+
+def _available_memory() -> int | None:
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def host_count_problem(hosts: int) -> str | None:
+    """Why this machine cannot run ``hosts`` local hosts, in one line; None when it can.
+
+    Checked before anything starts: the open files the agent would need (its
+    hard limit, which it raises its soft limit to), the user's process limit,
+    the memory available, and :data:`MAX_LOCAL_HOSTS`.
+    """
+    if hosts > MAX_LOCAL_HOSTS:
+        return (f"{hosts} hosts is more than the local backend runs (at most {MAX_LOCAL_HOSTS}): "
+                "one machine is not a slice; use a cluster backend")
+    _, hard_files = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard_files != resource.RLIM_INFINITY and hosts * FDS_PER_HOST + FDS_RESERVED > hard_files:
+        most = max(0, (hard_files - FDS_RESERVED) // FDS_PER_HOST)
+        return (f"{hosts} local hosts need about {hosts * FDS_PER_HOST + FDS_RESERVED} open files, and this "
+                f"process may open {hard_files} (ulimit -n): at most {most} hosts here")
+    soft_procs, _ = resource.getrlimit(resource.RLIMIT_NPROC)
+    if soft_procs != resource.RLIM_INFINITY and hosts * THREADS_PER_HOST > soft_procs:
+        return (f"{hosts} local hosts may need {hosts * THREADS_PER_HOST} processes and threads, and this user "
+                f"may run {soft_procs} (ulimit -u): at most {soft_procs // THREADS_PER_HOST} hosts here")
+    memory = _available_memory()
+    if memory is not None and hosts * MIN_HOST_MEMORY_BYTES > memory:
+        return (f"{hosts} local hosts need at least {hosts * MIN_HOST_MEMORY_BYTES >> 20} MiB of memory and "
+                f"{memory >> 20} MiB is available: at most {memory // MIN_HOST_MEMORY_BYTES} hosts here")
+    return None

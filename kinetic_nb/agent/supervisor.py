@@ -1,0 +1,432 @@
+"""The host agent's loop: run hosts, record them, and bound the job with no client.
+
+One agent owns one or more hosts of a job (all of them locally, its own on a
+pod). It
+
+- forks each host from this lean process, in its own process group, tied to
+  the agent's life;
+- pumps each host's stdout and stderr into ``hosts/{i}/log/`` chunks, each
+  stream kept as itself;
+- records how each host ended in ``hosts/{i}/exit.json`` (code or signal, the
+  last stderr lines, a storage error named as such);
+- learns of any host's failure from ``control/failed.json`` (written once, by
+  the first agent to see one), then gives its own hosts ``grace_s`` to report
+  before stopping them (SIGTERM, then SIGKILL: JAX traps SIGTERM);
+- stops its hosts when ``control/cancel.json`` appears, and writes it itself
+  (reason ``timeout``) once the plan's timeout has passed;
+- answers ``control/stacks-{seq}.json`` with each live host's stacks;
+- publishes ``KINETIC_OUTPUT_DIR`` to ``outputs/`` when its last host ends.
+
+The agent's look at ``control/`` is one listing, whatever the number of hosts.
+Host-safe: the standard library, the runner and storage only.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import errno
+import logging
+import os
+import selectors
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+
+from kinetic_nb.agent import processes
+from kinetic_nb.errors import ObjectExistsError, ObjectNotFoundError
+from kinetic_nb.runner import protocol
+from kinetic_nb.runner.execute import run_host  # imported once here, not in every forked host
+from kinetic_nb.runner.logs import LogChunkWriter
+from kinetic_nb.runner.protocol import CancelRequest, ExitSummary, FirstFailure, HostState, HostStatus, JobPlan
+from kinetic_nb.runner.stacks import STACKS_FILE_ENV, STACKS_SIGNAL
+from kinetic_nb.storage import Storage
+
+logger = logging.getLogger(__name__)
+
+#: Between SIGTERM and SIGKILL when stopping a host: time to flush and exit
+#: for a host that honours SIGTERM (JAX traps it, so its hosts need the SIGKILL).
+TERM_TO_KILL_S = 0.5
+#: How often the agent looks at ``control/`` on a local disk (a cancel lands within this).
+CONTROL_POLL_LOCAL_S = 0.25
+#: The same on remote storage, where each look is a request and 256 agents may be looking.
+CONTROL_POLL_REMOTE_S = 1.0
+#: How long to keep reading a finished host's pipes for its last output.
+DRAIN_S = 0.5
+#: How long a host has to answer a stacks request before it is reported as not answering.
+STACKS_WAIT_S = 1.5
+#: A dump is complete once its file has not grown for this long.
+STACKS_SETTLED_S = 0.05
+#: stderr lines kept per host for its exit record.
+STDERR_TAIL_LINES = 20
+#: Loop timeout: how late, at worst, a due action (grace, timeout) is taken.
+TICK_S = 0.1
+
+
+def describe_storage_error(name: str, error: BaseException) -> str:
+    """``"ENOSPC: No space left on device (hosts/1/log/000003.json)"``: a storage error as one line."""
+    if isinstance(error, OSError) and error.errno is not None:
+        code = errno.errorcode.get(error.errno, str(error.errno))
+        return f"{code}: {error.strerror} ({name})"
+    return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''} ({name})"
+
+
+@dataclasses.dataclass
+class _Host:
+    index: int
+    pid: int
+    pipes: dict[int, str]  # fd -> stream
+    log: LogChunkWriter
+    stacks_path: str
+    #: Readable when the process ends (Linux 5.3+), so its end wakes the loop at once.
+    pidfd: int | None = None
+    stop_sent_at: float | None = None
+    killed: bool = False
+    wait_status: int | None = None
+    stderr_tail: collections.deque = dataclasses.field(default_factory=lambda: collections.deque(maxlen=STDERR_TAIL_LINES))
+    stderr_partial: str = ""
+
+    @property
+    def alive(self) -> bool:
+        return self.wait_status is None
+
+    def add_stderr(self, text: str) -> None:
+        lines = (self.stderr_partial + text).split("\n")
+        self.stderr_partial = lines.pop()[-1000:]
+        self.stderr_tail.extend(line[-1000:] for line in lines if line.strip())
+
+    def stderr_lines(self) -> tuple[str, ...]:
+        tail = [*self.stderr_tail, self.stderr_partial] if self.stderr_partial.strip() else list(self.stderr_tail)
+        return tuple(tail[-STDERR_TAIL_LINES:])
+
+
+class Agent:
+    """Supervises hosts ``indices`` of the job ``plan`` stored in ``storage``.
+
+    ``environment(index, output_dir)`` gives a host's environment;
+    ``on_storage_error(text)`` hears the first storage error (the local
+    backend keeps it beside the job, where a client finds it even when the
+    job's own storage cannot be written).
+    """
+
+    def __init__(self, storage: Storage, plan: JobPlan, indices: list[int],
+                 environment: Callable[[int, str], dict[str, str]], *,
+                 on_storage_error: Callable[[str], None] | None = None):
+        self.pid = os.getpid()
+        self.storage = storage
+        self.plan = plan
+        self.indices = indices
+        self.environment = environment
+        self.on_storage_error = on_storage_error
+        self.hosts: dict[int, _Host] = {}
+        self.selector = selectors.DefaultSelector()
+        self.first_failure_at: float | None = None
+        self.cancelled = False
+        self.storage_error = ""
+        self.scratch_outputs: str | None = None
+        self.scratch = tempfile.mkdtemp(prefix=f"kinetic-{plan.job_id}-agent-")
+        self._answered_stacks = -1
+        self._next_control_look = 0.0
+        self._control_poll_s = CONTROL_POLL_LOCAL_S if storage.local_path() else CONTROL_POLL_REMOTE_S
+        started = plan.created_at or time.time()
+        self._deadline = started + plan.timeout_s if plan.timeout_s else None
+
+    # -- starting -------------------------------------------------------------------
+
+    def start_hosts(self) -> None:
+        # Hosts write their files to a local directory: the job's own outputs/
+        # on file://, else a scratch directory published to outputs/ at the end.
+        output_dir = self.storage.local_path(protocol.OUTPUTS_DIR)
+        if output_dir is None:
+            output_dir = self.scratch_outputs = tempfile.mkdtemp(prefix=f"kinetic-{self.plan.job_id}-outputs-")
+        os.makedirs(output_dir, exist_ok=True)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for index in self.indices:
+            stacks_path = os.path.join(self.scratch, f"stacks-{index}.txt")
+            env = {**self.environment(index, output_dir), STACKS_FILE_ENV: stacks_path}
+            out_read, out_write = os.pipe()
+            err_read, err_write = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # the host
+                self._become_host(env, out_write, err_write)
+            os.close(out_write)
+            os.close(err_write)
+            pipes = {out_read: protocol.STDOUT, err_read: protocol.STDERR}
+            log = LogChunkWriter(self.storage, index, on_error=self._storage_failed)
+            host = self.hosts[index] = _Host(index, pid, pipes, log, stacks_path)
+            for fd in pipes:
+                os.set_blocking(fd, False)
+                self.selector.register(fd, selectors.EVENT_READ, index)
+            try:
+                host.pidfd = os.pidfd_open(pid)
+                self.selector.register(host.pidfd, selectors.EVENT_READ, index)
+            except (AttributeError, OSError):
+                pass  # no pidfds here: the loop's timeout bounds how late an end is seen
+
+    def _become_host(self, env: dict[str, str], out_write: int, err_write: int) -> None:
+        code = protocol.EXIT_FAILED
+        try:
+            os.setpgid(0, 0)
+            processes.die_with_parent(self.pid)
+            for other in self.hosts.values():
+                for fd in other.pipes:
+                    os.close(fd)
+                if other.pidfd is not None:
+                    os.close(other.pidfd)
+            devnull = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(devnull, 0)
+            os.dup2(out_write, 1)
+            os.dup2(err_write, 2)
+            for fd in (out_write, err_write, devnull):
+                os.close(fd)
+            os.environ.clear()
+            os.environ.update(env)
+            sys.argv = ["python -m kinetic_nb.runner", "--job", self.storage.uri]
+            code = run_host(self.storage.uri)
+        except BaseException:  # noqa: BLE001
+            traceback.print_exc()
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except Exception:
+                    pass
+            os._exit(code)
+
+    # -- the loop ---------------------------------------------------------------------
+
+    def run(self) -> None:
+        try:
+            while any(host.alive for host in self.hosts.values()):
+                self._pump(TICK_S)
+                self._reap()
+                self._look_at_control()
+                self._enforce_timeout()
+                self._stop_survivors_if_due()
+        finally:
+            self.selector.close()
+            processes.end_adopted_orphans()
+            shutil.rmtree(self.scratch, ignore_errors=True)
+
+    def _pump(self, timeout: float) -> None:
+        for key, _ in self.selector.select(timeout):
+            host = self.hosts[key.data]
+            if key.fd in host.pipes:
+                self._read(host, key.fd)
+        for host in self.hosts.values():
+            if host.log.due():
+                host.log.flush()
+
+    def _read(self, host: _Host, fd: int) -> bool:
+        """Read what one of the host's pipes holds; False once it is closed."""
+        try:
+            data = os.read(fd, 1 << 16)
+        except BlockingIOError:
+            return True
+        except OSError as error:
+            if error.errno != errno.EIO:
+                raise
+            data = b""
+        if data:
+            stream = host.pipes[fd]
+            host.log.feed(data, stream)
+            if stream == protocol.STDERR:
+                host.add_stderr(data.decode(errors="replace"))
+            return True
+        self.selector.unregister(fd)
+        os.close(fd)
+        del host.pipes[fd]
+        return False
+
+    def _reap(self) -> None:
+        for host in self.hosts.values():
+            if not host.alive:
+                continue
+            pid, wait_status = os.waitpid(host.pid, os.WNOHANG)
+            if pid == 0:
+                continue
+            host.wait_status = wait_status
+            if host.pidfd is not None:
+                self.selector.unregister(host.pidfd)
+                os.close(host.pidfd)
+                host.pidfd = None
+            self._kill_group(host, signal.SIGKILL)  # whatever the host left behind
+            self._drain(host)
+            self._record_exit(host)
+
+    def _drain(self, host: _Host) -> None:
+        deadline = time.monotonic() + DRAIN_S
+        while host.pipes and time.monotonic() < deadline:
+            if not all(self._read(host, fd) for fd in list(host.pipes)):
+                continue
+            time.sleep(0.005)
+        for fd in list(host.pipes):
+            self.selector.unregister(fd)
+            os.close(fd)
+        host.pipes.clear()
+        host.log.flush(final=True)
+
+    def _record_exit(self, host: _Host) -> None:
+        code = os.waitstatus_to_exitcode(host.wait_status)
+        summary = ExitSummary(
+            host_index=host.index,
+            exit_code=code if code >= 0 else None,
+            signal=signal.Signals(-code).name if code < 0 else None,
+            recorded_success=self._recorded_success(host.index),
+            stopped=host.stop_sent_at is not None,
+            ended_at=time.time(),
+            stderr_tail=host.stderr_lines(),
+            storage_error=self.storage_error,
+        )
+        if summary.failed:
+            self._report_first_failure(host.index, summary)
+        if not any(other.alive for other in self.hosts.values()):
+            self._publish_outputs()  # before the last exit record: the client is done once it lands
+        self._write(protocol.host_exit(host.index), summary.to_json())
+
+    def _report_first_failure(self, index: int, summary: ExitSummary) -> None:
+        if self.first_failure_at is None:
+            self.first_failure_at = time.monotonic()
+        record = FirstFailure(host_index=index, at=time.time(), description=summary.describe())
+        self._write(protocol.FAILED, record.to_json(), exclusive=True)
+
+    # -- what steers the agent ----------------------------------------------------------
+
+    def _look_at_control(self) -> None:
+        now = time.monotonic()
+        if now < self._next_control_look:
+            return
+        self._next_control_look = now + self._control_poll_s
+        try:
+            names = [info.name for info in self.storage.list(protocol.CONTROL_DIR + "/")]
+        except Exception as error:  # noqa: BLE001 - the hosts are still supervised
+            self._storage_failed(protocol.CONTROL_DIR, error)
+            return
+        if protocol.CANCEL in names and not self.cancelled:
+            self.cancelled = True
+            self._stop_all()
+        if protocol.FAILED in names and self.first_failure_at is None:
+            self.first_failure_at = now
+        requests = sorted(seq for name in names if (seq := protocol.parse_stacks_request(name)) is not None)
+        if requests and requests[-1] > self._answered_stacks:
+            self._answered_stacks = requests[-1]
+            self.dump_stacks(requests[-1])
+
+    def _enforce_timeout(self) -> None:
+        if self._deadline is None or self.cancelled or time.time() < self._deadline:
+            return
+        self.cancelled = True
+        request = CancelRequest(reason=CancelRequest.TIMEOUT, at=time.time())
+        self._write(protocol.CANCEL, request.to_json(), exclusive=True)
+        print(f"kinetic agent: job {self.plan.job_id} ran past its timeout of {self.plan.timeout_s:g} s; "
+              "stopping its hosts", file=sys.stderr, flush=True)
+        self._stop_all()
+
+    def _stop_survivors_if_due(self) -> None:
+        if self.first_failure_at is not None and time.monotonic() - self.first_failure_at >= self.plan.grace_s:
+            self._stop_all()
+        now = time.monotonic()
+        for host in self.hosts.values():
+            if host.alive and host.stop_sent_at is not None and not host.killed and now - host.stop_sent_at >= TERM_TO_KILL_S:
+                host.killed = True
+                self._kill_group(host, signal.SIGKILL)
+
+    def _stop_all(self) -> None:
+        for host in self.hosts.values():
+            if host.alive and host.stop_sent_at is None:
+                host.stop_sent_at = time.monotonic()
+                self._kill_group(host, signal.SIGTERM)
+
+    # -- stacks ---------------------------------------------------------------------------
+
+    def dump_stacks(self, seq: int) -> None:
+        """Ask every live host for its stacks at once, wait for the dumps to settle, store each (or "no answer")."""
+        asked: dict[int, int] = {}
+        for host in self.hosts.values():
+            if not host.alive:
+                continue
+            try:
+                asked[host.index] = os.path.getsize(host.stacks_path) if os.path.exists(host.stacks_path) else 0
+                os.kill(host.pid, STACKS_SIGNAL)
+            except (ProcessLookupError, OSError):
+                asked.pop(host.index, None)
+        deadline = time.monotonic() + STACKS_WAIT_S
+        sizes = dict(asked)
+        grew_at: dict[int, float] = {}
+        pending = set(asked)
+        while pending and time.monotonic() < deadline:
+            self._pump(0.01)  # the hosts' output keeps flowing meanwhile
+            now = time.monotonic()
+            for index in list(pending):
+                path = self.hosts[index].stacks_path
+                size = os.path.getsize(path) if os.path.exists(path) else 0
+                if size != sizes[index]:
+                    sizes[index], grew_at[index] = size, now
+                elif index in grew_at and now - grew_at[index] >= STACKS_SETTLED_S:
+                    pending.discard(index)  # it wrote, then stopped writing: the dump is whole
+        for index, before in asked.items():
+            text = ""
+            if sizes[index] > before:
+                with open(self.hosts[index].stacks_path, encoding="utf-8", errors="replace") as dump:
+                    dump.seek(before)
+                    text = dump.read()
+            if not text.strip():
+                text = f"no answer: host {index} did not dump its stacks within {STACKS_WAIT_S:g} s\n"
+            self._write(protocol.host_stacks(index, seq), text.encode())
+
+    # -- records ----------------------------------------------------------------------------
+
+    def _write(self, name: str, data: bytes, *, exclusive: bool = False) -> bool:
+        try:
+            self.storage.write_bytes(name, data, exclusive=exclusive)
+            return True
+        except ObjectExistsError:
+            return False
+        except Exception as error:  # the hosts must still be supervised; the error is recorded
+            self._storage_failed(name, error)
+            return False
+
+    def _storage_failed(self, name: str, error: BaseException) -> None:
+        text = describe_storage_error(name, error)
+        print(f"kinetic agent: storage error: {text}", file=sys.stderr, flush=True)
+        if not self.storage_error:
+            self.storage_error = text
+            if self.on_storage_error is not None:
+                self.on_storage_error(text)
+
+    def _publish_outputs(self) -> None:
+        """Upload the hosts' scratch outputs to the job's outputs/ (non-local storage only), then remove them."""
+        if self.scratch_outputs is None:
+            return
+        try:
+            for directory, _, files in os.walk(self.scratch_outputs):
+                for file_name in files:
+                    path = os.path.join(directory, file_name)
+                    relative = os.path.relpath(path, self.scratch_outputs).replace(os.sep, "/")
+                    name = f"{protocol.OUTPUTS_DIR}/{relative}"
+                    try:
+                        self.storage.write_file(name, path)
+                    except Exception as error:  # noqa: BLE001 - the other files still go
+                        self._storage_failed(name, error)
+        finally:
+            shutil.rmtree(self.scratch_outputs, ignore_errors=True)
+            self.scratch_outputs = None
+
+    def _recorded_success(self, index: int) -> bool:
+        try:
+            status = HostStatus.from_json(self.storage.read_bytes(protocol.host_status(index)))
+        except (ObjectNotFoundError, ValueError, TypeError, OSError):
+            return False
+        return status.state == HostState.SUCCEEDED.value
+
+    @staticmethod
+    def _kill_group(host: _Host, signum: int) -> None:
+        try:
+            os.killpg(host.pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass

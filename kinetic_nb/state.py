@@ -1,0 +1,266 @@
+"""The pure view model of a job: its status, each host's state, snapshots of both.
+
+Everything here is a value or a pure function of values: no backend, no
+storage, no IO. The poller (``kinetic_nb.poller``) produces these snapshots
+from a job's stored records; the display (``kinetic_nb.display``) and the
+client read them. A host's state is one word of ``HostState``, the wire
+vocabulary of ``runner/protocol.py``, re-exported here so there is only one.
+
+A display is fed by a ``SnapshotSource``: anything with a ``plan`` (for the
+job's id and host count before the first poll) and a ``snapshot()`` method.
+A ``JobHandle`` is one; so is a test's fake.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import enum
+import re
+from collections.abc import Collection, Mapping
+from typing import Protocol
+
+from kinetic_nb.runner import protocol
+from kinetic_nb.runner.protocol import ExitSummary, HostState, HostStatus, JobPlan
+from kinetic_nb.runner.status import HEARTBEAT_INTERVAL_S
+
+__all__ = [
+    "CHATTER",
+    "FINE_STATES",
+    "LOST_AFTER_S",
+    "SNAPSHOT_INTERVAL_S",
+    "HostSnapshot",
+    "HostState",
+    "JobSnapshot",
+    "JobStatus",
+    "SnapshotSource",
+    "host_state",
+    "is_peer_loss",
+    "job_status",
+    "without_chatter",
+]
+
+#: A host with no exit record whose heartbeat is older than this is lost: its
+#: process is gone or unreachable (a few heartbeats, with room for a busy host).
+LOST_AFTER_S = 5 * HEARTBEAT_INTERVAL_S
+#: A live view is redrawn at most this often (each redraw is a widget message).
+SNAPSHOT_INTERVAL_S = 0.25
+#: Lines a framework prints for itself on every run (JAX's CPU collectives
+#: announce each gloo connection): kept in the logs, but never shown as a
+#: host's last line nor echoed as the leader's output.
+CHATTER = re.compile(r"^\[Gloo\] Rank \d+ is connected to \d+ peer ranks\b.*$")
+#: Host states that need no attention.
+FINE_STATES = frozenset({HostState.PENDING.value, HostState.READY.value, HostState.RUNNING.value,
+                         HostState.SUCCEEDED.value})
+#: Messages of errors that follow from losing a peer (gloo, NCCL, the JAX
+#: coordination service), rather than from a host's own code.
+_PEER_LOSS = re.compile(
+    r"connection (closed|reset) by peer|broken pipe|gloo|nccl|coordination service|heartbeat|"
+    r"barrier timed out|peer .* (died|lost|gone)",
+    re.IGNORECASE,
+)
+#: gRPC status codes the JAX coordination service reports when a peer is gone
+#: (matched in capitals only: "unavailable" is an ordinary word).
+_PEER_LOSS_CODES = re.compile(r"\b(DEADLINE_EXCEEDED|UNAVAILABLE|ABORTED)\b")
+
+
+class JobStatus(str, enum.Enum):
+    """The state of a whole job."""
+
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def done(self) -> bool:
+        return self in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
+
+
+def job_status(
+    plan: JobPlan,
+    exits: Mapping[int, ExitSummary],
+    *,
+    started: bool,
+    cancelled: bool,
+    lost: Collection[int] = (),
+) -> JobStatus:
+    """The job's state once every host has ended or been lost (RUNNING or PENDING before).
+
+    Parameters
+    ----------
+    plan : JobPlan
+        The job's plan (for its number of hosts).
+    exits : mapping of int to ExitSummary
+        How each host that ended did so.
+    started : bool
+        Whether any host has written a record yet.
+    cancelled : bool
+        Whether the job was cancelled (a stopped job is then CANCELLED, not FAILED).
+    lost : collection of int
+        Hosts whose heartbeat stopped with no exit record.
+
+    Returns
+    -------
+    JobStatus
+    """
+    if len(set(exits) | set(lost)) < plan.hosts:
+        return JobStatus.RUNNING if started else JobStatus.PENDING
+    if lost or any(summary.failed for summary in exits.values()):
+        return JobStatus.FAILED
+    if any(summary.stopped or summary.exit_code == protocol.EXIT_STOPPED for summary in exits.values()):
+        return JobStatus.CANCELLED if cancelled else JobStatus.FAILED
+    return JobStatus.SUCCEEDED
+
+
+def is_peer_loss(text: str) -> bool:
+    """Whether an error's ``"Type: message"`` is a known consequence of losing a peer.
+
+    Parameters
+    ----------
+    text : str
+        The error as ``"Type: message"``.
+
+    Returns
+    -------
+    bool
+        True for a follow-on of another host's failure (the outcome rules' rule 6).
+    """
+    if _PEER_LOSS.search(text) or _PEER_LOSS_CODES.search(text):
+        return True
+    return text.split(":", 1)[0].endswith("HostStoppedError")
+
+
+def without_chatter(text: str) -> str:
+    """``text`` less the lines that are framework chatter (``CHATTER``)."""
+    if "[Gloo]" not in text:
+        return text
+    return "".join(line for line in text.splitlines(keepends=True) if not CHATTER.match(line.rstrip("\n")))
+
+
+@dataclasses.dataclass(frozen=True)
+class HostSnapshot:
+    """One host at one poll."""
+
+    index: int
+    #: A ``HostState`` value.
+    state: str
+    phase: str
+    started_at: float | None = None
+    updated_at: float | None = None
+    heartbeat_at: float | None = None
+    last_line: str = ""
+    log_tail: tuple[str, ...] = ()
+    message: str = ""
+    traceback: str = ""
+    exit: ExitSummary | None = None
+    history: tuple[tuple[str, float], ...] = ()
+
+    @property
+    def is_leader(self) -> bool:
+        return self.index == protocol.LEADER_INDEX
+
+    @property
+    def fine(self) -> bool:
+        return self.state in FINE_STATES
+
+    @property
+    def failed_on_its_own(self) -> bool:
+        """Failed, died or was lost, not as a consequence of another host's failure (rule 6)."""
+        if self.state == HostState.LOST.value:
+            return True
+        if self.state != HostState.FAILED.value:
+            return False
+        if self.exit is not None and self.message == "":
+            return True  # ended without reporting why: killed, or crashed
+        return not is_peer_loss(self.message)
+
+    @property
+    def exit_summary(self) -> str:
+        return self.exit.describe() if self.exit else ""
+
+    @property
+    def ended_at(self) -> float | None:
+        return self.exit.ended_at if self.exit else None
+
+    def elapsed(self, now: float) -> float:
+        if self.started_at is None:
+            return 0.0
+        return max(0.0, (self.ended_at or now) - self.started_at)
+
+
+@dataclasses.dataclass(frozen=True)
+class JobSnapshot:
+    """The whole job at one poll: what the panel draws."""
+
+    job_id: str
+    backend: str
+    accelerator: str
+    status: JobStatus
+    submitted_at: float
+    taken_at: float
+    hosts: tuple[HostSnapshot, ...]
+
+    @property
+    def elapsed(self) -> float:
+        ends = [host.ended_at for host in self.hosts if host.ended_at]
+        end = max(ends) if self.status.done and ends else self.taken_at
+        return max(0.0, end - self.submitted_at)
+
+    def counts(self) -> collections.Counter:
+        return collections.Counter(host.state for host in self.hosts)
+
+    @property
+    def lost(self) -> list[int]:
+        return [host.index for host in self.hosts if host.state == HostState.LOST.value]
+
+    @property
+    def decided(self) -> bool:
+        """Whether the outcome is known: every host ended, or one failed on its own account."""
+        return self.status.done or any(host.failed_on_its_own for host in self.hosts)
+
+
+def host_state(status: HostStatus | None, summary: ExitSummary | None, heartbeat_at: float | None,
+               now: float) -> str:
+    """A host's state from its own record and, once it ended, the backend's.
+
+    Parameters
+    ----------
+    status : HostStatus or None
+        The host's last ``status.json``, if any was read.
+    summary : ExitSummary or None
+        How the host ended, once it did.
+    heartbeat_at : float or None
+        When the host last rewrote its heartbeat.
+    now : float
+        The time of the poll.
+
+    Returns
+    -------
+    str
+        A ``HostState`` value; a host without an exit record whose heartbeat
+        stopped is lost.
+    """
+    if summary is not None:
+        if summary.stopped or summary.exit_code == protocol.EXIT_STOPPED:
+            return HostState.STOPPED.value
+        if summary.failed:
+            return HostState.FAILED.value
+        return HostState.SUCCEEDED.value
+    if heartbeat_at is not None and now - heartbeat_at > LOST_AFTER_S:
+        return HostState.LOST.value
+    return status.state if status else HostState.PENDING.value
+
+
+class SnapshotSource(Protocol):
+    """What a display is fed by: the job's plan, and the job as it is now."""
+
+    #: The job's plan: its id and number of hosts, known before the first poll.
+    plan: JobPlan
+
+    def snapshot(self) -> JobSnapshot:
+        """The job as it is now."""
