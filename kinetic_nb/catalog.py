@@ -133,7 +133,11 @@ def _clean_up_platform(job: Storage, record: dict) -> None:
 
 
 def gc(older_than: float | str, *, storage: str | None = None) -> list[str]:
-    """Remove jobs submitted longer than ``older_than`` ago that have ended; return their ids."""
+    """Remove jobs submitted longer than ``older_than`` ago whose every host has ended; return their ids.
+
+    A job's recorded outcome is not enough: a failed job's other hosts may
+    still be inside their grace period, so each job's hosts are looked at.
+    """
     age = parse_duration(older_than) if isinstance(older_than, str) else float(older_than)
     root = _root(storage)
     removed = []
@@ -142,9 +146,12 @@ def gc(older_than: float | str, *, storage: str | None = None) -> list[str]:
         record = _handle_record(job)
         if time.time() - record.get("submitted_at", time.time()) < age:
             continue
-        status = _current_status(job, record)
-        if status in (str(JobStatus.RUNNING), str(JobStatus.PENDING)):
-            continue  # never pull a running job's objects from under it
+        try:
+            live = _handle_for(job, record).status()
+        except ObjectNotFoundError:
+            live = None  # no plan: nothing of the job can still run
+        if live is not None and not live.done:
+            continue  # never pull a job's objects from under a live host
         _clean_up_platform(job, record)
         remove_job_objects(job)
         removed.append(job_id)

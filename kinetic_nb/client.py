@@ -7,17 +7,18 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from kinetic_nb.accelerators import local_notice
 from kinetic_nb.backends import Backend, get_backend
-from kinetic_nb.errors import KineticTimeoutError, ObjectNotFoundError
+from kinetic_nb.errors import JobCancelledError, KineticTimeoutError, ObjectNotFoundError
 from kinetic_nb.plan import choose_framework, make_plan, new_job_id, prepare_cell, resolve_slice
 from kinetic_nb import views
 from kinetic_nb.poller import JobPoller
-from kinetic_nb.results import resolve_outcome
+from kinetic_nb.results import read_failure, resolve_outcome
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.logs import read_log
 from kinetic_nb.runner.protocol import CancelRequest, JobPlan, ResultPayload
@@ -37,10 +38,14 @@ MAX_POLL_S = 0.25
 CANCEL_WAIT_S = 10.0
 #: Deletes in flight when a job's objects are removed (one request each on gs://).
 DELETE_WORKERS = 8
-#: jupyter_client interrupts a kernel just before it kills it for a restart;
-#: an interrupt cancels the job only after this pause, so a restart leaves the
-#: job running for ``%kinetic attach``.
-RESTART_PAUSE_S = 1.0
+#: jupyter_client interrupts a kernel right before it asks it to shut down for
+#: a restart (then SIGTERM at about 2.5 s, SIGKILL at 5 s). After an interrupt
+#: the cell returns at once, and the job is cancelled only when no shutdown
+#: request has arrived within this window, so a restart leaves the job running.
+RESTART_WINDOW_S = 2.0
+#: How long ``stacks()`` waits for the hosts' answers: the agent gives each
+#: host 1.5 s to dump, and a remote store adds its own latency.
+STACKS_WAIT_S = 5.0
 #: The hosts' agents stop a job at its timeout; the client steps in only this much later.
 TIMEOUT_SLACK_S = 5.0
 #: Once a host has failed on its own, how long to let the others' records land
@@ -62,6 +67,9 @@ class JobHandle:
         #: Keep every object after a success (by default only handle.json and outputs/ stay).
         self.keep = keep
         self.outputs: dict[str, Any] = {}
+        #: Set in a kernel (the magic does): whether the kernel is shutting down, which
+        #: tells a restart's interrupt from the user's. None: cancel at once on an interrupt.
+        self.shutting_down: Callable[[], bool] | None = None
         self.poller = JobPoller(storage, plan, backend, submitted_at=submitted_at, on_leader_output=echo)
         self._snapshot: JobSnapshot | None = None
         self._payload: ResultPayload | None = None
@@ -117,10 +125,9 @@ class JobHandle:
     def watch(self) -> None:
         """Show the live panel (or its text twin) and keep it current in the background; return at once.
 
-        The display polls the job through ``_Watched``, which also stops it
-        past its plan's timeout, as ``wait`` does.
+        The job's agent stops it at its plan's timeout; the display only reads it.
         """
-        views.render("watch", _Watched(self))
+        views.render("watch", self)
 
     def timeline(self) -> Any:
         """A matplotlib Figure: one row per host, one bar per phase (needs the ``plots`` extra)."""
@@ -185,15 +192,33 @@ class JobHandle:
                 interrupt.add_note(f"kinetic_nb: job {self.job_id} is detached and goes on; "
                                    f"%kinetic attach {self.job_id} to wait for it again")
                 raise
-            try:
-                time.sleep(RESTART_PAUSE_S)  # a restarting kernel is killed during this pause
-            except KeyboardInterrupt:
-                pass  # a second interrupt: cancel at once
-            self.cancel("interrupted")
-            if on_snapshot is not None:
-                on_snapshot(self.snapshot())
-            interrupt.add_note(f"kinetic_nb: cancelled job {self.job_id} and stopped its {self.plan.hosts} hosts")
+            if self.shutting_down is None:  # a script: the interrupt may end it, so cancel now
+                self.cancel("interrupted")
+                interrupt.add_note(f"kinetic_nb: cancelled job {self.job_id} and stopped its {self.plan.hosts} hosts")
+                raise
+            # A kernel: control comes back at once; the cancel follows unless a shutdown does.
+            threading.Thread(target=self._cancel_unless_shutting_down, name=f"kinetic-cancel-{self.job_id}",
+                             daemon=True).start()
+            interrupt.add_note(f"kinetic_nb: cancelling job {self.job_id} and its {self.plan.hosts} hosts "
+                               f"(a kernel restart leaves it running: %kinetic attach {self.job_id})")
             raise
+
+    def _cancel_unless_shutting_down(self) -> None:
+        """Cancel after an interrupt, unless the kernel turns out to be restarting or shutting down.
+
+        Jupyter interrupts a kernel right before it asks it to shut down for a
+        restart; the kernel's shutdown request is what tells the two apart.
+        """
+        deadline = time.monotonic() + RESTART_WINDOW_S
+        while time.monotonic() < deadline:
+            if self.shutting_down():
+                logger.info("kernel shutting down: job %s goes on", self.job_id)
+                return
+            time.sleep(0.02)
+        try:
+            self.cancel("interrupted")
+        except Exception:  # noqa: BLE001 - a background thread: say it, do not lose it
+            logger.warning("could not cancel job %s after an interrupt", self.job_id, exc_info=True)
 
     @property
     def stopped_at_timeout(self) -> bool:
@@ -245,6 +270,9 @@ class JobHandle:
                     self.storage, self.plan, snapshot.status, self.poller.exits, lambda: self.poller.listing,
                     self.describe_host, lost=snapshot.lost,
                 )
+            except JobCancelledError:
+                self._record_outcome(JobStatus.CANCELLED)
+                raise
             except BaseException:
                 self._record_outcome(JobStatus.FAILED)
                 raise
@@ -269,6 +297,67 @@ class JobHandle:
         except Exception:
             logger.warning("could not clean up the cluster objects of %s", self.job_id, exc_info=True)
 
+    def leader_result(self) -> Any:
+        """The leader's own value as soon as it has recorded it, whatever happened to the other hosts.
+
+        ``result()`` applies the outcome rules (a worker's failure fails the
+        job); this reads only the leader's payload, so a finished value is
+        never lost to a stuck worker, a cancel or an interrupt. Raises the
+        leader's own exception if it failed, and ``ObjectNotFoundError`` while
+        it has recorded nothing.
+        """
+        if self._payload is not None:
+            return self._payload.result
+        leader = read_failure(self.storage, protocol.RESULT, protocol.LEADER_INDEX, warn=True)
+        if leader is None:
+            raise ObjectNotFoundError(f"the leader of job {self.job_id} has recorded no result yet "
+                                      f"({self.uri}/{protocol.RESULT})")
+        if not leader.payload.success:
+            raise leader.exception(self.job_id)
+        self.outputs = dict(leader.payload.outputs)
+        return leader.payload.result
+
+    def stacks(self, host: int | None = None, *, wait: float = STACKS_WAIT_S) -> dict[int, str]:
+        """Every running host's Python stacks, all threads, even while blocked in C code.
+
+        Each host's agent makes its host dump its stacks into storage; a host
+        that has not answered within ``wait`` seconds is reported as "no
+        answer", never waited for. Hosts that have ended are left out.
+
+        Parameters
+        ----------
+        host : int, optional
+            Only this host.
+        wait : float
+            Seconds to wait for the answers.
+
+        Returns
+        -------
+        dict of int to str
+            Host index to its stacks, as ``faulthandler`` prints them.
+        """
+        if host is not None and not 0 <= host < self.plan.hosts:
+            raise ValueError(f"host {host} is out of range for a {self.plan.hosts}-host job")
+        running = [h.index for h in self.snapshot().hosts if h.exit is None and host in (None, h.index)]
+        if not running:
+            return {}
+        asked = [protocol.parse_stacks_request(i.name) for i in self.storage.list(protocol.CONTROL_DIR + "/")]
+        seq = max([number for number in asked if number is not None], default=-1) + 1
+        self.storage.write_json(protocol.stacks_request(seq), {"at": time.time(), "hosts": running})
+        wanted = {protocol.host_stacks(index, seq): index for index in running}
+        answers: dict[int, str] = {}
+        deadline = time.monotonic() + wait
+        while True:
+            for info in self.storage.list(protocol.HOSTS_DIR + "/"):
+                index = wanted.get(info.name)
+                if index is not None and index not in answers:
+                    answers[index] = self.storage.read_bytes(info.name).decode(errors="replace")
+            if len(answers) == len(running) or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        return {index: answers.get(index, f"no answer: host {index} did not answer within {wait:g} s\n")
+                for index in running}
+
     def cancel(self, reason: str = "cancelled by the user") -> None:
         """Stop every host; returns once they are gone (or after a bounded wait)."""
         if self.status().done:
@@ -288,21 +377,6 @@ class JobHandle:
         if options:  # where a cluster job lives: namespace, context, ...
             record["backend_options"] = options
         return record
-
-
-class _Watched:
-    """The snapshot source ``JobHandle.watch`` gives the display: the handle's
-    snapshots, with the plan's timeout enforced as ``wait`` enforces it."""
-
-    def __init__(self, handle: JobHandle):
-        self.handle = handle
-        self.plan = handle.plan
-
-    def snapshot(self) -> JobSnapshot:
-        snapshot = self.handle.snapshot()
-        if not snapshot.status.done:
-            self.handle._check_timeout(None)
-        return snapshot
 
 
 def remove_job_objects(storage: Storage, keep: Iterable[str] = ()) -> None:

@@ -23,7 +23,7 @@ from kinetic_nb.errors import CaptureError, ObjectNotFoundError, UnknownAccelera
 from kinetic_nb.display import live_view
 
 #: The ``%kinetic`` line magic's subcommands, in the order its help lists them.
-SUBCOMMANDS = ("jobs", "attach", "cancel", "logs", "gc")
+SUBCOMMANDS = ("jobs", "attach", "cancel", "logs", "stacks", "gc")
 
 
 def _names(values: list[str]) -> list[str]:
@@ -58,6 +58,7 @@ _LINE_PARSERS = {
                       (("-o", "--out"), dict(action="append", default=[], metavar="NAME[,NAME]"))),
     "cancel": _parser("%kinetic cancel", (("job_id",), {})),
     "logs": _parser("%kinetic logs", (("job_id",), {}), (("--host",), dict(type=int, default=0))),
+    "stacks": _parser("%kinetic stacks", (("job_id",), {}), (("--host",), dict(type=int, default=None))),
     "gc": _parser("%kinetic gc", (("--older-than",), dict(required=True, metavar="DURATION",
                                                           help="e.g. 7d, 12h, 30m"))),
 }
@@ -165,6 +166,7 @@ class KineticMagics(Magics):
 
     def _wait_and_show(self, handle: JobHandle, out: list[str], *, quiet: bool = False) -> Any:
         """Wait with a live view; its final update lands before the cell returns, so a saved notebook keeps it."""
+        handle.shutting_down = lambda: bool(getattr(self.shell, "exit_now", False))  # set by a shutdown request
         view = None if quiet else live_view(handle.plan.hosts)
         try:
             value = handle.result(on_snapshot=view.update if view else None)
@@ -196,6 +198,7 @@ class KineticMagics(Magics):
             %kinetic attach JOB_ID [-o NAME[,NAME]]  wait for a job again (also after a restart)
             %kinetic cancel JOB_ID                   stop every host of a job
             %kinetic logs JOB_ID [--host I]          one host's output
+            %kinetic stacks JOB_ID [--host I]        every running host's Python stacks (a hang's where)
             %kinetic gc --older-than 7d              remove old jobs that have ended
 
         Each also takes ``--storage URI``.
@@ -231,6 +234,13 @@ class KineticMagics(Magics):
         handle = catalog.attach(args.job_id, storage=args.storage)
         handle.cancel()
         print(f"job {handle.job_id}: {handle.status()}")
+
+    def _line_stacks(self, args: Any) -> None:
+        stacks = catalog.attach(args.job_id, storage=args.storage).stacks(args.host)
+        if not stacks:
+            print(f"job {args.job_id}: no host is running")
+        for index, text in stacks.items():
+            print(f"--- host {index} ---\n{text.rstrip()}\n")
 
     def _line_logs(self, args: Any) -> None:
         print(catalog.attach(args.job_id, storage=args.storage).logs(args.host), end="")

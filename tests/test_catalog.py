@@ -84,7 +84,7 @@ def test_line_magic(shell, capsys):
 @pytest.mark.parametrize(
     ("line", "expected"),
     [
-        ("", "%kinetic expects a subcommand: jobs, attach, cancel, logs, gc"),
+        ("", "%kinetic expects a subcommand: jobs, attach, cancel, logs, stacks, gc"),
         ("frobnicate", "%kinetic expects a subcommand, not 'frobnicate'"),
         ("attach", "the following arguments are required: job_id"),
         ("attach kn-19990101-000000-abc", "no job kn-19990101-000000-abc"),
@@ -105,3 +105,25 @@ def test_detached_cell_returns_a_handle_at_once(shell):
     handle = result.result
     assert isinstance(handle, kinetic_nb.JobHandle) and handle.detached
     assert handle.result() == "later"
+
+
+def test_gc_leaves_a_failed_job_whose_hosts_are_still_in_grace(storage_root):
+    source = "import os, time\nif os.environ['RANK'] == '1':\n    raise ValueError('worker broke')\ntime.sleep(600)"
+    handle = kinetic_nb.submit(source, hosts=2, grace=600)
+    with pytest.raises(ValueError):
+        handle.result()  # decided and recorded FAILED while the leader still runs
+    assert json.loads(handle.storage.read_bytes("handle.json"))["status"] == "FAILED"
+    assert handle.job_id not in jobs.gc(0, storage=storage_root)
+    assert handle.storage.exists("plan.json")
+    handle.cancel()
+    assert handle.job_id in jobs.gc(0, storage=storage_root)
+
+
+def test_a_cancelled_job_is_listed_as_cancelled(storage_root):
+    handle = kinetic_nb.submit("import time\ntime.sleep(600)", hosts=2)
+    handle.cancel()
+    with pytest.raises(kinetic_nb.errors.JobCancelledError):
+        handle.result()
+    assert json.loads(handle.storage.read_bytes("handle.json"))["status"] == "CANCELLED"
+    [record] = [r for r in jobs.jobs(storage=storage_root) if r.job_id == handle.job_id]
+    assert record.status == "CANCELLED"

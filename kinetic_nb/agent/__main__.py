@@ -27,11 +27,15 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--watch", action="store_true", help="only wait until the job has ended")
     parser.add_argument("--log", help="this agent's own output; removed at the end if empty")
     parser.add_argument("--state", help="where to keep this agent's own record (local backend)")
+    parser.add_argument("--detach", action="store_true",
+                        help="leave the launching process's tree once this agent's record is written, so "
+                             "whatever ends that process and its children (a kernel's shutdown) spares the job")
     args = parser.parse_args(argv)
     storage = open_storage(args.job)
     if args.watch:
         return wait_for_job_end(storage)
     plan = JobPlan.from_json(storage.read_bytes(protocol.PLAN))
+    ready = _detach() if args.detach else None
     state = AgentState(pid=os.getpid(), started_at=time.time())
 
     def keep_state(**changes) -> None:
@@ -41,6 +45,9 @@ def main(argv: list[str] | None = None) -> int:
             state.write(args.state)
 
     keep_state()
+    if ready is not None:  # the launcher may go: this agent's record names it
+        os.write(ready, b"1")
+        os.close(ready)
     if args.all_hosts:
         problem = processes.host_count_problem(plan.hosts)
         if problem:
@@ -67,6 +74,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.log and os.path.exists(args.log) and os.path.getsize(args.log) == 0:
         os.unlink(args.log)  # nothing went wrong: nothing to keep
     return 0
+
+
+def _detach() -> int:
+    """Fork; the parent exits once the child says it is ready (0) or dies first (1). Returns the child's pipe end."""
+    ready_read, ready_write = os.pipe()
+    if os.fork() > 0:
+        os.close(ready_write)
+        said = os.read(ready_read, 1)
+        os._exit(0 if said else 1)
+    os.close(ready_read)
+    os.setsid()
+    return ready_write
 
 
 if __name__ == "__main__":

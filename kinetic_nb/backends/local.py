@@ -83,7 +83,7 @@ class LocalBackend(Backend):
         log = open(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")  # noqa: SIM115
         try:
             self._agents[plan.job_id] = subprocess.Popen(
-                [sys.executable, "-m", "kinetic_nb.agent", "--job", storage.uri, "--all-hosts",
+                [sys.executable, "-m", "kinetic_nb.agent", "--job", storage.uri, "--all-hosts", "--detach",
                  "--log", log_path, "--state", state_path],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
@@ -119,22 +119,21 @@ class LocalBackend(Backend):
 
     def _agent_death(self, plan: JobPlan, state: AgentState | None) -> str | None:
         """Why the job's agent is gone while hosts have no exit record, or None while it lives."""
-        popen = self._agents.get(plan.job_id)
+        if state is None:
+            launcher = self._agents.get(plan.job_id)
+            code = launcher.poll() if launcher is not None else None
+            if code:  # it died before it wrote its record
+                return f"the job's agent exited with code {code} before it started any host"
+            state = AgentState.read(agent_files(plan.job_id)[1])  # it may have written it meanwhile
         if state is not None:
             if state.finished:
                 return "the job's agent ended without recording how this host ended"
             if _alive(state.pid, plan.job_id):
                 return None
             return f"the job's agent (pid {state.pid}) died"
-        if popen is not None:
-            code = popen.poll()
-            if code is None:
-                return None
-            return f"the job's agent exited with code {code} before it started any host"
         if time.time() - (plan.created_at or time.time()) > AGENT_START_TIMEOUT_S:
             return f"the job's agent never started ({AGENT_START_TIMEOUT_S:g} s after the job was stored)"
         return None
-
 
 def _log_tail(path: str) -> list[str]:
     try:

@@ -112,21 +112,22 @@ def test_stacks_of_a_host_that_cannot_answer_say_so():
         stacks = job.stacks()
     finally:
         os.kill(pid, signal.SIGCONT)
-    assert "line 4 in <module>" in stacks[0]
+    assert "line 5 in <module>" in stacks[0]
     assert stacks[1].startswith("no answer")
     job.cancel()
 
 
 def test_an_agent_that_dies_before_any_host_starts_fails_the_cell_with_its_log(tmp_path, monkeypatch):
-    broken = tmp_path / "broken" / "kinetic_nb"
-    broken.mkdir(parents=True)
-    (broken / "__init__.py").write_text("raise ImportError('simulated broken installation')\n")
-    monkeypatch.setenv("PYTHONPATH", str(broken.parent))  # the agent's interpreter finds this package first
+    broken = tmp_path / "python"  # an interpreter whose kinetic_nb cannot be imported
+    broken.write_text("#!/bin/sh\necho 'ImportError: simulated broken installation' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(broken))
     job = kinetic_nb.submit("1", hosts=2)
     with pytest.raises(JobFailedError) as info:
         job.result(timeout=HANG_GUARD_S)
     message = str(info.value)
-    assert "the job's agent" in message and "simulated broken installation" in message
+    assert "the job's agent exited with code 1 before it started any host" in message
+    assert "simulated broken installation" in message  # the tail of its log
     assert job.status() is JobStatus.FAILED
 
 

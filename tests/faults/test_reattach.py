@@ -44,3 +44,20 @@ def test_attach_after_a_kernel_restart(storage_root):
         reply, printed = run(client, "%kinetic jobs")
         assert handle.job_id in "".join(printed) and "SUCCEEDED" in "".join(printed)
     assert handle.status() is JobStatus.SUCCEEDED
+
+
+def test_a_jupyterlab_style_restart_leaves_the_job_running(storage_root):
+    """JupyterLab restarts a kernel with ``now=False``: SIGINT, a shutdown request, then TERM and KILL."""
+    with kernel() as (manager, client):
+        submitted = time.time()
+        client.execute("%%kinetic -n 2\nimport time\ntime.sleep(8)\n'outlived its kernel'")
+        handle = newest_job(storage_root, submitted, running_hosts=2)
+        manager.restart_kernel(now=False)
+        client.wait_for_ready(timeout=60)
+        assert handle.status() is JobStatus.RUNNING  # neither the interrupt nor the shutdown cancelled it
+
+        run(client, "%load_ext kinetic_nb")
+        reply, printed = run(client, f"%kinetic attach {handle.job_id}")
+        assert reply["status"] == "ok", printed
+        assert printed[-1] == "'outlived its kernel'"
+    assert handle.status() is JobStatus.SUCCEEDED
