@@ -5,12 +5,16 @@ whose group of ``size`` pods GKE places on one TPU slice. Anything else (a
 single host, GPU hosts, CPU hosts) becomes an Indexed Job, with a headless
 Service when it has more than one host so that host 0 has a DNS name.
 
-Every pod runs ``python -m kinetic_nb.runner --job URI`` behind a few lines of
-``sh`` (:data:`HOST_SCRIPT`) that refuse to run a host's part twice, and gets
-the environment the runner, JAX and torch need: the host index from the
-downward API, the coordinator from ``LWS_LEADER_ADDRESS`` on a
-LeaderWorkerSet, ``KINETIC_LOG_UPLOAD=1`` (there is no supervisor to pump the
-host's output), and the plan's own ``env`` last.
+Every object here is owned (``ownerReferences``) by the job's root Job,
+created before them (:mod:`kinetic_nb.backends.k8s_root`), so the cluster
+deletes them, pods included, when the root goes.
+
+Every host pod runs the host agent, ``python -m kinetic_nb.agent --job URI``
+(which runs the runner, uploads its output, and writes the host's exit
+record), behind a few lines of ``sh`` (:data:`HOST_SCRIPT`) that refuse to
+run a host's part twice, and gets the environment the runner, JAX and torch
+need: the host index from the downward API, the coordinator from
+``LWS_LEADER_ADDRESS`` on a LeaderWorkerSet, and the plan's own ``env`` last.
 
 Pure functions, no ``kubernetes`` import: the manifests are tested offline.
 """
@@ -20,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from kinetic_nb.accelerators import GPU_NODE_SELECTOR, TPU_NODE_SELECTOR, Accelerator, resolve_accelerator
@@ -27,11 +32,12 @@ from kinetic_nb.runner.frameworks import COORDINATOR_ENV
 from kinetic_nb.runner.protocol import JobPlan
 
 if TYPE_CHECKING:
-    from kinetic_nb.backends.kubernetes import KubernetesSettings
+    from kinetic_nb.backends.k8s_settings import KubernetesSettings
 
 __all__ = [
     "JOB_LABEL", "LWS_API_VERSION", "LWS_GROUP", "LWS_PLURAL", "LWS_VERSION", "build_manifests", "job_selector",
-    "leader_host", "resource_name", "uses_leader_worker_set",
+    "leader_host", "literal_command", "literal_env", "object_metadata", "pod_metadata", "resource_name",
+    "uses_leader_worker_set",
 ]
 
 LWS_GROUP = "leaderworkerset.x-k8s.io"
@@ -54,45 +60,56 @@ JOB_LABEL = "kinetic-nb/job"
 #: The job id exactly as kinetic_nb spells it (a label value has tighter rules).
 JOB_ID_ANNOTATION = "kinetic-nb/job-id"
 ROLE_LABEL = "kinetic-nb/role"
+#: The role of an Indexed Job's host pods (a LeaderWorkerSet's are ``leader`` and ``worker``; the root's ``root``).
+HOST_ROLE = "host"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "kinetic-nb"}
 
-#: The one container of every pod.
+#: The one container of every host pod.
 CONTAINER_NAME = "host"
+#: The module every host pod runs, and the root runs with ``--watch``: the host agent,
+#: the same on every backend (it starts the runner, uploads its output, writes ``exit.json``).
+AGENT_MODULE = "kinetic_nb.agent"
 #: An emptyDir for the cell's scratch files and ``KINETIC_OUTPUT_DIR``.
 SCRATCH_VOLUME = "kinetic-scratch"
 SCRATCH_DIR = "/kinetic"
 #: Between SIGTERM and SIGKILL when a pod is deleted: time to flush the last log
 #: chunk. JAX traps SIGTERM, so waiting longer would only delay a cancel.
 TERMINATION_GRACE_S = 5
-#: A finished Job (and its pods) stays this long for ``kubectl logs`` and the
-#: exit-state fallback, then the cluster removes it even if no client cleans up.
+#: A finished Indexed Job stays at most this long. The root Job's end normally
+#: removes it much sooner; this bounds it where the root still waits on a host
+#: that left no exit record.
 JOB_TTL_AFTER_FINISHED_S = 24 * 3600
-#: Added to the plan's timeout for the Job's ``activeDeadlineSeconds``: the
-#: client stops a job that runs too long with a clearer message; the deadline
-#: is the cluster's backstop for when no client is watching.
+#: Added to the plan's timeout for ``activeDeadlineSeconds`` (the root's, and an
+#: Indexed Job's): the hosts' agents and the client stop a job that runs too long
+#: with a clearer message; the deadline is the cluster's backstop for when
+#: neither does.
 DEADLINE_MARGIN_S = 60
 #: Longest resource name. Kubernetes derives longer names from it (pods
 #: ``{name}-0-15``, StatefulSets ``{name}-0`` whose pods carry a revision-hash
-#: label ``{name}-0-{10 chars}``), and each must stay a 63-character DNS label.
+#: label ``{name}-0-{10 chars}``, the root's pods ``{name}-root-{5 chars}``), and
+#: each must stay a 63-character DNS label.
 MAX_NAME_LENGTH = 40
 #: Characters of the job id's hash kept when a name has to be shortened.
 _NAME_HASH_CHARS = 6
 
-#: Runs once per container start. The first start runs the host (``exec``, so
-#: the runner's own exit code, OOMKilled included, is the container's). A later
-#: start finds the host's ``status.json`` already stored and parks instead of
-#: running the cell a second time: a LeaderWorkerSet's pods must have
-#: ``restartPolicy: Always``, so the kubelet restarts a host that ended, and a
-#: pod the StatefulSet recreates after an eviction would start over. The first
-#: run's exit stays in the pod's ``lastState.terminated``, where the backend
-#: reads it. The check is host-safe Python; any error in it means "run".
+#: Runs once per container start. The first start runs the host agent (``exec``,
+#: so the agent's own exit code, OOMKilled included, is the container's). A later
+#: start finds the host's ``status.json`` or ``exit.json`` already stored and
+#: parks instead of running the cell a second time: a LeaderWorkerSet's pods must
+#: have ``restartPolicy: Always``, so the kubelet restarts a host that ended, and
+#: a pod the StatefulSet recreates after an eviction would start over; a host
+#: whose end is already recorded (cancelled, or failed by the client while its
+#: pod was Pending) must not start late. The first run's exit stays in the pod's
+#: ``lastState.terminated``, where the backend reads it. The check is host-safe
+#: Python; any error in it means "run".
 _ALREADY_STARTED = (
     "import os, sys\n"
     "from kinetic_nb.runner import protocol\n"
     "from kinetic_nb.runner.hostenv import resolve_host_index\n"
     "from kinetic_nb.storage import open_storage\n"
     "index = resolve_host_index(os.environ) or 0\n"
-    'sys.exit(0 if open_storage(os.environ["KINETIC_JOB_URI"]).exists(protocol.host_status(index)) else 1)\n'
+    'storage = open_storage(os.environ["KINETIC_JOB_URI"])\n'
+    "sys.exit(0 if storage.exists(protocol.host_status(index)) or storage.exists(protocol.host_exit(index)) else 1)\n"
 )
 HOST_SCRIPT = f"""\
 if python -c '{_ALREADY_STARTED}' 2>/dev/null; then
@@ -158,8 +175,9 @@ def uses_leader_worker_set(acc: Accelerator, hosts: int) -> bool:
     return acc.kind == "tpu" and hosts > 1
 
 
-def build_manifests(plan: JobPlan, job_uri: str, settings: KubernetesSettings) -> list[dict[str, Any]]:
-    """Every object to create for ``plan``, in creation order.
+def build_manifests(plan: JobPlan, job_uri: str, settings: KubernetesSettings, *,
+                    owner: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Every object to create for ``plan`` after its root Job, in creation order, each owned by ``owner``.
 
     Parameters
     ----------
@@ -169,6 +187,10 @@ def build_manifests(plan: JobPlan, job_uri: str, settings: KubernetesSettings) -
         The job's storage URI (``gs://bucket/prefix/{job_id}``) the pods read and write.
     settings : KubernetesSettings
         Namespace, image (required), service account, coordinator port, extra node selectors.
+    owner : mapping
+        The ``ownerReferences`` entry every object gets: the job's root Job,
+        whose uid is known once it is created
+        (:func:`kinetic_nb.backends.k8s_root.root_owner_reference`).
 
     Returns
     -------
@@ -180,16 +202,33 @@ def build_manifests(plan: JobPlan, job_uri: str, settings: KubernetesSettings) -
     acc = resolve_accelerator(plan.accelerator)
     image = settings.require_image()
     if uses_leader_worker_set(acc, plan.hosts):
-        return [_leader_worker_set(plan, acc, job_uri, settings, image)]
-    job = _indexed_job(plan, acc, job_uri, settings, image)
-    return [_headless_service(plan, settings), job] if plan.hosts > 1 else [job]
+        manifests = [_leader_worker_set(plan, acc, job_uri, settings, image)]
+    else:
+        job = _indexed_job(plan, acc, job_uri, settings, image)
+        manifests = [_headless_service(plan, settings), job] if plan.hosts > 1 else [job]
+    for manifest in manifests:
+        manifest["metadata"]["ownerReferences"] = [dict(owner)]
+    return manifests
 
 
-def _metadata(plan: JobPlan, settings: KubernetesSettings, **labels: str) -> dict[str, Any]:
+def object_metadata(plan: JobPlan, settings: KubernetesSettings, *, name: str | None = None,
+                    role: str | None = None) -> dict[str, Any]:
+    """An object's name (default :func:`resource_name`), namespace, job label and job id annotation."""
+    labels = {JOB_LABEL: resource_name(plan.job_id), **MANAGED_BY}
+    if role is not None:
+        labels[ROLE_LABEL] = role
     return {
-        "name": resource_name(plan.job_id),
+        "name": name or resource_name(plan.job_id),
         "namespace": settings.namespace,
-        "labels": {JOB_LABEL: resource_name(plan.job_id), **MANAGED_BY, **labels},
+        "labels": labels,
+        "annotations": {JOB_ID_ANNOTATION: plan.job_id},
+    }
+
+
+def pod_metadata(plan: JobPlan, role: str) -> dict[str, Any]:
+    """A pod template's job label, ``role`` label and job id annotation."""
+    return {
+        "labels": {JOB_LABEL: resource_name(plan.job_id), ROLE_LABEL: role, **MANAGED_BY},
         "annotations": {JOB_ID_ANNOTATION: plan.job_id},
     }
 
@@ -199,7 +238,7 @@ def _leader_worker_set(plan: JobPlan, acc: Accelerator, job_uri: str, settings: 
     return {
         "apiVersion": LWS_API_VERSION,
         "kind": LWS_KIND,
-        "metadata": _metadata(plan, settings),
+        "metadata": object_metadata(plan, settings),
         "spec": {
             "replicas": 1,
             # Workers start with the leader: the hosts wait for each other at kinetic's own start barrier.
@@ -227,11 +266,11 @@ def _indexed_job(plan: JobPlan, acc: Accelerator, job_uri: str, settings: Kubern
         # A failed host fails the job: no pod is retried, so no cell runs twice.
         "backoffLimit": 0,
         "ttlSecondsAfterFinished": JOB_TTL_AFTER_FINISHED_S,
-        "template": _pod_template(plan, acc, job_uri, settings, image, role="host", lws=False),
+        "template": _pod_template(plan, acc, job_uri, settings, image, role=HOST_ROLE, lws=False),
     }
     if plan.timeout_s is not None:
         spec["activeDeadlineSeconds"] = math.ceil(plan.timeout_s) + DEADLINE_MARGIN_S
-    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": _metadata(plan, settings), "spec": spec}
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": object_metadata(plan, settings), "spec": spec}
 
 
 def _headless_service(plan: JobPlan, settings: KubernetesSettings) -> dict[str, Any]:
@@ -239,12 +278,13 @@ def _headless_service(plan: JobPlan, settings: KubernetesSettings) -> dict[str, 
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _metadata(plan, settings),
+        "metadata": object_metadata(plan, settings),
         "spec": {
             "clusterIP": "None",
             # Hosts look each other up before they are Ready.
             "publishNotReadyAddresses": True,
-            "selector": {JOB_LABEL: name},
+            # Host pods only: the root's pod carries the job label too.
+            "selector": {JOB_LABEL: name, ROLE_LABEL: HOST_ROLE},
             "ports": [{"name": "coordinator", "port": settings.coordinator_port,
                        "targetPort": settings.coordinator_port}],
         },
@@ -257,8 +297,8 @@ def _pod_template(plan: JobPlan, acc: Accelerator, job_uri: str, settings: Kuber
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": image,
-        "command": [_escape(word) for word in ("/bin/sh", "-c", HOST_SCRIPT, HOST_SCRIPT_NAME)],
-        "args": [_escape(word) for word in ("python", "-m", "kinetic_nb.agent", "--job", job_uri)],
+        "command": literal_command("/bin/sh", "-c", HOST_SCRIPT, HOST_SCRIPT_NAME),
+        "args": literal_command("python", "-m", AGENT_MODULE, "--job", job_uri),
         "env": host_environment(plan, acc, job_uri, settings, lws=lws),
         "ports": [{"name": "coordinator", "containerPort": settings.coordinator_port}],
         "volumeMounts": [{"name": SCRATCH_VOLUME, "mountPath": SCRATCH_DIR}],
@@ -282,13 +322,7 @@ def _pod_template(plan: JobPlan, acc: Accelerator, job_uri: str, settings: Kuber
         spec["serviceAccountName"] = settings.service_account
     if not lws and plan.hosts > 1:
         spec["subdomain"] = name  # pod i is {name}-{i}.{name}: host 0 is the coordinator
-    return {
-        "metadata": {
-            "labels": {JOB_LABEL: name, ROLE_LABEL: role, **MANAGED_BY},
-            "annotations": {JOB_ID_ANNOTATION: plan.job_id},
-        },
-        "spec": spec,
-    }
+    return {"metadata": pod_metadata(plan, role), "spec": spec}
 
 
 def _accelerator_node_selector(acc: Accelerator) -> dict[str, str]:
@@ -317,6 +351,16 @@ def _escape(text: str) -> str:
 def _value(name: str, value: str) -> dict[str, str]:
     """A literal variable."""
     return {"name": name, "value": _escape(value)}
+
+
+def literal_env(variables: Mapping[str, str]) -> list[dict[str, str]]:
+    """``variables`` as a container's ``env`` entries that the kubelet leaves exactly as written."""
+    return [_value(name, value) for name, value in variables.items()]
+
+
+def literal_command(*words: str) -> list[str]:
+    """``words`` as a container's ``command`` or ``args`` that the kubelet leaves exactly as written."""
+    return [_escape(word) for word in words]
 
 
 def _reference(name: str, value: str) -> dict[str, str]:
@@ -374,5 +418,5 @@ def host_environment(plan: JobPlan, acc: Accelerator, job_uri: str, settings: Ku
         _value("LOCAL_RANK", "0"),
         _value("LOCAL_WORLD_SIZE", "1"),
     ]
-    env += [_value(key, value) for key, value in plan.env.items()]  # the user's own, last: they win
+    env += literal_env(plan.env)  # the user's own, last: they win
     return env

@@ -45,16 +45,17 @@ _PLAIN_TERMINATION = frozenset({"Error", "Completed"})
 _api_client: Any = None
 
 
-def as_api_dict(pod: Any) -> dict[str, Any]:
-    """``pod`` as the API's JSON (camelCase keys, timestamps as strings); a dict is returned as it is."""
-    if isinstance(pod, Mapping):
-        return dict(pod)
+def as_api_dict(obj: Any) -> dict[str, Any]:
+    """An API object (a ``V1Pod``, a created ``V1Job``, ...) as the API's JSON (camelCase keys,
+    timestamps as strings); a dict is returned as it is."""
+    if isinstance(obj, Mapping):
+        return dict(obj)
     global _api_client
     if _api_client is None:
         from kubernetes.client import ApiClient
 
         _api_client = ApiClient()
-    return _api_client.sanitize_for_serialization(pod)
+    return _api_client.sanitize_for_serialization(obj)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,10 +1,12 @@
 """The ``kubernetes`` backend: a job's hosts are pods on a (GKE) cluster.
 
 A multi-host TPU slice becomes one LeaderWorkerSet, anything else an Indexed
-Job (see :mod:`kinetic_nb.backends.k8s_manifests`). Each pod runs the runner
-against the job's storage, normally ``gs://``, and uploads its own log. The
-kubelet and the pods' statuses play the local supervisor's part: this backend
-turns them into the hosts' ``exit.json`` records (see
+Job (see :mod:`kinetic_nb.backends.k8s_manifests`), all owned by the job's
+root Job, created first (:mod:`kinetic_nb.backends.k8s_root`): the root bounds
+the job's life with no client, and deleting it (cancel, cleanup) deletes the
+rest. Each pod runs the host agent against the job's storage, normally
+``gs://``. This backend adds what only the platform sees: it turns the pods'
+statuses into the hosts' ``exit.json`` records where a host left none (see
 :mod:`kinetic_nb.backends.k8s_pods`), including a failure for a pod stuck
 Pending past ``pending_timeout_s``.
 
@@ -16,7 +18,7 @@ a cluster, else from kubeconfig (``gcloud container clusters get-credentials``).
 Settings (namespace, container image, service account, ...) are resolved per
 field: an explicit argument (a magic flag) > a ``KINETIC_*`` environment
 variable > a config object (``%config KineticMagics...``) > the default. See
-:class:`KubernetesSettings`.
+:class:`~kinetic_nb.backends.k8s_settings.KubernetesSettings`.
 """
 
 from __future__ import annotations
@@ -25,12 +27,11 @@ import dataclasses
 import json
 import logging
 import os
-import re
 import threading
 import time
 import warnings
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar
+from typing import Any
 
 from kinetic_nb.backends.base import Backend, PlatformView
 from kinetic_nb.backends.k8s_manifests import (
@@ -43,7 +44,6 @@ from kinetic_nb.backends.k8s_manifests import (
     resource_name,
 )
 from kinetic_nb.backends.k8s_pods import (
-    DEFAULT_PENDING_TIMEOUT_S,
     PodExitSummary,
     PodHostState,
     as_api_dict,
@@ -52,6 +52,8 @@ from kinetic_nb.backends.k8s_pods import (
     pod_host_state,
     stuck_pending,
 )
+from kinetic_nb.backends.k8s_root import root_job, root_name, root_owner_reference
+from kinetic_nb.backends.k8s_settings import DEFAULT_COORDINATOR_PORT, DEFAULT_NAMESPACE, KubernetesSettings
 from kinetic_nb.errors import KineticError, KineticWarning, ObjectExistsError, ObjectNotFoundError
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.protocol import ExitSummary, HostState, HostStatus, JobPlan
@@ -60,14 +62,10 @@ from kinetic_nb.storage import ObjectInfo, Storage
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "KubernetesApi", "KubernetesBackend", "KubernetesSettings", "PodExitSummary", "PodHostState", "connect",
-    "host_states", "pod_host_state", "stuck_pending",
+    "DEFAULT_COORDINATOR_PORT", "DEFAULT_NAMESPACE", "KubernetesApi", "KubernetesBackend", "KubernetesSettings",
+    "PodExitSummary", "PodHostState", "connect", "host_states", "pod_host_state", "stuck_pending",
 ]
 
-DEFAULT_NAMESPACE = "default"
-#: The port the JAX coordinator (and torch's rendezvous) listens on, on host 0.
-#: 8476 is the one JAX itself uses for Cloud TPU slices.
-DEFAULT_COORDINATOR_PORT = 8476
 #: A job's pods are listed at most this often: the client polls storage several
 #: times a second, and each listing is a request to the API server.
 POD_LIST_INTERVAL_S = 2.0
@@ -76,135 +74,11 @@ API_TIMEOUT_S = 30.0
 #: Storage the pods can reach on their own (a file:// path only through a shared mount).
 REMOTE_STORAGE_SCHEMES = ("gs://",)
 
-#: Propagation when cancelling: the LeaderWorkerSet or Job stays (terminating)
-#: until its pods are gone, so ``kubectl get`` shows the job until its hosts are.
+#: Propagation when cancelling: the root Job stays (terminating) until everything
+#: it owns and their pods are gone, so ``kubectl get`` shows the job until its hosts are.
 CANCEL_PROPAGATION = "Foreground"
-#: Propagation when cleaning up after an outcome: nothing to wait for.
+#: Propagation when cleaning up after an outcome, or after a failed launch: nothing to wait for.
 CLEANUP_PROPAGATION = "Background"
-
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-
-
-@dataclasses.dataclass(frozen=True)
-class KubernetesSettings:
-    """Where and how a job's pods run.
-
-    Attributes
-    ----------
-    namespace : str
-        Kubernetes namespace of the job's objects (``KINETIC_NAMESPACE``).
-    image : str or None
-        Container image with kinetic_nb (and jax or torch) installed
-        (``KINETIC_IMAGE``); required to launch, no default.
-    service_account : str or None
-        The pods' Kubernetes service account, bound to a Google service account
-        that may write the bucket via Workload Identity (``KINETIC_SERVICE_ACCOUNT``).
-    context : str or None
-        kubeconfig context to use instead of the current one (``KINETIC_KUBE_CONTEXT``).
-    coordinator_port : int
-        Port of the coordinator on host 0 (``KINETIC_COORDINATOR_PORT``).
-    pending_timeout_s : float
-        A pod Pending longer than this fails the job with the scheduler's
-        reason (``KINETIC_PENDING_TIMEOUT``).
-    node_selector : mapping of str to str
-        Node labels added to the accelerator's, e.g. a node pool name
-        (``KINETIC_NODE_SELECTOR="cloud.google.com/gke-nodepool=tpu-pool"``,
-        comma-separated ``key=value`` pairs).
-    """
-
-    namespace: str = DEFAULT_NAMESPACE
-    image: str | None = None
-    service_account: str | None = None
-    context: str | None = None
-    coordinator_port: int = DEFAULT_COORDINATOR_PORT
-    pending_timeout_s: float = DEFAULT_PENDING_TIMEOUT_S
-    node_selector: Mapping[str, str] = dataclasses.field(default_factory=dict)
-
-    #: The environment variable of each field.
-    ENVIRONMENT: ClassVar[dict[str, str]] = {
-        "namespace": "KINETIC_NAMESPACE",
-        "image": "KINETIC_IMAGE",
-        "service_account": "KINETIC_SERVICE_ACCOUNT",
-        "context": "KINETIC_KUBE_CONTEXT",
-        "coordinator_port": "KINETIC_COORDINATOR_PORT",
-        "pending_timeout_s": "KINETIC_PENDING_TIMEOUT",
-        "node_selector": "KINETIC_NODE_SELECTOR",
-    }
-    #: The magic's flag of each field that has one.
-    FLAGS: ClassVar[dict[str, str]] = {"namespace": "--namespace", "image": "--image"}
-
-    def __post_init__(self) -> None:
-        if not _DNS_LABEL.match(self.namespace or ""):
-            raise ValueError(f"namespace {self.namespace!r} is not a valid Kubernetes namespace "
-                             "(lowercase letters, digits and '-', at most 63)")
-        if not 0 < self.coordinator_port < 65536:
-            raise ValueError(f"coordinator port {self.coordinator_port} is not a TCP port (1-65535)")
-        if not self.pending_timeout_s > 0:
-            raise ValueError(f"pending timeout must be positive, got {self.pending_timeout_s:g} s")
-        if self.image is not None and (not self.image.strip() or any(c.isspace() for c in self.image)):
-            raise ValueError(f"container image {self.image!r} is not an image reference")
-
-    @classmethod
-    def resolve(cls, *, namespace: str | None = None, image: str | None = None,
-                service_account: str | None = None, context: str | None = None,
-                coordinator_port: int | None = None, pending_timeout_s: float | None = None,
-                node_selector: Mapping[str, str] | None = None, config: KubernetesSettings | None = None,
-                environ: Mapping[str, str] | None = None) -> KubernetesSettings:
-        """Each field from its argument, else its ``KINETIC_*`` variable, else ``config``, else the default.
-
-        Parameters
-        ----------
-        namespace, image, service_account, context, coordinator_port, pending_timeout_s, node_selector
-            Explicit values (the magic's flags); None means "not given".
-        config : KubernetesSettings, optional
-            What ``%config`` set; its fields rank below the environment.
-        environ : mapping, optional
-            The environment to read (default ``os.environ``).
-
-        Raises
-        ------
-        ValueError
-            One line naming the bad value and where it came from.
-        """
-        environ = os.environ if environ is None else environ
-        given = {"namespace": namespace, "image": image, "service_account": service_account, "context": context,
-                 "coordinator_port": coordinator_port, "pending_timeout_s": pending_timeout_s,
-                 "node_selector": node_selector}
-        values: dict[str, Any] = {}
-        for field, value in given.items():
-            variable = cls.ENVIRONMENT[field]
-            if value is None and environ.get(variable, "").strip():
-                value = _parse(field, variable, environ[variable].strip())
-            if value is None and config is not None:
-                value = getattr(config, field)
-            if value is not None:
-                values[field] = value
-        return cls(**values)
-
-    def require_image(self) -> str:
-        """The container image, or a one-line error naming the flag and the variable."""
-        if not self.image:
-            raise ValueError("the kubernetes backend needs a container image with kinetic_nb installed: "
-                             f"pass {self.FLAGS['image']} IMAGE or set {self.ENVIRONMENT['image']}")
-        return self.image
-
-
-def _parse(field: str, variable: str, raw: str) -> Any:
-    try:
-        if field == "coordinator_port":
-            return int(raw)
-        if field == "pending_timeout_s":
-            return float(raw)
-        if field == "node_selector":
-            pairs = [item.split("=", 1) for item in raw.split(",") if item.strip()]
-            if any(len(pair) != 2 or not pair[0].strip() for pair in pairs):
-                raise ValueError
-            return {key.strip(): value.strip() for key, value in pairs}
-    except ValueError:
-        kind = {"coordinator_port": "a port number", "pending_timeout_s": "a number of seconds",
-                "node_selector": "comma-separated key=value pairs"}[field]
-        raise ValueError(f"{variable}={raw!r} is not {kind}") from None
-    return raw
 
 
 @dataclasses.dataclass
@@ -309,13 +183,18 @@ class KubernetesBackend(Backend):
         self.settings.require_image()
         return f"{leader_host(job_id, self.settings.namespace)}:{self.settings.coordinator_port}"
 
-    def manifests(self, storage: Storage, plan: JobPlan) -> list[dict[str, Any]]:
-        """The objects :meth:`launch` creates for ``plan``, in order."""
-        return build_manifests(plan, storage.uri, self.settings)
+    def manifests(self, storage: Storage, plan: JobPlan, root_uid: str) -> list[dict[str, Any]]:
+        """The objects :meth:`launch` creates for ``plan``, in order: the root Job, then the
+        rest, owned by the root (whose uid, ``root_uid``, the API server gives when it is created)."""
+        owner = root_owner_reference(plan.job_id, root_uid)
+        return [root_job(plan, storage.uri, self.settings),
+                *build_manifests(plan, storage.uri, self.settings, owner=owner)]
 
     def launch(self, storage: Storage, plan: JobPlan) -> None:
-        """Create the job's objects; on a failure remove those already created and raise
-        (unless the failure is a conflict: the objects then belong to an earlier launch of this job).
+        """Create the job's root Job, then the rest owned by it; on a failure delete the root
+        (which takes what was created with it) and raise.
+
+        A conflict on the root means another launch of this job: its objects are left alone.
 
         Raises
         ------
@@ -327,25 +206,25 @@ class KubernetesBackend(Backend):
             warnings.warn(f"job storage {storage.uri} is local to this machine: the pods reach it only if the "
                           "same path is mounted in them; use --storage gs://BUCKET/PREFIX", KineticWarning,
                           stacklevel=2)
-        for manifest in self.manifests(storage, plan):
-            try:
+        root = self._create(root_job(plan, storage.uri, self.settings))
+        owner = root_owner_reference(plan.job_id, as_api_dict(root)["metadata"]["uid"])
+        try:
+            for manifest in build_manifests(plan, storage.uri, self.settings, owner=owner):
                 self._create(manifest)
-            except Exception as error:
-                if _status(error) != 409:  # a conflict is another launch of this job: leave its objects alone
-                    self._delete_all(plan.job_id, CLEANUP_PROPAGATION, quiet=True)
-                raise KineticError(self._create_failure(manifest, error)) from error
-            logger.info("created %s %s/%s", manifest["kind"], self.settings.namespace, manifest["metadata"]["name"])
+        except KineticError:
+            self._delete(plan.job_id, CLEANUP_PROPAGATION, quiet=True)
+            raise
         self._launched_at[plan.job_id] = self._clock()
 
     def cancel(self, storage: Storage, plan: JobPlan, reason: str) -> None:
-        """Record ``cancel.json``, then delete the job's workload and Service (pods go with them)."""
-        storage.write_bytes(protocol.CANCEL, json.dumps({"reason": reason, "at": time.time()}).encode())
+        """Record ``cancel.json``, then delete the job's root Job: everything it owns, pods included, goes with it."""
+        super().cancel(storage, plan, reason)
         self._cancelled.add(plan.job_id)
-        self._delete_all(plan.job_id, CANCEL_PROPAGATION)
+        self._delete(plan.job_id, CANCEL_PROPAGATION)
 
     def cleanup(self, plan: JobPlan) -> None:
         """Delete whatever is left of the job on the cluster (after its outcome is recorded); never raises."""
-        self._delete_all(plan.job_id, CLEANUP_PROPAGATION, quiet=True)
+        self._delete(plan.job_id, CLEANUP_PROPAGATION, quiet=True)
 
     def exit_summaries(self, storage: Storage, plan: JobPlan, listing: list[ObjectInfo]) -> dict[int, ExitSummary]:
         """The stored ``exit.json`` records, completed from the pods for hosts that have none.
@@ -433,20 +312,26 @@ class KubernetesBackend(Backend):
 
     # -- helpers ---------------------------------------------------------------------
 
-    def _create(self, manifest: dict[str, Any]) -> None:
+    def _create(self, manifest: dict[str, Any]) -> Any:
+        """Create ``manifest`` and return the API server's answer (with its uid), or raise a one-line KineticError."""
         namespace = self.settings.namespace
         # Strict: the API server rejects a field it does not know instead of dropping it.
         options = {"field_validation": "Strict", "_request_timeout": API_TIMEOUT_S}
         kind = manifest["kind"]
-        if kind == "Service":
-            self.api.core.create_namespaced_service(namespace, manifest, **options)
-        elif kind == "Job":
-            self.api.batch.create_namespaced_job(namespace, manifest, **options)
-        elif kind == "LeaderWorkerSet":
-            self.api.custom.create_namespaced_custom_object(LWS_GROUP, LWS_VERSION, namespace, LWS_PLURAL, manifest,
-                                                            **options)
-        else:  # pragma: no cover - build_manifests makes only these
-            raise ValueError(f"cannot create a {kind}")
+        try:
+            if kind == "Service":
+                created = self.api.core.create_namespaced_service(namespace, manifest, **options)
+            elif kind == "Job":
+                created = self.api.batch.create_namespaced_job(namespace, manifest, **options)
+            elif kind == "LeaderWorkerSet":
+                created = self.api.custom.create_namespaced_custom_object(LWS_GROUP, LWS_VERSION, namespace,
+                                                                          LWS_PLURAL, manifest, **options)
+            else:  # pragma: no cover - the manifests are only these
+                raise ValueError(f"cannot create a {kind}")
+        except Exception as error:
+            raise KineticError(self._create_failure(manifest, error)) from error
+        logger.info("created %s %s/%s", kind, namespace, manifest["metadata"]["name"])
+        return created
 
     def _create_failure(self, manifest: dict[str, Any], error: BaseException) -> str:
         kind, name, namespace = manifest["kind"], manifest["metadata"]["name"], self.settings.namespace
@@ -458,7 +343,26 @@ class KubernetesBackend(Backend):
             return f"not allowed to create {kind} {name} in namespace {namespace}: {_api_message(error)}"
         return f"could not create {kind} {name} in namespace {namespace}: {_api_message(error)}"
 
-    def _delete_all(self, job_id: str, propagation: str, *, quiet: bool = False) -> None:
+    def _delete(self, job_id: str, propagation: str, *, quiet: bool = False) -> None:
+        """Delete the job's root Job: the garbage collector deletes everything it owns, pods included.
+
+        A job with no root left (its TTL passed, or it was launched before
+        roots existed) is deleted kind by kind by its label instead.
+        """
+        namespace = self.settings.namespace
+        try:
+            self.api.batch.delete_namespaced_job(root_name(job_id), namespace, propagation_policy=propagation,
+                                                 _request_timeout=API_TIMEOUT_S)
+        except Exception as error:  # noqa: BLE001 - reported below, or quiet
+            if _status(error) == 404:
+                self._delete_by_label(job_id, propagation, quiet=quiet)
+                return
+            self._deletion_failed(job_id, [f"Job {root_name(job_id)}: {_api_message(error)}"], quiet=quiet)
+        finally:
+            with self._lock:
+                self._pods.pop(job_id, None)
+
+    def _delete_by_label(self, job_id: str, propagation: str, *, quiet: bool = False) -> None:
         """Delete the job's LeaderWorkerSet, Job and Service by its label; a kind that is not there is fine."""
         namespace, selector = self.settings.namespace, job_selector(job_id)
         options = {"label_selector": selector, "propagation_policy": propagation, "_request_timeout": API_TIMEOUT_S}
@@ -477,14 +381,15 @@ class KubernetesBackend(Backend):
                 if _status(error) == 404:  # no such API (no LeaderWorkerSet controller): nothing of that kind
                     continue
                 failures.append(f"{kind}: {_api_message(error)}")
-        with self._lock:
-            self._pods.pop(job_id, None)
         if failures:
-            message = f"could not delete all of job {job_id} ({resource_name(job_id)}) in {namespace}: " + "; ".join(
-                failures)
-            if not quiet:
-                raise KineticError(message)
-            logger.warning("%s", message)
+            self._deletion_failed(job_id, failures, quiet=quiet)
+
+    def _deletion_failed(self, job_id: str, failures: list[str], *, quiet: bool) -> None:
+        message = (f"could not delete all of job {job_id} ({resource_name(job_id)}) in {self.settings.namespace}: "
+                   + "; ".join(failures))
+        if not quiet:
+            raise KineticError(message)
+        logger.warning("%s", message)
 
     def _store_exit(self, storage: Storage, job_id: str, summary: PodExitSummary) -> ExitSummary:
         """Store ``summary`` as the host's exit record, unless one appeared meanwhile (then that one)."""

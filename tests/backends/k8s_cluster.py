@@ -12,16 +12,32 @@ network), so these small doubles play their documented parts, and nothing more:
   kubernetes-sigs/lws;
 - the Job controller: an Indexed Job's pods (hostname ``{job}-{i}``, the
   completion-index annotation and label, ``JOB_COMPLETION_INDEX`` added to the
-  env when missing);
+  env when missing); the root Job's pod is not played (its watcher is the host
+  agent's ``--watch`` mode, tested with the agent);
+- the garbage collector: deleting an object with ``Background`` or
+  ``Foreground`` propagation deletes its dependents (the objects whose
+  ``ownerReferences`` name its uid, kind and name), and theirs, unless a
+  dependent still has another owner; ``Orphan`` only removes the references.
+  A delete without a policy uses the API's default: ``Orphan`` for a
+  ``batch/v1`` Job (kept for compatibility; ``kubectl`` asks for background),
+  ``Background`` for everything else. An object created with owners that are
+  all gone (or that a reference names wrongly: another uid, kind or name) is
+  collected at once, as the collector would do shortly after. Here every
+  deletion completes at once, so foreground and background differ only in
+  what a real cluster shows meanwhile (a foreground owner stays, terminating,
+  until its blocking dependents are gone); the GC's part for pods, deleted
+  with their LeaderWorkerSet or Job, is :meth:`FakeKubelet.collect_with`;
 - the kubelet: a container's environment resolved the way the kubelet does it
   (in order; ``valueFrom.fieldRef`` from the pod; ``$(VAR)`` expanded against
   the variables before it, ``$$`` to ``$``, an undefined reference left as it
   is) and its command and args expanded against that environment;
 - :class:`FakeKubernetes`: the three API groups the backend calls, recording
-  what was created and deleted and returning pods that a test scripts;
-- :class:`FakeKubelet`: runs each pod's real container command (the real
-  runner) as a local process with the pod's resolved environment, and reports
-  the pods' statuses as the API would.
+  what was created (with a uid, as the API server answers) and deleted, and
+  returning pods that a test scripts; creating a LeaderWorkerSet also creates
+  the headless Service its controller makes (named after it, owned by it);
+- :class:`FakeKubelet`: runs each host pod's real container command (the
+  real host agent, which runs the real runner) as a local process with the
+  pod's resolved environment, and reports the pods' statuses as the API would.
 """
 
 from __future__ import annotations
@@ -36,11 +52,13 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Iterable
 from types import SimpleNamespace
 from typing import Any
 
 from kinetic_nb.backends import k8s_manifests as km
+from kinetic_nb.backends import k8s_root
 
 LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
 LWS_GROUP_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/group-index"
@@ -194,14 +212,22 @@ def indexed_job_pods(job: dict[str, Any]) -> list[dict[str, Any]]:
     return pods
 
 
-def pods_for(manifests: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The pods the cluster's controllers would make from the backend's objects, host 0 first."""
+def is_root(manifest: dict[str, Any]) -> bool:
+    return manifest["metadata"].get("labels", {}).get(km.ROLE_LABEL) == k8s_root.ROOT_ROLE
+
+
+def workload(manifests: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """The LeaderWorkerSet or Indexed Job among the backend's objects (not the root Job)."""
     for manifest in manifests:
-        if manifest["kind"] == "LeaderWorkerSet":
-            return leader_worker_set_pods(manifest)
-        if manifest["kind"] == "Job":
-            return indexed_job_pods(manifest)
+        if manifest["kind"] in ("LeaderWorkerSet", "Job") and not is_root(manifest):
+            return manifest
     raise AssertionError("no workload among the manifests")
+
+
+def pods_for(manifests: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The host pods the cluster's controllers would make from the backend's objects, host 0 first."""
+    found = workload(manifests)
+    return leader_worker_set_pods(found) if found["kind"] == "LeaderWorkerSet" else indexed_job_pods(found)
 
 
 def dns_name(pod: dict[str, Any]) -> str | None:
@@ -228,24 +254,56 @@ def _matches(labels: dict[str, str], selector: str) -> bool:
     return labels.get(key) == value
 
 
-def to_client_pod_list(pods: list[dict[str, Any]]) -> Any:
-    """A real ``V1PodList`` of ``V1Pod`` objects, from pods as JSON."""
+def _owner_uids(body: dict[str, Any]) -> set[str]:
+    return {reference["uid"] for reference in body["metadata"].get("ownerReferences") or []}
+
+
+def _leader_worker_set_service(lws: dict[str, Any]) -> dict[str, Any]:
+    """The headless Service the LeaderWorkerSet controller creates for a set (subdomainPolicy Shared)."""
+    name = lws["metadata"]["name"]
+    return {"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": name, "namespace": lws["metadata"]["namespace"],
+                         "ownerReferences": [{"apiVersion": lws["apiVersion"], "kind": lws["kind"], "name": name,
+                                              "uid": lws["metadata"]["uid"], "controller": True,
+                                              "blockOwnerDeletion": True}]},
+            "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
+                     "selector": {LWS_NAME_LABEL: name}}}
+
+
+def to_client_object(data: dict[str, Any], model: str) -> Any:
+    """A real client model object (``V1Job``, ``V1PodList``, ...) from the API's JSON."""
     from kubernetes import client
 
-    data = {"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": pods}
-    if hasattr(client.V1PodList, "from_dict"):
-        return client.V1PodList.from_dict(data)
-    return client.ApiClient()._ApiClient__deserialize(data, "V1PodList")  # older generated clients
+    if hasattr(getattr(client, model), "from_dict"):
+        return getattr(client, model).from_dict(data)
+    return client.ApiClient()._ApiClient__deserialize(data, model)  # older generated clients
+
+
+def to_client_pod_list(pods: list[dict[str, Any]]) -> Any:
+    """A real ``V1PodList`` of ``V1Pod`` objects, from pods as JSON."""
+    return to_client_object({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": pods}, "V1PodList")
+
+
+#: What a delete without ``propagationPolicy`` does, by kind: batch/v1 Jobs orphan their pods by default.
+DEFAULT_PROPAGATION = {"Job": "Orphan"}
+#: The client model a create of each core kind returns (custom objects come back as dicts).
+CLIENT_MODELS = {"Job": "V1Job", "Service": "V1Service"}
 
 
 class FakeKubernetes:
     """A test double of ``CoreV1Api``, ``BatchV1Api`` and ``CustomObjectsApi`` as the backend calls them.
 
     No real API server can run here. It stores created objects by (kind,
-    name), refuses a second object of the same name (409), deletes by label
-    selector, and lists the pods :attr:`pods` returns (plain dicts, or with
-    ``client_objects=True`` real ``V1Pod`` objects). ``fail`` maps a kind to an
-    exception its create raises.
+    name) with a new ``metadata.uid`` and answers a create with the stored
+    object (with ``client_objects=True`` a Job or Service comes back as the
+    client's ``V1Job`` or ``V1Service``, as the real client returns them),
+    refuses a second object of the same name (409), deletes by name (404 when
+    there is none) or by label selector, collects dependents as the garbage
+    collector does (see the module docstring), and lists the pods
+    :attr:`pod_source` returns (plain dicts, or with ``client_objects=True``
+    real ``V1Pod`` objects). ``fail`` maps a kind to an exception its create
+    raises; ``on_delete`` listeners hear ``(kind, name)`` of every object
+    deleted, the collected ones included.
     """
 
     def __init__(self, *, client_objects: bool = False):
@@ -259,6 +317,7 @@ class FakeKubernetes:
                                     list_namespaced_pod=self._list_pods,
                                     delete_collection_namespaced_service=self._deleter("Service"))
         self.batch = SimpleNamespace(create_namespaced_job=self._creator("Job"),
+                                     delete_namespaced_job=self._delete_job,
                                      delete_collection_namespaced_job=self._deleter("Job"))
         self.custom = SimpleNamespace(create_namespaced_custom_object=self._create_custom,
                                       delete_collection_namespaced_custom_object=self._delete_custom)
@@ -267,17 +326,28 @@ class FakeKubernetes:
         return [manifest for (k, _), manifest in self.objects.items() if k == kind]
 
     def _creator(self, kind: str):
-        def create(namespace: str, body: dict[str, Any], **options: Any) -> dict[str, Any]:
+        def create(namespace: str, body: dict[str, Any], **options: Any) -> Any:
             self.calls.append((f"create {kind}", {"namespace": namespace, **options}))
             if kind in self.fail:
                 raise self.fail[kind]
             assert body["kind"] == kind and body["metadata"]["namespace"] == namespace
-            key = (kind, body["metadata"]["name"])
-            if key in self.objects:
-                raise api_exception(409, "Conflict", f'{kind.lower()}s "{key[1]}" already exists')
-            self.objects[key] = copy.deepcopy(body)
-            return body
+            stored = self._store(body)
+            if kind == "LeaderWorkerSet":
+                self._store(_leader_worker_set_service(stored))
+            self._collect_orphans()
+            if self.client_objects and kind in CLIENT_MODELS:
+                return to_client_object(copy.deepcopy(stored), CLIENT_MODELS[kind])
+            return copy.deepcopy(stored)
         return create
+
+    def _store(self, body: dict[str, Any]) -> dict[str, Any]:
+        key = (body["kind"], body["metadata"]["name"])
+        if key in self.objects:
+            raise api_exception(409, "Conflict", f'{key[0].lower()}s "{key[1]}" already exists')
+        stored = copy.deepcopy(body)
+        stored["metadata"].update(uid=str(uuid.uuid4()), creationTimestamp=now_rfc3339())
+        self.objects[key] = stored
+        return stored
 
     def _create_custom(self, group: str, version: str, namespace: str, plural: str, body: dict[str, Any],
                        **options: Any) -> dict[str, Any]:
@@ -291,14 +361,49 @@ class FakeKubernetes:
                                                   **options}))
             for key in [key for key, body in self.objects.items()
                         if key[0] == kind and _matches(body["metadata"].get("labels", {}), label_selector)]:
-                del self.objects[key]
-                for listener in self.on_delete:
-                    listener(kind, key[1])
+                if key in self.objects:  # not collected meanwhile
+                    self._delete(key, options.get("propagation_policy"))
         return delete
+
+    def _delete_job(self, name: str, namespace: str, **options: Any) -> None:
+        self.calls.append(("delete Job", {"name": name, "namespace": namespace, **options}))
+        if ("Job", name) not in self.objects:
+            raise api_exception(404, "Not Found", f'jobs.batch "{name}" not found')
+        self._delete(("Job", name), options.get("propagation_policy"))
 
     def _delete_custom(self, group: str, version: str, namespace: str, plural: str, **options: Any) -> None:
         assert (group, version, plural) == (km.LWS_GROUP, km.LWS_VERSION, km.LWS_PLURAL)
         self._deleter("LeaderWorkerSet")(namespace, **options)
+
+    # -- the garbage collector
+
+    def _delete(self, key: tuple[str, str], propagation: str | None) -> None:
+        body = self.objects.pop(key)
+        policy = propagation or DEFAULT_PROPAGATION.get(key[0], "Background")
+        assert policy in ("Orphan", "Background", "Foreground"), policy
+        for listener in self.on_delete:
+            listener(*key)
+        uid = body["metadata"]["uid"]
+        for dependent_key, dependent in [item for item in self.objects.items() if uid in _owner_uids(item[1])]:
+            if dependent_key not in self.objects:  # collected meanwhile, through another owner
+                continue
+            others = [ref for ref in dependent["metadata"]["ownerReferences"] if ref["uid"] != uid]
+            if policy == "Orphan" or any(map(self._exists, others)):
+                dependent["metadata"]["ownerReferences"] = others
+            else:
+                self._delete(dependent_key, policy)
+
+    def _collect_orphans(self) -> None:
+        """Delete every object whose owners are all gone (or never were: a reference that names none)."""
+        for key, body in list(self.objects.items()):
+            references = body["metadata"].get("ownerReferences")
+            if key in self.objects and references and not any(map(self._exists, references)):
+                self._delete(key, "Background")
+
+    def _exists(self, reference: dict[str, Any]) -> bool:
+        owner = self.objects.get((reference["kind"], reference["name"]))
+        return owner is not None and owner["metadata"]["uid"] == reference["uid"] and (
+            owner["apiVersion"] == reference["apiVersion"])
 
     def _list_pods(self, namespace: str, *, label_selector: str, **options: Any) -> Any:
         self.calls.append(("list pods", {"namespace": namespace, "label_selector": label_selector, **options}))
@@ -314,7 +419,7 @@ class FakeKubelet:
     """Runs pods' real container commands as local processes and reports their statuses.
 
     Each pod's command is the backend's own (``sh -c HOST_SCRIPT ... python -m
-    kinetic_nb.runner --job URI``) with the environment the kubelet would give
+    kinetic_nb.agent --job URI``) with the environment the kubelet would give
     it, on top of a minimal base (``PATH`` with this interpreter first, so
     ``python`` is the test's). ``dns`` replaces names of cluster DNS, which
     cannot run here, by addresses that resolve on this machine. A pod with
@@ -390,7 +495,7 @@ class FakeKubelet:
     def delete_all(self, *_: Any) -> None:
         """Pod deletion: SIGTERM, then SIGKILL after the pod's grace period; nothing restarts."""
         with self._lock:
-            self.deleted.update(self.processes)
+            self.deleted.update(range(len(self.pods)))
             grace = self.pods[0]["spec"]["terminationGracePeriodSeconds"]
             for process in self.processes.values():
                 if process.poll() is None:
@@ -401,6 +506,14 @@ class FakeKubelet:
                 except subprocess.TimeoutExpired:
                     os.killpg(process.pid, signal.SIGKILL)
                     process.wait()
+
+    def collect_with(self, kind: str, name: str):
+        """An ``on_delete`` listener for :class:`FakeKubernetes`: the pods go when their
+        LeaderWorkerSet or Job (``kind``, ``name``) goes, as the garbage collector deletes them."""
+        def listener(deleted_kind: str, deleted_name: str) -> None:
+            if (deleted_kind, deleted_name) == (kind, name):
+                self.delete_all()
+        return listener
 
     def close(self) -> None:
         """Stop everything still running (a test's teardown)."""

@@ -10,6 +10,7 @@ records what it creates and deletes, and returns pods the tests script (from
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import pathlib
@@ -20,19 +21,21 @@ import pytest
 
 from kinetic_nb.backends import get_backend
 from kinetic_nb.backends import kubernetes as k8s
+from kinetic_nb.backends.k8s_root import root_name
 from kinetic_nb.backends.kubernetes import KubernetesBackend, KubernetesSettings
 from kinetic_nb.errors import KineticError, KineticWarning
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.protocol import ExitSummary, HostStatus
 from kinetic_nb.storage import open_storage
 
-from .k8s_cluster import FakeKubernetes, api_exception
+from .k8s_cluster import FakeKubelet, FakeKubernetes, api_exception, pods_for
 from .test_kubernetes_manifests import JOB_ID, job_plan
 
 PODS = json.loads((pathlib.Path(__file__).parent / "data" / "pods.json").read_text())["items"]
 BY_CASE = {pod["metadata"]["annotations"]["test.kinetic-nb/case"]: pod for pod in PODS}
 CREATED = 1795996075.0  # when the fixture pods were created
 SETTINGS = KubernetesSettings(namespace="ml-team", image="registry.example/kinetic-jax:1.0")
+ROOT = root_name(JOB_ID)
 
 
 class Clock:
@@ -136,73 +139,173 @@ def test_connect_without_credentials_is_one_line(monkeypatch, tmp_path):
 # -- launch -------------------------------------------------------------------------------
 
 
-def test_launch_creates_the_manifests_with_strict_field_validation(api, job_storage):
+def test_launch_creates_the_root_first_then_the_rest_owned_by_it_with_strict_field_validation(api, job_storage):
     backend, plan = launched(api, job_storage)
-    assert list(api.objects) == [("LeaderWorkerSet", JOB_ID)]
-    assert api.created("LeaderWorkerSet") == backend.manifests(job_storage, plan)
-    [(_, options)] = [entry for entry in api.calls if entry[0].startswith("create")]
-    assert options["field_validation"] == "Strict" and options["namespace"] == "ml-team"
+    # The root, the LeaderWorkerSet, and the headless Service the LeaderWorkerSet controller made for it.
+    assert list(api.objects) == [("Job", ROOT), ("LeaderWorkerSet", JOB_ID), ("Service", JOB_ID)]
+    root_uid = api.objects["Job", ROOT]["metadata"]["uid"]
+    sent = [as_sent(api.objects[key]) for key in [("Job", ROOT), ("LeaderWorkerSet", JOB_ID)]]
+    assert sent == backend.manifests(job_storage, plan, root_uid)
+    assert api.objects["LeaderWorkerSet", JOB_ID]["metadata"]["ownerReferences"][0]["uid"] == root_uid
+    creates = [entry for entry in api.calls if entry[0].startswith("create")]
+    assert [call for call, _ in creates] == ["create Job", "create LeaderWorkerSet"]
+    assert all(options["field_validation"] == "Strict" and options["namespace"] == "ml-team"
+               for _, options in creates)
+
+
+def test_the_roots_uid_is_read_from_the_clients_own_job_object(job_storage):
+    api = FakeKubernetes(client_objects=True)  # the official client answers a create with a V1Job
+    launched(api, job_storage, "cpu-3-hosts")
+    root_uid = api.objects["Job", ROOT]["metadata"]["uid"]
+    assert [api.objects[key]["metadata"]["ownerReferences"][0]["uid"] for key in [("Service", JOB_ID),
+                                                                                   ("Job", JOB_ID)]] == [root_uid] * 2
 
 
 def test_launch_of_cpu_hosts_creates_the_service_before_the_job(api, job_storage):
     launched(api, job_storage, "cpu-3-hosts")
-    assert [call for call, _ in api.calls] == ["create Service", "create Job"]
+    assert [call for call, _ in api.calls] == ["create Job", "create Service", "create Job"]  # the root first
 
 
-def test_no_leader_worker_set_controller_is_a_clear_error(api, job_storage):
+def test_no_leader_worker_set_controller_is_a_clear_error_and_leaves_nothing(api, job_storage):
     api.fail["LeaderWorkerSet"] = api_exception(404, "Not Found", "the server could not find the requested resource")
     with pytest.raises(KineticError, match=r"no LeaderWorkerSet API .* install the LeaderWorkerSet controller"):
         launched(api, job_storage)
+    assert api.objects == {}
 
 
-def test_a_failed_launch_removes_what_it_created(api, job_storage):
-    api.fail["Job"] = api_exception(403, "Forbidden", 'jobs.batch is forbidden: User "me" cannot create resource')
-    with pytest.raises(KineticError, match=r"not allowed to create Job .* in namespace ml-team: jobs.batch is forbidden"):
+def test_a_failed_launch_removes_what_it_created_by_deleting_the_root(api, job_storage):
+    api.fail["Service"] = api_exception(403, "Forbidden", 'services is forbidden: User "me" cannot create resource')
+    with pytest.raises(KineticError, match=r"not allowed to create Service .* in namespace ml-team: services is "):
         launched(api, job_storage, "cpu-3-hosts")
     assert api.objects == {}
+    [(call, options)] = [entry for entry in api.calls if entry[0].startswith("delete")]
+    assert (call, options["name"], options["propagation_policy"]) == ("delete Job", ROOT, "Background")
+
+
+def test_a_root_that_cannot_be_created_is_a_clear_error(api, job_storage):
+    api.fail["Job"] = api_exception(403, "Forbidden", 'jobs.batch is forbidden: User "me" cannot create resource')
+    with pytest.raises(KineticError, match=rf"not allowed to create Job {ROOT} in namespace ml-team: jobs.batch is "):
+        launched(api, job_storage)
+    assert api.objects == {} and [call for call, _ in api.calls] == ["create Job"]
 
 
 def test_a_second_launch_of_a_job_leaves_the_first_ones_objects_alone(api, job_storage):
     backend, plan = launched(api, job_storage)
+    before = {key: body["metadata"]["uid"] for key, body in api.objects.items()}
     with pytest.raises(KineticError, match="already exists"), pytest.warns(KineticWarning):
         backend.launch(job_storage, plan)
-    assert list(api.objects) == [("LeaderWorkerSet", JOB_ID)]
+    assert {key: body["metadata"]["uid"] for key, body in api.objects.items()} == before
 
 
 # -- cancel and cleanup ---------------------------------------------------------------------
 
 
-def test_cancel_records_it_and_deletes_everything_by_one_label(api, job_storage):
-    backend, plan = launched(api, job_storage, "cpu-3-hosts")
+def deletions(api) -> list[tuple[str, dict]]:
+    return [(call, options) for call, options in api.calls if call.startswith("delete")]
+
+
+@pytest.mark.parametrize("case", ["tpu-v5e-16", "cpu-3-hosts"])
+def test_cancel_records_it_and_deletes_the_root_in_the_foreground_which_takes_everything(api, job_storage, case):
+    backend, plan = launched(api, job_storage, case)
     backend.cancel(job_storage, plan, "interrupted")
     assert json.loads(job_storage.read_bytes(protocol.CANCEL))["reason"] == "interrupted"
-    assert api.objects == {}
-    deletions = [(call, options) for call, options in api.calls if call.startswith("delete")]
-    assert {call for call, _ in deletions} == {"delete LeaderWorkerSet", "delete Job", "delete Service"}
-    assert all(options["label_selector"] == f"kinetic-nb/job={JOB_ID}" for _, options in deletions)
-    assert {options.get("propagation_policy") for call, options in deletions if call != "delete Service"} == {
-        "Foreground"}
+    assert api.objects == {}  # the garbage collector took the rest
+    [(call, options)] = deletions(api)
+    assert (call, options["name"], options["namespace"]) == ("delete Job", ROOT, "ml-team")
+    # The root stays, terminating, until what it owns is gone: kubectl shows the job until its hosts are.
+    assert options["propagation_policy"] == "Foreground"
 
 
-def test_cleanup_is_background_and_quiet(api, job_storage, caplog):
+def test_cleanup_deletes_the_root_in_the_background_and_quietly(api, job_storage, caplog):
     backend, plan = launched(api, job_storage)
     backend.cleanup(plan)
     assert api.objects == {}
-    assert {options.get("propagation_policy") for call, options in api.calls if call == "delete LeaderWorkerSet"} == {
-        "Background"}
-    api.batch.delete_collection_namespaced_job = _raise(api_exception(500, "Internal Server Error", "etcd is sad"))
+    [(call, options)] = deletions(api)
+    assert (call, options["name"], options["propagation_policy"]) == ("delete Job", ROOT, "Background")
+    api.batch.delete_namespaced_job = _raise(api_exception(500, "Internal Server Error", "etcd is sad"))
     with caplog.at_level(logging.WARNING):
         backend.cleanup(plan)
     assert "etcd is sad" in caplog.text
-    with pytest.raises(KineticError, match="could not delete all of job .*Job: etcd is sad"):
+    with pytest.raises(KineticError, match=f"could not delete all of job .*Job {ROOT}: etcd is sad"):
         backend.cancel(job_storage, plan, "by the user")
 
 
-def test_a_cluster_without_the_leader_worker_set_api_can_still_cancel_a_job(api, job_storage):
-    backend, plan = launched(api, job_storage, "tpu-v5e-8")
+def made_before_roots(api, job_storage, case):
+    """A job launched before roots existed: its objects, as that launch made them, owned by nothing."""
+    backend = KubernetesBackend(SETTINGS, api=api, pod_list_interval_s=0.0)
+    plan = job_plan(case)
+    for manifest in backend.manifests(job_storage, plan, "no-root")[1:]:
+        del manifest["metadata"]["ownerReferences"]
+        backend._create(manifest)
+    return backend, plan
+
+
+@pytest.mark.parametrize("case", ["tpu-v5e-16", "cpu-3-hosts"])
+def test_a_job_without_a_root_is_deleted_by_its_label(api, job_storage, case):
+    backend, plan = made_before_roots(api, job_storage, case)
+    backend.cancel(job_storage, plan, "by the user")
+    assert api.objects == {}
+    calls = deletions(api)
+    assert calls[0][0] == "delete Job" and calls[0][1]["name"] == ROOT  # tried first: not found
+    assert {call for call, _ in calls[1:]} == {"delete LeaderWorkerSet", "delete Job", "delete Service"}
+    assert all(options["label_selector"] == f"kinetic-nb/job={JOB_ID}" for _, options in calls[1:])
+
+
+def test_a_cluster_without_the_leader_worker_set_api_can_still_cancel_a_job_without_a_root(api, job_storage):
+    backend, plan = made_before_roots(api, job_storage, "tpu-v5e-8")
     api.custom.delete_collection_namespaced_custom_object = _raise(api_exception(404, "Not Found", "no such API"))
     backend.cancel(job_storage, plan, "by the user")
     assert api.objects == {}
+
+
+# -- the root and the garbage collector (the double's, see k8s_cluster.py) ------------------------
+
+
+@pytest.mark.parametrize("propagation", ["Background", "Foreground"])
+@pytest.mark.parametrize("case", ["tpu-v5e-16", "cpu-3-hosts"])
+def test_deleting_the_root_deletes_the_workload_the_service_and_their_pods(api, job_storage, tmp_path, case,
+                                                                          propagation):
+    """What the TTL controller (foreground), a cancel or a cleanup does: no label, no client logic needed."""
+    launched(api, job_storage, case)
+    assert ("Service", JOB_ID) in api.objects  # the LeaderWorkerSet controller's, or the backend's own
+    workload_key = ("LeaderWorkerSet" if case.startswith("tpu") else "Job", JOB_ID)
+    kubelet = FakeKubelet(pods_for(api.objects.values()), str(tmp_path))  # pods scheduled, containers not started
+    api.pod_source = kubelet.pod_json
+    api.on_delete.append(kubelet.collect_with(*workload_key))
+    assert len(api.core.list_namespaced_pod("ml-team", label_selector=f"kinetic-nb/job={JOB_ID}").items) > 1
+    api.batch.delete_namespaced_job(ROOT, "ml-team", propagation_policy=propagation)
+    assert api.objects == {}
+    assert api.core.list_namespaced_pod("ml-team", label_selector=f"kinetic-nb/job={JOB_ID}").items == []
+
+
+def test_the_double_collects_only_what_the_root_owns_and_orphans_when_asked_for_no_policy(api, job_storage):
+    """The double is no looser than the collector: another job's objects stay, and a delete without a
+    policy (a batch/v1 Job's default is to orphan) keeps the dependents."""
+    launched(api, job_storage, "cpu-3-hosts")
+    other, other_backend = dataclasses.replace(job_plan("cpu-3-hosts"), job_id="kn-other"), KubernetesBackend(
+        SETTINGS, api=api)
+    with pytest.warns(KineticWarning):
+        other_backend.launch(job_storage, other)
+    api.batch.delete_namespaced_job(ROOT, "ml-team")
+    assert {name for _, name in api.objects} == {JOB_ID, "kn-other", root_name("kn-other")}
+    assert api.objects["Job", JOB_ID]["metadata"]["ownerReferences"] == []  # orphaned, not deleted
+    other_backend.cleanup(other)
+    assert {name for _, name in api.objects} == {JOB_ID}
+
+
+def test_an_object_whose_owner_reference_names_another_uid_is_collected_at_once(api, job_storage):
+    """Why the root's uid must come from the API server's answer: a reference to no live owner is garbage."""
+    backend, plan = KubernetesBackend(SETTINGS, api=api), job_plan("tpu-v5e-16")
+    root, workload = backend.manifests(job_storage, plan, "a-uid-the-server-never-gave")
+    backend._create(root)
+    backend._create(workload)
+    assert list(api.objects) == [("Job", ROOT)]
+
+
+def as_sent(stored: dict) -> dict:
+    """What the backend sent, from the object the API server stored (without the fields the server sets)."""
+    metadata = {key: value for key, value in stored["metadata"].items() if key not in ("uid", "creationTimestamp")}
+    return {**stored, "metadata": metadata}
 
 
 def _raise(error):

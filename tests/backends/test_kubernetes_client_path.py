@@ -5,13 +5,17 @@ No real API server, controller or kubelet can run here, so:
 - ``kinetic_nb.submit(..., backend="kubernetes")`` runs for real and creates
   its objects through ``FakeKubernetes``, a test double of the Kubernetes API
   (``connect`` is replaced; nothing else is);
-- the pods those objects become (``k8s_cluster.pods_for``: what the
+- the host pods those objects become (``k8s_cluster.pods_for``: what the
   LeaderWorkerSet and Job controllers make) are played by ``FakeKubelet``: each
   pod's own container command (``sh -c HOST_SCRIPT ... python -m
-  kinetic_nb.runner --job URI``) runs as a local process with the environment
-  the kubelet would resolve for it, against ``file://`` storage; the kubelet
-  restarts a LeaderWorkerSet pod's container when it ends, as it would;
+  kinetic_nb.agent --job URI``: the host agent, which runs the runner) runs as
+  a local process with the environment the kubelet would resolve for it,
+  against ``file://`` storage; the kubelet restarts a LeaderWorkerSet pod's
+  container when it ends, as it would; the pods go when their workload does
+  (which the double's garbage collector deletes with the root Job);
 - the API's pod listing reports those processes as pod statuses.
+
+The root Job's own pod (the agent's ``--watch`` mode) is not played here.
 
 That proves the manifests' environment, the runner and the outcome path work
 together. One step is done by the test itself: the client's poller asks the
@@ -30,10 +34,11 @@ import pytest
 
 import kinetic_nb
 from kinetic_nb.backends import kubernetes as k8s
+from kinetic_nb.backends.k8s_pods import host_states
 from kinetic_nb.errors import JobFailedError, KineticWarning
 from kinetic_nb.runner import protocol
 
-from .k8s_cluster import FakeKubelet, FakeKubernetes, pods_for, wait_for
+from .k8s_cluster import FakeKubelet, FakeKubernetes, is_root, pods_for, wait_for, workload
 
 NAMESPACE = "ml-team"
 pytestmark = pytest.mark.filterwarnings("ignore:job storage file.*is local to this machine:kinetic_nb.errors.KineticWarning")
@@ -53,13 +58,13 @@ def cluster(monkeypatch, tmp_path):
 
 
 def start_pods(api, kubelets, tmp_path, **options) -> FakeKubelet:
-    workloads = [manifest for kind in ("LeaderWorkerSet", "Job") for manifest in api.created(kind)]
+    owner = workload(api.objects.values())
     log_dir = tmp_path / "pods"
     log_dir.mkdir(exist_ok=True)
-    kubelet = FakeKubelet(pods_for(workloads), str(log_dir), **options)
+    kubelet = FakeKubelet(pods_for([owner]), str(log_dir), **options)
     kubelets.append(kubelet)
     api.pod_source = kubelet.pod_json
-    api.on_delete.append(kubelet.delete_all)
+    api.on_delete.append(kubelet.collect_with(owner["kind"], owner["metadata"]["name"]))
     kubelet.start()
     return kubelet
 
@@ -90,22 +95,29 @@ def test_a_tpu_slice_runs_as_a_leader_worker_set(cluster, tmp_path):
     [lws] = api.created("LeaderWorkerSet")
     assert lws["spec"]["leaderWorkerTemplate"]["size"] == 4
     name = lws["metadata"]["name"]
+    [root] = [job for job in api.created("Job") if is_root(job)]
+    assert lws["metadata"]["ownerReferences"][0]["uid"] == root["metadata"]["uid"]
     kubelet = start_pods(api, kubelets, tmp_path)
 
     summaries = settle(handle, kubelet)
     assert all(summary.recorded_success and summary.exit_code == 0 for summary in summaries.values())
     # The kubelet restarted every ended container (restartPolicy: Always); none ran the cell twice.
-    wait_for(lambda: all("not running the cell again" in kubelet.output(index, 2) for index in range(4)),
-             what="the restarted containers to park")
+    # (The agents' exit records can come before their containers end: the kubelet restarts each one when it does.)
+    def parked(index: int) -> bool:
+        kubelet.step()
+        return kubelet.runs.get(index, 0) >= 2 and "not running the cell again" in kubelet.output(index, 2)
+
+    wait_for(lambda: all(parked(index) for index in range(4)), what="the restarted containers to park")
     assert all(kubelet.runs[index] == 2 for index in range(4))
-    assert {host.state for host in handle.backend.host_states(handle.plan).values()} == {"succeeded"}
+    pods = handle.backend.pods(handle.plan, fresh=True)  # not the listing cached before the containers ended
+    assert {host.state for host in host_states(pods).values()} == {"succeeded"}
 
     assert handle.result(timeout=30) == {"host": 0, "hosts": 4, "coordinator": f"{name}-0.{name}.{NAMESPACE}:8476"}
     assert [host.state for host in handle.hosts()] == ["succeeded"] * 4
-    for index in range(4):  # the runner uploaded its own log (KINETIC_LOG_UPLOAD=1): there is no supervisor
+    for index in range(4):  # each host's agent uploaded its runner's output
         assert f"hello from host {index}" in handle.logs(index)
     handle.backend.cleanup(handle.plan)  # what the client will do once the outcome is recorded (see the report)
-    assert api.objects == {}
+    assert api.objects == {}  # the root, and with it everything
     assert all(process.poll() is not None for process in kubelet.processes.values())
 
 
@@ -138,7 +150,7 @@ def test_an_oom_killed_host_fails_the_cell_with_the_pods_reason(cluster, tmp_pat
               "    time.sleep(300)\n"
               "'done'")
     handle = kinetic_nb.submit(source, hosts=2, backend="kubernetes", storage=f"file://{tmp_path}/jobs", quiet=True)
-    assert [kind for kind, _ in api.objects] == ["Service", "Job"]
+    assert [kind for kind, _ in api.objects] == ["Job", "Service", "Job"]  # the root first
     kubelet = start_pods(api, kubelets, tmp_path)
 
     def in_cell(index: int) -> bool:
@@ -166,7 +178,7 @@ def test_cancel_deletes_the_workload_and_stops_the_hosts(cluster, tmp_path):
              what="both hosts to start")
     # What handle.cancel() calls; handle.cancel() itself then polls for the hosts' ends, which (until the
     # poller asks the backend on every poll) no exit record would bring: settle() below does that part.
-    handle.backend.cancel(handle.storage, handle.plan, "by the test")  # deletes the LeaderWorkerSet and its pods
+    handle.backend.cancel(handle.storage, handle.plan, "by the test")  # deletes the root: the LWS and pods go too
     assert api.objects == {}
     assert all(process.poll() is not None for process in kubelet.processes.values())
     assert json.loads(handle.storage.read_bytes(protocol.CANCEL))["reason"] == "by the test"

@@ -1,9 +1,10 @@
 """The kubernetes backend's manifests, validated offline.
 
-- The Job, Service and every pod template against the Kubernetes API's own
+- The root Job, the Job, the Service and every pod template against the Kubernetes API's own
   schemas, shipped per Kubernetes version by ``kubernetes-validate`` (strict:
   an unknown field is an error), for the oldest version we support and the
-  newest the package ships.
+  newest the package ships; ``ownerReferences`` with them (and the
+  LeaderWorkerSet's metadata as any object's ObjectMeta).
 - The LeaderWorkerSet against a hand-copied subset of its CRD's
   openAPIV3Schema (``data/leaderworkerset_crd_v1.yaml``, see its header) with
   a small structural checker (``crd_schema.py``); its pod templates against
@@ -24,6 +25,8 @@ import kubernetes_validate
 import pytest
 
 from kinetic_nb.backends import k8s_manifests as km
+from kinetic_nb.backends import k8s_root
+from kinetic_nb.backends.k8s_pods import host_states
 from kinetic_nb.backends.kubernetes import KubernetesBackend, KubernetesSettings
 from kinetic_nb.plan import make_plan, prepare_cell, resolve_slice
 from kinetic_nb.runner import frameworks
@@ -31,7 +34,7 @@ from kinetic_nb.runner.hostenv import resolve_host_index
 from kinetic_nb.runner.protocol import JobPlan
 
 from .crd_schema import check_custom_resource, load_crd
-from .k8s_cluster import container_command, container_environment, dns_name, pods_for
+from .k8s_cluster import container_command, container_environment, dns_name, pods_for, to_client_object
 
 #: The oldest Kubernetes we support (Indexed Jobs label their pods with the completion
 #: index from 1.28; GKE's oldest supported minor is newer still), and the newest schema shipped.
@@ -41,6 +44,9 @@ URI = f"gs://ml-bucket/jobs/{JOB_ID}"
 SETTINGS = KubernetesSettings(namespace="ml-team", image="registry.example/kinetic-jax:1.0", coordinator_port=8476)
 #: A user's variables, with what the kubelet would otherwise expand: they must arrive as written.
 USER_ENV = {"XLA_FLAGS": "--xla_dump_to=/tmp/dump", "TRICKY": "$(HOME) and a$$b and $PATH"}
+#: The uid the API server gave the root Job (a made-up one: any uid must flow through unchanged).
+ROOT_UID = "6f1c2a0e-9b3d-4c57-8e21-0d4f5a6b7c8d"
+OWNER = k8s_root.root_owner_reference(JOB_ID, ROOT_UID)
 
 #: accelerator -> (workload kind, hosts, devices per host, GKE accelerator, topology)
 SHAPES = {
@@ -65,7 +71,11 @@ def job_plan(case: str, *, settings: KubernetesSettings = SETTINGS, timeout: flo
 
 def manifests_for(case: str, **options) -> tuple[JobPlan, list[dict]]:
     plan = job_plan(case, **options)
-    return plan, km.build_manifests(plan, URI, options.get("settings", SETTINGS))
+    return plan, km.build_manifests(plan, URI, options.get("settings", SETTINGS), owner=OWNER)
+
+
+def root_for(case: str, **options) -> dict:
+    return k8s_root.root_job(job_plan(case, **options), URI, options.get("settings", SETTINGS))
 
 
 def templates(manifests: list[dict]) -> list[dict]:
@@ -124,7 +134,7 @@ def test_each_shape_becomes_its_workload_on_its_node_pool(accelerator):
         else:
             assert pod["nodeSelector"] == {"cloud.google.com/gke-accelerator": gke_accelerator}
         assert pod["restartPolicy"] == ("Always" if kind == "LeaderWorkerSet" else "Never")
-        assert container["args"] == ["python", "-m", "kinetic_nb.runner", "--job", URI]
+        assert container["args"] == ["python", "-m", "kinetic_nb.agent", "--job", URI]
         assert container["image"] == SETTINGS.image
 
 
@@ -140,6 +150,7 @@ def test_cpu_hosts_get_an_indexed_job_and_a_headless_service_for_host_0():
 @pytest.mark.parametrize("case", CASES)
 def test_everything_carries_the_job_label_so_one_selector_finds_it(case):
     _, manifests = manifests_for(case)
+    manifests = [root_for(case), *manifests]
     key, value = km.job_selector(JOB_ID).split("=")
     for manifest in manifests:
         assert manifest["metadata"]["labels"][key] == value
@@ -148,15 +159,92 @@ def test_everything_carries_the_job_label_so_one_selector_finds_it(case):
         assert template["metadata"]["labels"][key] == value
         assert template["metadata"]["annotations"][km.JOB_ID_ANNOTATION] == JOB_ID
     for manifest in manifests:
-        if manifest["kind"] == "Service":
-            assert manifest["spec"]["selector"] == {key: value}
+        if manifest["kind"] == "Service":  # the hosts, not the root's pod, which has the job label too
+            assert manifest["spec"]["selector"] == {key: value, km.ROLE_LABEL: km.HOST_ROLE}
 
 
 def test_a_timeout_becomes_the_jobs_deadline_with_a_margin_for_the_clients_own_stop():
     _, [job] = manifests_for("tpu-v5e-8", timeout=120.5)
     assert job["spec"]["activeDeadlineSeconds"] == 121 + km.DEADLINE_MARGIN_S
     _, [job] = manifests_for("tpu-v5e-8")
-    assert "activeDeadlineSeconds" not in job["spec"]
+    assert "activeDeadlineSeconds" not in job["spec"]  # the root's deadline bounds it
+
+
+# -- the root Job -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_root_bounds_the_job_with_the_plans_timeout_and_a_margin(case):
+    root = root_for(case, timeout=3600.2)
+    assert root["spec"]["activeDeadlineSeconds"] == 3601 + km.DEADLINE_MARGIN_S == k8s_root.root_deadline_s(
+        job_plan(case, timeout=3600.2))
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_without_a_timeout_the_root_still_ends_the_job_after_the_default_lifetime(case):
+    root = root_for(case)
+    assert root["spec"]["activeDeadlineSeconds"] == k8s_root.DEFAULT_MAX_LIFETIME_S == 7 * 24 * 3600
+
+
+def test_the_root_is_a_small_job_that_watches_once_and_is_deleted_soon_after_it_ends():
+    root = root_for("tpu-v5e-16")
+    assert (root["apiVersion"], root["kind"]) == ("batch/v1", "Job")
+    assert root["metadata"]["name"] == k8s_root.root_name(JOB_ID) == f"{JOB_ID}-root"
+    assert root["metadata"]["labels"][km.ROLE_LABEL] == "root"
+    assert "ownerReferences" not in root["metadata"]  # it is the owner
+    spec = root["spec"]
+    assert spec["ttlSecondsAfterFinished"] == k8s_root.ROOT_TTL_AFTER_FINISHED_S <= 600
+    assert spec["backoffLimit"] == 0
+    assert "completionMode" not in spec and "parallelism" not in spec  # one pod
+    # A node drained or preempted under the root is not its failure: the Job starts another pod.
+    assert spec["podFailurePolicy"]["rules"] == [
+        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]
+    pod = spec["template"]["spec"]
+    [container] = pod["containers"]
+    assert pod["restartPolicy"] == "Never"
+    assert container["command"] == ["python", "-m", "kinetic_nb.agent", "--job", URI, "--watch"]
+    assert "args" not in container
+    assert container["image"] == SETTINGS.image
+    env = {entry["name"]: entry["value"] for entry in container["env"]}
+    assert (env["KINETIC_JOB_ID"], env["KINETIC_JOB_URI"]) == (JOB_ID, URI)
+    # Small, and no accelerator: the watcher only reads storage.
+    assert container["resources"]["requests"] == {"cpu": "50m", "memory": "256Mi"}
+    assert set(container["resources"]["limits"]) == {"memory"}
+
+
+def test_the_root_runs_as_the_hosts_service_account_on_any_node():
+    settings = KubernetesSettings(namespace="ml-team", image="img:1", service_account="kinetic-runner",
+                                  node_selector={"cloud.google.com/gke-nodepool": "v5e-pool"})
+    pod = root_for("tpu-v5e-16", settings=settings)["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "kinetic-runner"  # it reads the bucket as the hosts do
+    assert pod["containers"][0]["image"] == "img:1"
+    assert "nodeSelector" not in pod and "tolerations" not in pod  # never on a (tainted) accelerator node
+    assert "serviceAccountName" not in root_for("tpu-v5e-16")["spec"]["template"]["spec"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_every_other_object_is_owned_by_the_root_with_the_uid_the_api_server_gave_it(case):
+    root = root_for(case)
+    _, manifests = manifests_for(case)
+    for manifest in manifests:
+        [reference] = manifest["metadata"]["ownerReferences"]
+        assert reference == {"apiVersion": root["apiVersion"], "kind": root["kind"],
+                             "name": root["metadata"]["name"], "uid": ROOT_UID,
+                             "controller": False, "blockOwnerDeletion": True}
+        # An owner is looked up in its dependent's namespace: they must share it.
+        assert manifest["metadata"]["namespace"] == root["metadata"]["namespace"]
+    for template in templates(manifests):  # pods belong to their LeaderWorkerSet or Job, not to the root
+        assert "ownerReferences" not in template["metadata"]
+
+
+def test_the_root_pod_is_no_host():
+    """The root's pod carries the job label, so a listing of the job's pods includes it: it has no host index."""
+    root = root_for("tpu-v5e-16")
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {
+        **root["spec"]["template"]["metadata"], "name": f"{root['metadata']['name']}-x7k2p", "namespace": "ml-team",
+        "labels": {**root["spec"]["template"]["metadata"]["labels"], "batch.kubernetes.io/job-name": "x"}},
+        "spec": root["spec"]["template"]["spec"], "status": {"phase": "Running"}}
+    assert host_states([pod]) == {}
 
 
 def test_settings_add_a_service_account_and_node_selectors():
@@ -170,9 +258,11 @@ def test_settings_add_a_service_account_and_node_selectors():
 
 
 def test_no_image_is_one_line_naming_the_flag_and_the_variable():
-    with pytest.raises(ValueError, match=r"--image IMAGE or set KINETIC_IMAGE") as caught:
-        km.build_manifests(job_plan("tpu-v5e-8"), URI, KubernetesSettings(namespace="ml-team"))
-    assert "\n" not in str(caught.value)
+    for build in (lambda plan, settings: km.build_manifests(plan, URI, settings, owner=OWNER),
+                  lambda plan, settings: k8s_root.root_job(plan, URI, settings)):
+        with pytest.raises(ValueError, match=r"--image IMAGE or set KINETIC_IMAGE") as caught:
+            build(job_plan("tpu-v5e-8"), KubernetesSettings(namespace="ml-team"))
+        assert "\n" not in str(caught.value)
 
 
 # -- schemas ----------------------------------------------------------------------------------
@@ -181,9 +271,12 @@ def test_no_image_is_one_line_naming_the_flag_and_the_variable():
 @pytest.mark.parametrize("case", CASES)
 def test_core_objects_and_pod_templates_validate_against_the_kubernetes_schemas(case):
     _, manifests = manifests_for(case)
+    manifests = [root_for(case, timeout=60.0), root_for(case), *manifests]
     for manifest in manifests:
         if manifest["kind"] in ("Job", "Service"):
             validate_core(manifest)
+        else:  # a custom resource's metadata is every object's ObjectMeta, ownerReferences included
+            validate_core({"apiVersion": "v1", "kind": "ConfigMap", "metadata": manifest["metadata"]})
     for template in templates(manifests):
         validate_core(as_pod_template(template))
         validate_core(as_pod(template))
@@ -218,6 +311,24 @@ def test_the_validators_do_catch_mistakes():
     job["spec"]["completions"] = "one"
     with pytest.raises(kubernetes_validate.ValidationError):
         validate_core(job)
+    _, [job] = manifests_for("tpu-v5e-8")
+    del job["metadata"]["ownerReferences"][0]["uid"]  # an owner reference must name its owner's uid
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate_core(job)
+    root = root_for("tpu-v5e-8")
+    root["spec"]["podFailurePolicy"]["rules"][0]["onPodConditions"][0]["typ"] = "DisruptionTarget"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate_core(root)
+
+
+def test_the_real_client_reads_the_root_and_its_owner_references_without_loss():
+    """The objects go through the official client's models on their way (``V1Job``, ``V1OwnerReference``)."""
+    root = root_for("tpu-v5e-8", timeout=10.0)
+    _, [job] = manifests_for("tpu-v5e-8")
+    from kubernetes.client import ApiClient
+
+    for manifest in (root, job):
+        assert ApiClient().sanitize_for_serialization(to_client_object(manifest, "V1Job")) == manifest
 
 
 # -- each host's environment --------------------------------------------------------------------
@@ -248,12 +359,12 @@ def test_every_host_resolves_its_own_index_and_meets_the_others_at_host_0(case):
         assert env["KINETIC_HOST_INDEX"] == str(index)
         assert (env["KINETIC_JOB_ID"], env["KINETIC_JOB_URI"], env["KINETIC_NUM_HOSTS"]) == (
             JOB_ID, URI, str(plan.hosts))
-        assert env["KINETIC_LOG_UPLOAD"] == "1"
+        assert "KINETIC_LOG_UPLOAD" not in env  # the agent uploads the runner's output
         for name, value in USER_ENV.items():
             assert env[name] == value
         assert not any("$(" in value and name not in USER_ENV for name, value in env.items()), env
         assert container_command(pod, env) == ["/bin/sh", "-c", km.HOST_SCRIPT, km.HOST_SCRIPT_NAME,
-                                               "python", "-m", "kinetic_nb.runner", "--job", URI]
+                                               "python", "-m", "kinetic_nb.agent", "--job", URI]
 
 
 @pytest.mark.parametrize("accelerator", ["tpu-v5e-16", "tpu-v6e-8"])
@@ -278,8 +389,10 @@ def test_resource_names_are_dns_labels_short_enough_for_every_derived_name(job_i
     name = km.resource_name(job_id)
     assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name)
     assert len(name) <= km.MAX_NAME_LENGTH
-    for derived in (f"{name}-0-15", f"{name}-0-{'a' * 10}", f"{name}-99-x7k2p"):  # pods, revision hashes
-        assert len(derived) <= 63
+    root = k8s_root.root_name(job_id)
+    # pods, revision hashes, the root and its pod
+    for derived in (f"{name}-0-15", f"{name}-0-{'a' * 10}", f"{name}-99-x7k2p", root, f"{root}-x7k2p"):
+        assert len(derived) <= 63 and re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", derived)
     if job_id == JOB_ID:
         assert name == JOB_ID  # kinetic's own ids are kept as they are
 

@@ -1,0 +1,147 @@
+"""Where and how a kinetic job's pods run: the kubernetes backend's settings, resolved per field.
+
+An explicit argument (a magic flag) > a ``KINETIC_*`` environment variable >
+a config object (``%config KineticMagics...``) > the default. No
+``kubernetes`` import: the manifests and the magic use these offline.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from kinetic_nb.backends.k8s_pods import DEFAULT_PENDING_TIMEOUT_S
+
+__all__ = ["DEFAULT_COORDINATOR_PORT", "DEFAULT_NAMESPACE", "KubernetesSettings"]
+
+DEFAULT_NAMESPACE = "default"
+#: The port the JAX coordinator (and torch's rendezvous) listens on, on host 0.
+#: 8476 is the one JAX itself uses for Cloud TPU slices.
+DEFAULT_COORDINATOR_PORT = 8476
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+@dataclasses.dataclass(frozen=True)
+class KubernetesSettings:
+    """Where and how a job's pods run.
+
+    Attributes
+    ----------
+    namespace : str
+        Kubernetes namespace of the job's objects (``KINETIC_NAMESPACE``).
+    image : str or None
+        Container image with kinetic_nb (and jax or torch) installed
+        (``KINETIC_IMAGE``); required to launch, no default.
+    service_account : str or None
+        The pods' Kubernetes service account, bound to a Google service account
+        that may write the bucket via Workload Identity (``KINETIC_SERVICE_ACCOUNT``).
+    context : str or None
+        kubeconfig context to use instead of the current one (``KINETIC_KUBE_CONTEXT``).
+    coordinator_port : int
+        Port of the coordinator on host 0 (``KINETIC_COORDINATOR_PORT``).
+    pending_timeout_s : float
+        A pod Pending longer than this fails the job with the scheduler's
+        reason (``KINETIC_PENDING_TIMEOUT``).
+    node_selector : mapping of str to str
+        Node labels added to the accelerator's, e.g. a node pool name
+        (``KINETIC_NODE_SELECTOR="cloud.google.com/gke-nodepool=tpu-pool"``,
+        comma-separated ``key=value`` pairs).
+    """
+
+    namespace: str = DEFAULT_NAMESPACE
+    image: str | None = None
+    service_account: str | None = None
+    context: str | None = None
+    coordinator_port: int = DEFAULT_COORDINATOR_PORT
+    pending_timeout_s: float = DEFAULT_PENDING_TIMEOUT_S
+    node_selector: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    #: The environment variable of each field.
+    ENVIRONMENT: ClassVar[dict[str, str]] = {
+        "namespace": "KINETIC_NAMESPACE",
+        "image": "KINETIC_IMAGE",
+        "service_account": "KINETIC_SERVICE_ACCOUNT",
+        "context": "KINETIC_KUBE_CONTEXT",
+        "coordinator_port": "KINETIC_COORDINATOR_PORT",
+        "pending_timeout_s": "KINETIC_PENDING_TIMEOUT",
+        "node_selector": "KINETIC_NODE_SELECTOR",
+    }
+    #: The magic's flag of each field that has one.
+    FLAGS: ClassVar[dict[str, str]] = {"namespace": "--namespace", "image": "--image"}
+
+    def __post_init__(self) -> None:
+        if not _DNS_LABEL.match(self.namespace or ""):
+            raise ValueError(f"namespace {self.namespace!r} is not a valid Kubernetes namespace "
+                             "(lowercase letters, digits and '-', at most 63)")
+        if not 0 < self.coordinator_port < 65536:
+            raise ValueError(f"coordinator port {self.coordinator_port} is not a TCP port (1-65535)")
+        if not self.pending_timeout_s > 0:
+            raise ValueError(f"pending timeout must be positive, got {self.pending_timeout_s:g} s")
+        if self.image is not None and (not self.image.strip() or any(c.isspace() for c in self.image)):
+            raise ValueError(f"container image {self.image!r} is not an image reference")
+
+    @classmethod
+    def resolve(cls, *, namespace: str | None = None, image: str | None = None,
+                service_account: str | None = None, context: str | None = None,
+                coordinator_port: int | None = None, pending_timeout_s: float | None = None,
+                node_selector: Mapping[str, str] | None = None, config: KubernetesSettings | None = None,
+                environ: Mapping[str, str] | None = None) -> KubernetesSettings:
+        """Each field from its argument, else its ``KINETIC_*`` variable, else ``config``, else the default.
+
+        Parameters
+        ----------
+        namespace, image, service_account, context, coordinator_port, pending_timeout_s, node_selector
+            Explicit values (the magic's flags); None means "not given".
+        config : KubernetesSettings, optional
+            What ``%config`` set; its fields rank below the environment.
+        environ : mapping, optional
+            The environment to read (default ``os.environ``).
+
+        Raises
+        ------
+        ValueError
+            One line naming the bad value and where it came from.
+        """
+        environ = os.environ if environ is None else environ
+        given = {"namespace": namespace, "image": image, "service_account": service_account, "context": context,
+                 "coordinator_port": coordinator_port, "pending_timeout_s": pending_timeout_s,
+                 "node_selector": node_selector}
+        values: dict[str, Any] = {}
+        for field, value in given.items():
+            variable = cls.ENVIRONMENT[field]
+            if value is None and environ.get(variable, "").strip():
+                value = _parse(field, variable, environ[variable].strip())
+            if value is None and config is not None:
+                value = getattr(config, field)
+            if value is not None:
+                values[field] = value
+        return cls(**values)
+
+    def require_image(self) -> str:
+        """The container image, or a one-line error naming the flag and the variable."""
+        if not self.image:
+            raise ValueError("the kubernetes backend needs a container image with kinetic_nb installed: "
+                             f"pass {self.FLAGS['image']} IMAGE or set {self.ENVIRONMENT['image']}")
+        return self.image
+
+
+def _parse(field: str, variable: str, raw: str) -> Any:
+    try:
+        if field == "coordinator_port":
+            return int(raw)
+        if field == "pending_timeout_s":
+            return float(raw)
+        if field == "node_selector":
+            pairs = [item.split("=", 1) for item in raw.split(",") if item.strip()]
+            if any(len(pair) != 2 or not pair[0].strip() for pair in pairs):
+                raise ValueError
+            return {key.strip(): value.strip() for key, value in pairs}
+    except ValueError:
+        kind = {"coordinator_port": "a port number", "pending_timeout_s": "a number of seconds",
+                "node_selector": "comma-separated key=value pairs"}[field]
+        raise ValueError(f"{variable}={raw!r} is not {kind}") from None
+    return raw
