@@ -1,4 +1,4 @@
-"""Wait until a job has ended: every host has an exit record, or the job was cancelled.
+"""Wait until a job has ended: every host has ended or gone silent, or the job was cancelled.
 
 A cluster runs this as the job's root object (a small Job that owns the
 workload): when it returns, the root completes and the cluster removes it and,
@@ -7,34 +7,60 @@ through owner references, everything the job holds, with no client.
 
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import Callable
 
 from kinetic_nb.errors import ObjectNotFoundError
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.protocol import JobPlan
 from kinetic_nb.storage import Storage
 
+logger = logging.getLogger(__name__)
+
 #: First and longest pause between two looks: each look is one listing.
 FIRST_LOOK_S = 1.0
 MAX_LOOK_S = 15.0
+#: A host that started but has not beaten its heartbeat for this long has ended
+#: without a record (a pod OOMKilled as a whole, a node gone): waiting longer
+#: would hold the slice until the deadline. Far above the hosts' own 2 s beat,
+#: so a busy or briefly partitioned host is never taken for gone.
+SILENT_HOST_S = 300.0
 
 
-def job_has_ended(storage: Storage, plan: JobPlan) -> bool:
-    """Whether every host has an exit record, a cancel was requested, or the job was cleaned up (one listing)."""
-    names = {info.name for info in storage.list()}
-    if protocol.CANCEL in names or protocol.PLAN not in names:
+def job_has_ended(storage: Storage, plan: JobPlan, now: float | None = None) -> bool:
+    """Whether every host has an exit record or a long-silent heartbeat, a cancel was requested,
+    or the job was cleaned up (one listing)."""
+    now = time.time() if now is None else now
+    listing = {info.name: info for info in storage.list()}
+    if protocol.CANCEL in listing or protocol.PLAN not in listing:
         return True
-    return all(protocol.host_exit(index) in names for index in range(plan.hosts))
+    for index in range(plan.hosts):
+        if protocol.host_exit(index) in listing:
+            continue
+        heartbeat = listing.get(protocol.host_heartbeat(index))
+        if heartbeat is None or now - heartbeat.updated < SILENT_HOST_S:
+            return False  # not started yet (still scheduling), or alive
+    return True
 
 
-def wait_for_job_end(storage: Storage, *, sleep=time.sleep) -> int:
-    """Return 0 once the job in ``storage`` has ended (a job whose plan is gone has ended too)."""
-    try:
-        plan = JobPlan.from_json(storage.read_bytes(protocol.PLAN))
-    except ObjectNotFoundError:
-        return 0  # collected, or cleaned up after its outcome
+def wait_for_job_end(storage: Storage, *, sleep: Callable[[float], None] = time.sleep) -> int:
+    """Return 0 once the job in ``storage`` has ended (a job whose plan is gone has ended too).
+
+    A storage error is retried with the same backoff: failing here would end
+    the root, and with it a healthy job.
+    """
+    plan = None
     pause = FIRST_LOOK_S
-    while not job_has_ended(storage, plan):
+    while True:
+        try:
+            if plan is None:
+                plan = JobPlan.from_json(storage.read_bytes(protocol.PLAN))
+            if job_has_ended(storage, plan):
+                return 0
+        except ObjectNotFoundError:
+            return 0  # collected, or cleaned up after its outcome
+        except Exception as error:  # noqa: BLE001 - a flaky store must not end the job
+            logger.warning("could not look at %s (%s); looking again in %.0f s", storage.uri, error, pause)
         sleep(pause)
         pause = min(pause * 1.5, MAX_LOOK_S)
-    return 0

@@ -1,0 +1,74 @@
+"""The root's watcher: when a job counts as ended, and that a flaky store never ends it early."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from kinetic_nb.agent.watch import SILENT_HOST_S, job_has_ended, wait_for_job_end
+from kinetic_nb.runner import protocol
+from kinetic_nb.runner.protocol import CancelRequest, ExitSummary, JobPlan
+from kinetic_nb.storage import LocalStorage
+
+
+def make_job(tmp_path, hosts=2) -> tuple[LocalStorage, JobPlan]:
+    storage = LocalStorage(str(tmp_path / "job"))
+    plan = JobPlan(job_id="kn-w", hosts=hosts, accelerator="cpu", devices_per_host=1, framework="none",
+                   coordinator_address="127.0.0.1:1", payload_sha256="0", barrier_timeout_s=1,
+                   heartbeat_timeout_s=1, shutdown_timeout_s=1)
+    storage.write_bytes(protocol.PLAN, plan.to_json())
+    return storage, plan
+
+
+def test_a_job_ends_when_every_host_has_an_exit_record(tmp_path):
+    storage, plan = make_job(tmp_path)
+    assert not job_has_ended(storage, plan)  # nothing started yet: pods may still be scheduling
+    storage.write_bytes(protocol.host_exit(0), ExitSummary(0, 0).to_json())
+    storage.write_bytes(protocol.host_heartbeat(1), b"")
+    assert not job_has_ended(storage, plan)
+    storage.write_bytes(protocol.host_exit(1), ExitSummary(1, 1).to_json())
+    assert job_has_ended(storage, plan)
+
+
+def test_a_cancel_or_a_cleanup_ends_it(tmp_path):
+    storage, plan = make_job(tmp_path)
+    storage.write_bytes(protocol.CANCEL, CancelRequest("by the test", 0.0).to_json())
+    assert job_has_ended(storage, plan)
+    storage, plan = make_job(tmp_path / "other")
+    storage.delete(protocol.PLAN)
+    assert job_has_ended(storage, plan)
+
+
+def test_a_host_silent_for_long_counts_as_ended(tmp_path):
+    storage, plan = make_job(tmp_path)
+    storage.write_bytes(protocol.host_exit(0), ExitSummary(0, 0).to_json())
+    storage.write_bytes(protocol.host_heartbeat(1), b"")  # its pod was OOMKilled whole: no exit record, ever
+    assert not job_has_ended(storage, plan)
+    assert job_has_ended(storage, plan, now=time.time() + SILENT_HOST_S + 1)
+
+
+class FlakyStorage(LocalStorage):
+    def __init__(self, uri, failures):
+        super().__init__(uri)
+        self.failures = failures
+
+    def list(self, prefix=""):
+        if self.failures:
+            self.failures -= 1
+            raise OSError("503 backend error")
+        return super().list(prefix)
+
+
+def test_storage_errors_are_retried_not_fatal(tmp_path):
+    storage, plan = make_job(tmp_path)
+    storage.write_bytes(protocol.CANCEL, CancelRequest("by the test", 0.0).to_json())
+    flaky = FlakyStorage(storage.uri, failures=3)
+    pauses = []
+    assert wait_for_job_end(flaky, sleep=pauses.append) == 0
+    assert len(pauses) == 3 and pauses == sorted(pauses)  # backed off, then looked again
+
+
+def test_a_job_whose_plan_is_gone_has_ended(tmp_path):
+    storage = LocalStorage(str(tmp_path / "never"))
+    os.makedirs(storage.local_path(), exist_ok=True)
+    assert wait_for_job_end(storage, sleep=lambda _: None) == 0
