@@ -122,12 +122,12 @@ def parse_duration(text: str) -> float:
 
 
 def _clean_up_platform(job: Storage, record: dict) -> None:
-    """Remove what a cluster still holds for the job (the local backend holds nothing)."""
-    if record.get("backend", "local") == "local":
-        return
+    """Remove what the job's platform still holds for it (a cluster's objects; locally nothing)."""
     try:
         handle = _handle_for(job, record)
         handle.backend.cleanup(handle.plan)
+    except ObjectNotFoundError:
+        return  # no plan: cleaned up at its outcome, its platform's objects with it
     except Exception:  # the objects in storage go regardless
         logger.warning("could not clean up the %s objects of %s", record.get("backend"), job.uri, exc_info=True)
 

@@ -330,7 +330,7 @@ class JobHandle:
         """
         if self._payload is not None:
             return self._payload.result
-        leader = read_failure(self.storage, protocol.RESULT, protocol.LEADER_INDEX, warn=True)
+        leader = read_failure(self.storage, protocol.RESULT, protocol.LEADER_INDEX, warn=False, strict=True)
         if leader is None:
             raise ObjectNotFoundError(f"the leader of job {self.job_id} has recorded no result yet "
                                       f"({self.uri}/{protocol.RESULT})")
@@ -448,7 +448,7 @@ def submit(
     *,
     hosts: int | None = None,
     accelerator: str | None = None,
-    backend: str = "local",
+    backend: str | Backend = "local",
     framework: str = "auto",
     namespace: Mapping[str, Any] | None = None,
     out: Iterable[str] = (),
@@ -473,8 +473,9 @@ def submit(
         Number of hosts (default: the accelerator's, or 1).
     accelerator : str, optional
         A name such as ``tpu-v5e-16`` or ``gpu-h100x8`` (simulated on CPU locally).
-    backend : str
-        ``local``.
+    backend : str or Backend
+        A registered backend's name (``local``, ``kubernetes``), or a
+        ``Backend`` instance (``kinetic_nb.backends.testing.FakeBackend`` in tests).
     framework : {"auto", "jax", "torch", "none"}
         What to initialize before the cell; ``auto`` decides by the cell's imports.
     namespace : mapping, optional
@@ -512,7 +513,12 @@ def submit(
         raise ValueError(f"timeout must be positive, got {timeout:g}")
     if grace is not None and grace < 0:
         raise ValueError(f"grace must not be negative, got {grace:g}")
-    chosen_backend = get_backend(backend, **dict(backend_options or {}))
+    if isinstance(backend, Backend):
+        if backend_options:
+            raise ValueError("backend_options configure a backend given by name, not a Backend instance")
+        chosen_backend = backend
+    else:
+        chosen_backend = get_backend(backend, **dict(backend_options or {}))
     acc, host_count = resolve_slice(hosts, accelerator)
     payload = prepare_cell(source, namespace, filename=f"<{cell_name}>", out=out)
     job_id = new_job_id()

@@ -17,6 +17,7 @@ Host-safe: imports only the standard library.
      ├── ResultSerializationError                       the leader's value could not be pickled
      ├── RemoteHostError                                a remote exception that could not travel as itself
      ├── JobFailedError                                 a failed job with no readable payload
+     ├── UnreadableResultError                          the leader's payload exists but cannot be unpickled here
      ├── JobCancelledError                              the job was cancelled
      └── KineticTimeoutError   (also TimeoutError)      the job ran past its timeout
 
@@ -86,6 +87,10 @@ class RemoteHostError(KineticError):
 
 class JobFailedError(KineticError):
     """The job failed and no host left a readable failure payload."""
+
+
+class UnreadableResultError(KineticError):
+    """The leader recorded its outcome, but this process cannot unpickle it (a class or module only the hosts have)."""
 
 
 class JobCancelledError(KineticError):

@@ -12,12 +12,18 @@ from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
-from IPython.core.magic_arguments import MagicArgumentParser, argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import (
+    MagicArgumentParser,
+    argument,
+    argument_group,
+    magic_arguments,
+    parse_argstring,
+)
 
 from traitlets import Unicode
 
 from kinetic_nb import catalog
-from kinetic_nb.backends import BACKENDS
+from kinetic_nb.backends import backend_class, backend_names
 from kinetic_nb.client import JobHandle, submit
 from kinetic_nb.errors import CaptureError, ObjectNotFoundError, UnknownAcceleratorError
 from kinetic_nb.display import live_view
@@ -64,6 +70,17 @@ _LINE_PARSERS = {
 }
 
 
+def _backend_flags(func: Any) -> Any:
+    """Add every registered backend's flags to a magic, grouped under the backend's name in its help."""
+    for backend in reversed([backend_class(name) for name in backend_names()]):
+        for flag in reversed(backend.flags):
+            func = argument(flag.flag, dest=flag.dest, default=None, type=flag.type, metavar=flag.metavar,
+                            help=flag.help)(func)
+        if backend.flags:
+            func = argument_group(f"-b {backend.name}")(func)
+    return func
+
+
 @magics_class
 class KineticMagics(Magics):
     namespace = Unicode(None, allow_none=True,
@@ -73,24 +90,29 @@ class KineticMagics(Magics):
                     help="Container image for -b kubernetes (below --image and $KINETIC_IMAGE).").tag(config=True)
 
     def _backend_options(self, args: Any) -> dict[str, Any]:
-        if args.backend != "kubernetes":
-            if args.namespace or args.image:
-                raise UsageError("--namespace and --image are for -b kubernetes")
-            return {}
-        from kinetic_nb.backends.kubernetes import KubernetesSettings
-
-        config = KubernetesSettings(namespace=self.namespace or "default", image=self.image or None)
-        return {"namespace": args.namespace, "image": args.image, "config": config}
+        """The chosen backend's options from its flags, with this magic's ``%config`` values as defaults."""
+        chosen = backend_class(args.backend)
+        options: dict[str, Any] = {}
+        for backend in map(backend_class, backend_names()):
+            for flag in backend.flags:
+                value = getattr(args, flag.dest, None)
+                if value is None:
+                    continue
+                if backend is not chosen:
+                    raise UsageError(f"{flag.flag} is for -b {backend.name}, and this cell runs on -b {chosen.name}")
+                options[flag.option] = value
+        config = {flag.option: getattr(self, flag.option) for flag in chosen.flags if self.has_trait(flag.option)}
+        if any(value is not None for value in config.values()):
+            options["config"] = config
+        return options
 
     @magic_arguments()
     @argument("-n", "--hosts", type=int, default=None, help="Number of hosts (default: the accelerator's, or 1).")
     @argument("-a", "--accelerator", default=None,
               help="Accelerator name, e.g. tpu-v5e-16 or gpu-h100x8 (simulated on CPU locally).")
-    @argument("-b", "--backend", default="local", choices=list(BACKENDS),
-              help="Where the hosts run: local processes, or kubernetes pods (docs/gke.md).")
-    @argument("--namespace", default=None, help="Kubernetes namespace (-b kubernetes; default $KINETIC_NAMESPACE).")
-    @argument("--image", default=None,
-              help="Container image with kinetic_nb installed (-b kubernetes; default $KINETIC_IMAGE).")
+    @argument("-b", "--backend", default="local", choices=list(backend_names()),
+              help="Where the hosts run: " + "; ".join(f"{backend.name}: {backend.summary}"
+                                                       for backend in map(backend_class, backend_names())) + ".")
     @argument("--framework", default="auto", choices=["auto", "jax", "torch", "none"],
               help="What to initialize before the cell; auto decides by the cell's imports.")
     @argument("-o", "--out", action="append", default=[], metavar="NAME[,NAME]",
@@ -106,6 +128,7 @@ class KineticMagics(Magics):
     @argument("--keep", action="store_true", help="Keep all of the job's objects after a success.")
     @argument("--quiet", action="store_true",
               help="No panel and no kinetic notices; the leader's output and the outcome still show.")
+    @_backend_flags
     @cell_magic("kinetic")
     def kinetic_cell(self, line: str, cell: str) -> Any:
         """Run this cell on every host of a (local or simulated) multi-host slice.

@@ -47,12 +47,12 @@ def new_job_id() -> str:
 def resolve_slice(hosts: int | None, accelerator: str | None) -> tuple[Accelerator, int]:
     """The accelerator and host count from ``-n`` and ``-a``; they must agree when both are given."""
     if hosts is not None and hosts < 1:
-        raise ValueError(f"--hosts must be at least 1, got {hosts}")
+        raise ValueError(f"a job needs at least 1 host, got {hosts}")
     acc = resolve_accelerator(accelerator or "cpu")
     if accelerator is None or acc.kind == "cpu":
         return acc, hosts or acc.hosts
     if hosts is not None and hosts != acc.hosts:
-        raise ValueError(f"--hosts {hosts} does not match {acc.name}, which has {acc.hosts} hosts")
+        raise ValueError(f"{hosts} hosts do not match {acc.name}, which has {acc.hosts} hosts")
     return acc, acc.hosts
 
 
@@ -63,7 +63,7 @@ def choose_framework(requested: str, modules: Iterable[str]) -> str:
     modules = set(modules)
     wants_jax, wants_torch = bool(modules & JAX_PACKAGES), bool(modules & TORCH_PACKAGES)
     if wants_jax and wants_torch:
-        raise ValueError("the cell imports both jax and torch: choose one with --framework jax or --framework torch")
+        raise ValueError("the cell imports both jax and torch: choose the framework to initialize (jax or torch)")
     if wants_jax:
         return Framework.JAX.value
     if wants_torch:

@@ -14,6 +14,8 @@ The rules (DESIGN, "How the client turns host records into the cell's outcome"):
    jobs skip the listing. A listing that fails never becomes the error: it is
    a warning and a note, and the job's failure is raised from what is known
    (the leader's payload, the hosts' exit summaries and last log lines).
+   A leader payload that exists but cannot be unpickled in this process is
+   reported as such (``UnreadableResultError``), never as missing.
 6. Root cause first: a failure that is a known consequence of losing a peer
    ranks after a host's own failure.
 
@@ -36,6 +38,7 @@ from kinetic_nb.errors import (
     KineticWarning,
     ObjectNotFoundError,
     RemoteHostError,
+    UnreadableResultError,
 )
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.protocol import ExitSummary, JobPlan, ResultPayload
@@ -109,7 +112,8 @@ def attach_remote_traceback(error: BaseException, text: str, host_index: int, jo
         pass
 
 
-def read_failure(storage: Storage, name: str, host_index: int, *, warn: bool) -> HostFailure | None:
+def read_failure(storage: Storage, name: str, host_index: int, *, warn: bool,
+                 strict: bool = False) -> HostFailure | None:
     """Download and decode one payload into its record; skip an unreadable or success-claiming one.
 
     Parameters
@@ -122,6 +126,9 @@ def read_failure(storage: Storage, name: str, host_index: int, *, warn: bool) ->
         The host that wrote it.
     warn : bool
         Warn (``KineticWarning``) when an unreadable payload is skipped.
+    strict : bool
+        Raise ``UnreadableResultError`` for a payload that exists but cannot
+        be unpickled here, instead of skipping it.
 
     Returns
     -------
@@ -136,6 +143,11 @@ def read_failure(storage: Storage, name: str, host_index: int, *, warn: bool) ->
     except ObjectNotFoundError:
         return None
     except Exception as error:
+        if strict:
+            raise UnreadableResultError(
+                f"host {host_index} recorded its outcome in {uri}, but it cannot be unpickled here: "
+                f"{type(error).__name__}: {error} (a class or module the hosts have and this notebook lacks?)"
+            ) from error
         if warn:
             warnings.warn(f"skipping the unreadable payload of host {host_index} ({uri}): {error}", KineticWarning, 3)
         return None
@@ -222,7 +234,13 @@ def resolve_outcome(
     host has failed on its own account).
     """
     warn_teardown_crashes(exits)
-    leader = read_failure(storage, protocol.RESULT, protocol.LEADER_INDEX, warn=True)
+    try:
+        leader = read_failure(storage, protocol.RESULT, protocol.LEADER_INDEX, warn=False, strict=True)
+        unreadable_leader = None
+    except UnreadableResultError as error:
+        leader, unreadable_leader = None, error
+    if unreadable_leader is not None and (status is JobStatus.SUCCEEDED or plan.hosts == 1):
+        raise unreadable_leader
     leader_ok = leader is not None and leader.payload.success
     if leader is not None and not leader_ok and not leader.is_consequence:
         _raise_leader_failure(leader, plan.job_id)  # rule 1
@@ -266,6 +284,9 @@ def resolve_outcome(
         _raise_leader_failure(leader, plan.job_id, listing_notes)
     if consequence is not None:
         _raise_host_failure(consequence, plan.job_id, [i for i in failing if i != consequence.host_index])
+    if unreadable_leader is not None:  # no host's own failure to raise: the leader's record is the news
+        _add_notes(unreadable_leader, listing_notes)
+        raise unreadable_leader
     error = _no_payload_error(storage, plan, dead, describe_host, leader_ok, exits, listed=listed)
     _add_notes(error, listing_notes)
     raise error

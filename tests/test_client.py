@@ -264,3 +264,18 @@ def test_handle_reprs_are_static_snapshots():
     assert "    0*  succeeded" in text
     page = handle._repr_html_()
     assert "<table>" in page and "succeeded" in page and handle.job_id in page
+
+
+def test_a_leader_value_the_notebook_cannot_unpickle_is_named_not_missing():
+    from kinetic_nb.errors import UnreadableResultError
+
+    source = (
+        "class OnlyOnHosts:\n"
+        "    def __reduce__(self):  # pickles on the host; rebuilding it fails anywhere else\n"
+        "        return (int, ('built from something only the hosts have',))\n"
+        "OnlyOnHosts()"
+    )
+    handle = kinetic_nb.submit(source, hosts=2, keep=True)
+    with pytest.raises(UnreadableResultError, match="cannot be unpickled here: ValueError") as info:
+        handle.result()
+    assert "missing" not in str(info.value)

@@ -25,13 +25,14 @@ def run_cell(shell, code):
         ("-n 0", "-n/--hosts must be at least 1, got 0"),
         ("--framework tensorflow", "argument --framework: invalid choice: 'tensorflow'"),
         ("-a tpu-v5e-12", "unknown accelerator 'tpu-v5e-12'"),
-        ("-a tpu-v5e-16 -n 2", "--hosts 2 does not match tpu-v5e-16, which has 4 hosts"),
+        ("-a tpu-v5e-16 -n 2", "2 hosts do not match tpu-v5e-16, which has 4 hosts"),
         ("-e NOVALUE", "-e/--env expects KEY=VALUE, got 'NOVALUE'"),
         ("-o 1x", "-o/--out expects variable names, got '1x'"),
         ("--timeout -1", "--timeout must be positive"),
         ("--bogus", "unrecognized arguments: --bogus"),
         ("-b slurm", "argument -b/--backend: invalid choice: 'slurm'"),
-        ("--namespace ml", "--namespace and --image are for -b kubernetes"),
+        ("--namespace ml", "--namespace is for -b kubernetes, and this cell runs on -b local"),
+        ("-n 10000", "10000 hosts is more than the local backend runs"),
         ("--storage s3://bucket/x", "unsupported storage URI 's3://bucket/x'"),
     ],
 )
@@ -50,6 +51,29 @@ def test_help_lists_the_flags(shell):
     for flag in ("--hosts", "--accelerator", "--backend", "--framework", "--out", "--env", "--timeout", "--storage",
                  "--quiet"):
         assert flag in doc
+    # Each backend's own flags, grouped under its name: the magic hard-codes none of them.
+    kubernetes = doc.split("-b kubernetes:")[1]
+    assert "--namespace NS" in kubernetes and "--image IMAGE" in kubernetes
+
+
+def test_a_registered_backend_brings_its_flags(monkeypatch):
+    from IPython.core.magic_arguments import magic_arguments
+
+    from kinetic_nb.backends import base
+    from kinetic_nb.backends.testing import register_fake
+    from kinetic_nb.magics import _backend_flags
+
+    monkeypatch.setattr(base, "_REGISTRY", dict(base._REGISTRY))  # registered for this test only
+    register_fake()
+
+    @magic_arguments()
+    @_backend_flags
+    def cell(line, cell):
+        """A magic."""
+
+    assert "-b fake:" in cell.__doc__ and "--fake-scenario NAME" in cell.__doc__
+    assert "-b local:" not in cell.__doc__  # a backend with no flags adds no group
+    assert cell.__doc__.index("-b kubernetes:") < cell.__doc__.index("-b fake:")
 
 
 def test_syntax_error_names_the_cell_line(shell):

@@ -241,3 +241,28 @@ def test_a_workers_failure_names_its_phase(storage):
         resolve(storage, 2, JobStatus.FAILED, exits(2, failed=(1,)))
     assert "Failed during phase: start barrier" in info.value.__notes__
     assert info.value.__notes__[0].startswith("Reported by host 1")
+
+
+# A leader payload that exists but cannot be unpickled here is named, never "missing".
+
+def test_an_unreadable_leader_success_is_reported_as_unreadable(storage):
+    from kinetic_nb.errors import UnreadableResultError
+
+    storage.write_bytes("result.pkl", b"\x80\x05not a pickle")
+    with pytest.raises(UnreadableResultError, match=r"host 0 recorded its outcome in .*result\.pkl, but it cannot"):
+        resolve(storage, 2, JobStatus.SUCCEEDED, exits(2))
+
+
+def test_a_workers_own_failure_still_ranks_before_an_unreadable_leader(storage):
+    storage.write_bytes("result.pkl", b"\x80\x05not a pickle")
+    storage.write_bytes("result-worker-1.pkl", failure(1, ValueError("the worker's own")))
+    with pytest.raises(ValueError, match="the worker's own"):
+        resolve(storage, 2, JobStatus.FAILED, exits(2, failed=(1,)))
+
+
+def test_an_unreadable_leader_is_named_when_nothing_else_failed(storage):
+    from kinetic_nb.errors import UnreadableResultError
+
+    storage.write_bytes("result.pkl", b"\x80\x05not a pickle")
+    with pytest.raises(UnreadableResultError):
+        resolve(storage, 2, JobStatus.FAILED, exits(2, stopped=(1,)))

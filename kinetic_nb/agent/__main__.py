@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import signal
 import sys
 import time
 
@@ -66,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
             return {**os.environ, "KINETIC_OUTPUT_DIR": output_dir}
     processes.adopt_orphans()
     agent = Agent(storage, plan, indices, environment, on_storage_error=lambda text: keep_state(storage_error=text))
+    signal.signal(signal.SIGTERM, agent.stop_on_signal)  # a pod's deletion: record the hosts as stopped
     agent.start_hosts()
     agent.run()
     keep_state(finished=True)

@@ -172,6 +172,7 @@ class Agent:
         code = protocol.EXIT_FAILED
         try:
             os.setpgid(0, 0)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the agent's own handler is not the host's
             processes.die_with_parent(self.pid)
             for other in self.hosts.values():
                 for fd in other.pipes:
@@ -316,6 +317,12 @@ class Agent:
         if requests and requests[-1] > self._answered_stacks:
             self._answered_stacks = requests[-1]
             self.dump_stacks(requests[-1])
+
+    def stop_on_signal(self, signum: int, frame: object = None) -> None:
+        """SIGTERM to the agent (a pod being deleted, a machine shutting down): stop the hosts, record them, end."""
+        print(f"kinetic agent: {signal.Signals(signum).name}: stopping the hosts", file=sys.stderr, flush=True)
+        self.cancelled = True
+        self._stop_all()
 
     def _enforce_timeout(self) -> None:
         if self._deadline is None or self.cancelled or time.time() < self._deadline:

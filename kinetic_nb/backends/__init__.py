@@ -1,30 +1,27 @@
-"""Where a job's hosts run: ``local`` processes, or ``kubernetes`` pods.
+"""Where a job's hosts run: a registry of backends (``local`` processes, ``kubernetes`` pods, ...).
 
-Light on purpose: a backend's heavy client is imported only when it is used.
+A backend registers itself with :func:`register`; the magic lists every
+registered backend's flags, grouped by backend, and ``get_backend`` builds one
+by name. Light on purpose: a backend's heavy client is imported only when it
+first talks to its platform.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from kinetic_nb.backends.base import Backend
-
-BACKENDS = ("local", "kubernetes")
+from kinetic_nb.backends.base import Backend, BackendFlag, PlatformView, backend_class, backend_names, register
 
 
 def get_backend(name: str, **options: Any) -> Backend:
-    """The backend called ``name``; ``options`` configure it (kubernetes: see ``KubernetesSettings.resolve``)."""
-    if name == "local":
-        if options:
-            raise ValueError(f"the local backend takes no options, got {', '.join(sorted(options))}")
-        from kinetic_nb.backends.local import LocalBackend
-
-        return LocalBackend()
-    if name == "kubernetes":
-        from kinetic_nb.backends.kubernetes import KubernetesBackend, KubernetesSettings
-
-        return KubernetesBackend(KubernetesSettings.resolve(**options))
-    raise ValueError(f"unknown backend {name!r}; choose from: {', '.join(BACKENDS)}")
+    """The backend called ``name``, configured by ``options`` (see each backend's ``from_options``)."""
+    return backend_class(name).from_options(**options)
 
 
-__all__ = ["BACKENDS", "Backend", "get_backend"]
+# The built-in backends register themselves on import.
+from kinetic_nb.backends import local as _local, kubernetes as _kubernetes  # noqa: E402,F401,I001
+
+BACKENDS = backend_names()
+
+__all__ = ["BACKENDS", "Backend", "BackendFlag", "PlatformView", "backend_class", "backend_names", "get_backend",
+           "register"]

@@ -6,6 +6,7 @@ import abc
 import dataclasses
 import time
 from collections.abc import Mapping
+from typing import Any, ClassVar
 
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.protocol import CancelRequest, ExitSummary, JobPlan
@@ -32,12 +33,47 @@ class PlatformView:
     problem: str = ""
 
 
-class Backend(abc.ABC):
-    """Starts a job's hosts, stops them, and says what the platform alone sees of them."""
+@dataclasses.dataclass(frozen=True)
+class BackendFlag:
+    """A flag a backend adds to ``%%kinetic``: ``--namespace NS`` sets its option ``namespace``.
 
-    name: str
+    When the magic has a ``%config KineticMagics.<option>`` trait, its value
+    is passed to ``from_options`` as that option's default (``config``).
+    """
+
+    flag: str
+    option: str
+    help: str
+    metavar: str | None = None
+    type: Any = str
+
+    @property
+    def dest(self) -> str:
+        return self.flag.lstrip("-").replace("-", "_")
+
+
+class Backend(abc.ABC):
+    """Starts a job's hosts, stops them, and says what the platform alone sees of them.
+
+    A backend registers itself (:func:`kinetic_nb.backends.register`) and
+    declares the flags it adds to the magic; ``from_options`` builds it from
+    those options (and from what ``options()`` stored in ``handle.json``).
+    """
+
+    name: ClassVar[str]
+    #: One line for the magic's ``-b`` help.
+    summary: ClassVar[str] = ""
+    #: The flags this backend adds to ``%%kinetic``, listed under its name in ``%%kinetic?``.
+    flags: ClassVar[tuple[BackendFlag, ...]] = ()
     #: The accelerator is simulated with CPU devices on this backend (the local one).
-    simulates_accelerators: bool = False
+    simulates_accelerators: ClassVar[bool] = False
+
+    @classmethod
+    def from_options(cls, **options: Any) -> Backend:
+        """The backend configured by ``options`` (its flags' options, ``config`` defaults, stored options)."""
+        if options:
+            raise ValueError(f"the {cls.name} backend takes no options, got {', '.join(sorted(options))}")
+        return cls()
 
     def preflight(self, plan: JobPlan) -> None:
         """Refuse, with one line (``ValueError``), a plan this backend cannot run; nothing is stored yet."""
@@ -66,3 +102,25 @@ class Backend(abc.ABC):
         """The settings that recreate this backend from any kernel (stored in ``handle.json``)."""
         return {}
 
+
+
+_REGISTRY: dict[str, type[Backend]] = {}
+
+
+def register(backend: type[Backend]) -> type[Backend]:
+    """Make ``backend`` available by its ``name`` (a class decorator)."""
+    _REGISTRY[backend.name] = backend
+    return backend
+
+
+def backend_names() -> tuple[str, ...]:
+    """The registered backends' names, in registration order."""
+    return tuple(_REGISTRY)
+
+
+def backend_class(name: str) -> type[Backend]:
+    """The backend class called ``name``; a one-line ``ValueError`` naming the choices otherwise."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown backend {name!r}; choose from: {', '.join(_REGISTRY)}") from None

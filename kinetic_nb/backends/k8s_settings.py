@@ -70,9 +70,6 @@ class KubernetesSettings:
         "pending_timeout_s": "KINETIC_PENDING_TIMEOUT",
         "node_selector": "KINETIC_NODE_SELECTOR",
     }
-    #: The magic's flag of each field that has one.
-    FLAGS: ClassVar[dict[str, str]] = {"namespace": "--namespace", "image": "--image"}
-
     def __post_init__(self) -> None:
         if not _DNS_LABEL.match(self.namespace or ""):
             raise ValueError(f"namespace {self.namespace!r} is not a valid Kubernetes namespace "
@@ -125,7 +122,7 @@ class KubernetesSettings:
         """The container image, or a one-line error naming the flag and the variable."""
         if not self.image:
             raise ValueError("the kubernetes backend needs a container image with kinetic_nb installed: "
-                             f"pass {self.FLAGS['image']} IMAGE or set {self.ENVIRONMENT['image']}")
+                             f"give image=IMAGE (--image in %%kinetic) or set {self.ENVIRONMENT['image']}")
         return self.image
 
 

@@ -33,7 +33,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from kinetic_nb.backends.base import Backend, PlatformView
+from kinetic_nb.backends.base import Backend, BackendFlag, PlatformView, register
 from kinetic_nb.backends.k8s_manifests import (
     LWS_GROUP,
     LWS_PLURAL,
@@ -133,6 +133,7 @@ def _api_message(error: BaseException) -> str:
         return f"{_status(error)} {reason}" if reason else str(error).splitlines()[0]
 
 
+@register
 class KubernetesBackend(Backend):
     """Runs a job's hosts as pods: one LeaderWorkerSet, or an Indexed Job.
 
@@ -149,6 +150,19 @@ class KubernetesBackend(Backend):
     """
 
     name = "kubernetes"
+    summary = "pods on a (GKE) cluster, the job in Cloud Storage (docs/gke.md)"
+    flags = (
+        BackendFlag("--namespace", "namespace", "Kubernetes namespace (default $KINETIC_NAMESPACE, then 'default').",
+                    metavar="NS"),
+        BackendFlag("--image", "image", "Container image with kinetic_nb installed (default $KINETIC_IMAGE).",
+                    metavar="IMAGE"),
+    )
+
+    @classmethod
+    def from_options(cls, *, config: Mapping[str, Any] | None = None, **options: Any) -> KubernetesBackend:
+        """Settings from ``options`` (see ``KubernetesSettings.resolve``); ``config`` holds ``%config`` defaults."""
+        defaults = {key: value for key, value in (config or {}).items() if value is not None}
+        return cls(KubernetesSettings.resolve(**options, config=KubernetesSettings(**defaults) if defaults else None))
 
     def __init__(self, settings: KubernetesSettings | None = None, *, api: KubernetesApi | None = None,
                  pod_list_interval_s: float = POD_LIST_INTERVAL_S, clock: Callable[[], float] = time.time):

@@ -14,12 +14,13 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping
 
 from kinetic_nb.agent.local_state import AgentState
 from kinetic_nb.agent.processes import host_count_problem
-from kinetic_nb.backends.base import Backend, PlatformView
+from kinetic_nb.backends.base import Backend, PlatformView, register
 from kinetic_nb.errors import ObjectNotFoundError
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.logs import last_lines
@@ -63,12 +64,18 @@ def _alive(pid: int, job_id: str) -> bool:
             return True
 
 
+@register
 class LocalBackend(Backend):
+    """Every host a process on this machine, the accelerator simulated with CPU devices."""
+
     name = "local"
+    summary = "processes on this machine (the accelerator simulated on CPU)"
     simulates_accelerators = True
 
     def __init__(self) -> None:
+        #: Each job's launcher until it exits (``--detach``: as soon as the agent has written its record).
         self._agents: dict[str, subprocess.Popen] = {}
+        self._launcher_codes: dict[str, int] = {}
 
     def preflight(self, plan: JobPlan) -> None:
         problem = host_count_problem(plan.hosts)
@@ -82,7 +89,7 @@ class LocalBackend(Backend):
         log_path, state_path = agent_files(plan.job_id)
         log = open(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")  # noqa: SIM115
         try:
-            self._agents[plan.job_id] = subprocess.Popen(
+            launcher = self._agents[plan.job_id] = subprocess.Popen(
                 [sys.executable, "-m", "kinetic_nb.agent", "--job", storage.uri, "--all-hosts", "--detach",
                  "--log", log_path, "--state", state_path],
                 stdin=subprocess.DEVNULL,
@@ -94,11 +101,14 @@ class LocalBackend(Backend):
             )
         finally:
             log.close()
+        # The launcher exits once the agent has written its record: reap it then, whether or not anyone polls.
+        threading.Thread(target=launcher.wait, name=f"kinetic-launcher-{plan.job_id}", daemon=True).start()
 
     def observe(self, storage: Storage, plan: JobPlan, listing: list[ObjectInfo],
                 recorded: Mapping[int, ExitSummary]) -> PlatformView:
         """A dead agent's hosts as ended (with the tail of its log), and its storage error."""
         if len(recorded) >= plan.hosts:
+            self._launcher_code(plan.job_id)  # reap the launcher
             return PlatformView()
         log_path, state_path = agent_files(plan.job_id)
         state = AgentState.read(state_path)
@@ -117,11 +127,21 @@ class LocalBackend(Backend):
                  for index in missing}
         return PlatformView(exits=exits, problem=reason.splitlines()[0] if exits else "")
 
+    def _launcher_code(self, job_id: str) -> int | None:
+        """The launcher's exit code once it has exited (then it is reaped and forgotten), else None."""
+        launcher = self._agents.get(job_id)
+        if launcher is None or launcher.poll() is None:
+            return None
+        del self._agents[job_id]
+        self._launcher_codes[job_id] = launcher.returncode
+        return launcher.returncode
+
     def _agent_death(self, plan: JobPlan, state: AgentState | None) -> str | None:
         """Why the job's agent is gone while hosts have no exit record, or None while it lives."""
+        code = self._launcher_code(plan.job_id)
+        if code is None:
+            code = self._launcher_codes.get(plan.job_id)
         if state is None:
-            launcher = self._agents.get(plan.job_id)
-            code = launcher.poll() if launcher is not None else None
             if code:  # it died before it wrote its record
                 return f"the job's agent exited with code {code} before it started any host"
             state = AgentState.read(agent_files(plan.job_id)[1])  # it may have written it meanwhile

@@ -110,7 +110,7 @@ def test_the_backend_needs_an_image_before_anything_is_stored(monkeypatch):
     monkeypatch.delenv("KINETIC_IMAGE", raising=False)
     backend = get_backend("kubernetes")
     assert isinstance(backend, KubernetesBackend) and backend.name == "kubernetes"
-    with pytest.raises(ValueError, match="pass --image IMAGE or set KINETIC_IMAGE"):
+    with pytest.raises(ValueError, match=r"give image=IMAGE \(--image in %%kinetic\) or set KINETIC_IMAGE"):
         backend.coordinator_address(JOB_ID)
 
 

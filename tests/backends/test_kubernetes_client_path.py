@@ -190,7 +190,7 @@ def test_cancel_deletes_the_workload_and_stops_the_hosts(cluster, tmp_path):
 def test_submit_without_an_image_stores_nothing(cluster, tmp_path, monkeypatch):
     api, _ = cluster
     monkeypatch.delenv("KINETIC_IMAGE")
-    with pytest.raises(ValueError, match="pass --image IMAGE or set KINETIC_IMAGE"):
+    with pytest.raises(ValueError, match=r"give image=IMAGE \(--image in %%kinetic\) or set KINETIC_IMAGE"):
         kinetic_nb.submit("1", accelerator="tpu-v5e-16", backend="kubernetes", storage=f"file://{tmp_path}/jobs")
     assert not (tmp_path / "jobs").exists() and api.objects == {}
 

@@ -260,7 +260,7 @@ def test_settings_add_a_service_account_and_node_selectors():
 def test_no_image_is_one_line_naming_the_flag_and_the_variable():
     for build in (lambda plan, settings: km.build_manifests(plan, URI, settings, owner=OWNER),
                   lambda plan, settings: k8s_root.root_job(plan, URI, settings)):
-        with pytest.raises(ValueError, match=r"--image IMAGE or set KINETIC_IMAGE") as caught:
+        with pytest.raises(ValueError, match=r"give image=IMAGE \(--image in %%kinetic\) or set KINETIC_IMAGE") as caught:
             build(job_plan("tpu-v5e-8"), KubernetesSettings(namespace="ml-team"))
         assert "\n" not in str(caught.value)
 

@@ -1,0 +1,156 @@
+"""One contract, every backend: what the client, the poller and the catalog rely on.
+
+Run over ``local`` (real host processes), ``kubernetes`` (the API test double,
+with each pod's real container command, the host agent, run as a local
+process) and ``fake`` (scripted hosts). Assertions are on stored state and on
+the outcome, never on log text.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+import kinetic_nb
+from kinetic_nb.backends import Backend, PlatformView, get_backend
+from kinetic_nb.backends import kubernetes as k8s
+from kinetic_nb.backends.testing import FakeBackend, HostScript
+from kinetic_nb.runner import protocol
+from kinetic_nb.runner.protocol import CancelRequest, ExitSummary
+from kinetic_nb.state import JobStatus
+
+from .k8s_cluster import FakeKubelet, FakeKubernetes, pods_for, workload
+
+pytestmark = pytest.mark.filterwarnings("ignore:job storage file.*is local to this machine:kinetic_nb.errors.KineticWarning")
+
+TRIVIAL = "41 + 1"
+FAILING = "raise KeyError('no such shard')"
+LONG = "import time\ntime.sleep(600)"
+
+
+class LocalHarness:
+    name = "local"
+
+    def __init__(self, tmp_path, monkeypatch):
+        self.storage = f"file://{tmp_path}/jobs"
+
+    def backend(self) -> Backend:
+        return get_backend("local")
+
+    def submit(self, source: str, hosts: int, **options):
+        return kinetic_nb.submit(source, hosts=hosts, storage=self.storage, quiet=True, **options)
+
+    def close(self) -> None:
+        pass
+
+
+class KubernetesHarness(LocalHarness):
+    """The API double; each pod's own command runs as a local process, stepped by a thread as a kubelet."""
+
+    name = "kubernetes"
+
+    def __init__(self, tmp_path, monkeypatch):
+        super().__init__(tmp_path, monkeypatch)
+        self.tmp_path = tmp_path
+        self.api = FakeKubernetes()
+        monkeypatch.setattr(k8s, "connect", lambda settings: self.api)
+        monkeypatch.setenv("KINETIC_IMAGE", "registry.example/kinetic:test")
+        monkeypatch.setenv("KINETIC_NAMESPACE", "contract")
+        self.kubelets: list[FakeKubelet] = []
+        self.stop = threading.Event()
+
+    def backend(self) -> Backend:
+        return get_backend("kubernetes")
+
+    def submit(self, source: str, hosts: int, **options):
+        handle = kinetic_nb.submit(source, hosts=hosts, backend="kubernetes", storage=self.storage, quiet=True,
+                                   **options)
+        owner = workload(self.api.objects.values())
+        log_dir = self.tmp_path / f"pods-{len(self.kubelets)}"
+        log_dir.mkdir()
+        kubelet = FakeKubelet(pods_for([owner]), str(log_dir))
+        self.kubelets.append(kubelet)
+        self.api.pod_source = kubelet.pod_json
+        self.api.on_delete.append(kubelet.collect_with(owner["kind"], owner["metadata"]["name"]))
+        kubelet.start()
+        threading.Thread(target=self._step, args=(kubelet,), daemon=True).start()
+        return handle
+
+    def _step(self, kubelet: FakeKubelet) -> None:
+        while not self.stop.wait(0.05):
+            kubelet.step()
+
+    def close(self) -> None:
+        self.stop.set()
+        for kubelet in self.kubelets:
+            kubelet.close()
+
+
+class FakeHarness(LocalHarness):
+    name = "fake"
+
+    def backend(self) -> Backend:
+        return FakeBackend()
+
+    def submit(self, source: str, hosts: int, **options):
+        script = {index: HostScript.run() for index in range(hosts)} if source == LONG else None
+        return kinetic_nb.submit(source, hosts=hosts, backend=FakeBackend(script), storage=self.storage, quiet=True,
+                                 **options)
+
+
+@pytest.fixture(params=[LocalHarness, KubernetesHarness, FakeHarness], ids=lambda harness: harness.name)
+def harness(request, tmp_path, monkeypatch):
+    made = request.param(tmp_path, monkeypatch)
+    yield made
+    made.close()
+
+
+def test_the_coordinator_is_a_host_and_a_port(harness):
+    host, port = harness.backend().coordinator_address("kn-20260101-000000-abcdef").rsplit(":", 1)
+    assert host and 0 < int(port) < 65536
+
+
+def test_a_cell_gives_the_leaders_value_and_every_host_an_exit_record(harness):
+    handle = harness.submit(TRIVIAL, hosts=2, keep=True)
+    assert handle.result(timeout=120) == 42
+    assert handle.status() is JobStatus.SUCCEEDED
+    for index in range(2):
+        assert ExitSummary.from_json(handle.storage.read_bytes(protocol.host_exit(index))).recorded_success
+
+
+def test_a_failing_cell_raises_the_hosts_own_exception(harness):
+    handle = harness.submit(FAILING, hosts=2)
+    with pytest.raises(KeyError, match="no such shard"):
+        handle.result(timeout=120)
+    assert handle.status() is JobStatus.FAILED
+
+
+def test_cancel_stops_every_host_and_says_why(harness):
+    handle = harness.submit(LONG, hosts=2)
+    handle.cancel("by the contract")
+    assert handle.wait(timeout=120) is JobStatus.CANCELLED
+    assert CancelRequest.from_json(handle.storage.read_bytes(protocol.CANCEL)).reason == "by the contract"
+    assert [host.state for host in handle.hosts()] == ["stopped", "stopped"]
+
+
+def test_observe_adds_nothing_to_a_job_whose_hosts_recorded_their_ends(harness):
+    handle = harness.submit(TRIVIAL, hosts=2, keep=True)
+    handle.result(timeout=120)
+    recorded = handle.poller.exits
+    view = handle.backend.observe(handle.storage, handle.plan, handle.storage.list(), recorded)
+    assert isinstance(view, PlatformView) and dict(view.exits) == {} and view.problem == ""
+
+
+def test_options_recreate_the_backend_from_any_kernel(harness):
+    backend = harness.backend()
+    assert isinstance(backend, Backend)
+    again = type(backend).from_options(**backend.options())
+    assert again.options() == backend.options() and again.name == backend.name
+
+
+def test_cleanup_can_be_called_twice_and_never_raises(harness):
+    handle = harness.submit(TRIVIAL, hosts=1)
+    handle.result(timeout=120)
+    handle.backend.cleanup(handle.plan)
+    handle.backend.cleanup(handle.plan)
