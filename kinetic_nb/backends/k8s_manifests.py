@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from kinetic_nb.accelerators import GPU_NODE_SELECTOR, TPU_NODE_SELECTOR, Accelerator, resolve_accelerator
 from kinetic_nb.runner.frameworks import COORDINATOR_ENV
+from kinetic_nb.runner.hostenv import index_variables, job_variables
 from kinetic_nb.runner.protocol import JobPlan
 
 if TYPE_CHECKING:
@@ -381,13 +382,7 @@ def host_environment(plan: JobPlan, acc: Accelerator, job_uri: str, settings: Ku
     can be referenced here.
     """
     port = str(settings.coordinator_port)
-    env = [
-        _value("KINETIC_JOB_ID", plan.job_id),
-        _value("KINETIC_JOB_URI", job_uri),
-        _value("KINETIC_NUM_HOSTS", str(plan.hosts)),
-        _value("KINETIC_OUTPUT_DIR", f"{SCRATCH_DIR}/outputs"),
-        _value("PYTHONUNBUFFERED", "1"),
-    ]
+    env = literal_env(job_variables(plan, job_uri, f"{SCRATCH_DIR}/outputs"))  # named once, for every launcher
     if lws:
         index_path = f"metadata.labels['{LWS_WORKER_INDEX_LABEL}']"
         name = resource_name(plan.job_id)
@@ -411,12 +406,6 @@ def host_environment(plan: JobPlan, acc: Accelerator, job_uri: str, settings: Ku
             env.append(_value("MASTER_ADDR", "127.0.0.1"))
         else:
             env.append(_value("MASTER_ADDR", leader_host(plan.job_id, settings.namespace)))
-    env += [
-        _value("MASTER_PORT", port),
-        _reference("RANK", "$(KINETIC_HOST_INDEX)"),
-        _value("WORLD_SIZE", str(plan.hosts)),
-        _value("LOCAL_RANK", "0"),
-        _value("LOCAL_WORLD_SIZE", "1"),
-    ]
+    env += [_reference(name, "$(KINETIC_HOST_INDEX)") for name in index_variables(0) if name != "KINETIC_HOST_INDEX"]
     env += literal_env(plan.env)  # the user's own, last: they win
     return env

@@ -33,35 +33,42 @@ def resolve_host_index(environ: Mapping[str, str]) -> int | None:
     return None
 
 
+def job_variables(plan: JobPlan, job_uri: str, output_dir: str) -> dict[str, str]:
+    """The variables every host of the job gets alike: kinetic's, torch's and JAX's, less the host's index.
+
+    The one place they are named, for every launcher: the local agent adds
+    :func:`index_variables` itself, a pod gets the index from its platform.
+    """
+    env = {
+        "KINETIC_JOB_ID": plan.job_id,
+        "KINETIC_JOB_URI": job_uri,
+        "KINETIC_NUM_HOSTS": str(plan.hosts),
+        "KINETIC_OUTPUT_DIR": output_dir,
+        "WORLD_SIZE": str(plan.hosts),
+        "LOCAL_RANK": "0",
+        "LOCAL_WORLD_SIZE": "1",
+        "MASTER_PORT": str(plan.coordinator_port),
+        "JAX_NUM_PROCESSES": str(plan.hosts),
+        "PYTHONUNBUFFERED": "1",
+    }
+    if plan.simulated:  # CPU devices in place of the accelerator's chips
+        env["JAX_PLATFORMS"] = "cpu"
+    return env
+
+
+def index_variables(host_index: int) -> dict[str, str]:
+    """The variables that say which host this is."""
+    return {"KINETIC_HOST_INDEX": str(host_index), "RANK": str(host_index), "JAX_PROCESS_ID": str(host_index)}
+
+
 def host_environment(plan: JobPlan, host_index: int, job_uri: str, output_dir: str,
                      base: Mapping[str, str]) -> dict[str, str]:
-    """The environment of host ``host_index``: ``base``, then kinetic's, torch's and JAX's variables, then ``plan.env``.
-
-    Built here once for every launcher that knows the host's index up front
-    (the local agent); a platform that learns it only on the host (a pod's
-    downward API) sets the same names from its own sources.
-    """
-    env = dict(base)
-    env.update(
-        KINETIC_JOB_ID=plan.job_id,
-        KINETIC_JOB_URI=job_uri,
-        KINETIC_HOST_INDEX=str(host_index),
-        KINETIC_NUM_HOSTS=str(plan.hosts),
-        KINETIC_OUTPUT_DIR=output_dir,
-        RANK=str(host_index),
-        WORLD_SIZE=str(plan.hosts),
-        LOCAL_RANK="0",
-        LOCAL_WORLD_SIZE="1",
-        MASTER_ADDR=plan.coordinator_host,
-        MASTER_PORT=str(plan.coordinator_port),
-        JAX_COORDINATOR_ADDRESS=plan.coordinator_address,
-        JAX_NUM_PROCESSES=str(plan.hosts),
-        JAX_PROCESS_ID=str(host_index),
-        PYTHONUNBUFFERED="1",
-    )
-    if plan.simulated:  # CPU devices in place of the accelerator's chips
-        xla_flags = env.get("XLA_FLAGS", "")
-        env["JAX_PLATFORMS"] = "cpu"
+    """The whole environment of host ``host_index`` when its launcher knows its index and the coordinator:
+    ``base``, then :func:`job_variables`, :func:`index_variables`, the coordinator, then ``plan.env``."""
+    env = {**base, **job_variables(plan, job_uri, output_dir), **index_variables(host_index),
+           "MASTER_ADDR": plan.coordinator_host, "JAX_COORDINATOR_ADDRESS": plan.coordinator_address}
+    if plan.simulated:
+        xla_flags = base.get("XLA_FLAGS", "")
         env["XLA_FLAGS"] = f"{xla_flags} --xla_force_host_platform_device_count={plan.devices_per_host}".strip()
     env.update(plan.env)
     return env
