@@ -129,7 +129,7 @@ def failure_payload(host: int, error: BaseException) -> bytes:
 def write_failed_job(storage: Storage, hosts: int, leader: str) -> tuple[JobPlan, dict[int, ExitSummary]]:
     """Lay down the records of a finished ``hosts``-host job whose every host failed."""
     plan = JobPlan(job_id=storage.uri.rsplit("/", 1)[-1], hosts=hosts, accelerator="cpu", devices_per_host=1,
-                   framework="none", coordinator_address="127.0.0.1:1", payload_sha256="0" * 64,
+                   framework="none", coordinator_address="127.0.0.1:1",
                    barrier_timeout_s=300.0, heartbeat_timeout_s=30, shutdown_timeout_s=10)
     now = time.time()
     records: dict[str, bytes] = {protocol.PLAN: plan.to_json()}

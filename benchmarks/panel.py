@@ -35,7 +35,7 @@ TRACEBACK = 'Traceback (most recent call last):\n  File "<kinetic In[3]>", line 
 def write_job(root: str, hosts: int) -> tuple[LocalStorage, JobPlan]:
     storage = LocalStorage(f"{root}/kn-bench-{hosts}")
     plan = JobPlan(job_id=f"kn-bench-{hosts}", hosts=hosts, accelerator="cpu", devices_per_host=1, framework="none",
-                   coordinator_address="127.0.0.1:1", payload_sha256="", barrier_timeout_s=1,
+                   coordinator_address="127.0.0.1:1", barrier_timeout_s=1,
                    heartbeat_timeout_s=1, shutdown_timeout_s=1)
     storage.write_bytes(protocol.PLAN, plan.to_json())
     now = time.time()

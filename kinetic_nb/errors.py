@@ -12,6 +12,8 @@ Host-safe: imports only the standard library.
      ├── StorageError                                   a job object could not be used
      │    ├── ObjectNotFoundError  (also FileNotFoundError)
      │    └── ObjectExistsError    (also FileExistsError) a single-writer object exists
+     ├── IntegrityError                                 a stored record failed verification: not this job's
+     │    └── UnsignedJobError                          a job from before signing, read only on request
      ├── PlanError                                      a host rejected the plan
      ├── HostStoppedError                               stopped because another host failed
      ├── ResultSerializationError                       the leader's value could not be pickled
@@ -63,6 +65,17 @@ class ObjectNotFoundError(StorageError, FileNotFoundError):
 
 class ObjectExistsError(StorageError, FileExistsError):
     """A single-writer object was written a second time."""
+
+
+class IntegrityError(KineticError):
+    """A stored record failed verification (or carries no signature): this job's hosts did not write it.
+
+    Nothing is unpickled from such a record.
+    """
+
+
+class UnsignedJobError(IntegrityError):
+    """A job stored before records were signed: read only when the caller opts in."""
 
 
 class PlanError(KineticError):

@@ -36,7 +36,7 @@ class CountingStorage(LocalStorage):
 
 def make_plan(hosts: int) -> JobPlan:
     return JobPlan(job_id="kn-test", hosts=hosts, accelerator="cpu", devices_per_host=1, framework="none",
-                   coordinator_address="127.0.0.1:1", payload_sha256="0", barrier_timeout_s=1,
+                   coordinator_address="127.0.0.1:1", barrier_timeout_s=1,
                    heartbeat_timeout_s=1, shutdown_timeout_s=1)
 
 

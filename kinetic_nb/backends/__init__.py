@@ -10,7 +10,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from kinetic_nb.backends.base import Backend, BackendFlag, PlatformView, backend_class, backend_names, register
+from kinetic_nb.backends.base import (
+    Backend,
+    BackendFlag,
+    JobSecrets,
+    PlatformView,
+    backend_class,
+    backend_names,
+    register,
+)
 
 
 def get_backend(name: str, **options: Any) -> Backend:
@@ -23,5 +31,5 @@ from kinetic_nb.backends import local as _local, kubernetes as _kubernetes  # no
 
 BACKENDS = backend_names()
 
-__all__ = ["BACKENDS", "Backend", "BackendFlag", "PlatformView", "backend_class", "backend_names", "get_backend",
+__all__ = ["BACKENDS", "Backend", "BackendFlag", "JobSecrets", "PlatformView", "backend_class", "backend_names", "get_backend",
            "register"]

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from kinetic_nb.runner import protocol
+from kinetic_nb.runner.envelope import KEY_ENV
 from kinetic_nb.runner.protocol import CancelRequest, ExitSummary, JobPlan
 from kinetic_nb.storage import ObjectInfo, Storage
 
@@ -31,6 +32,26 @@ class PlatformView:
     exits: Mapping[int, ExitSummary] = dataclasses.field(default_factory=dict)
     waiting: Mapping[int, str] = dataclasses.field(default_factory=dict)
     problem: str = ""
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class JobSecrets:
+    """What reaches a job's hosts only outside storage: the job's key and the ``-e`` values.
+
+    A backend hands them over out of band (a process's environment, a
+    Kubernetes Secret), never through storage, a manifest's literal values, a
+    Ray ``runtime_env`` or anything a dashboard shows.
+    """
+
+    key: bytes
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    def environment(self) -> dict[str, str]:
+        """The variables that carry them: :data:`KEY_ENV` (hex) and each ``-e`` name."""
+        return {**self.env, KEY_ENV: self.key.hex()}
+
+    def __repr__(self) -> str:
+        return f"JobSecrets(key=<{len(self.key)} bytes>, env=<{', '.join(sorted(self.env))}>)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,8 +104,11 @@ class Backend(abc.ABC):
         """The ``host:port`` the hosts' distributed framework meets at."""
 
     @abc.abstractmethod
-    def launch(self, storage: Storage, plan: JobPlan) -> None:
-        """Start every host of ``plan``; plan.json and payload.pkl are already stored."""
+    def launch(self, storage: Storage, plan: JobPlan, secrets: JobSecrets) -> None:
+        """Start every host of ``plan``; plan.json and payload.pkl are already stored (signed).
+
+        ``secrets`` reach the hosts' agents out of band, never through storage.
+        """
 
     def cancel(self, storage: Storage, plan: JobPlan, reason: str) -> None:
         """Ask every host's agent to stop its hosts (``control/cancel.json``)."""
@@ -101,6 +125,10 @@ class Backend(abc.ABC):
     def options(self) -> dict[str, object]:
         """The settings that recreate this backend from any kernel (stored in ``handle.json``)."""
         return {}
+
+    def job_key(self, plan: JobPlan) -> bytes | None:
+        """The job's key as the platform keeps it (a cluster's Secret), for a reattach from another machine."""
+        return None
 
 
 

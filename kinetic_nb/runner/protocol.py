@@ -7,7 +7,8 @@ the standard library, so the runner stays host-safe.
 A job lives under ``{storage root}/{job_id}/``::
 
     plan.json                    client, once, before any host starts
-    payload.pkl                  client, once; its sha256 is in the plan
+    payload.pkl                  client, once
+    (plan.json, payload.pkl, handle.json and every result payload carry an HMAC under the job's key: runner.envelope)
     hosts/{i}/status.json        host i, whenever its state or phase changes
     hosts/{i}/heartbeat          host i, rewritten (empty) every few seconds while it lives
     hosts/{i}/log/{seq:06d}.json host i's stdout and stderr, append-only chunks of [stream, text] segments
@@ -34,7 +35,7 @@ from typing import Any, ClassVar
 
 #: Bumped whenever an object name, a payload key or a record's shape changes
 #: incompatibly; a host refuses a plan with another version.
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 
 PLAN = "plan.json"
 PAYLOAD = "payload.pkl"
@@ -227,7 +228,6 @@ class JobPlan:
     devices_per_host: int
     framework: str
     coordinator_address: str
-    payload_sha256: str
     #: Seconds a host waits at the start barrier for the others to be ready.
     barrier_timeout_s: float
     #: Seconds JAX waits for a silent peer before declaring it dead.
@@ -243,7 +243,9 @@ class JobPlan:
     #: When the client stored the plan (seconds since the epoch): ``timeout_s`` counts from here,
     #: on every host's agent, with or without a client.
     created_at: float = 0.0
-    env: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: The names of the variables the user set for every host (``-e``); their values never enter
+    #: storage: they reach the hosts beside the job's key (an agent's environment, a Secret).
+    env_names: tuple[str, ...] = ()
     protocol_version: int = PROTOCOL_VERSION
 
     @property
@@ -259,7 +261,11 @@ class JobPlan:
 
     @classmethod
     def from_json(cls, data: bytes) -> JobPlan:
-        return cls(**json.loads(data))
+        known = {field.name for field in dataclasses.fields(cls)}
+        # Unknown fields are dropped, so a plan of another version still loads and is refused by its version.
+        record = {key: value for key, value in json.loads(data).items() if key in known}
+        record["env_names"] = tuple(record.get("env_names") or ())
+        return cls(**record)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,7 +14,7 @@ from kinetic_nb.storage import LocalStorage
 def make_job(tmp_path, hosts=2) -> tuple[LocalStorage, JobPlan]:
     storage = LocalStorage(str(tmp_path / "job"))
     plan = JobPlan(job_id="kn-w", hosts=hosts, accelerator="cpu", devices_per_host=1, framework="none",
-                   coordinator_address="127.0.0.1:1", payload_sha256="0", barrier_timeout_s=1,
+                   coordinator_address="127.0.0.1:1", barrier_timeout_s=1,
                    heartbeat_timeout_s=1, shutdown_timeout_s=1)
     storage.write_bytes(protocol.PLAN, plan.to_json())
     return storage, plan

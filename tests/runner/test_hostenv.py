@@ -37,7 +37,7 @@ def test_one_environment_for_every_launcher():
     from kinetic_nb.runner.protocol import JobPlan
 
     plan = JobPlan(job_id="kn-e", hosts=4, accelerator="cpu", devices_per_host=2, framework="jax",
-                   coordinator_address="10.0.0.1:9000", payload_sha256="0", barrier_timeout_s=1,
+                   coordinator_address="10.0.0.1:9000", barrier_timeout_s=1,
                    heartbeat_timeout_s=1, shutdown_timeout_s=1, simulated=True, env={"RANK": "user's own"})
     local = host_environment(plan, 2, "file:///j", "/out", {"XLA_FLAGS": "--xla_dump_to=/tmp"})
     assert {**job_variables(plan, "file:///j", "/out"), **index_variables(2)}.items() - {("RANK", "2")} <= local.items()

@@ -1,0 +1,108 @@
+"""Signed records: a MAC over the exact bytes, bound to the object's name, checked before anything is unpickled."""
+
+from __future__ import annotations
+
+import io
+import os
+
+import cloudpickle
+import pytest
+
+from kinetic_nb.errors import IntegrityError
+from kinetic_nb.runner import envelope
+from kinetic_nb.storage import LocalStorage
+
+KEY = bytes(range(32))
+
+
+def test_seal_and_unseal_round_trip():
+    sealed = envelope.seal(KEY, "plan.json", b'{"hosts": 4}')
+    assert sealed.startswith(b'{"hosts": 4}\n#kinetic-hmac-sha256:')  # still readable as text
+    assert envelope.unseal(KEY, "plan.json", sealed, where="x") == b'{"hosts": 4}'
+
+
+@pytest.mark.parametrize("tamper", [
+    lambda data: data.replace(b"4", b"8"),  # a changed body
+    lambda data: data[:-5] + b"0000\n",  # a changed MAC
+    lambda data: data[:-envelope.TRAILER_BYTES],  # no trailer
+])
+def test_any_change_fails_verification(tamper):
+    sealed = envelope.seal(KEY, "plan.json", b'{"hosts": 4}')
+    with pytest.raises(IntegrityError, match="not written by this job's hosts"):
+        envelope.unseal(KEY, "plan.json", tamper(sealed), where="plan.json of kn-x")
+
+
+def test_a_record_cannot_move_to_another_name_or_job():
+    sealed = envelope.seal(KEY, "result-worker-1.pkl", b"payload")
+    with pytest.raises(IntegrityError):
+        envelope.unseal(KEY, "result.pkl", sealed, where="result.pkl")
+    with pytest.raises(IntegrityError):
+        envelope.unseal(os.urandom(32), "result-worker-1.pkl", sealed, where="another job")
+
+
+def test_the_key_travels_as_hex_and_leaves_the_environment():
+    environ = {envelope.KEY_ENV: KEY.hex(), "OTHER": "1"}
+    assert envelope.key_from_environment(environ) == KEY
+    assert envelope.KEY_ENV not in environ
+    with pytest.raises(IntegrityError, match="not a hex key"):
+        envelope.key_from_environment({envelope.KEY_ENV: "zz"})
+
+
+@pytest.mark.parametrize("chunk", [1, 7, envelope.TRAILER_BYTES, envelope.TRAILER_BYTES + 1, 1 << 20])
+def test_streamed_verification_whatever_the_read_sizes(chunk, monkeypatch):
+    monkeypatch.setattr(envelope, "_CHUNK_BYTES", chunk)
+    body = os.urandom(3000)
+    sealed = envelope.seal(KEY, "result.pkl", body)
+    assert envelope.verify_file(KEY, "result.pkl", io.BytesIO(sealed), where="x") == len(body)
+    with pytest.raises(IntegrityError):
+        envelope.verify_file(KEY, "result.pkl", io.BytesIO(sealed[:100] + b"!" + sealed[101:]), where="x")
+
+
+class Marker:
+    """Unpickling this writes a file: proof that something was (or was not) unpickled."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_nothing_is_unpickled_from_a_tampered_object(tmp_path):
+    storage = LocalStorage(str(tmp_path / "job"))
+    envelope.dump_sealed(storage, "result.pkl", KEY, {"value": 42})
+    assert envelope.load_sealed(storage, "result.pkl", KEY) == {"value": 42}
+    marker = tmp_path / "ran"
+    storage.write_bytes("result.pkl", envelope.seal(os.urandom(32), "result.pkl", cloudpickle.dumps(Marker(str(marker)))))
+    with pytest.raises(IntegrityError, match=r"result\.pkl failed verification"):
+        envelope.load_sealed(storage, "result.pkl", KEY)
+    assert not marker.exists()
+
+
+class StreamOnly(LocalStorage):
+    """A storage whose reads are one-pass streams, as a download is."""
+
+    def open_read(self, name):
+        return io.BufferedReader(NonSeekable(super().open_read(name)))
+
+
+class NonSeekable(io.RawIOBase):
+    def __init__(self, file):
+        self.file = file
+
+    def readable(self):
+        return True
+
+    def readinto(self, buffer):
+        return self.file.readinto(buffer)
+
+    def close(self):
+        self.file.close()
+        super().close()
+
+
+def test_a_stream_is_verified_into_a_spool_before_unpickling(tmp_path):
+    storage = StreamOnly(str(tmp_path / "job"))
+    value = os.urandom(5 << 20)
+    envelope.dump_sealed(storage, "result.pkl", KEY, value)
+    assert envelope.load_sealed(storage, "result.pkl", KEY) == value
