@@ -13,6 +13,11 @@
    against ``shutil.copyfile`` of the same bytes on the same disk; and the
    client's peak memory (growth of ru_maxrss, in a fresh process) relative to
    the result's size.
+3. Signing: the same result end to end through ``file://`` (pickling,
+   writing, reading, verifying, unpickling), signed (``runner.envelope``: the
+   MAC computed in the same pass as the write, verified before the unpickle)
+   against unsigned, each in a fresh process, with its peak memory. Goal:
+   signed >= 0.8x unsigned throughput, peak memory unchanged.
 
     python benchmarks/aggregation.py [--hosts 4 64 256] [--repeat 15] [--size-mib 512] [--skip-transfer]
 """
@@ -44,13 +49,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tests' em
 
 from kinetic_nb.errors import ObjectNotFoundError
 from kinetic_nb.results import resolve_outcome
-from kinetic_nb.runner import protocol
+from kinetic_nb.runner import envelope, protocol
 from kinetic_nb.runner.protocol import ExitSummary, HostState, HostStatus, JobPlan, ResultPayload
 from kinetic_nb.state import JobStatus
 from kinetic_nb.storage import GcsStorage, ObjectInfo, Storage, open_storage
 from tests.gcs_emulator import GcsEmulator
 
 BUCKET = "kinetic-bench"
+#: The benchmark job's key: its payloads are signed as the hosts sign theirs.
+KEY = bytes(range(32))
 #: Parallel writers when laying down a job's records (below the client's pool of 10 connections).
 WRITERS = 8
 
@@ -115,7 +122,7 @@ def failure_payload(host: int, error: BaseException) -> bytes:
         raise error
     except BaseException as raised:  # noqa: BLE001 - any exception a cell raises
         text = "".join(traceback.format_exception(raised))
-    return cloudpickle.dumps(ResultPayload(
+    return envelope.seal(KEY, protocol.result_object(host), cloudpickle.dumps(ResultPayload(
         success=False,
         exception=cloudpickle.dumps(error),
         exception_type=type(error).__qualname__,
@@ -123,7 +130,7 @@ def failure_payload(host: int, error: BaseException) -> bytes:
         traceback=text,
         phase="execute",
         host_index=host,
-    ).to_dict())
+    ).to_dict()))
 
 
 def write_failed_job(storage: Storage, hosts: int, leader: str) -> tuple[JobPlan, dict[int, ExitSummary]]:
@@ -132,7 +139,7 @@ def write_failed_job(storage: Storage, hosts: int, leader: str) -> tuple[JobPlan
                    framework="none", coordinator_address="127.0.0.1:1",
                    barrier_timeout_s=300.0, heartbeat_timeout_s=30, shutdown_timeout_s=10)
     now = time.time()
-    records: dict[str, bytes] = {protocol.PLAN: plan.to_json()}
+    records: dict[str, bytes] = {protocol.PLAN: envelope.seal(KEY, protocol.PLAN, plan.to_json())}
     exits = {}
     for host in range(hosts):
         killed = host == 0 and leader == "killed"
@@ -158,7 +165,7 @@ def decide(storage: CountingStorage, plan: JobPlan, exits: dict[int, ExitSummary
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            resolve_outcome(storage, plan, JobStatus.FAILED, exits, list_job, lambda i: "exited with code 1")
+            resolve_outcome(storage, plan, JobStatus.FAILED, exits, list_job, lambda i: "exited with code 1", key=KEY)
         except Exception as error:  # noqa: BLE001 - the outcome of a failed job is an exception
             return type(error)
     raise AssertionError("a failed job returned a value")
@@ -300,6 +307,60 @@ def transfer(storages: dict[str, str], size_mib: int, workdir: Path, repeat: int
           "   the client process's peak RSS over its size after start-up (the value itself is 1x when loaded)")
 
 
+# -- 3. signing -----------------------------------------------------------------------
+
+def probe_round_trip(uri: str, size: int, signed: bool) -> dict[str, float]:
+    """Run in a fresh process: a ``size``-byte value pickled, stored, read back and unpickled through ``uri``,
+    signed or not; seconds for each half and the growth of peak RSS over the value itself."""
+    storage = open_storage(uri)
+    value = os.urandom(size)
+    before = peak_rss()
+    started = time.perf_counter()
+    if signed:
+        envelope.dump_sealed(storage, "result.pkl", KEY, value)
+    else:
+        with tempfile.TemporaryFile() as spool:  # as the runner wrote results before signing
+            cloudpickle.dump(value, spool)
+            spool.seek(0)
+            storage.write_file("result.pkl", spool)
+    wrote = time.perf_counter()
+    del value
+    if signed:
+        back = envelope.load_sealed(storage, "result.pkl", KEY)
+    else:
+        with storage.open_read("result.pkl") as file:
+            back = cloudpickle.load(file)
+    read = time.perf_counter()
+    assert len(back) == size
+    storage.delete("result.pkl")
+    return {"write": wrote - started, "read": read - wrote, "growth": peak_rss() - before}
+
+
+def round_trip(uri: str, size: int, signed: bool, env: dict[str, str]) -> dict[str, float]:
+    code = (f"import json, sys; sys.path.insert(0, {str(Path(__file__).resolve().parent)!r}); import aggregation; "
+            f"print(json.dumps(aggregation.probe_round_trip({uri!r}, {size}, {signed})))")
+    output = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, env=env).stdout
+    return json.loads(output.splitlines()[-1])
+
+
+def signing(uri: str, size_mib: int, repeat: int) -> None:
+    size = size_mib << 20
+    print(f"\n3. a {size_mib} MiB result end to end through {uri.split('://')[0]}:// (pickle, write, read, verify, "
+          f"unpickle), signed against unsigned (best of {repeat}, each in a fresh process)")
+    print(f"{'':<9} {'write s':>8} {'read s':>7} {'total s':>8} {'MiB/s':>7} {'peak growth / size':>19}")
+    best: dict[bool, dict[str, float]] = {}
+    for signed in (False, True):
+        runs = [round_trip(uri, size, signed, dict(os.environ)) for _ in range(repeat)]
+        best[signed] = min(runs, key=lambda run: run["write"] + run["read"])
+        run = best[signed]
+        total = run["write"] + run["read"]
+        print(f"{'signed' if signed else 'unsigned':<9} {run['write']:8.2f} {run['read']:7.2f} {total:8.2f} "
+              f"{size_mib / total:7.0f} {run['growth'] / size:18.2f}x")
+    ratio = (best[False]["write"] + best[False]["read"]) / (best[True]["write"] + best[True]["read"])
+    print(f"   signed throughput {ratio:.2f}x unsigned (goal >= 0.8x); peak memory growth "
+          f"{best[True]['growth'] / max(1, best[False]['growth']):.2f}x unsigned's (goal: unchanged)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hosts", type=int, nargs="+", default=[4, 64, 256])
@@ -317,6 +378,7 @@ def main() -> None:
             if not args.skip_transfer:
                 storages = {"file://": f"file://{workdir}/jobs", "gs://": f"gs://{BUCKET}/transfer"}
                 transfer(storages, args.size_mib, workdir, args.transfer_repeat)
+                signing(f"file://{workdir}/signing", args.size_mib, args.transfer_repeat)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 

@@ -9,17 +9,27 @@ import os
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from kinetic_nb.accelerators import local_notice
-from kinetic_nb.backends import Backend, get_backend
-from kinetic_nb.errors import JobCancelledError, KineticTimeoutError, ObjectExistsError, ObjectNotFoundError
+from kinetic_nb.backends import Backend, JobSecrets, get_backend
+from kinetic_nb.errors import (
+    IntegrityError,
+    JobCancelledError,
+    KineticTimeoutError,
+    KineticWarning,
+    ObjectExistsError,
+    ObjectNotFoundError,
+)
+from kinetic_nb.keys import create_key
 from kinetic_nb.plan import choose_framework, make_plan, new_job_id, prepare_cell, resolve_slice
 from kinetic_nb import views
 from kinetic_nb.poller import JobPoller
 from kinetic_nb.results import read_failure, resolve_outcome
 from kinetic_nb.runner import protocol
+from kinetic_nb.runner.envelope import write_sealed
 from kinetic_nb.runner.logs import read_log
 from kinetic_nb.runner.protocol import CancelRequest, FirstFailure, JobPlan, ResultPayload
 from kinetic_nb.state import SNAPSHOT_INTERVAL_S, HostSnapshot, HostState, JobSnapshot, JobStatus
@@ -56,12 +66,15 @@ SETTLE_S = 0.3
 class JobHandle:
     """A submitted job: wait for it, read its hosts and logs, get its outcome, cancel it."""
 
-    def __init__(self, storage: Storage, plan: JobPlan, backend: Backend, *,
-                 echo: Callable[[str], None] | None = None, submitted_at: float | None = None,
+    def __init__(self, storage: Storage, plan: JobPlan, backend: Backend, *, key: bytes | None,
+                 echo: Callable[[str, str], None] | None = None, submitted_at: float | None = None,
                  detached: bool = False, keep: bool = False):
         self.storage = storage
         self.plan = plan
         self.backend = backend
+        #: The job's key: every record read is verified under it. None only for a job from before
+        #: signing that the caller chose to trust (``attach(..., trust_unsigned=True)``).
+        self.key = key
         #: A detached job is never cancelled by an interrupt of whoever waits for it.
         self.detached = detached
         #: Keep every object after a success (by default only handle.json and outputs/ stay).
@@ -70,7 +83,7 @@ class JobHandle:
         #: Set in a kernel (the magic does): whether the kernel is shutting down, which
         #: tells a restart's interrupt from the user's. None: cancel at once on an interrupt.
         self.shutting_down: Callable[[], bool] | None = None
-        self.poller = JobPoller(storage, plan, backend, submitted_at=submitted_at, on_leader_output=echo)
+        self.poller = JobPoller(storage, plan, backend, key=key, submitted_at=submitted_at, on_leader_output=echo)
         self._snapshot: JobSnapshot | None = None
         self._payload: ResultPayload | None = None
         self._status_recorded = False
@@ -149,6 +162,8 @@ class JobHandle:
         summary = host.exit
         if host.state == HostState.LOST:
             text = "was lost (no heartbeat and no exit record)"
+            if self.poller.platform.problem:  # the platform may know why: a storage error, say
+                text += f" ({self.poller.platform.problem})"
         else:
             text = summary.describe() if summary else "has not ended"
         if summary is not None and summary.recorded_success:
@@ -158,6 +173,9 @@ class JobHandle:
         lines = [line for line in host.log_tail if line.strip()][-5:]
         if lines:
             text += "; last log lines:\n" + "\n".join(f"    {line}" for line in lines)
+        others = [line for line in (summary.stderr_tail if summary else ()) if line not in host.log_tail]
+        if others:  # what the host's own log does not hold: its agent's last words, say
+            text += "\n  last lines recorded with its end:\n" + "\n".join(f"    {line}" for line in others[-8:])
         return text
 
     # -- waiting and the outcome -----------------------------------------------------
@@ -280,7 +298,7 @@ class JobHandle:
             try:
                 self._payload = resolve_outcome(
                     self.storage, self.plan, snapshot.status, self.poller.exits, lambda: self.poller.listing,
-                    self.describe_host, lost=snapshot.lost,
+                    self.describe_host, lost=snapshot.lost, key=self.key,
                 )
             except JobCancelledError:
                 self._record_outcome(JobStatus.CANCELLED)
@@ -308,10 +326,9 @@ class JobHandle:
             return
         self._status_recorded = True
         try:
-            record = {**self.to_dict(), "status": str(status), "decided_at": time.time()}
             if status is JobStatus.SUCCEEDED and not self.keep:
                 remove_job_objects(self.storage, keep=(protocol.HANDLE, protocol.OUTPUTS_DIR + "/"))
-            self.storage.write_bytes(protocol.HANDLE, json.dumps(record).encode())
+            self.write_record(status=str(status), decided_at=time.time())
         except Exception:  # bookkeeping must not hide the outcome
             logger.warning("could not record the outcome of %s", self.job_id, exc_info=True)
         try:  # a cluster's objects: a LeaderWorkerSet's parked pods hold their TPUs
@@ -330,7 +347,8 @@ class JobHandle:
         """
         if self._payload is not None:
             return self._payload.result
-        leader = read_failure(self.storage, protocol.RESULT, protocol.LEADER_INDEX, warn=False, strict=True)
+        leader = read_failure(self.storage, protocol.RESULT, protocol.LEADER_INDEX, warn=False, strict=True,
+                              key=self.key)
         if leader is None:
             raise ObjectNotFoundError(f"the leader of job {self.job_id} has recorded no result yet "
                                       f"({self.uri}/{protocol.RESULT})")
@@ -393,6 +411,12 @@ class JobHandle:
 
     # -- reattaching ---------------------------------------------------------------
 
+    def write_record(self, **outcome: Any) -> None:
+        """Store handle.json, signed: what lists the job and lets any kernel of this user attach to it."""
+        if self.key is None:
+            raise IntegrityError(f"job {self.job_id} has no key here: its record cannot be signed")
+        write_sealed(self.storage, protocol.HANDLE, self.key, json.dumps({**self.to_dict(), **outcome}).encode())
+
     def to_dict(self) -> dict[str, Any]:
         """What handle.json holds: enough to list the job and attach to it from any kernel."""
         record = {"job_id": self.job_id, "uri": self.uri, "backend": self.backend.name, "hosts": self.plan.hosts,
@@ -426,6 +450,19 @@ def remove_job_objects(storage: Storage, keep: Iterable[str] = ()) -> None:
                     os.rmdir(directory)
                 except OSError:
                     pass  # not empty: something was kept, or a file appeared
+
+
+def warn_if_shared(root: Storage) -> None:
+    """One line when a local storage root is writable by others: they could plant or remove jobs there."""
+    path = root.local_path()
+    try:
+        mode = os.stat(path).st_mode if path else 0
+    except OSError:
+        return  # created below, 0700
+    if mode & 0o022:
+        warnings.warn(f"the storage root {root.uri} is writable by other users (mode {mode & 0o777:o}): they can "
+                      "plant or remove jobs there; kinetic_nb verifies what it reads, but prefer a root only you "
+                      "can write", KineticWarning, stacklevel=3)
 
 
 _last_handle: JobHandle | None = None
@@ -528,22 +565,24 @@ def submit(
         hosts=host_count,
         framework=choose_framework(framework, payload.modules),
         coordinator_address=chosen_backend.coordinator_address(job_id),
-        payload=payload,
         simulated=chosen_backend.simulates_accelerators,
         timeout=timeout,
-        env=env,
+        env_names=sorted(env or {}),
         grace=grace,
     )
     chosen_backend.preflight(plan)
     if acc.simulated_locally and chosen_backend.simulates_accelerators and not quiet:
         print(local_notice(acc), file=sys.stderr)
-    job_storage = open_storage(storage or default_root()).child(job_id)
-    job_storage.write_bytes(protocol.PAYLOAD, payload.data, exclusive=True)
-    job_storage.write_bytes(protocol.PLAN, plan.to_json(), exclusive=True)
+    root = open_storage(storage or default_root())
+    warn_if_shared(root)
+    job_storage = root.child(job_id)
+    key = create_key(job_id)  # kept by this user only, before anything of the job is stored
+    write_sealed(job_storage, protocol.PAYLOAD, key, payload.data, exclusive=True)
+    write_sealed(job_storage, protocol.PLAN, key, plan.to_json(), exclusive=True)
     printer = print_to_stdout if echo is True else (echo or None)
-    handle = JobHandle(job_storage, plan, chosen_backend, echo=printer, detached=detach, keep=keep)
-    job_storage.write_bytes(protocol.HANDLE, json.dumps(handle.to_dict()).encode())
-    chosen_backend.launch(job_storage, plan)
+    handle = JobHandle(job_storage, plan, chosen_backend, key=key, echo=printer, detached=detach, keep=keep)
+    handle.write_record()
+    chosen_backend.launch(job_storage, plan, JobSecrets(key=key, env=dict(env or {})))
     global _last_handle
     _last_handle = handle
     if detach:

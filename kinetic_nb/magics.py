@@ -25,7 +25,7 @@ from traitlets import Unicode
 from kinetic_nb import catalog
 from kinetic_nb.backends import backend_class, backend_names
 from kinetic_nb.client import JobHandle, submit
-from kinetic_nb.errors import CaptureError, ObjectNotFoundError, UnknownAcceleratorError
+from kinetic_nb.errors import CaptureError, IntegrityError, ObjectNotFoundError, UnknownAcceleratorError
 from kinetic_nb.display import live_view
 
 #: The ``%kinetic`` line magic's subcommands, in the order its help lists them.
@@ -50,6 +50,21 @@ def _environment(values: list[str]) -> dict[str, str]:
     return env
 
 
+def without_env_values(line: str) -> str:
+    """The magic line with each ``-e KEY=VALUE`` as ``-e KEY=***``: values are secrets, names are not."""
+    words, out, expecting = shlex.split(line), [], False
+    for word in words:
+        if expecting or word.startswith(("--env=", "-e")) and word not in ("-e",):
+            prefix = "" if expecting else ("--env=" if word.startswith("--env=") else "-e")
+            name = word[len(prefix):].split("=", 1)[0]
+            out.append(f"{prefix}{name}=***")
+            expecting = False
+            continue
+        expecting = word in ("-e", "--env")
+        out.append(word)
+    return shlex.join(out)
+
+
 def _parser(prog: str, *arguments: tuple[tuple, dict]) -> MagicArgumentParser:
     parser = MagicArgumentParser(prog=prog, add_help=False)
     parser.add_argument("--storage", default=None, metavar="URI", help="The storage root (default: per-user).")
@@ -61,7 +76,11 @@ def _parser(prog: str, *arguments: tuple[tuple, dict]) -> MagicArgumentParser:
 _LINE_PARSERS = {
     "jobs": _parser("%kinetic jobs", (("-n", "--limit"), dict(type=int, default=20, help="How many jobs."))),
     "attach": _parser("%kinetic attach", (("job_id",), {}),
-                      (("-o", "--out"), dict(action="append", default=[], metavar="NAME[,NAME]"))),
+                      (("-o", "--out"), dict(action="append", default=[], metavar="NAME[,NAME]")),
+                      (("--key-file",), dict(default=None, metavar="PATH",
+                                             help="The job's key, copied from the machine that submitted it.")),
+                      (("--trust-unsigned",), dict(action="store_true",
+                                                   help="Read a job stored before records were signed."))),
     "cancel": _parser("%kinetic cancel", (("job_id",), {})),
     "logs": _parser("%kinetic logs", (("job_id",), {}), (("--host",), dict(type=int, default=0))),
     "stacks": _parser("%kinetic stacks", (("job_id",), {}), (("--host",), dict(type=int, default=None))),
@@ -158,8 +177,8 @@ class KineticMagics(Magics):
             raise UsageError(f"-n/--hosts must be at least 1, got {args.hosts}")
         out = _names(args.out)
         # The magic line stays, as a comment, so line numbers in syntax errors
-        # and tracebacks are the ones the user sees in the cell.
-        source = f"# %%kinetic {line}\n{cell}"
+        # and tracebacks are the ones the user sees in the cell; -e values never travel.
+        source = f"# %%kinetic {without_env_values(line)}\n{cell}"
         try:
             handle = submit(
                 source,
@@ -234,7 +253,7 @@ class KineticMagics(Magics):
         args = _LINE_PARSERS[command].parse_argstring(shlex.join(rest))
         try:
             return getattr(self, f"_line_{command}")(args)
-        except ObjectNotFoundError as error:
+        except (ObjectNotFoundError, IntegrityError) as error:
             raise UsageError(str(error)) from None
         except ValueError as error:
             raise UsageError(str(error)) from None
@@ -250,7 +269,8 @@ class KineticMagics(Magics):
             print(f"{record.job_id:<26}  {when:<19}  {record.hosts:>5}  {record.accelerator:<12}  {record.status}")
 
     def _line_attach(self, args: Any) -> Any:
-        handle = catalog.attach(args.job_id, storage=args.storage, echo=True)
+        handle = catalog.attach(args.job_id, storage=args.storage, echo=True, key_file=args.key_file,
+                                trust_unsigned=args.trust_unsigned)
         return self._wait_and_show(handle, _names(args.out))
 
     def _line_cancel(self, args: Any) -> None:

@@ -7,7 +7,6 @@ module decides its contents from what the user asked for.
 from __future__ import annotations
 
 import datetime
-import hashlib
 import secrets
 import time
 from collections.abc import Iterable, Mapping
@@ -76,7 +75,6 @@ class CellPayload:
 
     def __init__(self, data: bytes, modules: set[str], names: list[str]):
         self.data = data
-        self.sha256 = hashlib.sha256(data).hexdigest()
         self.modules = modules
         self.names = names
 
@@ -109,10 +107,9 @@ def make_plan(
     hosts: int,
     framework: str,
     coordinator_address: str,
-    payload: CellPayload,
     simulated: bool,
     timeout: float | None = None,
-    env: Mapping[str, str] | None = None,
+    env_names: Iterable[str] = (),
     grace: float | None = None,
 ) -> JobPlan:
     return JobPlan(
@@ -122,13 +119,12 @@ def make_plan(
         devices_per_host=acc.devices_per_host,
         framework=framework,
         coordinator_address=coordinator_address,
-        payload_sha256=payload.sha256,
         barrier_timeout_s=DEFAULT_BARRIER_TIMEOUT_S,
         heartbeat_timeout_s=DEFAULT_HEARTBEAT_TIMEOUT_S,
         shutdown_timeout_s=DEFAULT_SHUTDOWN_TIMEOUT_S,
         timeout_s=timeout,
         simulated=simulated,
-        env=dict(env or {}),
+        env_names=tuple(env_names),
         grace_s=DEFAULT_GRACE_S if grace is None else grace,
         created_at=time.time(),
     )

@@ -21,6 +21,7 @@ from kinetic_nb.backends import Backend
 from kinetic_nb.backends.base import PlatformView
 from kinetic_nb.errors import ObjectNotFoundError
 from kinetic_nb.runner import protocol
+from kinetic_nb.runner.envelope import unseal
 from kinetic_nb.runner.protocol import CancelRequest, ExitSummary, HostStatus, JobPlan, Phase
 from kinetic_nb.state import (
     CHATTER,
@@ -68,10 +69,12 @@ class _HostRecords:
 class JobPoller:
     """Reads a job's records incrementally, one listing per poll."""
 
-    def __init__(self, storage: Storage, plan: JobPlan, backend: Backend, *, submitted_at: float | None = None,
+    def __init__(self, storage: Storage, plan: JobPlan, backend: Backend, *, key: bytes | None,
+                 submitted_at: float | None = None,
                  on_leader_output: Callable[[str, str], None] | None = None):
         self.storage = storage
         self.plan = plan
+        self.key = key
         self.backend = backend
         self.submitted_at = submitted_at if submitted_at is not None else time.time()
         self.on_leader_output = on_leader_output
@@ -121,7 +124,11 @@ class JobPoller:
         if protocol.PLAN in names or protocol.HANDLE not in names:
             return None
         data = self._read(protocol.HANDLE)
-        recorded = json.loads(data).get("status") if data else None
+        if data is None:
+            return None
+        body = unseal(self.key, protocol.HANDLE, data, where=f"{self.storage.uri}/{protocol.HANDLE}") \
+            if self.key is not None else data
+        recorded = json.loads(body).get("status")
         return JobStatus(recorded) if recorded else None
 
     def _absorb(self, listing: list[ObjectInfo]) -> None:

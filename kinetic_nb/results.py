@@ -37,10 +37,12 @@ from kinetic_nb.errors import (
     JobFailedError,
     KineticWarning,
     ObjectNotFoundError,
+    IntegrityError,
     RemoteHostError,
     UnreadableResultError,
 )
 from kinetic_nb.runner import protocol
+from kinetic_nb.runner.envelope import load_payload
 from kinetic_nb.runner.protocol import ExitSummary, JobPlan, ResultPayload
 from kinetic_nb.state import JobStatus, is_peer_loss
 from kinetic_nb.storage import ObjectInfo, Storage
@@ -112,7 +114,7 @@ def attach_remote_traceback(error: BaseException, text: str, host_index: int, jo
         pass
 
 
-def read_failure(storage: Storage, name: str, host_index: int, *, warn: bool,
+def read_failure(storage: Storage, name: str, host_index: int, *, warn: bool, key: bytes | None,
                  strict: bool = False) -> HostFailure | None:
     """Download and decode one payload into its record; skip an unreadable or success-claiming one.
 
@@ -126,6 +128,10 @@ def read_failure(storage: Storage, name: str, host_index: int, *, warn: bool,
         The host that wrote it.
     warn : bool
         Warn (``KineticWarning``) when an unreadable payload is skipped.
+    key : bytes or None
+        The job's key: the payload is verified before it is unpickled, and
+        ``IntegrityError`` raised when it does not verify. None reads a job
+        from before signing, only when the caller chose to trust it.
     strict : bool
         Raise ``UnreadableResultError`` for a payload that exists but cannot
         be unpickled here, instead of skipping it.
@@ -138,10 +144,11 @@ def read_failure(storage: Storage, name: str, host_index: int, *, warn: bool,
     """
     uri = f"{storage.uri}/{name}"
     try:
-        with storage.open_read(name) as file:  # streamed: no second copy of a large value
-            payload = ResultPayload.from_dict(cloudpickle.load(file))
+        payload = ResultPayload.from_dict(load_payload(storage, name, key))  # streamed, verified first
     except ObjectNotFoundError:
         return None
+    except IntegrityError:
+        raise  # never skipped as merely unreadable: the caller says which object failed and why
     except Exception as error:
         if strict:
             raise UnreadableResultError(
@@ -176,6 +183,14 @@ def _raise_leader_failure(failure: HostFailure, job_id: str, extra: list[str] = 
     error = failure.exception(job_id)
     _add_notes(error, [*_phase_notes(failure), *extra])
     raise error from error.__cause__
+
+
+def _raise_tampered(error: IntegrityError, next_verified: HostFailure | None) -> None:
+    error.add_note("Nothing was unpickled from it.")
+    if next_verified is not None:
+        error.add_note(f"The next verified failure: host {next_verified.host_index}: "
+                       f"{next_verified.type_name}: {next_verified.message}")
+    raise error
 
 
 def _phase_notes(failure: HostFailure) -> list[str]:
@@ -223,8 +238,17 @@ def resolve_outcome(
     list_job: Callable[[], list[ObjectInfo]],
     describe_host: Callable[[int], str],
     lost: Collection[int] = (),
+    *,
+    key: bytes | None,
 ) -> ResultPayload:
     """The leader's success payload record, or raise the right host's exception.
+
+    Every payload is verified under the job's ``key`` before it is unpickled
+    (``key=None`` only for a job from before signing that the caller chose to
+    trust). A payload that fails verification is never unpickled: when it is
+    the one that would be raised (the leader's, or the lowest failing
+    worker's), ``IntegrityError`` names it, with the next verified host's
+    error as a note.
 
     ``list_job`` is called at most once, and never for a succeeded or
     single-host job; ``describe_host(i)`` gives host i's exit summary and
@@ -234,11 +258,16 @@ def resolve_outcome(
     host has failed on its own account).
     """
     warn_teardown_crashes(exits)
+    tampered: IntegrityError | None = None  # the first payload that failed verification, leader first
+    unreadable_leader: UnreadableResultError | None = None
     try:
-        leader = read_failure(storage, protocol.RESULT, protocol.LEADER_INDEX, warn=False, strict=True)
-        unreadable_leader = None
+        leader = read_failure(storage, protocol.RESULT, protocol.LEADER_INDEX, warn=False, strict=True, key=key)
+    except IntegrityError as error:
+        leader, tampered = None, error
     except UnreadableResultError as error:
         leader, unreadable_leader = None, error
+    if tampered is not None and (status is JobStatus.SUCCEEDED or plan.hosts == 1):
+        raise tampered  # a leader "success" that does not verify never returns a value
     if unreadable_leader is not None and (status is JobStatus.SUCCEEDED or plan.hosts == 1):
         raise unreadable_leader
     leader_ok = leader is not None and leader.payload.success
@@ -257,16 +286,24 @@ def resolve_outcome(
     failing, listing_notes = _list_failing_hosts(list_job, plan.job_id, storage.uri)
     consequence: HostFailure | None = None
     for index in failing:
-        failure = read_failure(storage, protocol.worker_result(index), index, warn=True)
+        try:
+            failure = read_failure(storage, protocol.worker_result(index), index, warn=True, key=key)
+        except IntegrityError as error:
+            tampered = tampered or error
+            continue
         if failure is None:
             continue
         if failure.is_consequence:
             consequence = consequence or failure
             continue
+        if tampered is not None:  # it would have been raised: the verified error is only a note
+            _raise_tampered(tampered, failure)
         extra = []
         if leader is not None and not leader_ok:
             extra.append(f"The leader (host 0) failed as a consequence: {leader.type_name}: {leader.message}")
         _raise_host_failure(failure, plan.job_id, [i for i in failing if i != index], extra)
+    if tampered is not None:
+        _raise_tampered(tampered, consequence)
     # A host that died or was lost without a payload failed on its own account:
     # it ranks before every consequence, the leader's included.
     leader_failed = leader is not None and not leader_ok

@@ -11,7 +11,13 @@ from IPython.core.interactiveshell import InteractiveShell
 
 import kinetic_nb
 from kinetic_nb import catalog as jobs
+from kinetic_nb.runner.envelope import read_sealed
 from kinetic_nb.state import JobStatus
+
+
+def record_of(handle) -> dict:
+    """handle.json's verified body."""
+    return json.loads(read_sealed(handle.storage, "handle.json", handle.key))
 
 
 def test_a_success_leaves_only_the_record_and_the_outputs():
@@ -20,7 +26,7 @@ def test_a_success_leaves_only_the_record_and_the_outputs():
     assert handle.result() == 1
     names = sorted(info.name for info in handle.storage.list())
     assert names == ["handle.json", "outputs/model.txt"]
-    record = json.loads(handle.storage.read_bytes("handle.json"))
+    record = record_of(handle)
     assert record["status"] == "SUCCEEDED" and record["hosts"] == 2
     assert handle.status() is JobStatus.SUCCEEDED
 
@@ -31,7 +37,7 @@ def test_a_failure_keeps_everything_for_inspection():
         handle.result()
     names = {info.name for info in handle.storage.list()}
     assert {"plan.json", "payload.pkl", "result.pkl", "hosts/1/exit.json"} <= names
-    assert json.loads(handle.storage.read_bytes("handle.json"))["status"] == "FAILED"
+    assert record_of(handle)["status"] == "FAILED"
 
 
 def test_jobs_attach_and_gc(storage_root):
@@ -112,7 +118,7 @@ def test_gc_leaves_a_failed_job_whose_hosts_are_still_in_grace(storage_root):
     handle = kinetic_nb.submit(source, hosts=2, grace=600)
     with pytest.raises(ValueError):
         handle.result()  # decided and recorded FAILED while the leader still runs
-    assert json.loads(handle.storage.read_bytes("handle.json"))["status"] == "FAILED"
+    assert record_of(handle)["status"] == "FAILED"
     assert handle.job_id not in jobs.gc(0, storage=storage_root)
     assert handle.storage.exists("plan.json")
     handle.cancel()
@@ -124,6 +130,6 @@ def test_a_cancelled_job_is_listed_as_cancelled(storage_root):
     handle.cancel()
     with pytest.raises(kinetic_nb.errors.JobCancelledError):
         handle.result()
-    assert json.loads(handle.storage.read_bytes("handle.json"))["status"] == "CANCELLED"
+    assert record_of(handle)["status"] == "CANCELLED"
     [record] = [r for r in jobs.jobs(storage=storage_root) if r.job_id == handle.job_id]
     assert record.status == "CANCELLED"

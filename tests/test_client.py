@@ -9,7 +9,7 @@ import time
 import pytest
 
 import kinetic_nb
-from kinetic_nb.errors import JobFailedError, KineticWarning, ResultSerializationError
+from kinetic_nb.errors import IntegrityError, JobFailedError, KineticWarning, ResultSerializationError
 from kinetic_nb.runner.protocol import HostState
 from kinetic_nb.state import JobStatus
 
@@ -111,12 +111,12 @@ def test_sigkilled_host_names_the_host_the_signal_and_its_last_lines():
     assert "about to vanish" in message
 
 
-def test_corrupt_lowest_payload_is_skipped_with_a_warning():
+def test_a_payload_the_hosts_did_not_sign_is_named_not_unpickled():
     source = HOST + (
         "import pathlib, time\n"
         "job = pathlib.Path(os.environ['KINETIC_JOB_URI'].removeprefix('file://'))\n"
-        "if host == 1:\n"
-        "    (job / 'result-worker-1.pkl').write_bytes(b'not a pickle')\n"
+        "if host == 1:  # user code has no key: the runner took it out of the environment\n"
+        "    (job / 'result-worker-1.pkl').write_bytes(b'not a pickle, and not signed')\n"
         "    os._exit(1)\n"
         "if host == 2:\n"
         "    time.sleep(0.2)\n"
@@ -124,10 +124,9 @@ def test_corrupt_lowest_payload_is_skipped_with_a_warning():
         "host"
     )
     handle = kinetic_nb.submit(source, hosts=4)
-    with pytest.warns(KineticWarning, match="unreadable payload of host 1"):
-        with pytest.raises(RuntimeError, match="the real error on host 2") as info:
-            handle.result()
-    assert "Other hosts that also reported a failure: 1." in info.value.__notes__[0]
+    with pytest.raises(IntegrityError, match=r"result-worker-1\.pkl carries no signature") as info:
+        handle.result()
+    assert "The next verified failure: host 2: RuntimeError: the real error on host 2" in info.value.__notes__
 
 
 def test_a_host_failing_to_load_the_payload_stops_the_others_before_the_cell(tmp_path):

@@ -7,7 +7,7 @@ import pytest
 
 from kinetic_nb.errors import HostStoppedError, JobCancelledError, JobFailedError, KineticWarning
 from kinetic_nb.results import resolve_outcome
-from kinetic_nb.runner import protocol
+from kinetic_nb.runner import envelope, protocol
 from kinetic_nb.runner.protocol import ExitSummary, JobPlan, ResultPayload
 from kinetic_nb.state import JobStatus, job_status
 from kinetic_nb.storage import LocalStorage
@@ -32,6 +32,15 @@ class CountingStorage(LocalStorage):
     def list(self, prefix=""):
         self.lists += 1
         return super().list(prefix)
+
+
+#: The job's key: every payload here is signed with it, as the hosts sign theirs.
+KEY = bytes(range(32))
+
+
+def put(storage, name: str, body: bytes) -> None:
+    """Store ``body`` as a host would: signed under the job's key."""
+    storage.write_bytes(name, envelope.seal(KEY, name, body))
 
 
 def make_plan(hosts: int) -> JobPlan:
@@ -71,30 +80,31 @@ def resolve(storage, hosts, status, host_exits, *, listing_error: Exception | No
             raise listing_error
         return storage.list()
 
-    outcome = resolve_outcome(storage, make_plan(hosts), status, host_exits, list_job, lambda i: f"ended (host {i})")
+    outcome = resolve_outcome(storage, make_plan(hosts), status, host_exits, list_job, lambda i: f"ended (host {i})",
+                              key=KEY)
     return outcome, listed
 
 
 def test_rule_2_success_reads_only_the_leader_and_never_lists(storage):
-    storage.write_bytes("result.pkl", success(42))
-    storage.write_bytes("result-worker-3.pkl", failure(3, ValueError("stale")))
+    put(storage, "result.pkl", success(42))
+    put(storage, "result-worker-3.pkl", failure(3, ValueError("stale")))
     outcome, listed = resolve(storage, 4, JobStatus.SUCCEEDED, exits(4))
     assert outcome.result == 42
     assert storage.reads == ["result.pkl"] and listed == []
 
 
 def test_rule_1_leader_failure_wins_over_workers(storage):
-    storage.write_bytes("result.pkl", failure(0, KeyError("leader")))
-    storage.write_bytes("result-worker-1.pkl", failure(1, ValueError("worker")))
+    put(storage, "result.pkl", failure(0, KeyError("leader")))
+    put(storage, "result-worker-1.pkl", failure(1, ValueError("worker")))
     with pytest.raises(KeyError, match="leader"):
         resolve(storage, 2, JobStatus.FAILED, exits(2, failed=(0, 1)))
     assert storage.reads == ["result.pkl"]
 
 
 def test_rule_3_and_5_one_download_names_the_others(storage):
-    storage.write_bytes("result.pkl", success("never returned"))
+    put(storage, "result.pkl", success("never returned"))
     for host in (5, 2, 7):
-        storage.write_bytes(protocol.worker_result(host), failure(host, ValueError(f"host {host}")))
+        put(storage, protocol.worker_result(host), failure(host, ValueError(f"host {host}")))
     with pytest.raises(ValueError, match="host 2") as info:
         resolve(storage, 8, JobStatus.FAILED, exits(8, failed=(2, 5, 7)))
     assert info.value.__notes__ == [
@@ -107,7 +117,7 @@ def test_rule_3_and_5_one_download_names_the_others(storage):
 
 
 def test_rule_4_no_leader_payload_uses_the_worker_rule(storage):
-    storage.write_bytes("result-worker-1.pkl", failure(1, OSError("disk")))
+    put(storage, "result-worker-1.pkl", failure(1, OSError("disk")))
     with pytest.raises(OSError, match="disk"):
         resolve(storage, 2, JobStatus.FAILED, exits(2, failed=(0, 1)))
 
@@ -121,10 +131,10 @@ def test_rule_4_no_payload_at_all_names_the_missing_object_and_every_host(storag
 
 
 def test_rule_5_unreadable_and_success_claiming_worker_payloads_are_skipped(storage):
-    storage.write_bytes("result.pkl", success(1))
-    storage.write_bytes("result-worker-1.pkl", b"garbage")
-    storage.write_bytes("result-worker-2.pkl", success("a worker must not claim success"))
-    storage.write_bytes("result-worker-3.pkl", failure(3, RuntimeError("the real one")))
+    put(storage, "result.pkl", success(1))
+    put(storage, "result-worker-1.pkl", b"garbage")
+    put(storage, "result-worker-2.pkl", success("a worker must not claim success"))
+    put(storage, "result-worker-3.pkl", failure(3, RuntimeError("the real one")))
     with pytest.warns(KineticWarning) as warned:
         with pytest.raises(RuntimeError, match="the real one"):
             resolve(storage, 4, JobStatus.FAILED, exits(4, failed=(1, 2, 3)))
@@ -134,16 +144,16 @@ def test_rule_5_unreadable_and_success_claiming_worker_payloads_are_skipped(stor
 
 
 def test_single_host_jobs_never_list(storage):
-    storage.write_bytes("result.pkl", failure(0, ArithmeticError("alone")))
+    put(storage, "result.pkl", failure(0, ArithmeticError("alone")))
     with pytest.raises(ArithmeticError):
         resolve(storage, 1, JobStatus.FAILED, exits(1, failed=(0,)))
     assert storage.lists == 0
 
 
 def test_rule_6_a_peer_loss_ranks_after_a_hosts_own_failure(storage):
-    storage.write_bytes("result.pkl", failure(0, RuntimeError("Connection closed by peer [127.0.0.1]:1234")))
-    storage.write_bytes("result-worker-1.pkl", failure(1, RuntimeError("gloo: connection reset by peer")))
-    storage.write_bytes("result-worker-3.pkl", failure(3, MemoryError("host 3 ran out")))
+    put(storage, "result.pkl", failure(0, RuntimeError("Connection closed by peer [127.0.0.1]:1234")))
+    put(storage, "result-worker-1.pkl", failure(1, RuntimeError("gloo: connection reset by peer")))
+    put(storage, "result-worker-3.pkl", failure(3, MemoryError("host 3 ran out")))
     with pytest.raises(MemoryError) as info:
         resolve(storage, 4, JobStatus.FAILED, exits(4, failed=(0, 1, 3)))
     assert "Other hosts that also reported a failure: 1." in info.value.__notes__[0]
@@ -151,9 +161,9 @@ def test_rule_6_a_peer_loss_ranks_after_a_hosts_own_failure(storage):
 
 
 def test_a_stopped_leader_defers_to_the_failing_host(storage):
-    storage.write_bytes("result.pkl", failure(0, HostStoppedError("stopped: host 2 failed in phase payload load"),
+    put(storage, "result.pkl", failure(0, HostStoppedError("stopped: host 2 failed in phase payload load"),
                                               stopped=True))
-    storage.write_bytes("result-worker-2.pkl", failure(2, ImportError("no module")))
+    put(storage, "result-worker-2.pkl", failure(2, ImportError("no module")))
     with pytest.raises(ImportError):
         resolve(storage, 3, JobStatus.FAILED, exits(3, failed=(2,), stopped=(0, 1)))
 
@@ -164,8 +174,8 @@ def test_cancelled_jobs_say_so(storage):
 
 
 def test_the_same_records_give_the_same_exception(storage):
-    storage.write_bytes("result-worker-4.pkl", failure(4, ValueError("four")))
-    storage.write_bytes("result-worker-2.pkl", failure(2, ValueError("two")))
+    put(storage, "result-worker-4.pkl", failure(4, ValueError("four")))
+    put(storage, "result-worker-2.pkl", failure(2, ValueError("two")))
     raised = set()
     for _ in range(3):
         with pytest.raises(ValueError) as info:
@@ -186,8 +196,8 @@ def test_job_status():
 
 
 def test_ordinary_words_do_not_make_a_failure_a_consequence(storage):
-    storage.write_bytes("result-worker-1.pkl", failure(1, RuntimeError("resource unavailable, deadline exceeded")))
-    storage.write_bytes("result-worker-2.pkl", failure(2, RuntimeError("UNAVAILABLE: coordination service lost")))
+    put(storage, "result-worker-1.pkl", failure(1, RuntimeError("resource unavailable, deadline exceeded")))
+    put(storage, "result-worker-2.pkl", failure(2, RuntimeError("UNAVAILABLE: coordination service lost")))
     with pytest.raises(RuntimeError, match="resource unavailable"):
         resolve(storage, 3, JobStatus.FAILED, exits(3, failed=(0, 1, 2)))
 
@@ -195,8 +205,8 @@ def test_ordinary_words_do_not_make_a_failure_a_consequence(storage):
 # A failed listing never becomes the error (the seed: "could not list per-host result payloads").
 
 def test_a_failed_listing_after_leader_success_raises_the_jobs_failure_with_a_warning(storage):
-    storage.write_bytes("result.pkl", success("never returned"))
-    storage.write_bytes("result-worker-2.pkl", failure(2, ValueError("unseen")))
+    put(storage, "result.pkl", success("never returned"))
+    put(storage, "result-worker-2.pkl", failure(2, ValueError("unseen")))
     with pytest.warns(KineticWarning, match="could not list per-host result payloads of job kn-test"):
         with pytest.raises(JobFailedError) as info:
             resolve(storage, 3, JobStatus.FAILED, exits(3, failed=(2,)), listing_error=RuntimeError("bucket unreachable"))
@@ -218,7 +228,7 @@ def test_a_failed_listing_with_no_leader_payload_still_names_the_dead_host(stora
 
 
 def test_a_failed_listing_keeps_the_leaders_consequence_failure_with_a_note(storage):
-    storage.write_bytes("result.pkl", failure(0, RuntimeError("gloo: connection reset by peer")))
+    put(storage, "result.pkl", failure(0, RuntimeError("gloo: connection reset by peer")))
     with pytest.warns(KineticWarning, match="could not list"):
         with pytest.raises(RuntimeError, match="connection reset by peer") as info:
             resolve(storage, 2, JobStatus.FAILED, exits(2, failed=(0,)), listing_error=OSError("unreachable"))
@@ -228,15 +238,15 @@ def test_a_failed_listing_keeps_the_leaders_consequence_failure_with_a_note(stor
 # The failing phase travels with the exception.
 
 def test_the_leaders_failure_names_its_phase(storage):
-    storage.write_bytes("result.pkl", failure(0, ImportError("no module named foo"), phase="payload load"))
+    put(storage, "result.pkl", failure(0, ImportError("no module named foo"), phase="payload load"))
     with pytest.raises(ImportError) as info:
         resolve(storage, 2, JobStatus.FAILED, exits(2, failed=(0,)))
     assert info.value.__notes__ == ["Failed during phase: payload load"]
 
 
 def test_a_workers_failure_names_its_phase(storage):
-    storage.write_bytes("result.pkl", success(1))
-    storage.write_bytes("result-worker-1.pkl", failure(1, TimeoutError("barrier"), phase="start barrier"))
+    put(storage, "result.pkl", success(1))
+    put(storage, "result-worker-1.pkl", failure(1, TimeoutError("barrier"), phase="start barrier"))
     with pytest.raises(TimeoutError) as info:
         resolve(storage, 2, JobStatus.FAILED, exits(2, failed=(1,)))
     assert "Failed during phase: start barrier" in info.value.__notes__
@@ -248,14 +258,14 @@ def test_a_workers_failure_names_its_phase(storage):
 def test_an_unreadable_leader_success_is_reported_as_unreadable(storage):
     from kinetic_nb.errors import UnreadableResultError
 
-    storage.write_bytes("result.pkl", b"\x80\x05not a pickle")
+    put(storage, "result.pkl", b"\x80\x05not a pickle")
     with pytest.raises(UnreadableResultError, match=r"host 0 recorded its outcome in .*result\.pkl, but it cannot"):
         resolve(storage, 2, JobStatus.SUCCEEDED, exits(2))
 
 
 def test_a_workers_own_failure_still_ranks_before_an_unreadable_leader(storage):
-    storage.write_bytes("result.pkl", b"\x80\x05not a pickle")
-    storage.write_bytes("result-worker-1.pkl", failure(1, ValueError("the worker's own")))
+    put(storage, "result.pkl", b"\x80\x05not a pickle")
+    put(storage, "result-worker-1.pkl", failure(1, ValueError("the worker's own")))
     with pytest.raises(ValueError, match="the worker's own"):
         resolve(storage, 2, JobStatus.FAILED, exits(2, failed=(1,)))
 
@@ -263,6 +273,50 @@ def test_a_workers_own_failure_still_ranks_before_an_unreadable_leader(storage):
 def test_an_unreadable_leader_is_named_when_nothing_else_failed(storage):
     from kinetic_nb.errors import UnreadableResultError
 
-    storage.write_bytes("result.pkl", b"\x80\x05not a pickle")
+    put(storage, "result.pkl", b"\x80\x05not a pickle")
     with pytest.raises(UnreadableResultError):
         resolve(storage, 2, JobStatus.FAILED, exits(2, stopped=(1,)))
+
+
+# Storage is not trusted: a payload that fails verification is never unpickled.
+
+class Planted:
+    """Unpickling it would write a marker file: proof of code run in the notebook."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_a_tampered_leader_success_never_returns_a_value(storage, tmp_path):
+    from kinetic_nb.errors import IntegrityError
+
+    marker = tmp_path / "ran"
+    storage.write_bytes("result.pkl", envelope.seal(b"x" * 32, "result.pkl", cloudpickle.dumps(Planted(str(marker)))))
+    with pytest.raises(IntegrityError, match=r"kn-test/result\.pkl failed verification: it was not written by this"):
+        resolve(storage, 2, JobStatus.SUCCEEDED, exits(2))
+    assert not marker.exists()
+
+
+def test_a_tampered_worker_payload_is_named_with_the_next_verified_error(storage, tmp_path):
+    from kinetic_nb.errors import IntegrityError
+
+    marker = tmp_path / "ran"
+    put(storage, "result.pkl", success("never returned"))
+    storage.write_bytes("result-worker-1.pkl", cloudpickle.dumps(Planted(str(marker))))  # unsigned, planted
+    put(storage, "result-worker-3.pkl", failure(3, ValueError("host 3's own")))
+    with pytest.raises(IntegrityError, match=r"result-worker-1\.pkl carries no signature") as info:
+        resolve(storage, 4, JobStatus.FAILED, exits(4, failed=(1, 3)))
+    assert "The next verified failure: host 3: ValueError: host 3's own" in info.value.__notes__
+    assert not marker.exists()
+
+
+def test_a_signature_is_bound_to_its_object(storage):
+    from kinetic_nb.errors import IntegrityError
+
+    # host 2's genuine failure payload, copied over the leader's: valid bytes under the job's key, wrong name
+    storage.write_bytes("result.pkl", envelope.seal(KEY, "result-worker-2.pkl", failure(2, ValueError("moved"))))
+    with pytest.raises(IntegrityError, match="result.pkl failed verification"):
+        resolve(storage, 3, JobStatus.SUCCEEDED, exits(3))

@@ -9,13 +9,19 @@ import signal
 import sys
 import time
 
+import cloudpickle
+
 from kinetic_nb.agent import processes
 from kinetic_nb.agent.local_state import AgentState
 from kinetic_nb.agent.supervisor import Agent
 from kinetic_nb.agent.watch import wait_for_job_end
 from kinetic_nb.runner import protocol
+from kinetic_nb.errors import IntegrityError
+from kinetic_nb.runner.envelope import KEY_ENV, key_from_environment, read_sealed, write_sealed
+from kinetic_nb.runner.execute import exception_type_name
 from kinetic_nb.runner.hostenv import host_environment, resolve_host_index
-from kinetic_nb.runner.protocol import JobPlan
+from kinetic_nb.runner.protocol import JobPlan, Phase, ResultPayload
+from kinetic_nb.runner.redact import host_secrets
 from kinetic_nb.storage import open_storage
 
 
@@ -33,9 +39,20 @@ def main(argv: list[str] | None = None) -> int:
                              "whatever ends that process and its children (a kernel's shutdown) spares the job")
     args = parser.parse_args(argv)
     storage = open_storage(args.job)
+    key_hex = os.environ.get(KEY_ENV, "")
+    key = key_from_environment(os.environ, remove=False)  # the hosts take it from here, and drop it
+    if key is None:
+        print(f"kinetic agent: no job key in the environment ({KEY_ENV}); refusing a job it cannot verify",
+              file=sys.stderr)
+        return 2
     if args.watch:
-        return wait_for_job_end(storage)
-    plan = JobPlan.from_json(storage.read_bytes(protocol.PLAN))
+        return wait_for_job_end(storage, key)
+    try:
+        plan = JobPlan.from_json(read_sealed(storage, protocol.PLAN, key))
+    except IntegrityError as error:  # a rewritten plan: no host starts, and the client hears why
+        print(f"kinetic agent: refusing the job: {error}", file=sys.stderr)
+        refuse(storage, key, error)
+        return 2
     ready = _detach() if args.detach else None
     state = AgentState(pid=os.getpid(), started_at=time.time())
 
@@ -66,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
         def environment(index: int, output_dir: str) -> dict[str, str]:
             return {**os.environ, "KINETIC_OUTPUT_DIR": output_dir}
     processes.adopt_orphans()
-    agent = Agent(storage, plan, indices, environment, on_storage_error=lambda text: keep_state(storage_error=text))
+    agent = Agent(storage, plan, indices, environment, on_storage_error=lambda text: keep_state(storage_error=text),
+                  redactor=host_secrets(key_hex, plan.env_names))
     signal.signal(signal.SIGTERM, agent.stop_on_signal)  # a pod's deletion: record the hosts as stopped
     agent.start_hosts()
     agent.run()
@@ -76,6 +94,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.log and os.path.exists(args.log) and os.path.getsize(args.log) == 0:
         os.unlink(args.log)  # nothing went wrong: nothing to keep
     return 0
+
+
+def refuse(storage, key: bytes, error: BaseException) -> None:
+    """Record, signed, that the job was refused before any host started: the leader's failure in plan check."""
+    payload = ResultPayload(success=False, host_index=protocol.LEADER_INDEX, phase=Phase.PLAN_CHECK.value,
+                            exception=cloudpickle.dumps(error), exception_type=exception_type_name(error),
+                            exception_message=str(error))
+    try:
+        write_sealed(storage, protocol.RESULT, key, cloudpickle.dumps(payload.to_dict()), exclusive=True)
+    except Exception as failure:  # noqa: BLE001 - the client still sees the agent end, with this line
+        print(f"kinetic agent: could not record the refusal: {failure}", file=sys.stderr)
 
 
 def _detach() -> int:

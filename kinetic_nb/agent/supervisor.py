@@ -43,6 +43,7 @@ from kinetic_nb.runner import protocol
 from kinetic_nb.runner.execute import run_host  # imported once here, not in every forked host
 from kinetic_nb.runner.logs import LogChunkWriter
 from kinetic_nb.runner.protocol import CancelRequest, ExitSummary, FirstFailure, HostState, HostStatus, JobPlan
+from kinetic_nb.runner.redact import Redactor
 from kinetic_nb.runner.stacks import STACKS_FILE_ENV, STACKS_SIGNAL
 from kinetic_nb.storage import Storage
 
@@ -115,13 +116,15 @@ class Agent:
 
     def __init__(self, storage: Storage, plan: JobPlan, indices: list[int],
                  environment: Callable[[int, str], dict[str, str]], *,
-                 on_storage_error: Callable[[str], None] | None = None):
+                 on_storage_error: Callable[[str], None] | None = None, redactor: Redactor | None = None):
         self.pid = os.getpid()
         self.storage = storage
         self.plan = plan
         self.indices = indices
         self.environment = environment
         self.on_storage_error = on_storage_error
+        #: The job's key and ``-e`` values never reach the logs, nor the exit records' stderr lines.
+        self.redactor = redactor or Redactor(())
         self.hosts: dict[int, _Host] = {}
         self.selector = selectors.DefaultSelector()
         self.first_failure_at: float | None = None
@@ -157,7 +160,7 @@ class Agent:
             os.close(out_write)
             os.close(err_write)
             pipes = {out_read: protocol.STDOUT, err_read: protocol.STDERR}
-            log = LogChunkWriter(self.storage, index, on_error=self._storage_failed)
+            log = LogChunkWriter(self.storage, index, on_error=self._storage_failed, redactor=self.redactor)
             host = self.hosts[index] = _Host(index, pid, pipes, log, stacks_path)
             for fd in pipes:
                 os.set_blocking(fd, False)
@@ -281,7 +284,7 @@ class Agent:
             recorded_success=self._recorded_success(host.index),
             stopped=host.stop_sent_at is not None,
             ended_at=time.time(),
-            stderr_tail=host.stderr_lines(),
+            stderr_tail=tuple(self.redactor.text(line) for line in host.stderr_lines()),
             storage_error=self.storage_error,
         )
         if summary.failed:

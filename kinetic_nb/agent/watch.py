@@ -11,8 +11,9 @@ import logging
 import time
 from collections.abc import Callable
 
-from kinetic_nb.errors import ObjectNotFoundError
+from kinetic_nb.errors import IntegrityError, ObjectNotFoundError
 from kinetic_nb.runner import protocol
+from kinetic_nb.runner.envelope import read_sealed
 from kinetic_nb.runner.protocol import JobPlan
 from kinetic_nb.storage import Storage
 
@@ -44,7 +45,7 @@ def job_has_ended(storage: Storage, plan: JobPlan, now: float | None = None) -> 
     return True
 
 
-def wait_for_job_end(storage: Storage, *, sleep: Callable[[float], None] = time.sleep) -> int:
+def wait_for_job_end(storage: Storage, key: bytes, *, sleep: Callable[[float], None] = time.sleep) -> int:
     """Return 0 once the job in ``storage`` has ended (a job whose plan is gone has ended too).
 
     A storage error is retried with the same backoff: failing here would end
@@ -55,11 +56,13 @@ def wait_for_job_end(storage: Storage, *, sleep: Callable[[float], None] = time.
     while True:
         try:
             if plan is None:
-                plan = JobPlan.from_json(storage.read_bytes(protocol.PLAN))
+                plan = JobPlan.from_json(read_sealed(storage, protocol.PLAN, key))
             if job_has_ended(storage, plan):
                 return 0
         except ObjectNotFoundError:
             return 0  # collected, or cleaned up after its outcome
+        except IntegrityError:
+            raise  # a plan this job's client did not write: nothing to watch over
         except Exception as error:  # noqa: BLE001 - a flaky store must not end the job
             logger.warning("could not look at %s (%s); looking again in %.0f s", storage.uri, error, pause)
         sleep(pause)

@@ -126,8 +126,12 @@ class Backend(abc.ABC):
         """The settings that recreate this backend from any kernel (stored in ``handle.json``)."""
         return {}
 
-    def job_key(self, plan: JobPlan) -> bytes | None:
-        """The job's key as the platform keeps it (a cluster's Secret), for a reattach from another machine."""
+    def job_key(self, job_id: str) -> bytes | None:
+        """The job's key as the platform keeps it (a cluster's Secret), for a reattach from another machine.
+
+        Called only with this backend's own settings (never ones read from
+        storage, which could point at someone else's Secret).
+        """
         return None
 
 

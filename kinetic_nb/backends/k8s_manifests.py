@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from kinetic_nb.accelerators import GPU_NODE_SELECTOR, TPU_NODE_SELECTOR, Accelerator, resolve_accelerator
+from kinetic_nb.runner.envelope import KEY_ENV
 from kinetic_nb.runner.frameworks import COORDINATOR_ENV
 from kinetic_nb.runner.hostenv import index_variables, job_variables
 from kinetic_nb.runner.protocol import JobPlan
@@ -354,6 +355,26 @@ def _value(name: str, value: str) -> dict[str, str]:
     return {"name": name, "value": _escape(value)}
 
 
+def secret_name(job_id: str) -> str:
+    """The job's Secret: its key and its ``-e`` values, which never enter storage or a manifest's literals."""
+    return f"{resource_name(job_id)}-secrets"
+
+
+def secret_env(plan: JobPlan) -> list[dict[str, Any]]:
+    """``env`` entries that take the job's key and each ``-e`` value from the job's Secret."""
+    return [{"name": name, "valueFrom": {"secretKeyRef": {"name": secret_name(plan.job_id), "key": name}}}
+            for name in (KEY_ENV, *plan.env_names)]
+
+
+def secret_manifest(plan: JobPlan, settings: KubernetesSettings, secrets: JobSecrets,
+                    owner: dict[str, Any]) -> dict[str, Any]:
+    """The job's Secret, owned by its root Job: created before the pods, deleted with the job."""
+    metadata = object_metadata(plan, settings, name=secret_name(plan.job_id))
+    metadata["ownerReferences"] = [owner]
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": metadata, "type": "Opaque",
+            "stringData": secrets.environment()}
+
+
 def literal_env(variables: Mapping[str, str]) -> list[dict[str, str]]:
     """``variables`` as a container's ``env`` entries that the kubelet leaves exactly as written."""
     return [_value(name, value) for name, value in variables.items()]
@@ -407,5 +428,5 @@ def host_environment(plan: JobPlan, acc: Accelerator, job_uri: str, settings: Ku
         else:
             env.append(_value("MASTER_ADDR", leader_host(plan.job_id, settings.namespace)))
     env += [_reference(name, "$(KINETIC_HOST_INDEX)") for name in index_variables(0) if name != "KINETIC_HOST_INDEX"]
-    env += literal_env(plan.env)  # the user's own, last: they win
+    env += secret_env(plan)  # the job's key and the user's own -e values, last: they win
     return env

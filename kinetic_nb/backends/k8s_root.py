@@ -29,6 +29,7 @@ from kinetic_nb.backends.k8s_manifests import (
     object_metadata,
     pod_metadata,
     resource_name,
+    secret_env,
 )
 from kinetic_nb.runner.protocol import JobPlan
 
@@ -122,9 +123,10 @@ def root_job(plan: JobPlan, job_uri: str, settings: KubernetesSettings) -> dict[
         "name": ROOT_CONTAINER_NAME,
         "image": settings.require_image(),
         "command": literal_command("python", "-m", AGENT_MODULE, "--job", job_uri, "--watch"),
-        # The plan's own variables last, as on the hosts: they may say how storage is reached.
-        "env": literal_env({"KINETIC_JOB_ID": plan.job_id, "KINETIC_JOB_URI": job_uri, "PYTHONUNBUFFERED": "1",
-                            **plan.env}),
+        # The key (to verify the plan) and the user's own variables last, as on the hosts: they may say how
+        # storage is reached.
+        "env": literal_env({"KINETIC_JOB_ID": plan.job_id, "KINETIC_JOB_URI": job_uri, "PYTHONUNBUFFERED": "1"})
+        + secret_env(plan),
         "resources": {part: dict(values) for part, values in ROOT_RESOURCES.items()},
     }
     pod: dict[str, Any] = {

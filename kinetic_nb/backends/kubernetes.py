@@ -23,6 +23,7 @@ variable > a config object (``%config KineticMagics...``) > the default. See
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 import logging
@@ -33,7 +34,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from kinetic_nb.backends.base import Backend, BackendFlag, PlatformView, register
+from kinetic_nb.backends.base import Backend, BackendFlag, JobSecrets, PlatformView, register
 from kinetic_nb.backends.k8s_manifests import (
     LWS_GROUP,
     LWS_PLURAL,
@@ -42,6 +43,8 @@ from kinetic_nb.backends.k8s_manifests import (
     job_selector,
     leader_host,
     resource_name,
+    secret_manifest,
+    secret_name,
 )
 from kinetic_nb.backends.k8s_pods import (
     PodExitSummary,
@@ -56,6 +59,7 @@ from kinetic_nb.backends.k8s_root import root_job, root_name, root_owner_referen
 from kinetic_nb.backends.k8s_settings import DEFAULT_COORDINATOR_PORT, DEFAULT_NAMESPACE, KubernetesSettings
 from kinetic_nb.errors import KineticError, KineticWarning, ObjectExistsError, ObjectNotFoundError
 from kinetic_nb.runner import protocol
+from kinetic_nb.runner.envelope import KEY_ENV
 from kinetic_nb.runner.protocol import ExitSummary, HostState, HostStatus, JobPlan
 from kinetic_nb.storage import ObjectInfo, Storage
 
@@ -204,7 +208,7 @@ class KubernetesBackend(Backend):
         return [root_job(plan, storage.uri, self.settings),
                 *build_manifests(plan, storage.uri, self.settings, owner=owner)]
 
-    def launch(self, storage: Storage, plan: JobPlan) -> None:
+    def launch(self, storage: Storage, plan: JobPlan, secrets: JobSecrets) -> None:
         """Create the job's root Job, then the rest owned by it; on a failure delete the root
         (which takes what was created with it) and raise.
 
@@ -223,7 +227,9 @@ class KubernetesBackend(Backend):
         root = self._create(root_job(plan, storage.uri, self.settings))
         owner = root_owner_reference(plan.job_id, as_api_dict(root)["metadata"]["uid"])
         try:
-            for manifest in build_manifests(plan, storage.uri, self.settings, owner=owner):
+            # The Secret first: the key and the -e values reach the pods only through it.
+            for manifest in [secret_manifest(plan, self.settings, secrets, owner),
+                             *build_manifests(plan, storage.uri, self.settings, owner=owner)]:
                 self._create(manifest)
         except KineticError:
             self._delete(plan.job_id, CLEANUP_PROPAGATION, quiet=True)
@@ -297,6 +303,17 @@ class KubernetesBackend(Backend):
             waiting = {index: state.reason for index, state in states.items() if state.reason}
         return PlatformView(exits=exits, waiting=waiting)
 
+    def job_key(self, job_id: str) -> bytes | None:
+        """The job's key read back from its Secret (which lives until the job is collected), else None."""
+        try:
+            secret = as_api_dict(self.api.core.read_namespaced_secret(secret_name(job_id), self.settings.namespace,
+                                                                      _request_timeout=API_TIMEOUT_S))
+        except Exception as error:  # noqa: BLE001 - no key is an answer: the caller says what to do
+            logger.info("no Secret for %s: %s", job_id, _api_message(error))
+            return None
+        encoded = (secret.get("data") or {}).get(KEY_ENV)
+        return bytes.fromhex(base64.b64decode(encoded).decode()) if encoded else None
+
     def options(self) -> dict[str, object]:
         return {key: value for key, value in dataclasses.asdict(self.settings).items() if value is not None}
 
@@ -335,6 +352,8 @@ class KubernetesBackend(Backend):
         try:
             if kind == "Service":
                 created = self.api.core.create_namespaced_service(namespace, manifest, **options)
+            elif kind == "Secret":
+                created = self.api.core.create_namespaced_secret(namespace, manifest, **options)
             elif kind == "Job":
                 created = self.api.batch.create_namespaced_job(namespace, manifest, **options)
             elif kind == "LeaderWorkerSet":

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 
 from kinetic_nb.agent.local_state import AgentState
 from kinetic_nb.agent.processes import host_count_problem
-from kinetic_nb.backends.base import Backend, PlatformView, register
+from kinetic_nb.backends.base import Backend, JobSecrets, PlatformView, register
 from kinetic_nb.errors import ObjectNotFoundError
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.logs import last_lines
@@ -85,13 +85,14 @@ class LocalBackend(Backend):
     def coordinator_address(self, job_id: str) -> str:
         return f"127.0.0.1:{_free_port()}"
 
-    def launch(self, storage: Storage, plan: JobPlan) -> None:
+    def launch(self, storage: Storage, plan: JobPlan, secrets: JobSecrets) -> None:
         log_path, state_path = agent_files(plan.job_id)
         log = open(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")  # noqa: SIM115
         try:
             launcher = self._agents[plan.job_id] = subprocess.Popen(
                 [sys.executable, "-m", "kinetic_nb.agent", "--job", storage.uri, "--all-hosts", "--detach",
                  "--log", log_path, "--state", state_path],
+                env={**os.environ, **secrets.environment()},  # the key and -e values: never on a command line
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,
@@ -116,16 +117,16 @@ class LocalBackend(Backend):
         if died is None:
             problem = f"the job's agent met a storage error: {state.storage_error}" if state and state.storage_error else ""
             return PlatformView(problem=problem)
-        tail = _log_tail(log_path)
-        reason = died + (f"; its log ({log_path}) ends:\n" + "\n".join(f"    {line}" for line in tail) if tail else "")
+        tail = tuple(_log_tail(log_path))
+        reason = f"{died}; its log: {log_path}"
         # Looked up one by one: an exit record may have landed after the poll's listing.
         missing = [index for index in range(plan.hosts)
                    if index not in recorded and not storage.exists(protocol.host_exit(index))]
         exits = {index: ExitSummary(index, None, recorded_success=_recorded_success(storage, index),
-                                    ended_at=time.time(), reason=reason,
+                                    ended_at=time.time(), reason=reason, stderr_tail=tail,
                                     storage_error=state.storage_error if state else "")
                  for index in missing}
-        return PlatformView(exits=exits, problem=reason.splitlines()[0] if exits else "")
+        return PlatformView(exits=exits, problem=reason if exits else "")
 
     def _launcher_code(self, job_id: str) -> int | None:
         """The launcher's exit code once it has exited (then it is reaped and forgotten), else None."""

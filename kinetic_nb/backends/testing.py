@@ -27,8 +27,9 @@ from typing import Any
 
 import cloudpickle
 
-from kinetic_nb.backends.base import Backend, BackendFlag, PlatformView, register
+from kinetic_nb.backends.base import Backend, BackendFlag, JobSecrets, PlatformView, register
 from kinetic_nb.runner import protocol
+from kinetic_nb.runner.envelope import load_sealed, write_sealed
 from kinetic_nb.runner.execute import exception_type_name, run_cell
 from kinetic_nb.runner.protocol import ExitSummary, HostState, HostStatus, JobPlan, Phase, ResultPayload
 from kinetic_nb.storage import ObjectInfo, Storage
@@ -90,6 +91,7 @@ class FakeBackend(Backend):
         self.platform_exits: dict[int, ExitSummary] = {}
         self.waiting: dict[int, str] = {}
         self.problem = ""
+        self._key = b""
 
     @classmethod
     def from_options(cls, *, scenario: str | None = None, **options: Any) -> FakeBackend:
@@ -103,8 +105,9 @@ class FakeBackend(Backend):
     def coordinator_address(self, job_id: str) -> str:
         return "127.0.0.1:1"
 
-    def launch(self, storage: Storage, plan: JobPlan) -> None:
+    def launch(self, storage: Storage, plan: JobPlan, secrets: JobSecrets) -> None:
         self.launched.append(plan.job_id)
+        self._key = secrets.key
         script = self.script or self._play_the_cell(storage)
         for index in range(plan.hosts):
             self._play(storage, plan, index, script.get(index))
@@ -128,7 +131,7 @@ class FakeBackend(Backend):
     # -- playing the hosts -------------------------------------------------------------
 
     def _play_the_cell(self, storage: Storage) -> dict[int, HostScript]:
-        cell = cloudpickle.loads(storage.read_bytes(protocol.PAYLOAD))
+        cell = load_sealed(storage, protocol.PAYLOAD, self._key)
         namespace = {"__name__": "__main__", **{name: cloudpickle.loads(data)
                                                 for name, data in cell[protocol.CELL_NAMESPACE].items()}}
         try:
@@ -159,13 +162,13 @@ class FakeBackend(Backend):
             return
         if script.action == "succeed" and index == protocol.LEADER_INDEX:
             payload = ResultPayload(success=True, host_index=index, phase=Phase.EXECUTE.value, result=script.value)
-            storage.write_bytes(protocol.RESULT, cloudpickle.dumps(payload.to_dict()))
+            write_sealed(storage, protocol.RESULT, self._key, cloudpickle.dumps(payload.to_dict()))
         elif script.action == "fail":
             payload = ResultPayload(success=False, host_index=index, phase=script.phase,
                                     exception=cloudpickle.dumps(script.error),
                                     exception_type=exception_type_name(script.error),
                                     exception_message=str(script.error), traceback=traceback_text)
-            storage.write_bytes(protocol.result_object(index), cloudpickle.dumps(payload.to_dict()))
+            write_sealed(storage, protocol.result_object(index), self._key, cloudpickle.dumps(payload.to_dict()))
         exit_code = {"succeed": 0, "fail": 1, "die": None}[script.action]
         summary = ExitSummary(index, exit_code, script.signal if script.action == "die" else None,
                               recorded_success=script.action == "succeed", ended_at=now)

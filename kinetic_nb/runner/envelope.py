@@ -29,6 +29,7 @@ import io
 import os
 import secrets
 import tempfile
+import threading
 from typing import IO, Any
 
 import cloudpickle
@@ -73,6 +74,38 @@ def _mac(key: bytes, name: str) -> hmac.HMAC:
     return mac
 
 
+class _OverlappedMac:
+    """An HMAC fed from a helper thread while the caller does its I/O, so hashing and I/O overlap.
+
+    ``hashlib`` releases the GIL while it hashes a large buffer; a buffer
+    handed to :meth:`update_async` must stay unchanged until :meth:`wait`.
+    """
+
+    #: Smaller buffers are hashed in place: a thread hand-off would cost more than it hides.
+    ASYNC_BYTES = 1 << 20
+
+    def __init__(self, mac: hmac.HMAC):
+        self.mac = mac
+        self._pending: threading.Thread | None = None
+
+    def update_async(self, data: Any) -> None:
+        self.wait()
+        if len(data) < self.ASYNC_BYTES:
+            self.mac.update(data)
+            return
+        self._pending = threading.Thread(target=self.mac.update, args=(data,), daemon=True)
+        self._pending.start()
+
+    def wait(self) -> None:
+        if self._pending is not None:
+            self._pending.join()
+            self._pending = None
+
+    def trailer(self) -> bytes:
+        self.wait()
+        return _trailer(self.mac)
+
+
 def _trailer(mac: hmac.HMAC) -> bytes:
     return TRAILER_PREFIX + mac.hexdigest().encode() + b"\n"
 
@@ -106,19 +139,20 @@ class SealingWriter(io.RawIOBase):
 
     def __init__(self, file: IO[bytes], key: bytes, name: str):
         self._file = file
-        self._mac = _mac(key, name)
+        self._mac = _OverlappedMac(_mac(key, name))
 
     def writable(self) -> bool:
         return True
 
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
-        self._mac.update(view)
+        self._mac.update_async(view)  # hashed while the same bytes are written
         self._file.write(view)
+        self._mac.wait()  # the caller may reuse its buffer once write returns
         return len(view)
 
     def finish(self) -> None:
-        self._file.write(_trailer(self._mac))
+        self._file.write(self._mac.trailer())
 
 
 def verify_file(key: bytes, name: str, file: IO[bytes], *, where: str, copy_to: IO[bytes] | None = None) -> int:
@@ -127,29 +161,31 @@ def verify_file(key: bytes, name: str, file: IO[bytes], *, where: str, copy_to: 
     With ``copy_to``, the bytes are also written there in the same pass (a
     stream that cannot be read twice is verified into a temporary file).
     """
-    mac = _mac(key, name)
+    mac = _OverlappedMac(_mac(key, name))
     held = b""  # the last TRAILER_BYTES bytes seen: the trailer, once the end is reached
     length = 0
     while True:
-        chunk = file.read(_CHUNK_BYTES)
+        chunk = file.read(_CHUNK_BYTES)  # read while the previous chunk is still being hashed
         if not chunk:
             break
         if copy_to is not None:
             copy_to.write(chunk)
         if len(chunk) >= TRAILER_BYTES:  # the usual case: no copy of the chunk
-            mac.update(held)
-            mac.update(memoryview(chunk)[:-TRAILER_BYTES])
+            mac.update_async(held)
+            mac.update_async(memoryview(chunk)[:-TRAILER_BYTES])
             length += len(held) + len(chunk) - TRAILER_BYTES
             held = chunk[-TRAILER_BYTES:]
             continue
+        mac.wait()
         data = held + chunk
         cut = max(0, len(data) - TRAILER_BYTES)
-        mac.update(data[:cut])
+        mac.update_async(data[:cut])
         length += cut
         held = data[cut:]
+    expected = mac.trailer()
     if not held.startswith(TRAILER_PREFIX) or len(held) != TRAILER_BYTES:
         raise IntegrityError(f"{where} carries no signature: it was not written by this job's hosts")
-    if not hmac.compare_digest(held, _trailer(mac)):
+    if not hmac.compare_digest(held, expected):
         raise IntegrityError(f"{where} failed verification: it was not written by this job's hosts")
     return length
 
@@ -218,6 +254,15 @@ def load_sealed(storage: Storage, name: str, key: bytes) -> Any:
             length = verify_file(key, name, file, where=where, copy_to=spool)
             spool.seek(0)
             return cloudpickle.load(_Body(spool, length))
+
+
+def load_payload(storage: Storage, name: str, key: bytes | None) -> Any:
+    """:func:`load_sealed` under ``key``; with ``key=None`` (a job from before signing, which the caller
+    chose to trust) the object is unpickled as it is."""
+    if key is not None:
+        return load_sealed(storage, name, key)
+    with storage.open_read(name) as file:
+        return cloudpickle.load(file)
 
 
 def _seekable(file: IO[bytes]) -> bool:

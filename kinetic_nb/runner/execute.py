@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ast
 import builtins
-import hashlib
+import copy
 import linecache
 import logging
 import os
@@ -23,9 +23,11 @@ from typing import Any
 import cloudpickle
 
 from kinetic_nb.errors import HostStoppedError, PlanError, RemoteHostError, ResultSerializationError
-from kinetic_nb.runner import barrier, frameworks, protocol
+from kinetic_nb.runner import barrier, envelope, frameworks, protocol
+from kinetic_nb.runner.envelope import KEY_ENV, key_from_environment
 from kinetic_nb.runner.hostenv import HOST_INDEX_VARIABLES, resolve_host_index
 from kinetic_nb.runner.protocol import HostState, JobPlan, Phase, ResultPayload
+from kinetic_nb.runner.redact import Redactor, host_secrets
 from kinetic_nb.runner.stacks import enable_stack_dumps
 from kinetic_nb.runner.status import StatusReporter
 from kinetic_nb.storage import Storage, open_storage
@@ -45,9 +47,11 @@ def run_host(job_uri: str) -> int:
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(line_buffering=True)
     enable_stack_dumps()
+    key_hex = os.environ.get(KEY_ENV)
+    key = key_from_environment(os.environ)  # out of the environment before any user code runs
     storage = open_storage(job_uri)
     host_index = resolve_host_index(os.environ)
-    return HostRun(storage, host_index).run()
+    return HostRun(storage, host_index, key, key_hex=key_hex).run()
 
 
 def exception_type_name(exc: BaseException) -> str:
@@ -81,15 +85,33 @@ def run_cell(source: str, filename: str, namespace: dict[str, Any]) -> Any:
     return eval(compile(last_expression, filename, "eval", dont_inherit=True), namespace)  # noqa: S307
 
 
-def _shippable_exception(exc: BaseException) -> bytes:
-    """The exception pickled; one that cannot be is replaced by a RemoteHostError."""
+def _shippable_exception(exc: BaseException, redactor: Redactor) -> bytes:
+    """The exception pickled, its secrets masked; one that cannot be is replaced by a RemoteHostError.
+
+    The pickled bytes are checked for every secret: an exception that keeps
+    one where masking its arguments cannot reach travels as its type and its
+    masked message only.
+    """
+    substitute = RemoteHostError(redactor.text(f"{exception_type_name(exc)}: {exc}"))
     try:
-        data = cloudpickle.dumps(exc)
+        masked = _masked(exc, redactor) if redactor else exc
+        data = cloudpickle.dumps(masked)
         cloudpickle.loads(data)
-        return data
     except Exception as error:
-        substitute = RemoteHostError(f"{exception_type_name(exc)}: {exc} (could not be pickled: {error})")
+        substitute = RemoteHostError(f"{substitute} (could not be pickled: {error})")
         return cloudpickle.dumps(substitute)
+    if any(secret.encode() in data for secret in redactor.secrets):
+        return cloudpickle.dumps(substitute)
+    return data
+
+
+def _masked(exc: BaseException, redactor: Redactor) -> BaseException:
+    """A copy of ``exc`` whose string arguments and notes have their secrets masked."""
+    masked = copy.copy(exc)
+    masked.args = tuple(redactor.text(arg) if isinstance(arg, str) else arg for arg in exc.args)
+    if getattr(exc, "__notes__", None):
+        masked.__notes__ = [redactor.text(note) for note in exc.__notes__]
+    return masked
 
 
 def _describe(value: Any) -> str:
@@ -109,8 +131,12 @@ def _safe_repr(value: Any) -> str:
 class HostRun:
     """The phases of one host, with the records they leave behind."""
 
-    def __init__(self, storage: Storage, host_index: int | None):
+    def __init__(self, storage: Storage, host_index: int | None, key: bytes | None, *, key_hex: str | None = None):
         self.storage = storage
+        #: The job's key: records are verified before use and signed when written. Without it, nothing is.
+        self.key = key
+        self._key_hex = key_hex
+        self.redactor = Redactor(())
         self.index_was_given = host_index is not None
         self.host_index = host_index if host_index is not None else protocol.LEADER_INDEX
         self.is_leader = self.host_index == protocol.LEADER_INDEX
@@ -155,7 +181,10 @@ class HostRun:
         return protocol.EXIT_OK
 
     def _check_plan(self) -> JobPlan:
-        plan = JobPlan.from_json(self.storage.read_bytes(protocol.PLAN))
+        if self.key is None:
+            raise PlanError(f"no job key in this host's environment ({KEY_ENV}): it cannot verify the plan, "
+                            "and refuses to run a job it cannot verify")
+        plan = JobPlan.from_json(envelope.read_sealed(self.storage, protocol.PLAN, self.key))
         if plan.protocol_version != protocol.PROTOCOL_VERSION:
             raise PlanError(
                 f"the plan speaks protocol version {plan.protocol_version}, this host's kinetic_nb "
@@ -166,15 +195,11 @@ class HostRun:
                             f"for a {plan.hosts}-host job")
         if self.host_index >= plan.hosts:
             raise PlanError(f"host index {self.host_index} is out of range for a {plan.hosts}-host job")
-        os.environ.update(plan.env)
+        self.redactor = host_secrets(self._key_hex, plan.env_names)
         return plan
 
     def _load_payload(self, plan: JobPlan) -> dict[str, Any]:
-        data = self.storage.read_bytes(protocol.PAYLOAD)
-        digest = hashlib.sha256(data).hexdigest()
-        if digest != plan.payload_sha256:
-            raise PlanError(f"payload.pkl has sha256 {digest[:12]}..., the plan expects {plan.payload_sha256[:12]}...")
-        cell = cloudpickle.loads(data)
+        cell = envelope.load_sealed(self.storage, protocol.PAYLOAD, self.key)  # verified before it is unpickled
         self.filename = cell[protocol.CELL_FILENAME]
         namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
         for name, pickled in cell[protocol.CELL_NAMESPACE].items():
@@ -194,14 +219,16 @@ class HostRun:
         outputs = {name: namespace[name] for name in out_names}
         payload = ResultPayload(success=True, result=value, outputs=outputs, phase=Phase.EXECUTE.value,
                                 host_index=self.host_index)
-        # Pickled into a temporary file and streamed up: a large value is not
-        # held twice in memory (the object and its bytes).
+        # Pickled into a temporary file, signed in the same pass, and streamed
+        # up: a large value is not held twice in memory (the object and its bytes).
         with tempfile.TemporaryFile() as pickled:
+            sealing = envelope.SealingWriter(pickled, self.key, protocol.RESULT)
             try:
-                cloudpickle.dump(payload.to_dict(), pickled)
+                cloudpickle.dump(payload.to_dict(), sealing)
             except Exception as error:
                 self._report_unpicklable(value, outputs, error)
                 raise
+            sealing.finish()
             self._enter(Phase.RESULT_UPLOAD)
             pickled.seek(0)
             self.storage.write_file(protocol.RESULT, pickled, exclusive=True)
@@ -228,8 +255,8 @@ class HostRun:
             return  # the first report, nearest the cause, stands
         self._failure_reported = True
         state = HostState.STOPPED if stopped else HostState.FAILED
-        first_line = f"{exception_type_name(error)}: {error}".splitlines()[0]
-        remote_traceback = cell_traceback(error, self.filename)
+        first_line = self.redactor.text(f"{exception_type_name(error)}: {error}".splitlines()[0])
+        remote_traceback = self.redactor.text(cell_traceback(error, self.filename))
         self.status.update(state=state, phase=self.phase, message=first_line,
                            traceback="" if stopped else remote_traceback)
         # One line in the log: the traceback travels in the payload, and the
@@ -238,11 +265,14 @@ class HostRun:
               file=sys.stderr)
         if stopped and not self.is_leader:
             return  # a stopped worker reports nothing: it did not fail on its own
+        if self.key is None:
+            self.status.stop()
+            return  # nothing can be signed: the status and the exit record say why
         payload = ResultPayload(
             success=False,
-            exception=_shippable_exception(error),
+            exception=_shippable_exception(error, self.redactor),
             exception_type=exception_type_name(error),
-            exception_message=str(error),
+            exception_message=self.redactor.text(str(error)),
             traceback=remote_traceback,
             phase=self.phase.value,
             host_index=self.host_index,
@@ -251,8 +281,8 @@ class HostRun:
             result_repr=serialization_failed_repr,
         )
         try:
-            self.storage.write_bytes(protocol.result_object(self.host_index), cloudpickle.dumps(payload.to_dict()),
-                                     exclusive=True)
+            name = protocol.result_object(self.host_index)
+            envelope.write_sealed(self.storage, name, self.key, cloudpickle.dumps(payload.to_dict()), exclusive=True)
         except Exception:
             logger.exception("host %d could not write its failure payload", self.host_index)
         finally:

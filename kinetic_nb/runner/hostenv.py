@@ -64,11 +64,12 @@ def index_variables(host_index: int) -> dict[str, str]:
 def host_environment(plan: JobPlan, host_index: int, job_uri: str, output_dir: str,
                      base: Mapping[str, str]) -> dict[str, str]:
     """The whole environment of host ``host_index`` when its launcher knows its index and the coordinator:
-    ``base``, then :func:`job_variables`, :func:`index_variables`, the coordinator, then ``plan.env``."""
+    ``base`` (which carries the job's key and the ``-e`` values, out of band), then :func:`job_variables`,
+    :func:`index_variables` and the coordinator; the ``-e`` values win, as the user set them."""
     env = {**base, **job_variables(plan, job_uri, output_dir), **index_variables(host_index),
            "MASTER_ADDR": plan.coordinator_host, "JAX_COORDINATOR_ADDRESS": plan.coordinator_address}
     if plan.simulated:
         xla_flags = base.get("XLA_FLAGS", "")
         env["XLA_FLAGS"] = f"{xla_flags} --xla_force_host_platform_device_count={plan.devices_per_host}".strip()
-    env.update(plan.env)
+    env.update({name: base[name] for name in plan.env_names if name in base})
     return env

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 
 from kinetic_nb.runner import protocol
+from kinetic_nb.runner.redact import Redactor
 from kinetic_nb.storage import Storage
 
 logger = logging.getLogger(__name__)
@@ -37,10 +38,13 @@ class LogChunkWriter:
     """
 
     def __init__(self, storage: Storage, host_index: int, *,
-                 on_error: Callable[[str, BaseException], None] | None = None):
+                 on_error: Callable[[str, BaseException], None] | None = None, redactor: Redactor | None = None):
         self._storage = storage
         self._host_index = host_index
         self._on_error = on_error
+        #: Secrets never reach storage; a tail that may begin one waits for the next flush.
+        self._redactor = redactor or Redactor(())
+        self._held = {protocol.STDOUT: "", protocol.STDERR: ""}
         #: Bytes become text as they arrive; a UTF-8 sequence cut between two reads waits in its decoder.
         self._decoders = {stream: codecs.getincrementaldecoder("utf-8")(errors="replace")
                           for stream in (protocol.STDOUT, protocol.STDERR)}
@@ -72,10 +76,21 @@ class LogChunkWriter:
                 rest = decoder.decode(b"", final=True)
                 if rest:
                     self._append(stream, rest)
-        if not self._segments:
-            return
-        segments = [(stream, collapse_carriage_returns(text)) for stream, text in self._segments]
+        segments = []
+        for stream, text in self._segments:
+            text = self._held[stream] + text
+            self._held[stream] = ""
+            if self._redactor:
+                text, held = (self._redactor.text(text), "") if final else self._redactor.split_safe(text)
+                self._held[stream] = held
+            if text:
+                segments.append((stream, collapse_carriage_returns(text)))
+        if final:
+            segments += [(stream, self._redactor.text(held)) for stream, held in self._held.items() if held]
+            self._held = {stream: "" for stream in self._held}
         self._segments = []
+        if not segments:
+            return
         name = protocol.host_log_chunk(self._host_index, self._seq)
         try:
             self._storage.write_bytes(name, protocol.encode_log_chunk(segments))

@@ -7,8 +7,12 @@ import time
 
 from kinetic_nb.agent.watch import SILENT_HOST_S, job_has_ended, wait_for_job_end
 from kinetic_nb.runner import protocol
+from kinetic_nb.runner.envelope import write_sealed
 from kinetic_nb.runner.protocol import CancelRequest, ExitSummary, JobPlan
 from kinetic_nb.storage import LocalStorage
+
+
+KEY = bytes(range(32))
 
 
 def make_job(tmp_path, hosts=2) -> tuple[LocalStorage, JobPlan]:
@@ -16,7 +20,7 @@ def make_job(tmp_path, hosts=2) -> tuple[LocalStorage, JobPlan]:
     plan = JobPlan(job_id="kn-w", hosts=hosts, accelerator="cpu", devices_per_host=1, framework="none",
                    coordinator_address="127.0.0.1:1", barrier_timeout_s=1,
                    heartbeat_timeout_s=1, shutdown_timeout_s=1)
-    storage.write_bytes(protocol.PLAN, plan.to_json())
+    write_sealed(storage, protocol.PLAN, KEY, plan.to_json())
     return storage, plan
 
 
@@ -64,11 +68,21 @@ def test_storage_errors_are_retried_not_fatal(tmp_path):
     storage.write_bytes(protocol.CANCEL, CancelRequest("by the test", 0.0).to_json())
     flaky = FlakyStorage(storage.uri, failures=3)
     pauses = []
-    assert wait_for_job_end(flaky, sleep=pauses.append) == 0
+    assert wait_for_job_end(flaky, KEY, sleep=pauses.append) == 0
     assert len(pauses) == 3 and pauses == sorted(pauses)  # backed off, then looked again
 
 
 def test_a_job_whose_plan_is_gone_has_ended(tmp_path):
     storage = LocalStorage(str(tmp_path / "never"))
     os.makedirs(storage.local_path(), exist_ok=True)
-    assert wait_for_job_end(storage, sleep=lambda _: None) == 0
+    assert wait_for_job_end(storage, KEY, sleep=lambda _: None) == 0
+
+
+def test_a_plan_that_does_not_verify_is_not_watched(tmp_path):
+    import pytest
+
+    from kinetic_nb.errors import IntegrityError
+
+    storage, _ = make_job(tmp_path)
+    with pytest.raises(IntegrityError):
+        wait_for_job_end(storage, bytes(32), sleep=lambda _: None)

@@ -42,6 +42,7 @@ network), so these small doubles play their documented parts, and nothing more:
 
 from __future__ import annotations
 
+import base64
 import copy
 import datetime
 import json
@@ -124,14 +125,24 @@ def field_value(pod: dict[str, Any], path: str) -> str:
     return simple[path]
 
 
-def container_environment(pod: dict[str, Any], container: dict[str, Any] | None = None) -> dict[str, str]:
-    """The container's environment as the kubelet resolves it (enableServiceLinks: false: no Service variables)."""
+def container_environment(pod: dict[str, Any], container: dict[str, Any] | None = None, *,
+                          secrets: Any = None) -> dict[str, str]:
+    """The container's environment as the kubelet resolves it (enableServiceLinks: false: no Service variables).
+
+    ``secrets(name, key)`` gives a Secret's value for ``secretKeyRef`` (the kubelet
+    refuses to start a container whose Secret or key is missing: ``KeyError`` here).
+    """
     container = container or pod["spec"]["containers"][0]
     assert pod["spec"].get("enableServiceLinks") is False
     resolved: dict[str, str] = {}
     for entry in container.get("env", []):
-        if "valueFrom" in entry:
-            resolved[entry["name"]] = field_value(pod, entry["valueFrom"]["fieldRef"]["fieldPath"])
+        source = entry.get("valueFrom", {})
+        if "secretKeyRef" in source:
+            if secrets is None:
+                raise KeyError(f"{entry['name']}: no Secret store given to resolve secretKeyRef")
+            resolved[entry["name"]] = secrets(source["secretKeyRef"]["name"], source["secretKeyRef"]["key"])
+        elif "fieldRef" in source:
+            resolved[entry["name"]] = field_value(pod, source["fieldRef"]["fieldPath"])
         else:
             resolved[entry["name"]] = expand(entry.get("value", ""), resolved)
     return resolved
@@ -314,6 +325,8 @@ class FakeKubernetes:
         self.client_objects = client_objects
         self.on_delete: list[Any] = []
         self.core = SimpleNamespace(create_namespaced_service=self._creator("Service"),
+                                    create_namespaced_secret=self._creator("Secret"),
+                                    read_namespaced_secret=self._read_secret,
                                     list_namespaced_pod=self._list_pods,
                                     delete_collection_namespaced_service=self._deleter("Service"))
         self.batch = SimpleNamespace(create_namespaced_job=self._creator("Job"),
@@ -321,6 +334,20 @@ class FakeKubernetes:
                                      delete_collection_namespaced_job=self._deleter("Job"))
         self.custom = SimpleNamespace(create_namespaced_custom_object=self._create_custom,
                                       delete_collection_namespaced_custom_object=self._delete_custom)
+
+    def secret_value(self, name: str, key: str) -> str:
+        """What a ``secretKeyRef`` resolves to (``KeyError`` for a missing Secret or key, as the kubelet refuses)."""
+        return self.objects["Secret", name]["stringData"][key]
+
+    def _read_secret(self, name: str, namespace: str, **options: Any) -> dict[str, Any]:
+        """A Secret as the API returns it: its ``stringData`` folded into base64 ``data``; 404 when absent."""
+        self.calls.append(("read Secret", {"namespace": namespace, "name": name, **options}))
+        stored = self.objects.get(("Secret", name))
+        if stored is None:
+            raise api_exception(404, "Not Found", f'secrets "{name}" not found')
+        secret = {key: value for key, value in copy.deepcopy(stored).items() if key != "stringData"}
+        secret["data"] = {key: base64.b64encode(value.encode()).decode() for key, value in stored["stringData"].items()}
+        return secret
 
     def created(self, kind: str) -> list[dict[str, Any]]:
         return [manifest for (k, _), manifest in self.objects.items() if k == kind]
@@ -429,8 +456,9 @@ class FakeKubelet:
     """
 
     def __init__(self, pods: list[dict[str, Any]], log_dir: str, *, dns: dict[str, str] | None = None,
-                 extra_env: dict[str, str] | None = None):
+                 extra_env: dict[str, str] | None = None, secrets: Any = None):
         self.pods = pods
+        self.secrets = secrets
         self.log_dir = log_dir
         self.dns = dns or {}
         self.extra_env = extra_env or {}
@@ -443,7 +471,7 @@ class FakeKubelet:
         self._lock = threading.RLock()
 
     def environment(self, index: int) -> dict[str, str]:
-        env = container_environment(self.pods[index])
+        env = container_environment(self.pods[index], secrets=self.secrets)
         for name, value in env.items():
             for dns_name_, address in self.dns.items():
                 value = value.replace(dns_name_, address)

@@ -69,7 +69,7 @@ class KubernetesHarness(LocalHarness):
         owner = workload(self.api.objects.values())
         log_dir = self.tmp_path / f"pods-{len(self.kubelets)}"
         log_dir.mkdir()
-        kubelet = FakeKubelet(pods_for([owner]), str(log_dir))
+        kubelet = FakeKubelet(pods_for([owner]), str(log_dir), secrets=self.api.secret_value)
         self.kubelets.append(kubelet)
         self.api.pod_source = kubelet.pod_json
         self.api.on_delete.append(kubelet.collect_with(owner["kind"], owner["metadata"]["name"]))

@@ -28,8 +28,10 @@ from kinetic_nb.runner import protocol
 from kinetic_nb.runner.protocol import ExitSummary, HostStatus
 from kinetic_nb.storage import open_storage
 
+from kinetic_nb.backends.k8s_manifests import secret_name
+
 from .k8s_cluster import FakeKubelet, FakeKubernetes, api_exception, pods_for
-from .test_kubernetes_manifests import JOB_ID, job_plan
+from .test_kubernetes_manifests import JOB_ID, SECRETS, job_plan
 
 PODS = json.loads((pathlib.Path(__file__).parent / "data" / "pods.json").read_text())["items"]
 BY_CASE = {pod["metadata"]["annotations"]["test.kinetic-nb/case"]: pod for pod in PODS}
@@ -62,7 +64,7 @@ def launched(api, job_storage, case="tpu-v5e-16", **options):
     plan = job_plan(case)
     job_storage.write_bytes(protocol.PLAN, plan.to_json())
     with pytest.warns(KineticWarning, match="local to this machine"):
-        backend.launch(job_storage, plan)
+        backend.launch(job_storage, plan, SECRETS)
     return backend, plan
 
 
@@ -142,13 +144,19 @@ def test_connect_without_credentials_is_one_line(monkeypatch, tmp_path):
 def test_launch_creates_the_root_first_then_the_rest_owned_by_it_with_strict_field_validation(api, job_storage):
     backend, plan = launched(api, job_storage)
     # The root, the LeaderWorkerSet, and the headless Service the LeaderWorkerSet controller made for it.
-    assert list(api.objects) == [("Job", ROOT), ("LeaderWorkerSet", JOB_ID), ("Service", JOB_ID)]
+    # The root, the Secret (before any pod refers to it), the LeaderWorkerSet, and the headless Service
+    # the LeaderWorkerSet controller made for it.
+    secret = secret_name(JOB_ID)
+    assert list(api.objects) == [("Job", ROOT), ("Secret", secret), ("LeaderWorkerSet", JOB_ID), ("Service", JOB_ID)]
+    assert api.objects["Secret", secret]["metadata"]["ownerReferences"][0]["uid"] == \
+        api.objects["Job", ROOT]["metadata"]["uid"]
+    assert backend.job_key(JOB_ID) == SECRETS.key  # read back from the Secret, for a reattach from elsewhere
     root_uid = api.objects["Job", ROOT]["metadata"]["uid"]
     sent = [as_sent(api.objects[key]) for key in [("Job", ROOT), ("LeaderWorkerSet", JOB_ID)]]
     assert sent == backend.manifests(job_storage, plan, root_uid)
     assert api.objects["LeaderWorkerSet", JOB_ID]["metadata"]["ownerReferences"][0]["uid"] == root_uid
     creates = [entry for entry in api.calls if entry[0].startswith("create")]
-    assert [call for call, _ in creates] == ["create Job", "create LeaderWorkerSet"]
+    assert [call for call, _ in creates] == ["create Job", "create Secret", "create LeaderWorkerSet"]
     assert all(options["field_validation"] == "Strict" and options["namespace"] == "ml-team"
                for _, options in creates)
 
@@ -163,7 +171,7 @@ def test_the_roots_uid_is_read_from_the_clients_own_job_object(job_storage):
 
 def test_launch_of_cpu_hosts_creates_the_service_before_the_job(api, job_storage):
     launched(api, job_storage, "cpu-3-hosts")
-    assert [call for call, _ in api.calls] == ["create Job", "create Service", "create Job"]  # the root first
+    assert [call for call, _ in api.calls] == ["create Job", "create Secret", "create Service", "create Job"]
 
 
 def test_no_leader_worker_set_controller_is_a_clear_error_and_leaves_nothing(api, job_storage):
@@ -193,7 +201,7 @@ def test_a_second_launch_of_a_job_leaves_the_first_ones_objects_alone(api, job_s
     backend, plan = launched(api, job_storage)
     before = {key: body["metadata"]["uid"] for key, body in api.objects.items()}
     with pytest.raises(KineticError, match="already exists"), pytest.warns(KineticWarning):
-        backend.launch(job_storage, plan)
+        backend.launch(job_storage, plan, SECRETS)
     assert {key: body["metadata"]["uid"] for key, body in api.objects.items()} == before
 
 
@@ -285,12 +293,13 @@ def test_the_double_collects_only_what_the_root_owns_and_orphans_when_asked_for_
     other, other_backend = dataclasses.replace(job_plan("cpu-3-hosts"), job_id="kn-other"), KubernetesBackend(
         SETTINGS, api=api)
     with pytest.warns(KineticWarning):
-        other_backend.launch(job_storage, other)
+        other_backend.launch(job_storage, other, SECRETS)
     api.batch.delete_namespaced_job(ROOT, "ml-team")
-    assert {name for _, name in api.objects} == {JOB_ID, "kn-other", root_name("kn-other")}
+    assert {name for _, name in api.objects} == {JOB_ID, secret_name(JOB_ID), "kn-other", root_name("kn-other"),
+                                                 secret_name("kn-other")}
     assert api.objects["Job", JOB_ID]["metadata"]["ownerReferences"] == []  # orphaned, not deleted
     other_backend.cleanup(other)
-    assert {name for _, name in api.objects} == {JOB_ID}
+    assert {name for _, name in api.objects} == {JOB_ID, secret_name(JOB_ID)}
 
 
 def test_an_object_whose_owner_reference_names_another_uid_is_collected_at_once(api, job_storage):

@@ -37,6 +37,7 @@ from kinetic_nb.backends import kubernetes as k8s
 from kinetic_nb.backends.k8s_pods import host_states
 from kinetic_nb.errors import JobFailedError, KineticWarning
 from kinetic_nb.runner import protocol
+from kinetic_nb.runner.envelope import read_sealed
 
 from .k8s_cluster import FakeKubelet, FakeKubernetes, is_root, pods_for, wait_for, workload
 
@@ -61,7 +62,7 @@ def start_pods(api, kubelets, tmp_path, **options) -> FakeKubelet:
     owner = workload(api.objects.values())
     log_dir = tmp_path / "pods"
     log_dir.mkdir(exist_ok=True)
-    kubelet = FakeKubelet(pods_for([owner]), str(log_dir), **options)
+    kubelet = FakeKubelet(pods_for([owner]), str(log_dir), secrets=api.secret_value, **options)
     kubelets.append(kubelet)
     api.pod_source = kubelet.pod_json
     api.on_delete.append(kubelet.collect_with(owner["kind"], owner["metadata"]["name"]))
@@ -150,7 +151,7 @@ def test_an_oom_killed_host_fails_the_cell_with_the_pods_reason(cluster, tmp_pat
               "    time.sleep(300)\n"
               "'done'")
     handle = kinetic_nb.submit(source, hosts=2, backend="kubernetes", storage=f"file://{tmp_path}/jobs", quiet=True)
-    assert [kind for kind, _ in api.objects] == ["Job", "Service", "Job"]  # the root first
+    assert [kind for kind, _ in api.objects] == ["Job", "Secret", "Service", "Job"]  # the root first
     kubelet = start_pods(api, kubelets, tmp_path)
 
     def in_cell(index: int) -> bool:
@@ -208,7 +209,7 @@ def test_attach_from_another_kernel_finds_the_jobs_namespace(cluster, tmp_path, 
     api, kubelets = cluster
     handle = kinetic_nb.submit("1", accelerator="tpu-v5e-16", backend="kubernetes", storage=f"file://{tmp_path}/jobs",
                                quiet=True, backend_options={"namespace": "team-a"})
-    record = json.loads(handle.storage.read_bytes("handle.json"))
+    record = json.loads(read_sealed(handle.storage, "handle.json", handle.key))  # signed: it says where to look
     assert record["backend_options"]["namespace"] == "team-a"
     monkeypatch.setenv("KINETIC_NAMESPACE", "somewhere-else")  # another kernel, set up differently
     again = catalog.attach(handle.job_id, storage=f"file://{tmp_path}/jobs")

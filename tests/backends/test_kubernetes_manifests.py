@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from unittest import mock
@@ -25,6 +26,7 @@ import kubernetes_validate
 import pytest
 
 from kinetic_nb.backends import k8s_manifests as km
+from kinetic_nb.backends.base import JobSecrets
 from kinetic_nb.backends import k8s_root
 from kinetic_nb.backends.k8s_pods import host_states
 from kinetic_nb.backends.kubernetes import KubernetesBackend, KubernetesSettings
@@ -44,6 +46,14 @@ URI = f"gs://ml-bucket/jobs/{JOB_ID}"
 SETTINGS = KubernetesSettings(namespace="ml-team", image="registry.example/kinetic-jax:1.0", coordinator_port=8476)
 #: A user's variables, with what the kubelet would otherwise expand: they must arrive as written.
 USER_ENV = {"XLA_FLAGS": "--xla_dump_to=/tmp/dump", "TRICKY": "$(HOME) and a$$b and $PATH"}
+#: What the job's Secret holds: its key and the -e values (never a manifest's literal values).
+SECRETS = JobSecrets(key=bytes(range(32)), env=USER_ENV)
+
+
+def secret_value(name: str, key: str) -> str:
+    """The job's Secret, as the kubelet resolves a ``secretKeyRef`` from it."""
+    assert name == km.secret_name(JOB_ID)
+    return SECRETS.environment()[key]
 #: The uid the API server gave the root Job (a made-up one: any uid must flow through unchanged).
 ROOT_UID = "6f1c2a0e-9b3d-4c57-8e21-0d4f5a6b7c8d"
 OWNER = k8s_root.root_owner_reference(JOB_ID, ROOT_UID)
@@ -64,9 +74,8 @@ def job_plan(case: str, *, settings: KubernetesSettings = SETTINGS, timeout: flo
     acc, host_count = resolve_slice(hosts, accelerator)
     backend = KubernetesBackend(settings, api=object())  # no API call: coordinator_address is pure
     return make_plan(job_id=JOB_ID, acc=acc, hosts=host_count, framework="jax",
-                     coordinator_address=backend.coordinator_address(JOB_ID),
-                     payload=prepare_cell("1 + 1", {}, filename="<cell>"), simulated=False, timeout=timeout,
-                     env=USER_ENV)
+                     coordinator_address=backend.coordinator_address(JOB_ID), simulated=False, timeout=timeout,
+                     env_names=sorted(USER_ENV))
 
 
 def manifests_for(case: str, **options) -> tuple[JobPlan, list[dict]]:
@@ -205,8 +214,9 @@ def test_the_root_is_a_small_job_that_watches_once_and_is_deleted_soon_after_it_
     assert container["command"] == ["python", "-m", "kinetic_nb.agent", "--job", URI, "--watch"]
     assert "args" not in container
     assert container["image"] == SETTINGS.image
-    env = {entry["name"]: entry["value"] for entry in container["env"]}
+    env = container_environment(spec["template"], container, secrets=secret_value)
     assert (env["KINETIC_JOB_ID"], env["KINETIC_JOB_URI"]) == (JOB_ID, URI)
+    assert env["KINETIC_JOB_KEY"] == SECRETS.key.hex()  # to verify the plan it watches
     # Small, and no accelerator: the watcher only reads storage.
     assert container["resources"]["requests"] == {"cpu": "50m", "memory": "256Mi"}
     assert set(container["resources"]["limits"]) == {"memory"}
@@ -350,7 +360,7 @@ def test_every_host_resolves_its_own_index_and_meets_the_others_at_host_0(case):
     else:
         expected_coordinator = f"127.0.0.1:{port}"  # a lone host is its own coordinator
     for index, pod in enumerate(pods):
-        env = container_environment(pod)
+        env = container_environment(pod, secrets=secret_value)
         assert resolve_host_index(env) == index
         with mock.patch.dict(os.environ, env, clear=True):
             assert frameworks.coordinator_address(plan) == expected_coordinator
@@ -361,7 +371,8 @@ def test_every_host_resolves_its_own_index_and_meets_the_others_at_host_0(case):
             JOB_ID, URI, str(plan.hosts))
         assert "KINETIC_LOG_UPLOAD" not in env  # the agent uploads the runner's output
         for name, value in USER_ENV.items():
-            assert env[name] == value
+            assert env[name] == value  # from the Secret, exactly as given (a Secret's value is never expanded)
+        assert env["KINETIC_JOB_KEY"] == SECRETS.key.hex()
         assert not any("$(" in value and name not in USER_ENV for name, value in env.items()), env
         assert container_command(pod, env) == ["/bin/sh", "-c", km.HOST_SCRIPT, km.HOST_SCRIPT_NAME,
                                                "python", "-m", "kinetic_nb.agent", "--job", URI]
@@ -373,7 +384,7 @@ def test_tpu_hosts_get_worker_ids_and_hostnames_that_match_the_slices_pods(accel
     pods = pods_for(manifests)
     hostnames = ",".join(f"{pod['spec']['hostname']}.{pod['spec']['subdomain']}" for pod in pods)
     for index, pod in enumerate(pods):
-        env = container_environment(pod)
+        env = container_environment(pod, secrets=secret_value)
         assert env["TPU_WORKER_ID"] == env["LWS_WORKER_INDEX"] == str(index)
         assert env["TPU_WORKER_HOSTNAMES"] == hostnames
         names = [entry["name"] for entry in pod["spec"]["containers"][0]["env"]]
@@ -400,3 +411,14 @@ def test_resource_names_are_dns_labels_short_enough_for_every_derived_name(job_i
 def test_different_ids_that_clean_up_alike_keep_different_names():
     assert km.resource_name("Job_A") != km.resource_name("job-a")
     assert km.resource_name("x" * 90) != km.resource_name("x" * 91)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_no_secret_is_a_literal_anywhere_in_the_manifests(case):
+    plan, manifests = manifests_for(case)
+    text = json.dumps([k8s_root.root_job(plan, URI, SETTINGS), *manifests])
+    for secret in (SECRETS.key.hex(), *USER_ENV.values()):
+        assert json.dumps(secret)[1:-1] not in text
+    secret = km.secret_manifest(plan, SETTINGS, SECRETS, OWNER)
+    assert secret["kind"] == "Secret" and secret["metadata"]["ownerReferences"] == [OWNER]
+    assert secret["stringData"] == {**USER_ENV, "KINETIC_JOB_KEY": SECRETS.key.hex()}

@@ -38,10 +38,10 @@ def test_one_environment_for_every_launcher():
 
     plan = JobPlan(job_id="kn-e", hosts=4, accelerator="cpu", devices_per_host=2, framework="jax",
                    coordinator_address="10.0.0.1:9000", barrier_timeout_s=1,
-                   heartbeat_timeout_s=1, shutdown_timeout_s=1, simulated=True, env={"RANK": "user's own"})
-    local = host_environment(plan, 2, "file:///j", "/out", {"XLA_FLAGS": "--xla_dump_to=/tmp"})
+                   heartbeat_timeout_s=1, shutdown_timeout_s=1, simulated=True, env_names=("RANK",))
+    local = host_environment(plan, 2, "file:///j", "/out", {"XLA_FLAGS": "--xla_dump_to=/tmp", "RANK": "user's own"})
     assert {**job_variables(plan, "file:///j", "/out"), **index_variables(2)}.items() - {("RANK", "2")} <= local.items()
-    assert local["RANK"] == "user's own"  # the plan's env comes last and wins
+    assert local["RANK"] == "user's own"  # an -e variable (its value from the agent's environment) wins
     assert local["XLA_FLAGS"] == "--xla_dump_to=/tmp --xla_force_host_platform_device_count=2"
     pod = {entry["name"] for entry in pod_environment(plan, resolve_accelerator("cpu"), "gs://b/j",
                                                       KubernetesSettings(image="img"), lws=False)}

@@ -42,7 +42,7 @@ def test_object_names_parse_back():
 
 
 def test_records_round_trip():
-    plan = JobPlan("kn-x", 4, "tpu-v5e-16", 4, "jax", "127.0.0.1:1234", "0" * 64, 300.0, 30, 10, env={"A": "1"})
+    plan = JobPlan("kn-x", 4, "tpu-v5e-16", 4, "jax", "127.0.0.1:1234", 300.0, 30, 10, env_names=("A",))
     assert JobPlan.from_json(plan.to_json()) == plan and plan.coordinator_port == 1234
     status = HostStatus(1, "running", "execute", 1.0, 2.0, 42, "h", history=[["startup", 1.0]])
     assert HostStatus.from_json(status.to_json()) == status
