@@ -25,20 +25,28 @@ _EXPORTS = {
     "jobs": "kinetic_nb.catalog",
     "gc": "kinetic_nb.catalog",
     "accelerator_names": "kinetic_nb.accelerators",
+    "start": "kinetic_nb.sessions",
+    "sessions": "kinetic_nb.sessions",
+    "attach_session": "kinetic_nb.sessions",
+    "Session": "kinetic_nb.sessions",
 }
 __all__ = [
     "HostSnapshot",
     "JobHandle",
+    "Session",
     "JobSnapshot",
     "JobStatus",
     "__version__",
     "accelerator_names",
     "attach",
+    "attach_session",
     "gc",
     "jobs",
     "last_job",
     "load_ipython_extension",
     "resolve_accelerator",
+    "sessions",
+    "start",
     "submit",
 ]
 
@@ -46,6 +54,7 @@ if TYPE_CHECKING:
     from kinetic_nb.accelerators import accelerator_names, resolve_accelerator
     from kinetic_nb.client import JobHandle, last_job, submit
     from kinetic_nb.catalog import attach, gc, jobs
+    from kinetic_nb.sessions import Session, attach_session, sessions, start
     from kinetic_nb.state import HostSnapshot, JobSnapshot, JobStatus
 
 

@@ -27,9 +27,11 @@ from kinetic_nb.backends import backend_class, backend_names
 from kinetic_nb.client import JobHandle, submit
 from kinetic_nb.errors import CaptureError, IntegrityError, ObjectNotFoundError, UnknownAcceleratorError
 from kinetic_nb.display import live_view
+from kinetic_nb.session_magics import check_cell_fits_session, session_start_parser, sessions_of, start_session
+from kinetic_nb.sessions import CellHandle, Session, SessionEndedError, attach_session
 
 #: The ``%kinetic`` line magic's subcommands, in the order its help lists them.
-SUBCOMMANDS = ("jobs", "attach", "cancel", "logs", "stacks", "gc")
+SUBCOMMANDS = ("start", "stop", "restart", "sessions", "jobs", "attach", "cancel", "logs", "stacks", "gc")
 
 
 def _names(values: list[str]) -> list[str]:
@@ -84,6 +86,10 @@ _LINE_PARSERS = {
     "cancel": _parser("%kinetic cancel", (("job_id",), {})),
     "logs": _parser("%kinetic logs", (("job_id",), {}), (("--host",), dict(type=int, default=0))),
     "stacks": _parser("%kinetic stacks", (("job_id",), {}), (("--host",), dict(type=int, default=None))),
+    "start": session_start_parser(_parser),
+    "stop": _parser("%kinetic stop"),
+    "restart": _parser("%kinetic restart"),
+    "sessions": _parser("%kinetic sessions"),
     "gc": _parser("%kinetic gc", (("--older-than",), dict(required=True, metavar="DURATION",
                                                           help="e.g. 7d, 12h, 30m"))),
 }
@@ -102,6 +108,9 @@ def _backend_flags(func: Any) -> Any:
 
 @magics_class
 class KineticMagics(Magics):
+    #: The session this notebook's cells run on (``%kinetic start``), or None.
+    session: Session | None = None
+
     namespace = Unicode(None, allow_none=True,
                         help="Kubernetes namespace for -b kubernetes (below --namespace and $KINETIC_NAMESPACE)."
                         ).tag(config=True)
@@ -147,6 +156,8 @@ class KineticMagics(Magics):
     @argument("--keep", action="store_true", help="Keep all of the job's objects after a success.")
     @argument("--quiet", action="store_true",
               help="No panel and no kinetic notices; the leader's output and the outcome still show.")
+    @argument("--once", action="store_true",
+              help="Run a one-shot job beside the session this notebook is on (%%kinetic start), on purpose.")
     @_backend_flags
     @cell_magic("kinetic")
     def kinetic_cell(self, line: str, cell: str) -> Any:
@@ -179,6 +190,14 @@ class KineticMagics(Magics):
         # The magic line stays, as a comment, so line numbers in syntax errors
         # and tracebacks are the ones the user sees in the cell; -e values never travel.
         source = f"# %%kinetic {without_env_values(line)}\n{cell}"
+        if self.session is not None and not args.once:
+            check_cell_fits_session(self.session, args, self._backend_options(args), _environment(args.env))
+            try:
+                handle = self.session.run(source, out=out, namespace=self.shell.user_ns, timeout=args.timeout,
+                                          cell_name=f"kinetic In[{self._cell_number()}]")
+            except (CaptureError, SessionEndedError, ValueError) as error:
+                raise UsageError(str(error)) from None
+            return self._wait_and_show(handle, out, quiet=args.quiet)
         try:
             handle = submit(
                 source,
@@ -206,9 +225,10 @@ class KineticMagics(Magics):
             return handle
         return self._wait_and_show(handle, out, quiet=args.quiet)
 
-    def _wait_and_show(self, handle: JobHandle, out: list[str], *, quiet: bool = False) -> Any:
+    def _wait_and_show(self, handle: JobHandle | CellHandle, out: list[str], *, quiet: bool = False) -> Any:
         """Wait with a live view; its final update lands before the cell returns, so a saved notebook keeps it."""
-        handle.shutting_down = lambda: bool(getattr(self.shell, "exit_now", False))  # set by a shutdown request
+        if isinstance(handle, JobHandle):  # a session's cell is interrupted on its hosts, never cancelled
+            handle.shutting_down = lambda: bool(getattr(self.shell, "exit_now", False))  # set by a shutdown request
         view = None if quiet else live_view(handle.plan.hosts)
         try:
             value = handle.result(on_snapshot=view.update if view else None)
@@ -236,8 +256,13 @@ class KineticMagics(Magics):
 
         ::
 
+            %kinetic start [-n N] [-a NAME] ...      keep a slice up: every %%kinetic cell runs on it
+                           [--idle-timeout S]        (its hosts, framework and variables stay warm)
+            %kinetic stop / restart                  stop this notebook's session / start it afresh
+            %kinetic sessions                        this user's sessions, from any kernel
             %kinetic jobs [-n LIMIT]                 recent jobs and their state
-            %kinetic attach JOB_ID [-o NAME[,NAME]]  wait for a job again (also after a restart)
+            %kinetic attach JOB_ID [-o NAME[,NAME]]  wait for a job again (also after a restart);
+                                                     with a session id (ks-...), bind this notebook to it
             %kinetic cancel JOB_ID                   stop every host of a job
             %kinetic logs JOB_ID [--host I]          one host's output
             %kinetic stacks JOB_ID [--host I]        every running host's Python stacks (a hang's where)
@@ -258,6 +283,33 @@ class KineticMagics(Magics):
         except ValueError as error:
             raise UsageError(str(error)) from None
 
+    def _line_start(self, args: Any) -> Any:
+        if self.session is not None and self.session.ended() is None:
+            raise UsageError(f"this notebook is on session {self.session.session_id} already: %kinetic stop first")
+        self.session = start_session(args, self._backend_options(args), _environment(args.env))
+        return self.session
+
+    def _line_stop(self, args: Any) -> None:
+        if self.session is None:
+            raise UsageError("this notebook is on no session (%kinetic start starts one)")
+        self.session.stop()
+        print(f"session {self.session.session_id} stopped")
+        self.session = None
+
+    def _line_restart(self, args: Any) -> Any:
+        if self.session is None:
+            raise UsageError("this notebook is on no session (%kinetic start starts one)")
+        self.session = self.session.restart()
+        return self.session
+
+    def _line_sessions(self, args: Any) -> None:
+        found = sessions_of(args.storage)
+        if not found:
+            print("no kinetic sessions yet")
+        for record in found:
+            print(f"{record['session_id']:<26}  {record['hosts']:>5}  {record['accelerator']:<12}  "
+                  f"{record['cells']:>5} cells  {record['state']}")
+
     def _line_jobs(self, args: Any) -> None:
         records = catalog.jobs(storage=args.storage, limit=args.limit)
         if not records:
@@ -269,6 +321,9 @@ class KineticMagics(Magics):
             print(f"{record.job_id:<26}  {when:<19}  {record.hosts:>5}  {record.accelerator:<12}  {record.status}")
 
     def _line_attach(self, args: Any) -> Any:
+        if args.job_id.startswith("ks-"):  # a session: this notebook's cells run on it from now on
+            self.session = attach_session(args.job_id, storage=args.storage)
+            return self.session
         handle = catalog.attach(args.job_id, storage=args.storage, echo=True, key_file=args.key_file,
                                 trust_unsigned=args.trust_unsigned)
         return self._wait_and_show(handle, _names(args.out))

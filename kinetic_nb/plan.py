@@ -37,10 +37,10 @@ DEFAULT_SHUTDOWN_TIMEOUT_S = 10
 DEFAULT_GRACE_S = 10.0
 
 
-def new_job_id() -> str:
-    """A job id that sorts by submission time and is unique enough to share a bucket."""
+def new_job_id(prefix: str = "kn") -> str:
+    """A job id (``kn-...``; a session's ``ks-...``) that sorts by time and is unique enough to share a bucket."""
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
-    return f"kn-{stamp}-{secrets.token_hex(3)}"
+    return f"{prefix}-{stamp}-{secrets.token_hex(3)}"
 
 
 def resolve_slice(hosts: int | None, accelerator: str | None) -> tuple[Accelerator, int]:
@@ -79,14 +79,20 @@ class CellPayload:
         self.names = names
 
 
-def prepare_cell(source: str, user_ns: Mapping[str, Any], *, filename: str, out: Iterable[str] = ()) -> CellPayload:
+def prepare_cell(source: str, user_ns: Mapping[str, Any], *, filename: str, out: Iterable[str] = (),
+                 held: Iterable[str] = (), extra: Mapping[str, Any] | None = None) -> CellPayload:
     """Check and pickle the cell before any host starts.
+
+    ``held`` are names the hosts already hold (a session's): they are taken
+    from the hosts and never shipped from the notebook. ``extra`` adds keys to
+    the payload (a session cell's framework).
 
     Raises ``CellSyntaxError`` naming the cell line, or
     ``UnpicklableValueError`` naming the variable, its type and the reason.
     """
     tree = capture.parse_cell(source, filename)
-    names = capture.names_read_from_notebook(tree, user_ns)
+    held = set(held)
+    names = [name for name in capture.names_read_from_notebook(tree, user_ns) if name not in held]
     namespace = capture.pickle_namespace(names, user_ns)
     modules = capture.imported_modules(tree) | capture.module_roots(user_ns[name] for name in names)
     data = cloudpickle.dumps(
@@ -95,6 +101,7 @@ def prepare_cell(source: str, user_ns: Mapping[str, Any], *, filename: str, out:
             protocol.CELL_FILENAME: filename,
             protocol.CELL_NAMESPACE: namespace,
             protocol.CELL_OUT_NAMES: list(out),
+            **dict(extra or {}),
         }
     )
     return CellPayload(data, modules, names)
@@ -111,6 +118,8 @@ def make_plan(
     timeout: float | None = None,
     env_names: Iterable[str] = (),
     grace: float | None = None,
+    session: bool = False,
+    idle_timeout: float | None = None,
 ) -> JobPlan:
     return JobPlan(
         job_id=job_id,
@@ -125,6 +134,8 @@ def make_plan(
         timeout_s=timeout,
         simulated=simulated,
         env_names=tuple(env_names),
+        session=session,
+        idle_timeout_s=idle_timeout,
         grace_s=DEFAULT_GRACE_S if grace is None else grace,
         created_at=time.time(),
     )

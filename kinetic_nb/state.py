@@ -50,7 +50,7 @@ SNAPSHOT_INTERVAL_S = 0.25
 #: host's last line nor echoed as the leader's output.
 CHATTER = re.compile(r"^\[Gloo\] Rank \d+ is connected to \d+ peer ranks\b.*$")
 #: Host states that need no attention.
-FINE_STATES = frozenset({HostState.PENDING.value, HostState.READY.value, HostState.RUNNING.value,
+FINE_STATES = frozenset({HostState.PENDING.value, HostState.READY.value, HostState.RUNNING.value, HostState.IDLE.value,
                          HostState.SUCCEEDED.value})
 #: Messages of errors that follow from losing a peer (gloo, NCCL, the JAX
 #: coordination service), rather than from a host's own code.

@@ -54,6 +54,12 @@ def new_key() -> bytes:
     return secrets.token_bytes(KEY_BYTES)
 
 
+def derived_key(key: bytes, purpose: str) -> bytes:
+    """A key for one part of a job (a session's cell: ``"cells/000003"``), so its records cannot be
+    replayed onto another part under the same names."""
+    return hmac.new(key, b"kinetic-nb/derive\0" + purpose.encode(), hashlib.sha256).digest()
+
+
 def key_from_environment(environ: dict[str, str] | os._Environ = os.environ, *, remove: bool = True) -> bytes | None:
     """The job's key from :data:`KEY_ENV` (removed from ``environ`` by default), or None when there is none."""
     raw = environ.pop(KEY_ENV, None) if remove else environ.get(KEY_ENV)

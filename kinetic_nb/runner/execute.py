@@ -145,6 +145,10 @@ class HostRun:
         self.plan: JobPlan | None = None
         self.phase = Phase.STARTUP
         self._failure_reported = False
+        #: Where this host's outcome goes, under which key: the job's own; a session's current cell's.
+        self.outcome_storage = storage
+        self.outcome_key = key
+        self.failure_line = ""
 
     def _enter(self, phase: Phase, state: HostState | None = None) -> None:
         self.phase = phase
@@ -155,6 +159,8 @@ class HostRun:
             self.status.start()
             self._enter(Phase.PLAN_CHECK)
             plan = self.plan = self._check_plan()
+            if plan.session:
+                return self._serve_session(plan)
             self._enter(Phase.PAYLOAD_LOAD)
             cell = self._load_payload(plan)
             self._enter(Phase.START_BARRIER, HostState.READY)
@@ -179,6 +185,17 @@ class HostRun:
             return protocol.EXIT_FAILED
         self._tear_down()
         return protocol.EXIT_OK
+
+    def _serve_session(self, plan: JobPlan) -> int:
+        """A session: start together, then serve cells until the session stops (see ``runner.session``)."""
+        from kinetic_nb.runner.session import SessionLoop
+
+        self._enter(Phase.START_BARRIER, HostState.READY)
+        if self.is_leader:
+            barrier.wait_as_leader(self.storage, plan)
+        else:
+            barrier.wait_as_worker(self.storage, plan)
+        return SessionLoop(self).serve()
 
     def _check_plan(self) -> JobPlan:
         if self.key is None:
@@ -222,7 +239,7 @@ class HostRun:
         # Pickled into a temporary file, signed in the same pass, and streamed
         # up: a large value is not held twice in memory (the object and its bytes).
         with tempfile.TemporaryFile() as pickled:
-            sealing = envelope.SealingWriter(pickled, self.key, protocol.RESULT)
+            sealing = envelope.SealingWriter(pickled, self.outcome_key, protocol.RESULT)
             try:
                 cloudpickle.dump(payload.to_dict(), sealing)
             except Exception as error:
@@ -231,7 +248,7 @@ class HostRun:
             sealing.finish()
             self._enter(Phase.RESULT_UPLOAD)
             pickled.seek(0)
-            self.storage.write_file(protocol.RESULT, pickled, exclusive=True)
+            self.outcome_storage.write_file(protocol.RESULT, pickled, exclusive=True)
 
     def _report_unpicklable(self, value: Any, outputs: dict[str, Any], error: Exception) -> None:
         """Name what could not be pickled, and ship its repr instead."""
@@ -255,7 +272,7 @@ class HostRun:
             return  # the first report, nearest the cause, stands
         self._failure_reported = True
         state = HostState.STOPPED if stopped else HostState.FAILED
-        first_line = self.redactor.text(f"{exception_type_name(error)}: {error}".splitlines()[0])
+        first_line = self.failure_line = self.redactor.text(f"{exception_type_name(error)}: {error}".splitlines()[0])
         remote_traceback = self.redactor.text(cell_traceback(error, self.filename))
         self.status.update(state=state, phase=self.phase, message=first_line,
                            traceback="" if stopped else remote_traceback)
@@ -268,6 +285,7 @@ class HostRun:
         if self.key is None:
             self.status.stop()
             return  # nothing can be signed: the status and the exit record say why
+        in_session = self.plan is not None and self.plan.session
         payload = ResultPayload(
             success=False,
             exception=_shippable_exception(error, self.redactor),
@@ -282,11 +300,13 @@ class HostRun:
         )
         try:
             name = protocol.result_object(self.host_index)
-            envelope.write_sealed(self.storage, name, self.key, cloudpickle.dumps(payload.to_dict()), exclusive=True)
+            envelope.write_sealed(self.outcome_storage, name, self.outcome_key, cloudpickle.dumps(payload.to_dict()),
+                                  exclusive=True)
         except Exception:
             logger.exception("host %d could not write its failure payload", self.host_index)
         finally:
-            self.status.stop()
+            if not in_session:  # a session's host lives on after a failed cell
+                self.status.stop()
 
     def _tear_down(self) -> None:
         """Leave the framework's group; a problem now is a warning, the outcome is recorded."""

@@ -50,10 +50,14 @@ class LogChunkWriter:
                           for stream in (protocol.STDOUT, protocol.STDERR)}
         self._segments: list[list[str]] = []
         self._seq = 0
+        #: A session's host: the cell its output belongs to, from the mark it prints when one starts.
+        self.cell = 0
         self._last_flush = time.monotonic()
 
     def feed(self, data: bytes, stream: str = protocol.STDOUT) -> None:
         text = self._decoders[stream].decode(data)
+        if stream == protocol.STDOUT and "\x1e" in text:
+            text = self._take_cell_marks(text)
         if text:
             self._append(stream, text)
         if time.monotonic() - self._last_flush >= FLUSH_INTERVAL_S:
@@ -65,11 +69,26 @@ class LogChunkWriter:
         else:
             self._segments.append([stream, text])
 
+    def _take_cell_marks(self, text: str) -> str:
+        """Split ``text`` at each cell mark: what came before a mark is flushed as the previous cell's;
+        what follows the last mark is returned."""
+        parts = protocol.CELL_MARK_RE.split(text)  # [text, end, seq, text, end, seq, ..., text]
+        for index in range(0, len(parts) - 1, 3):
+            if parts[index]:
+                self._append(protocol.STDOUT, parts[index])
+            if parts[index + 1]:  # the cell's end: its output, stored now and marked as its last
+                self.flush(cell_end=True)
+            else:
+                self.flush()
+                self.cell = int(parts[index + 2])
+        return parts[-1]
+
     def due(self) -> bool:
         return bool(self._segments) and time.monotonic() - self._last_flush >= FLUSH_INTERVAL_S
 
-    def flush(self, final: bool = False) -> None:
-        """Write what is buffered as the next chunk (``final``: the host has ended)."""
+    def flush(self, final: bool = False, *, cell_end: bool = False) -> None:
+        """Write what is buffered as the next chunk (``final``: the host has ended; ``cell_end``: a
+        session's cell has, and its last chunk is written even when empty)."""
         self._last_flush = time.monotonic()
         if final:
             for stream, decoder in self._decoders.items():
@@ -89,11 +108,11 @@ class LogChunkWriter:
             segments += [(stream, self._redactor.text(held)) for stream, held in self._held.items() if held]
             self._held = {stream: "" for stream in self._held}
         self._segments = []
-        if not segments:
+        if not segments and not cell_end:
             return
         name = protocol.host_log_chunk(self._host_index, self._seq)
         try:
-            self._storage.write_bytes(name, protocol.encode_log_chunk(segments))
+            self._storage.write_bytes(name, protocol.encode_log_chunk(segments, self.cell, end=cell_end))
             self._seq += 1
         except Exception as error:
             logger.warning("could not write %s", name, exc_info=True)

@@ -31,6 +31,7 @@ import dataclasses
 import enum
 import json
 import re
+import typing
 from typing import Any, ClassVar
 
 #: Bumped whenever an object name, a payload key or a record's shape changes
@@ -105,18 +106,37 @@ def parse_stacks_request(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def encode_log_chunk(segments: list[tuple[str, str]]) -> bytes:
-    """A log chunk: ``[[stream, text], ...]`` in the order the host wrote them."""
-    return json.dumps([[stream, text] for stream, text in segments], ensure_ascii=False).encode()
+def encode_log_chunk(segments: list[tuple[str, str]], cell: int = 0, *, end: bool = False) -> bytes:
+    """A log chunk: ``[[stream, text], ...]`` in the order the host wrote them; a session's chunk also
+    names its cell, and the cell's last chunk says so: ``{"cell": seq, "end": true, "segments": [...]}``."""
+    pairs = [[stream, text] for stream, text in segments]
+    if not cell:
+        return json.dumps(pairs, ensure_ascii=False).encode()
+    return json.dumps({"cell": cell, "end": end, "segments": pairs}, ensure_ascii=False).encode()
+
+
+class LogChunk(typing.NamedTuple):
+    cell: int
+    segments: list[tuple[str, str]]
+    #: The last chunk of its cell: whatever the host printed during the cell is stored.
+    end: bool = False
+
+
+def decode_log_chunk_of_cell(data: bytes) -> LogChunk:
+    """A log chunk with its cell (0 outside a session); text that is not a chunk counts as stdout."""
+    try:
+        record = json.loads(data)
+        if isinstance(record, dict):
+            return LogChunk(int(record.get("cell", 0)), [(str(s), str(t)) for s, t in record["segments"]],
+                            bool(record.get("end")))
+        return LogChunk(0, [(str(stream), str(text)) for stream, text in record])
+    except (ValueError, TypeError, KeyError):
+        return LogChunk(0, [(STDOUT, data.decode(errors="replace"))])
 
 
 def decode_log_chunk(data: bytes) -> list[tuple[str, str]]:
-    """The ``(stream, text)`` segments of a log chunk; text that is not a chunk counts as stdout."""
-    try:
-        segments = json.loads(data)
-        return [(str(stream), str(text)) for stream, text in segments]
-    except (ValueError, TypeError):
-        return [(STDOUT, data.decode(errors="replace"))]
+    """The ``(stream, text)`` segments of a log chunk."""
+    return decode_log_chunk_of_cell(data).segments
 
 
 def parse_worker_result(name: str) -> int | None:
@@ -169,6 +189,8 @@ class HostState(str, enum.Enum):
     FAILED = "failed"
     STOPPED = "stopped"
     LOST = "lost"
+    #: A session's host between cells: up, its framework initialized, its namespace kept.
+    IDLE = "idle"
     #: Shown by the client, never written by a host: still running, but it has
     #: printed nothing and changed no phase for ``grace_s`` since another host ended.
     QUIET = "quiet"
@@ -246,6 +268,10 @@ class JobPlan:
     #: The names of the variables the user set for every host (``-e``); their values never enter
     #: storage: they reach the hosts beside the job's key (an agent's environment, a Secret).
     env_names: tuple[str, ...] = ()
+    #: A session: the hosts stay up between cells (``cells/{seq}/``) and keep their namespaces.
+    session: bool = False
+    #: A session with no cell for this long stops itself, with or without a client; None: never.
+    idle_timeout_s: float | None = None
     protocol_version: int = PROTOCOL_VERSION
 
     @property
@@ -289,13 +315,19 @@ class HostStatus:
     traceback: str = ""
     #: ``[phase, started_at]`` for every phase entered, in order: the timeline.
     history: list = dataclasses.field(default_factory=list)
+    #: A session's host: the cell it is on (or last finished), and how that cell went on it.
+    cell: int = 0
+    cell_failed: bool = False
+    #: A session's host: the names its namespace holds after its last cell (what the notebook need not ship).
+    names: list = dataclasses.field(default_factory=list)
 
     def to_json(self) -> bytes:
         return _to_json(self)
 
     @classmethod
     def from_json(cls, data: bytes) -> HostStatus:
-        return cls(**json.loads(data))
+        known = {field.name for field in dataclasses.fields(cls)}
+        return cls(**{key: value for key, value in json.loads(data).items() if key in known})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -466,6 +498,41 @@ class ResultPayload:
         values["success"] = bool(values.get("success"))
         values["outputs"] = dict(values.get("outputs") or {})
         return cls(**values)
+
+
+# -- sessions: a slice kept up across cells ------------------------------------------------------
+
+SESSIONS_DIR = "sessions"
+CELLS_DIR = "cells"
+#: Carried to the host's agent in-band on stdout when a session's host starts a cell: its log chunks
+#: from there on belong to that cell. Unprintable framing that no program prints by accident.
+CELL_MARK = "\x1ekinetic-cell:{seq}\x1e"
+#: Printed when the cell ends: the agent stores the cell's output at once, marked as its last.
+CELL_END_MARK = "\x1ekinetic-cell-end:{seq}\x1e"
+CELL_MARK_RE = re.compile("\x1ekinetic-cell(-end)?:(\\d+)\x1e")
+
+
+def cell_dir(seq: int) -> str:
+    """Where cell ``seq`` of a session keeps its payload and its outcome."""
+    return f"{CELLS_DIR}/{seq:06d}"
+
+
+def cell_ready(host_index: int) -> str:
+    """Host ``host_index`` has loaded the cell and waits at its barrier (inside the cell's directory)."""
+    return f"ready-{host_index}"
+
+
+def cell_control(seq: int, what: str) -> str:
+    """``control/cell-{seq}-{what}.json``: ``submitted`` (a cell is waiting), ``failed``, ``interrupt``."""
+    return f"{CONTROL_DIR}/cell-{seq:06d}-{what}.json"
+
+
+_CELL_CONTROL_RE = re.compile(r"^control/cell-(\d+)-(\w+)\.json$")
+
+
+def parse_cell_control(name: str) -> tuple[int, str] | None:
+    match = _CELL_CONTROL_RE.match(name)
+    return (int(match.group(1)), match.group(2)) if match else None
 
 
 def stopped_message(host_index: int, phase: str) -> str:

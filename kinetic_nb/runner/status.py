@@ -7,6 +7,7 @@ import logging
 import os
 import threading
 import time
+from typing import Any
 
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.protocol import HostState, HostStatus, Phase
@@ -46,11 +47,15 @@ class StatusReporter:
         threading.Thread(target=self._beat, name="kinetic-heartbeat", daemon=True).start()
 
     def update(
-        self, *, state: HostState | None = None, phase: Phase | None = None, message: str = "", traceback: str = ""
+        self, *, state: HostState | None = None, phase: Phase | None = None, message: str = "", traceback: str = "",
+        **session: Any,
     ) -> None:
+        """Record a change of state or phase; ``session`` sets a session host's ``cell``, ``cell_failed``, ``names``."""
         with self._lock:
             now = time.time()
             history = self._status.history
+            if session.get("cell", self._status.cell) != self._status.cell:
+                history = []  # a session's timeline is its current cell's
             if phase is not None and phase.value != self._status.phase:
                 history = [*history, [phase.value, now]]
             self._status = dataclasses.replace(
@@ -61,6 +66,7 @@ class StatusReporter:
                 traceback=traceback,
                 updated_at=now,
                 history=history,
+                **session,
             )
         self._write_status()
 

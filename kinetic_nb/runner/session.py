@@ -1,0 +1,203 @@
+"""A session's host: up once, the framework initialized once, one namespace kept from cell to cell.
+
+After the plan check and the coordinated start (the same as a one-shot job's),
+the host waits for ``cells/{seq}/payload.pkl`` (one object, looked at with a
+growing pause, never a listing), then for each cell:
+
+- loads the cell's payload (verified under the cell's own key) and adds the
+  notebook values it ships to the namespace;
+- meets the other hosts at the cell's barrier (``cells/{seq}/ready-{i}``, the
+  leader's verdict in ``cells/{seq}/.leader_ready``), so a host that cannot
+  load the cell stops it everywhere before anyone enters a collective;
+- runs it, with SIGINT raising ``KeyboardInterrupt`` only while it runs;
+- writes the cell's outcome as a job does (the leader's ``result.pkl``, a
+  worker's ``result-worker-{i}.pkl`` only on failure) in the cell's directory;
+- goes back to idle, its status naming the cell, how it went and the names the
+  namespace now holds.
+
+A failure, ``SystemExit`` and ``KeyboardInterrupt`` included, fails the cell
+and leaves the namespace as the cell left it; the host stays up. Whether the
+session survives the failure is its agent's call (every host back to idle
+within the grace period). Host-safe.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import cloudpickle
+
+from kinetic_nb.errors import HostStoppedError, KineticTimeoutError, ObjectNotFoundError
+from kinetic_nb.runner import envelope, frameworks, protocol
+from kinetic_nb.runner.protocol import FirstFailure, HostState, LeaderReady, Phase
+from kinetic_nb.storage import Storage
+
+if TYPE_CHECKING:
+    from kinetic_nb.runner.execute import HostRun
+
+#: First and longest pause between two looks for the next cell: short right after a cell (the next
+#: one often follows at once), longer when idle, so idle hosts cost storage little.
+FIRST_LOOK_S = 0.001
+MAX_LOOK_LOCAL_S = 0.02
+MAX_LOOK_REMOTE_S = 1.0
+#: Keys of a cell's payload that only sessions use.
+CELL_SEQ = "seq"
+CELL_FRAMEWORK = "framework"
+#: Names a namespace always holds that are no cell's.
+_HIDDEN = frozenset({"__builtins__", "__name__"})
+
+
+def cell_key(key: bytes, seq: int) -> bytes:
+    """The key of cell ``seq``'s records: a record of one cell never verifies as another's."""
+    return envelope.derived_key(key, protocol.cell_dir(seq))
+
+
+def held_names(namespace: dict[str, Any]) -> list[str]:
+    return sorted(name for name in namespace if name not in _HIDDEN)
+
+
+class SessionLoop:
+    """Runs a session's cells on one host, through ``run``'s records and reports."""
+
+    def __init__(self, run: HostRun):
+        self.run = run
+        self.storage = run.storage
+        self.plan = run.plan
+        self.namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
+        self.initialized = False
+        self._max_look = MAX_LOOK_LOCAL_S if self.storage.local_path() else MAX_LOOK_REMOTE_S
+
+    def serve(self) -> int:
+        """Initialize the framework (unless the first cell that imports it will), then run cells until stopped."""
+        run = self.run
+        if self.plan.framework not in ("auto", "none"):
+            run._enter(Phase.DISTRIBUTED_INIT, HostState.RUNNING)
+            frameworks.initialize(self.plan, run.host_index)
+            self.initialized = True
+        run.status.update(state=HostState.IDLE, phase=Phase.TEARDOWN, cell=0, names=held_names(self.namespace))
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # an interrupt reaches a cell, never the loop
+        seq = 1
+        while self._wait_for(seq):
+            self._run_cell(seq)
+            seq += 1
+        return protocol.EXIT_OK
+
+    def _wait_for(self, seq: int) -> bool:
+        """Wait for cell ``seq``'s payload; False once the session is stopped."""
+        payload = f"{protocol.cell_dir(seq)}/{protocol.PAYLOAD}"
+        pause = FIRST_LOOK_S
+        while True:
+            if self.storage.exists(payload):
+                return True
+            if self.storage.exists(protocol.CANCEL):
+                return False
+            time.sleep(pause)
+            pause = min(pause * 1.5, self._max_look)
+
+    def _run_cell(self, seq: int) -> None:
+        run = self.run
+        cell_storage = self.storage.child(protocol.cell_dir(seq))
+        run.outcome_storage, run.outcome_key = cell_storage, cell_key(run.key, seq)
+        run._failure_reported = False
+        run.phase = Phase.PAYLOAD_LOAD
+        run.status.update(state=HostState.RUNNING, phase=Phase.PAYLOAD_LOAD, cell=seq, cell_failed=False)
+        try:
+            cell = envelope.load_sealed(cell_storage, protocol.PAYLOAD, run.outcome_key)
+            run.filename = cell[protocol.CELL_FILENAME]
+            values = {}
+            for name, pickled in cell[protocol.CELL_NAMESPACE].items():
+                try:
+                    values[name] = cloudpickle.loads(pickled)
+                except Exception as error:
+                    error.add_note(f"while loading the notebook variable {name!r} on host {run.host_index}")
+                    raise
+            run._enter(Phase.START_BARRIER, HostState.READY)
+            self._barrier(cell_storage)
+            self.namespace.update(values)
+            if not self.initialized and cell.get(CELL_FRAMEWORK, "none") != "none":
+                run._enter(Phase.DISTRIBUTED_INIT, HostState.RUNNING)
+                frameworks.initialize(_with_framework(self.plan, cell[CELL_FRAMEWORK]), run.host_index)
+                self.initialized = True
+            run._enter(Phase.EXECUTE, HostState.RUNNING)
+            print(protocol.CELL_MARK.format(seq=seq), end="", flush=True)  # the agent: logs from here are this cell's
+            from kinetic_nb.runner.execute import run_cell
+
+            with _interruptible():
+                value = run_cell(cell[protocol.CELL_SOURCE], run.filename, self.namespace)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            if run.is_leader:
+                run._report_success(value, self.namespace, cell[protocol.CELL_OUT_NAMES])
+            failed = False
+        except HostStoppedError as stop:
+            run._report_failure(stop, stopped=True)
+            failed = True
+        except BaseException as error:  # noqa: BLE001 - SystemExit and KeyboardInterrupt fail the cell, not the host
+            run._report_failure(error)
+            self._tell_the_agent(seq, error)
+            failed = True
+        sys.stderr.flush()
+        print(protocol.CELL_END_MARK.format(seq=seq), end="", flush=True)  # the agent stores the cell's output now
+        run.status.update(state=HostState.IDLE, phase=Phase.TEARDOWN, cell=seq, cell_failed=failed,
+                          names=held_names(self.namespace), message=run.failure_line if failed else "")
+
+    def _barrier(self, cell_storage: Storage) -> None:
+        """The cell's coordinated start: every host has loaded it, or nobody runs it."""
+        run = self.run
+        cell_storage.write_bytes(protocol.cell_ready(run.host_index), b"")
+        deadline = time.monotonic() + self.plan.barrier_timeout_s
+        pause = FIRST_LOOK_S
+        while time.monotonic() < deadline:
+            if run.is_leader:
+                names = {info.name for info in cell_storage.list()}
+                failed = sorted(i for i in range(1, self.plan.hosts) if protocol.worker_result(i) in names)
+                if failed:
+                    cell_storage.write_bytes(protocol.LEADER_READY, LeaderReady(False, failed[0], "payload load")
+                                             .to_json())
+                    raise HostStoppedError(protocol.stopped_message(failed[0], Phase.PAYLOAD_LOAD.value))
+                if all(protocol.cell_ready(i) in names for i in range(self.plan.hosts)):
+                    cell_storage.write_bytes(protocol.LEADER_READY, LeaderReady(True).to_json())
+                    return
+            else:
+                try:
+                    verdict = LeaderReady.from_json(cell_storage.read_bytes(protocol.LEADER_READY))
+                except ObjectNotFoundError:
+                    verdict = None
+                if verdict is not None:
+                    if verdict.go:
+                        return
+                    raise HostStoppedError(protocol.stopped_message(verdict.failed_host, verdict.failed_phase))
+                if cell_storage.exists(protocol.RESULT):  # the leader failed to load the cell
+                    raise HostStoppedError(protocol.stopped_message(protocol.LEADER_INDEX, Phase.PAYLOAD_LOAD.value))
+            time.sleep(pause)
+            pause = min(pause * 1.5, self._max_look)
+        raise KineticTimeoutError(f"cell barrier: not every host loaded the cell within {self.plan.barrier_timeout_s:g} s")
+
+    def _tell_the_agent(self, seq: int, error: BaseException) -> None:
+        """The first failure of a cell: the agent then checks that every host comes back to idle."""
+        record = FirstFailure(host_index=self.run.host_index, at=time.time(),
+                              description=f"{type(error).__name__} in cell {seq}")
+        with contextlib.suppress(Exception):  # the agent also sees the host's status
+            self.storage.write_bytes(protocol.cell_control(seq, "failed"), record.to_json(), exclusive=True)
+
+
+@contextlib.contextmanager
+def _interruptible() -> Iterator[None]:
+    """SIGINT raises ``KeyboardInterrupt`` in the cell (an interrupt from the notebook), and only there."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _with_framework(plan: Any, framework: str) -> Any:
+    import dataclasses
+
+    return dataclasses.replace(plan, framework=framework)

@@ -1,0 +1,554 @@
+"""Sessions: a slice kept up across cells, its hosts' namespaces kept from cell to cell.
+
+``start(hosts=4)`` starts the hosts once (and the framework once) and returns
+a :class:`Session` when every host is idle; ``session.run(source)`` sends one
+cell to every host and returns a :class:`CellHandle` with the one-shot
+handle's methods. Each cell has its own records under ``cells/{seq}/`` and
+the seed's outcome rules; a failed cell keeps the session when every host is
+back to idle within the grace period, and ends it otherwise (the host agent
+decides, with or without a client). A session stops itself after its idle
+timeout.
+
+Everything is in storage under ``{root}/sessions/{session_id}/``, signed as a
+job's records are (each cell's under its own derived key), so ``sessions()``
+and ``attach_session()`` work from any kernel of the same user.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from kinetic_nb.accelerators import local_notice
+from kinetic_nb.backends import Backend, JobSecrets, get_backend
+from kinetic_nb.client import JobHandle, print_to_stdout, warn_if_shared
+from kinetic_nb.errors import (
+    IntegrityError,
+    KineticError,
+    KineticTimeoutError,
+    ObjectExistsError,
+    ObjectNotFoundError,
+)
+from kinetic_nb.keys import create_key, load_key
+from kinetic_nb.plan import choose_framework, make_plan, new_job_id, prepare_cell, resolve_slice
+from kinetic_nb.poller import _HostRecords
+from kinetic_nb.results import resolve_outcome
+from kinetic_nb.runner import protocol
+from kinetic_nb.runner.envelope import read_sealed, write_sealed
+from kinetic_nb.runner.protocol import CancelRequest, ExitSummary, HostState, HostStatus, JobPlan, Phase
+from kinetic_nb.runner.session import CELL_FRAMEWORK, cell_key
+from kinetic_nb.state import CHATTER, SNAPSHOT_INTERVAL_S, HostSnapshot, JobSnapshot, JobStatus, without_chatter
+from kinetic_nb.storage import Storage, default_root, open_storage
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["CellHandle", "Session", "SessionEndedError", "attach_session", "sessions", "start"]
+
+#: A session with no cell for this long stops itself (a forgotten TPU slice costs money).
+DEFAULT_IDLE_TIMEOUT_S = 3600.0
+#: First and longest pause between two polls of a cell: a trivial cell's round trip is what a session is for.
+FIRST_POLL_S = 0.001
+MAX_POLL_S = 0.1
+POLL_GROWTH = 1.5
+#: How long a finished cell waits for the leader's output to be stored (the agent writes it at once).
+OUTPUT_WAIT_S = 2.0
+
+
+class SessionEndedError(KineticError):
+    """The session is no longer up (stopped, idle too long, or ended by a failure); ``restart()`` starts it again."""
+
+
+class Session:
+    """A slice kept up across cells. Run cells with :meth:`run`; ``stop``, ``restart``."""
+
+    def __init__(self, job: JobHandle, *, echo: Callable[[str, str], None] | None = None):
+        #: The hosts as one long job: their states, logs, stacks, and stopping them.
+        self.job = job
+        self.echo = echo
+        self.cells_run = 0
+        self._last_seq = 0
+        self._lock = threading.Lock()
+
+    @property
+    def session_id(self) -> str:
+        return self.job.job_id
+
+    @property
+    def plan(self) -> JobPlan:
+        return self.job.plan
+
+    @property
+    def storage(self) -> Storage:
+        return self.job.storage
+
+    def __repr__(self) -> str:
+        return f"<Session {self.session_id} {self.plan.hosts} hosts {self.state()}>"
+
+    # -- state ---------------------------------------------------------------------------
+
+    def ended(self) -> str | None:
+        """Why the session ended, or None while it is up."""
+        try:
+            return CancelRequest.from_json(self.storage.read_bytes(protocol.CANCEL)).reason
+        except ObjectNotFoundError:
+            pass
+        if self.job.status().done:
+            return "its hosts have ended"
+        return None
+
+    def state(self) -> str:
+        return "up" if self.ended() is None else "ended"
+
+    def held_names(self) -> list[str]:
+        """The names the leader's namespace holds after its last cell."""
+        try:
+            return list(HostStatus.from_json(self.storage.read_bytes(protocol.host_status(0))).names)
+        except ObjectNotFoundError:
+            return []
+
+    def summary(self) -> str:
+        """Hosts, their states, uptime, cells run and the idle countdown, as text."""
+        snapshot = self.job.snapshot()
+        uptime = time.time() - self.plan.created_at
+        lines = [f"session {self.session_id} · {snapshot.backend} · {self.plan.accelerator} · {self.plan.hosts} hosts "
+                 f"· framework {self.plan.framework} · up {uptime:.0f} s · {self._last_seq} cells"]
+        if self.plan.idle_timeout_s:
+            last = max((host.updated_at or 0.0 for host in snapshot.hosts), default=0.0)
+            left = self.plan.idle_timeout_s - (time.time() - max(last, self.plan.created_at))
+            lines[0] += f" · stops itself after {max(0.0, left):.0f} s idle"
+        ended = self.ended()
+        if ended:
+            lines.append(f"ended: {ended}")
+        for host in snapshot.hosts:
+            lines.append(f"{host.index:>5}{'*' if host.is_leader else ' '}  {host.state:<9}  {host.last_line[:100]}")
+        return "\n".join(lines)
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(repr(self) if cycle else self.summary())
+
+    # -- cells ---------------------------------------------------------------------------
+
+    def run(self, source: str, *, out: Iterable[str] = (), namespace: Mapping[str, Any] | None = None,
+            timeout: float | None = None, cell_name: str = "kinetic cell", echo: Any = None) -> CellHandle:
+        """Send ``source`` to every host; a handle on the cell (``result()``, ``hosts()``, ``logs()``, ...).
+
+        Names the hosts already hold are taken from the hosts, never shipped
+        from ``namespace``; other names the cell reads from ``namespace`` are
+        shipped as a one-shot job ships them.
+        """
+        ended = self.ended()
+        if ended is not None:
+            raise SessionEndedError(f"session {self.session_id} has ended ({ended}); restart() starts it again")
+        if timeout is not None and not (timeout > 0 and timeout != float("inf")):
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout}")
+        out = list(out)
+        held = self.held_names()
+        payload = prepare_cell(source, namespace or {}, filename=f"<{cell_name}>", out=out, held=held)
+        if self.plan.framework == "auto":  # initialized on the hosts by the first cell that imports one
+            payload = prepare_cell(source, namespace or {}, filename=f"<{cell_name}>", out=out, held=held,
+                                   extra={CELL_FRAMEWORK: choose_framework("auto", payload.modules)})
+        seq = self._submit(payload.data)
+        printer = print_to_stdout if echo is True else (echo or self.echo)
+        return CellHandle(self, seq, timeout=timeout, echo=printer)
+
+    def _submit(self, data: bytes) -> int:
+        """Store the cell under the next free number: cells from two kernels run one at a time, in order."""
+        with self._lock:
+            seq = self._last_seq + 1
+            while True:
+                name = f"{protocol.cell_dir(seq)}/{protocol.PAYLOAD}"
+                try:
+                    write_sealed(self.storage.child(protocol.cell_dir(seq)), protocol.PAYLOAD,
+                                 cell_key(self.job.key, seq), data, exclusive=True)
+                    break
+                except ObjectExistsError:
+                    logger.debug("%s taken by another kernel", name)
+                    seq += 1
+            self._last_seq = seq
+            self.cells_run += 1
+        self.storage.write_json(protocol.cell_control(seq, "submitted"), {"at": time.time()})
+        return seq
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def stop(self, reason: str = "stopped by the user") -> None:
+        """Stop every host; the session's records stay (``gc`` removes them)."""
+        if self.ended() is None:
+            self.job.cancel(f"the session was {reason}" if reason.startswith("stopped") else reason)
+
+    def restart(self) -> Session:
+        """Stop this session and start a fresh one of the same shape (fresh state)."""
+        self.stop("stopped for a restart")
+        return _start_from(self.job, echo=self.echo)
+
+
+class CellHandle:
+    """One cell of a session: its outcome by the seed's rules, its hosts, logs and stacks."""
+
+    def __init__(self, session: Session, seq: int, *, timeout: float | None = None,
+                 echo: Callable[[str, str], None] | None = None):
+        self.session = session
+        self.seq = seq
+        self.timeout = timeout
+        self.echo = echo
+        self.storage = session.storage.child(protocol.cell_dir(seq))
+        self.key = cell_key(session.job.key, seq)
+        self.plan = session.plan
+        self.outputs: dict[str, Any] = {}
+        self._records = [_HostRecords() for _ in range(self.plan.hosts)]
+        self._statuses: dict[int, HostStatus] = {}
+        self._versions: dict[str, str] = {}
+        self._submitted = time.time()
+        self._interrupted = False
+        self._payload: Any = None
+        #: Hosts whose output for this cell is all stored (their agent wrote the cell's last chunk).
+        self._output_complete: set[int] = set()
+
+    @property
+    def job_id(self) -> str:
+        return f"{self.session.session_id}/{protocol.cell_dir(self.seq)}"
+
+    def __repr__(self) -> str:
+        return f"<CellHandle {self.job_id}>"
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def snapshot(self) -> JobSnapshot:
+        """The cell as it is now: one listing of the hosts' records (only new ones are read)."""
+        listing = self.session.storage.list(protocol.HOSTS_DIR + "/")
+        for info in listing:
+            parsed = protocol.parse_host_object(info.name)
+            if parsed is None or parsed[0] >= self.plan.hosts or self._versions.get(info.name) == info.version:
+                continue
+            index, kind, _ = parsed
+            if kind == "heartbeat":
+                self._records[index].heartbeat_at = info.updated
+                continue
+            if kind not in ("status", "log", "exit"):
+                continue
+            try:
+                data = self.session.storage.read_bytes(info.name)
+            except ObjectNotFoundError:
+                continue
+            self._versions[info.name] = info.version
+            if kind == "status":
+                self._statuses[index] = HostStatus.from_json(data)
+            elif kind == "exit":
+                self._records[index].exit = ExitSummary.from_json(data)
+            else:
+                chunk = protocol.decode_log_chunk_of_cell(data)
+                if chunk.cell != self.seq:
+                    continue
+                if chunk.end:
+                    self._output_complete.add(index)
+                for stream, text in chunk.segments:
+                    self._records[index].add_log(text)
+                    if index == protocol.LEADER_INDEX and self.echo is not None:
+                        shown = without_chatter(text)
+                        if shown:
+                            self.echo(shown, stream)
+        hosts = tuple(self._host(index) for index in range(self.plan.hosts))
+        return JobSnapshot(self.job_id, self.session.job.backend.name, self.plan.accelerator, self._status(hosts),
+                           self._submitted, time.time(), hosts)
+
+    def _host(self, index: int) -> HostSnapshot:
+        status, records = self._statuses.get(index), self._records[index]
+        lines = records.lines()
+        if records.exit is not None:
+            state = HostState.FAILED.value if records.exit.failed else HostState.STOPPED.value
+        elif status is None or status.cell < self.seq:
+            state = HostState.PENDING.value  # still on an earlier cell
+        elif status.cell > self.seq or status.state == HostState.IDLE.value:
+            failed = status.cell == self.seq and status.cell_failed
+            stopped = failed and status.message.split(":", 1)[0].endswith("HostStoppedError")
+            state = (HostState.STOPPED if stopped else HostState.FAILED if failed else HostState.SUCCEEDED).value
+        else:
+            state = status.state
+        current = status is not None and status.cell == self.seq
+        return HostSnapshot(
+            index=index, state=state, phase=status.phase if current else Phase.STARTUP.value,
+            started_at=(status.history[0][1] if current and status.history else None),
+            updated_at=status.updated_at if current else None, heartbeat_at=records.heartbeat_at,
+            last_line=next((line for line in reversed(lines) if line.strip() and not CHATTER.match(line)), ""),
+            log_tail=lines, message=status.message if current else "", traceback=status.traceback if current else "",
+            exit=records.exit,
+            history=tuple((phase, float(at)) for phase, at in status.history) if current else (),
+        )
+
+    def _status(self, hosts: tuple[HostSnapshot, ...]) -> JobStatus:
+        states = [host.state for host in hosts]
+        if all(state == HostState.SUCCEEDED.value for state in states):
+            return JobStatus.SUCCEEDED
+        ended = [state for state in states if state not in (HostState.PENDING.value, HostState.READY.value,
+                                                              HostState.RUNNING.value)]
+        if len(ended) < len(states):
+            return JobStatus.RUNNING if any(host.phase != Phase.STARTUP.value for host in hosts) else JobStatus.PENDING
+        return JobStatus.CANCELLED if self._interrupted and not any(
+            host.exit for host in hosts) else JobStatus.FAILED
+
+    def hosts(self) -> list[HostSnapshot]:
+        return list(self.snapshot().hosts)
+
+    def status(self) -> JobStatus:
+        return self.snapshot().status
+
+    def logs(self, host: int = protocol.LEADER_INDEX) -> str:
+        """Host ``host``'s output during this cell."""
+        self.snapshot()
+        return "".join(f"{line}\n" for line in self._records[host].lines())
+
+    def stacks(self, host: int | None = None) -> dict[int, str]:
+        return self.session.job.stacks(host)
+
+    def summary(self) -> str:
+        from kinetic_nb import views
+
+        return views.render("text", self.snapshot())
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(repr(self) if cycle else self.summary())
+
+    def describe_host(self, index: int) -> str:
+        host = self.snapshot().hosts[index]
+        text = host.exit.describe() if host.exit else f"was {host.state} in phase {host.phase}"
+        lines = [line for line in host.log_tail if line.strip()][-5:]
+        if lines:
+            text += "; last log lines:\n" + "\n".join(f"    {line}" for line in lines)
+        return text
+
+    # -- the outcome ---------------------------------------------------------------------------
+
+    def result(self, timeout: float | None = None, *,
+               on_snapshot: Callable[[JobSnapshot], None] | None = None) -> Any:
+        """The leader's value, or the right host's own exception (the seed's rules, root cause first).
+
+        When the session ended during the cell, the exception says so and
+        that ``restart()`` starts it again. An interrupt sends
+        ``KeyboardInterrupt`` into the cell on every host; the session stays
+        up when every host is back to idle within the grace period.
+        """
+        if self._payload is not None:
+            return self._payload.result
+        snapshot = self._wait(timeout, on_snapshot)
+        ended = self.session.ended()
+        exits = {host.index: host.exit for host in snapshot.hosts if host.exit is not None}
+        cell_plan = JobPlan(job_id=self.job_id, hosts=self.plan.hosts, accelerator=self.plan.accelerator,
+                            devices_per_host=self.plan.devices_per_host, framework=self.plan.framework,
+                            coordinator_address=self.plan.coordinator_address,
+                            barrier_timeout_s=self.plan.barrier_timeout_s,
+                            heartbeat_timeout_s=self.plan.heartbeat_timeout_s,
+                            shutdown_timeout_s=self.plan.shutdown_timeout_s)
+        status = snapshot.status
+        if status is JobStatus.CANCELLED:
+            status = JobStatus.FAILED  # an interrupted cell's KeyboardInterrupts are its outcome
+        try:
+            self._payload = resolve_outcome(self.storage, cell_plan, status, exits, self.storage.list,
+                                            self.describe_host, key=self.key)
+        except BaseException as error:
+            if ended is not None and isinstance(error, Exception):
+                error.add_note(f"The session {self.session.session_id} ended: {ended}. "
+                               "%kinetic restart (or session.restart()) starts it again.")
+            raise
+        self.outputs = dict(self._payload.outputs)
+        return self._payload.result
+
+    def _wait(self, timeout: float | None, on_snapshot: Callable[[JobSnapshot], None] | None) -> JobSnapshot:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        cell_deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        pause, shown_at = FIRST_POLL_S, 0.0
+        try:
+            while True:
+                snapshot = self.snapshot()
+                if snapshot.status.done or (self.session.ended() is not None and self._settled(snapshot)):
+                    snapshot = self._leader_output_in(snapshot)
+                    if on_snapshot is not None:
+                        on_snapshot(snapshot)
+                    return snapshot
+                now = time.monotonic()
+                if on_snapshot is not None and now - shown_at >= SNAPSHOT_INTERVAL_S:
+                    on_snapshot(snapshot)
+                    shown_at = now
+                if cell_deadline is not None and now > cell_deadline:
+                    self._stop_for_timeout()
+                if deadline is not None and now > deadline:
+                    raise KineticTimeoutError(f"cell {self.seq} of session {self.session.session_id} has not "
+                                              f"finished after {timeout:g} s; it goes on")
+                time.sleep(pause)
+                pause = min(pause * POLL_GROWTH, MAX_POLL_S)
+        except KeyboardInterrupt as interrupt:
+            interrupt.add_note(self._interrupt_and_report())
+            raise
+
+    def _leader_output_in(self, snapshot: JobSnapshot) -> JobSnapshot:
+        """Wait (a moment at most) for the leader's last chunk of this cell, so its output precedes the value."""
+        deadline = time.monotonic() + OUTPUT_WAIT_S
+        while protocol.LEADER_INDEX not in self._output_complete and time.monotonic() < deadline \
+                and snapshot.hosts[protocol.LEADER_INDEX].exit is None:
+            time.sleep(0.002)
+            snapshot = self.snapshot()
+        return snapshot
+
+    def _settled(self, snapshot: JobSnapshot) -> bool:
+        """A session that ended: wait until its hosts' ends are recorded (or a bounded moment has passed)."""
+        return all(host.exit is not None for host in snapshot.hosts) or time.time() - self._submitted > 3600 or \
+            self.session.job.status().done
+
+    def interrupt(self) -> None:
+        """``KeyboardInterrupt`` in the cell on every host (the session's agent sends it)."""
+        self._interrupted = True
+        try:
+            self.session.storage.write_json(protocol.cell_control(self.seq, "interrupt"), {"at": time.time()})
+        except ObjectExistsError:
+            pass
+
+    cancel = interrupt
+
+    def _interrupt_and_report(self) -> str:
+        """Interrupt, wait for every host to be back (or the session to end), and say which it was."""
+        self.interrupt()
+        deadline = time.monotonic() + self.plan.grace_s + 5
+        while time.monotonic() < deadline:
+            snapshot = self.snapshot()
+            if snapshot.status.done:
+                return (f"kinetic_nb: interrupted cell {self.seq} on every host; every host is back to idle and "
+                        f"session {self.session.session_id} is up")
+            if self.session.ended() is not None:
+                break
+            time.sleep(0.05)
+        stuck = [host.index for host in self.snapshot().hosts if not host.exit and host.state in (
+            HostState.RUNNING.value, HostState.READY.value)]
+        return (f"kinetic_nb: session {self.session.session_id} ended: "
+                f"{self.session.ended() or 'hosts ' + ', '.join(map(str, stuck)) + ' did not come back'}")
+
+    def _stop_for_timeout(self) -> None:
+        note = self._interrupt_and_report()
+        error = KineticTimeoutError(f"cell {self.seq} ran past its timeout of {self.timeout:g} s and was interrupted")
+        error.add_note(note)
+        raise error
+
+
+# -- starting, finding ---------------------------------------------------------------------------
+
+
+def _root(storage: str | None) -> Storage:
+    return open_storage(storage or default_root()).child(protocol.SESSIONS_DIR)
+
+
+def start(*, hosts: int | None = None, accelerator: str | None = None, backend: str | Backend = "local",
+          framework: str = "auto", env: Mapping[str, str] | None = None, storage: str | None = None,
+          idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT_S, grace: float | None = None,
+          backend_options: Mapping[str, Any] | None = None, echo: Any = True, quiet: bool = False,
+          ready_timeout: float = 300.0) -> Session:
+    """Start a session: the hosts once, the framework once; returns when every host is idle.
+
+    Parameters
+    ----------
+    hosts, accelerator, backend, framework, env, storage, grace, backend_options
+        As :func:`kinetic_nb.submit`; ``framework="auto"`` initializes the
+        framework when the first cell imports it.
+    idle_timeout : float or None
+        Seconds without a cell before the session stops itself (None or 0: never).
+    echo : bool or callable
+        Print each cell's leader output (or call ``echo(text, stream)``).
+    ready_timeout : float
+        Seconds to wait for every host to be idle.
+    """
+    if framework not in ("auto", "jax", "torch", "none"):
+        raise ValueError(f"framework must be auto, jax, torch or none, got {framework!r}")
+    if idle_timeout is not None and not idle_timeout >= 0:
+        raise ValueError(f"idle timeout must be 0 (never) or a positive number of seconds, got {idle_timeout}")
+    chosen = backend if isinstance(backend, Backend) else get_backend(backend, **dict(backend_options or {}))
+    acc, host_count = resolve_slice(hosts, accelerator)
+    session_id = new_job_id("ks")
+    plan = make_plan(job_id=session_id, acc=acc, hosts=host_count, framework=framework,
+                     coordinator_address=chosen.coordinator_address(session_id),
+                     simulated=chosen.simulates_accelerators, env_names=sorted(env or {}), grace=grace,
+                     session=True, idle_timeout=idle_timeout or None)
+    chosen.preflight(plan)
+    if acc.simulated_locally and chosen.simulates_accelerators and not quiet:
+        print(local_notice(acc), file=sys.stderr)
+    root = _root(storage)
+    warn_if_shared(root)
+    session_storage = root.child(session_id)
+    key = create_key(session_id)
+    write_sealed(session_storage, protocol.PLAN, key, plan.to_json(), exclusive=True)
+    job = JobHandle(session_storage, plan, chosen, key=key, detached=True)
+    job.write_record(kind="session")
+    chosen.launch(session_storage, plan, JobSecrets(key=key, env=dict(env or {})))
+    session = Session(job, echo=print_to_stdout if echo is True else (echo or None))
+    _wait_until_idle(session, ready_timeout)
+    return session
+
+
+def _wait_until_idle(session: Session, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    pause = 0.005
+    while True:
+        snapshot = session.job.snapshot()
+        if all(host.state == HostState.IDLE.value for host in snapshot.hosts):
+            return
+        ended = session.ended()
+        if ended is not None or snapshot.status.done or any(host.exit for host in snapshot.hosts):
+            try:
+                session.job.result()
+            except BaseException as error:
+                raise SessionEndedError(f"session {session.session_id} did not start: {error}") from error
+            raise SessionEndedError(f"session {session.session_id} did not start: {ended}")
+        if time.monotonic() > deadline:
+            session.stop("stopped: its hosts were not ready in time")
+            raise KineticTimeoutError(f"session {session.session_id}: hosts were not idle after {timeout:g} s")
+        time.sleep(pause)
+        pause = min(pause * 1.5, 0.1)
+
+
+def _start_from(job: JobHandle, *, echo: Any) -> Session:
+    plan = job.plan
+    record = json.loads(read_sealed(job.storage, protocol.HANDLE, job.key))
+    return start(hosts=plan.hosts, accelerator=plan.accelerator if plan.accelerator != "cpu" else None,
+                 backend=get_backend(record.get("backend", "local"), **record.get("backend_options", {})),
+                 framework=plan.framework, storage=job.storage.uri.rsplit(f"/{protocol.SESSIONS_DIR}/", 1)[0],
+                 idle_timeout=plan.idle_timeout_s, grace=plan.grace_s, echo=echo, quiet=True)
+
+
+def attach_session(session_id: str, *, storage: str | None = None, echo: Any = True) -> Session:
+    """A running session from any kernel of the same user: its hosts and their state as they are."""
+    session_storage = _root(storage).child(session_id)
+    key = load_key(session_id)
+    if key is None:
+        raise IntegrityError(f"session {session_id} is not yours: this user has no key for it")
+    try:
+        plan = JobPlan.from_json(read_sealed(session_storage, protocol.PLAN, key))
+        record = json.loads(read_sealed(session_storage, protocol.HANDLE, key))
+    except ObjectNotFoundError:
+        raise ObjectNotFoundError(f"no session {session_id} in {_root(storage).uri}") from None
+    backend = get_backend(record.get("backend", "local"), **record.get("backend_options", {}))
+    job = JobHandle(session_storage, plan, backend, key=key, submitted_at=record.get("submitted_at"), detached=True)
+    session = Session(job, echo=print_to_stdout if echo is True else (echo or None))
+    seqs = [int(info.name.split("/")[1]) for info in session_storage.list(protocol.CELLS_DIR + "/")
+            if info.name.endswith("/" + protocol.PAYLOAD)]
+    session._last_seq = max(seqs, default=0)
+    session.cells_run = len(seqs)
+    return session
+
+
+def sessions(*, storage: str | None = None) -> list[dict[str, Any]]:
+    """This user's sessions under ``storage``, newest first: id, hosts, accelerator, state."""
+    root = _root(storage)
+    ids = sorted({info.name.split("/", 1)[0] for info in root.list() if info.name.endswith("/" + protocol.HANDLE)},
+                 reverse=True)
+    found = []
+    for session_id in ids:
+        try:
+            session = attach_session(session_id, storage=storage, echo=False)
+        except (IntegrityError, ObjectNotFoundError):
+            continue
+        ended = session.ended()
+        found.append({"session_id": session_id, "hosts": session.plan.hosts, "accelerator": session.plan.accelerator,
+                      "state": "up" if ended is None else f"ended: {ended}", "cells": session.cells_run})
+    return found
+
