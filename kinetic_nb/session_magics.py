@@ -53,8 +53,7 @@ def start_session(args: Any, backend_options: Mapping[str, Any], env: Mapping[st
                                  backend_options=backend_options)
     except ValueError as error:
         raise UsageError(str(error)) from None
-    print(session.summary())
-    return session
+    return session  # shown as the cell's value: hosts, states, uptime, cells run, the idle countdown
 
 
 def check_cell_fits_session(session: Session, args: Any, backend_options: Mapping[str, Any],

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from kinetic_nb import views
 from kinetic_nb.accelerators import local_notice
 from kinetic_nb.backends import Backend, JobSecrets, get_backend
 from kinetic_nb.client import JobHandle, print_to_stdout, warn_if_shared
@@ -306,9 +307,15 @@ class CellHandle:
         return self.session.job.stacks(host)
 
     def summary(self) -> str:
-        from kinetic_nb import views
-
         return views.render("text", self.snapshot())
+
+    def watch(self) -> None:
+        """Show the cell's live panel (or its text twin), kept current in the background; return at once."""
+        views.render("watch", self)
+
+    def timeline(self) -> Any:
+        """A matplotlib Figure of the cell: one row per host, one bar per phase."""
+        return views.render("timeline", self.snapshot())
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         printer.text(repr(self) if cycle else self.summary())

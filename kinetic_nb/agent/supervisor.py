@@ -38,6 +38,7 @@ import traceback
 from collections.abc import Callable
 
 from kinetic_nb.agent import processes
+from kinetic_nb.agent.cells import CellWatch
 from kinetic_nb.errors import ObjectExistsError, ObjectNotFoundError
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.execute import run_host  # imported once here, not in every forked host
@@ -133,10 +134,8 @@ class Agent:
         self.scratch_outputs: str | None = None
         self.scratch = tempfile.mkdtemp(prefix=f"kinetic-{plan.job_id}-agent-")
         self._answered_stacks = -1
-        #: A session: cells whose hosts must all be back to idle by a deadline (after a failure or an interrupt).
-        self._returns_due: dict[int, float] = {}
-        self._cell_events: set[str] = set()
-        self._last_cell_at = time.time()
+        #: A session's cells: every host back to idle after a failed or interrupted cell; the idle timeout.
+        self.cells = CellWatch(self) if plan.session else None
         self._next_control_look = 0.0
         self._control_poll_s = CONTROL_POLL_LOCAL_S if storage.local_path() else CONTROL_POLL_REMOTE_S
         started = plan.created_at or time.time()
@@ -295,13 +294,13 @@ class Agent:
             self._report_first_failure(host.index, summary)
         if not any(other.alive for other in self.hosts.values()):
             self._publish_outputs()  # before the last exit record: the client is done once it lands
-        self._write(protocol.host_exit(host.index), summary.to_json())
+        self.write_record(protocol.host_exit(host.index), summary.to_json())
 
     def _report_first_failure(self, index: int, summary: ExitSummary) -> None:
         if self.first_failure_at is None:
             self.first_failure_at = time.monotonic()
         record = FirstFailure(host_index=index, at=time.time(), description=summary.describe())
-        self._write(protocol.FAILED, record.to_json(), exclusive=True)
+        self.write_record(protocol.FAILED, record.to_json(), exclusive=True)
 
     # -- what steers the agent ----------------------------------------------------------
 
@@ -317,112 +316,44 @@ class Agent:
             return
         if protocol.CANCEL in names and not self.cancelled:
             self.cancelled = True
-            self._stop_all()
+            self.stop_all()
         if protocol.FAILED in names and self.first_failure_at is None:
             self.first_failure_at = now
         requests = sorted(seq for name in names if (seq := protocol.parse_stacks_request(name)) is not None)
         if requests and requests[-1] > self._answered_stacks:
             self._answered_stacks = requests[-1]
             self.dump_stacks(requests[-1])
-        if self.plan.session:
-            self._look_at_cells(names)
-
-    # -- a session: every host back to idle after a failed or interrupted cell; the idle timeout ---------
-
-    def _look_at_cells(self, names: list[str]) -> None:
-        for name in names:
-            parsed = protocol.parse_cell_control(name)
-            if parsed is None or name in self._cell_events:
-                continue
-            self._cell_events.add(name)
-            seq, what = parsed
-            if what == "submitted":
-                self._last_cell_at = time.time()
-            elif what in ("failed", "interrupt"):
-                if what == "interrupt":
-                    self._interrupt_hosts()
-                self._returns_due.setdefault(seq, time.monotonic() + self.plan.grace_s)
-        self._check_returns()
-        self._check_idle()
-
-    def _interrupt_hosts(self) -> None:
-        """SIGINT to each host's own process: ``KeyboardInterrupt`` in the cell, wherever Python runs."""
-        for host in self.hosts.values():
-            if host.alive:
-                try:
-                    os.kill(host.pid, signal.SIGINT)
-                except ProcessLookupError:
-                    pass
-
-    def _statuses(self) -> dict[int, HostStatus | None]:
-        statuses: dict[int, HostStatus | None] = {}
-        for index, host in self.hosts.items():
-            try:
-                statuses[index] = HostStatus.from_json(self.storage.read_bytes(protocol.host_status(index)))
-            except (ObjectNotFoundError, ValueError, TypeError, OSError):
-                statuses[index] = None
-        return statuses
-
-    def _check_returns(self) -> None:
-        """End the session when a host has not come back from a failed or interrupted cell within the grace."""
-        if not self._returns_due or self.cancelled:
-            return
-        statuses = self._statuses()
-        for seq, due in sorted(self._returns_due.items()):
-            stuck = [index for index, status in statuses.items() if self.hosts[index].alive and not (
-                status is not None and status.cell >= seq and status.state == HostState.IDLE.value)]
-            if not stuck:
-                del self._returns_due[seq]
-            elif time.monotonic() >= due:
-                self._end_session(f"host{'s' if len(stuck) > 1 else ''} {', '.join(map(str, stuck))} did not come "
-                                  f"back from cell {seq} within {self.plan.grace_s:g} s (blocked in a collective or "
-                                  "in C code, where no interrupt reaches)")
-                return
-
-    def _check_idle(self) -> None:
-        idle_s = self.plan.idle_timeout_s
-        if not idle_s or self.cancelled or time.time() - self._last_cell_at < idle_s:
-            return
-        if all(status is not None and status.state == HostState.IDLE.value for status in self._statuses().values()):
-            self._end_session(f"idle for {idle_s:g} s (--idle-timeout)")
-        else:
-            self._last_cell_at = time.time()  # a cell still runs: busy, not idle
-
-    def _end_session(self, why: str) -> None:
-        print(f"kinetic agent: the session ended: {why}", file=sys.stderr, flush=True)
-        self.cancelled = True
-        self._write(protocol.CANCEL, CancelRequest(reason=f"the session ended: {why}", at=time.time()).to_json(),
-                    exclusive=True)
-        self._stop_all()
+        if self.cells is not None:
+            self.cells.look(names)
 
     def stop_on_signal(self, signum: int, frame: object = None) -> None:
         """SIGTERM to the agent (a pod being deleted, a machine shutting down): stop the hosts, record them, end."""
         print(f"kinetic agent: {signal.Signals(signum).name}: stopping the hosts", file=sys.stderr, flush=True)
         self.cancelled = True
-        self._stop_all()
+        self.stop_all()
 
     def _enforce_timeout(self) -> None:
         if self._deadline is None or self.cancelled or time.time() < self._deadline:
             return
         self.cancelled = True
         request = CancelRequest(reason=CancelRequest.TIMEOUT, at=time.time())
-        self._write(protocol.CANCEL, request.to_json(), exclusive=True)
+        self.write_record(protocol.CANCEL, request.to_json(), exclusive=True)
         print(f"kinetic agent: job {self.plan.job_id} ran past its timeout of {self.plan.timeout_s:g} s; "
               "stopping its hosts", file=sys.stderr, flush=True)
-        self._stop_all()
+        self.stop_all()
 
     def _stop_survivors_if_due(self) -> None:
         if self.first_failure_at is not None and time.monotonic() - self.first_failure_at >= self.plan.grace_s:
-            if self.plan.session and not self.cancelled:
-                self._end_session("a host ended")
-            self._stop_all()
+            if self.cells is not None and not self.cancelled:
+                self.cells.end_session("a host ended")
+            self.stop_all()
         now = time.monotonic()
         for host in self.hosts.values():
             if host.alive and host.stop_sent_at is not None and not host.killed and now - host.stop_sent_at >= TERM_TO_KILL_S:
                 host.killed = True
                 self._kill_group(host, signal.SIGKILL)
 
-    def _stop_all(self) -> None:
+    def stop_all(self) -> None:
         for host in self.hosts.values():
             if host.alive and host.stop_sent_at is None:
                 host.stop_sent_at = time.monotonic()
@@ -463,11 +394,11 @@ class Agent:
                     text = dump.read()
             if not text.strip():
                 text = f"no answer: host {index} did not dump its stacks within {STACKS_WAIT_S:g} s\n"
-            self._write(protocol.host_stacks(index, seq), text.encode())
+            self.write_record(protocol.host_stacks(index, seq), text.encode())
 
     # -- records ----------------------------------------------------------------------------
 
-    def _write(self, name: str, data: bytes, *, exclusive: bool = False) -> bool:
+    def write_record(self, name: str, data: bytes, *, exclusive: bool = False) -> bool:
         try:
             self.storage.write_bytes(name, data, exclusive=exclusive)
             return True

@@ -8,6 +8,7 @@ the outcome, never on log text.
 
 from __future__ import annotations
 
+import os
 import threading
 
 import pytest
@@ -154,3 +155,40 @@ def test_cleanup_can_be_called_twice_and_never_raises(harness):
     handle.result(timeout=120)
     handle.backend.cleanup(handle.plan)
     handle.backend.cleanup(handle.plan)
+
+
+def test_a_session_on_the_kubernetes_double_over_fake_gcs_server(tmp_path, monkeypatch, gcs_root):
+    """One long-lived workload whose pods run the agent's session loop; cells travel through gs://."""
+    harness = KubernetesHarness(tmp_path, monkeypatch)
+    started = threading.Event()
+
+    def kubelet_when_the_workload_exists() -> None:  # the pods start as the cluster would schedule them
+        while not any(kind in ("LeaderWorkerSet",) or (kind == "Job" and not name.endswith("-root"))
+                      for kind, name in harness.api.objects):
+            if harness.stop.wait(0.02):
+                return
+        owner = workload(harness.api.objects.values())
+        log_dir = tmp_path / "session-pods"
+        log_dir.mkdir()
+        kubelet = FakeKubelet(pods_for([owner]), str(log_dir), secrets=harness.api.secret_value,
+                              extra_env={"STORAGE_EMULATOR_HOST": os.environ["STORAGE_EMULATOR_HOST"]})
+        harness.kubelets.append(kubelet)
+        harness.api.pod_source = kubelet.pod_json
+        kubelet.start()
+        started.set()
+        harness._step(kubelet)
+
+    threading.Thread(target=kubelet_when_the_workload_exists, daemon=True).start()
+    try:
+        session = kinetic_nb.start(hosts=2, backend="kubernetes", framework="none", storage=gcs_root,
+                                   idle_timeout=600, echo=False)
+        assert started.is_set() and session.job.backend.name == "kubernetes"
+        assert session.run("kept = 'on the pods'\n1").result() == 1
+        assert session.run("kept").result() == "on the pods"  # the pods' namespaces live across cells
+        with pytest.raises(ValueError, match="broke"):
+            session.run("import os\nif os.environ['KINETIC_HOST_INDEX'] == '1':\n    raise ValueError('broke')").result()
+        assert session.run("kept").result() == "on the pods"
+        session.stop()
+        assert session.ended() is not None
+    finally:
+        harness.close()

@@ -1,0 +1,193 @@
+"""Warm sessions on real host processes: state and frameworks kept across cells, the seed's rules per cell,
+failures that keep or end the session, interrupts, the idle timeout, and a kernel restart.
+
+Time bounds here are hang guards; the figures are in benchmarks/session_roundtrip.py.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from IPython.core.interactiveshell import InteractiveShell
+
+import kinetic_nb
+from kinetic_nb.errors import JobFailedError, KineticError, KineticTimeoutError
+from kinetic_nb.sessions import SessionEndedError
+
+from .faults.helpers import kernel
+from .faults.test_reattach import run
+
+HOST = "import os\nhost = int(os.environ['KINETIC_HOST_INDEX'])\n"
+HANG_GUARD_S = 60.0
+
+
+@pytest.fixture
+def session():
+    started = kinetic_nb.start(hosts=2, framework="none", idle_timeout=600, grace=2, echo=False)
+    yield started
+    started.stop()
+
+
+def test_state_lives_from_cell_to_cell_and_held_names_are_not_shipped(session):
+    assert session.run("x = 41\nx").result() == 41
+    assert session.run("x += 1\nx").result() == 42
+    assert "x" in session.held_names()
+    # The notebook's own x is never shipped: the hosts hold x, and theirs wins.
+    assert session.run("x", namespace={"__name__": "__main__", "x": 1000}).result() == 42
+    # A notebook value the hosts do not hold is shipped, as for a one-shot job.
+    assert session.run("x + y", namespace={"__name__": "__main__", "y": 8}).result() == 50
+    assert session.run("os.getpid() if 'os' in dir() else None").result() is None
+    pids = session.run(HOST + "os.getpid()").result(), session.run("os.getpid()").result()
+    assert pids[0] == pids[1]  # the same process serves every cell
+
+
+def test_out_copies_from_the_leaders_namespace(session):
+    cell = session.run(HOST + "weights = [host, 2 * host]\n'trained'", out=["weights"])
+    assert cell.result() == "trained" and cell.outputs == {"weights": [0, 0]}
+
+
+def test_jax_is_initialized_once_and_collectives_work_across_cells():
+    started = kinetic_nb.start(hosts=2, framework="auto", idle_timeout=600, echo=False)
+    try:
+        first = started.run("import os, jax\nfrom jax._src import distributed\n"
+                            "client = id(distributed.global_state.client)\n(jax.process_count(), os.getpid())")
+        assert first.result()[0] == 2
+        second = started.run(
+            "import jax.numpy as jnp\nfrom jax.experimental import multihost_utils\n"
+            "total = float(multihost_utils.process_allgather(jnp.ones(1) * (jax.process_index() + 1)).sum())\n"
+            "(id(distributed.global_state.client) == client, os.getpid(), total)")
+        same_client, pid, total = second.result()
+        assert same_client and pid == first.result()[1] and total == 3.0  # initialized once, still working
+    finally:
+        started.stop()
+
+
+def test_torch_is_initialized_once_and_collectives_work_across_cells():
+    started = kinetic_nb.start(hosts=2, framework="torch", idle_timeout=600, echo=False)
+    try:
+        source = ("import torch, torch.distributed as dist\nt = torch.tensor([float(dist.get_rank() + 1)])\n"
+                  "dist.all_reduce(t)\n(dist.is_initialized(), t.item())")
+        assert started.run(source).result() == (True, 3.0)
+        assert started.run(source).result() == (True, 3.0)
+    finally:
+        started.stop()
+
+
+def test_a_worker_failure_leaves_the_session_up_and_the_namespace_as_the_cell_left_it(session):
+    session.run("count = 0").result()
+    cell = session.run(HOST + "count += 1\nif host == 1:\n    raise ValueError('worker 1 broke')\n'ok'")
+    with pytest.raises(ValueError, match="worker 1 broke") as info:
+        cell.result()
+    assert info.value.__notes__[0].startswith("Reported by host 1")
+    assert session.ended() is None
+    assert session.run("count").result() == 1  # the failed cell's own change stays, as Jupyter keeps it
+
+
+def test_a_system_exit_fails_the_cell_not_the_host(session):
+    with pytest.raises((SystemExit, KineticError)):  # how a host's SystemExit is raised is issue 15's
+        session.run(HOST + "import sys\nif host == 0:\n    sys.exit(3)\n1").result()
+    assert session.run("'still up'").result() == "still up"
+
+
+def test_a_killed_host_ends_the_session_and_the_cell_says_so(session):
+    cell = session.run(HOST + "import signal, time\nif host == 1:\n    os.kill(os.getpid(), signal.SIGKILL)\n"
+                              "time.sleep(600)")
+    with pytest.raises(JobFailedError, match="host 1 was killed by SIGKILL") as info:
+        cell.result(timeout=HANG_GUARD_S)
+    assert any("The session" in note and "ended" in note and "restart" in note for note in info.value.__notes__)
+    assert session.ended() is not None
+    with pytest.raises(SessionEndedError, match="has ended"):
+        session.run("1")
+
+
+def _interrupt_soon(cell, delay: float = 0.5) -> None:
+    threading.Timer(delay, cell.interrupt).start()
+
+
+def test_an_interrupt_brings_every_host_back_to_idle(session):
+    session.run("kept = 'yes'").result()
+    cell = session.run("import time\nprint('waiting', flush=True)\ntime.sleep(600)")
+    _interrupt_soon(cell)
+    with pytest.raises(KeyboardInterrupt):
+        cell.result(timeout=HANG_GUARD_S)
+    assert session.ended() is None
+    assert session.run("kept").result() == "yes"
+
+
+def test_an_interrupt_that_cannot_return_ends_the_session(session):
+    source = HOST + "import signal, time\nif host == 1:\n    signal.signal(signal.SIGINT, signal.SIG_IGN)\ntime.sleep(600)"
+    cell = session.run(source)
+    _interrupt_soon(cell, 1.0)
+    with pytest.raises((KeyboardInterrupt, JobFailedError)):
+        cell.result(timeout=HANG_GUARD_S)
+    deadline = time.monotonic() + HANG_GUARD_S
+    while session.ended() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert "host 1 did not come back from cell 1" in session.ended()
+
+
+def test_a_cell_timeout_interrupts_it(session):
+    with pytest.raises(KineticTimeoutError, match="ran past its timeout of 1 s") as info:
+        session.run("import time\ntime.sleep(600)", timeout=1).result(timeout=HANG_GUARD_S)
+    assert "back to idle" in info.value.__notes__[0]
+    assert session.run("'up'").result() == "up"
+
+
+def test_an_idle_session_stops_itself():
+    started = kinetic_nb.start(hosts=2, framework="none", idle_timeout=1, echo=False)
+    deadline = time.monotonic() + HANG_GUARD_S
+    while started.ended() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert "idle for 1 s" in started.ended()
+    with pytest.raises(SessionEndedError, match="idle for 1 s"):
+        started.run("1")
+    started.job.wait(timeout=HANG_GUARD_S)  # every host gone
+
+
+def test_the_magic_runs_cells_on_the_session_and_refuses_a_shape_that_does_not_fit():
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "kinetic_nb")
+    shell.run_line_magic("kinetic", "start -n 2 --framework none --idle-timeout 600")
+    try:
+        shell.run_cell("%%kinetic --quiet\nz = 5")
+        result = shell.run_cell("%%kinetic --quiet\nz * 2", store_history=True)
+        assert result.result == 10
+        refused = shell.run_cell("%%kinetic -n 3\nz")
+        assert type(refused.error_in_exec).__name__ == "UsageError"
+        assert "session ks-" in str(refused.error_in_exec) and "--once" in str(refused.error_in_exec)
+        once = shell.run_cell("%%kinetic --once -n 3 --quiet\n'beside it'", store_history=True)
+        assert once.result == "beside it"
+    finally:
+        shell.run_line_magic("kinetic", "stop")
+
+
+def test_a_kernel_restart_leaves_the_session_up_and_attach_finds_its_state(storage_root):
+    with kernel() as (manager, client):
+        reply, printed = run(client, "%kinetic start -n 2 --framework none --idle-timeout 600")
+        assert reply["status"] == "ok", printed
+        session_id = next(word for text in printed for word in text.split() if word.startswith("ks-"))
+        reply, printed = run(client, "%%kinetic --quiet\nremembered = 'across a restart'")
+        assert reply["status"] == "ok", printed
+        manager.restart_kernel(now=False)
+        client.wait_for_ready(timeout=60)
+        run(client, "%load_ext kinetic_nb")
+        reply, printed = run(client, f"%kinetic attach {session_id}")
+        assert reply["status"] == "ok", printed
+        reply, printed = run(client, "%%kinetic --quiet\nremembered")
+        assert printed[-1] == "'across a restart'", printed
+        run(client, "%kinetic stop")
+    session = kinetic_nb.attach_session(session_id)
+    session.job.wait(timeout=HANG_GUARD_S)
+    assert session.ended() is not None
+
+
+def test_cells_from_two_kernels_run_one_at_a_time_in_the_order_accepted(session):
+    other = kinetic_nb.attach_session(session.session_id, echo=False)  # a second kernel, bound to the same session
+    session.run("order = []").result()
+    first = session.run("import time\ntime.sleep(0.3)\norder.append('first')")
+    second = other.run("order.append('second')\nlist(order)")
+    assert second.seq == first.seq + 1  # the session numbered them as it accepted them
+    assert second.result() == ["first", "second"]
+    first.result()
