@@ -17,7 +17,6 @@ from kinetic_nb.backends import get_backend
 from kinetic_nb.client import JobHandle, print_to_stdout, remove_job_objects
 from kinetic_nb.errors import IntegrityError, ObjectNotFoundError, UnsignedJobError
 from kinetic_nb.keys import delete_key, key_path, load_key, read_key_file
-from kinetic_nb.state import JobStatus
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.envelope import TRAILER_BYTES, is_sealed, unseal
 from kinetic_nb.runner.protocol import JobPlan

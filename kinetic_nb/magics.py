@@ -28,7 +28,8 @@ from kinetic_nb.client import JobHandle, submit
 from kinetic_nb.errors import CaptureError, IntegrityError, ObjectNotFoundError, UnknownAcceleratorError
 from kinetic_nb.display import live_view
 from kinetic_nb.session_magics import check_cell_fits_session, session_start_parser, sessions_of, start_session
-from kinetic_nb.sessions import CellHandle, Session, SessionEndedError, attach_session
+from kinetic_nb.cell_handle import CellHandle
+from kinetic_nb.sessions import Session, SessionEndedError, attach_session
 
 #: The ``%kinetic`` line magic's subcommands, in the order its help lists them.
 SUBCOMMANDS = ("start", "stop", "restart", "sessions", "jobs", "attach", "cancel", "logs", "stacks", "gc")

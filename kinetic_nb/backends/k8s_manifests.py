@@ -34,6 +34,7 @@ from kinetic_nb.runner.hostenv import index_variables, job_variables
 from kinetic_nb.runner.protocol import JobPlan
 
 if TYPE_CHECKING:
+    from kinetic_nb.backends.base import JobSecrets
     from kinetic_nb.backends.k8s_settings import KubernetesSettings
 
 __all__ = [

@@ -30,7 +30,7 @@ from kinetic_nb.backends.base import JobSecrets
 from kinetic_nb.backends import k8s_root
 from kinetic_nb.backends.k8s_pods import host_states
 from kinetic_nb.backends.kubernetes import KubernetesBackend, KubernetesSettings
-from kinetic_nb.plan import make_plan, prepare_cell, resolve_slice
+from kinetic_nb.plan import make_plan, resolve_slice
 from kinetic_nb.runner import frameworks
 from kinetic_nb.runner.hostenv import resolve_host_index
 from kinetic_nb.runner.protocol import JobPlan
