@@ -17,10 +17,11 @@ import cloudpickle
 
 from kinetic_nb import capture
 from kinetic_nb.accelerators import Accelerator, resolve_accelerator
+from kinetic_nb.bindings import check_out_names
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.protocol import Framework, JobPlan
 
-__all__ = ["JobPlan", "CellPayload", "new_job_id", "resolve_slice", "choose_framework", "prepare_cell", "make_plan"]
+__all__ = ["CellPayload", "JobPlan", "choose_framework", "make_plan", "new_job_id", "prepare_cell", "resolve_slice"]
 
 #: Packages whose presence in a cell means it wants jax.distributed.
 JAX_PACKAGES = frozenset({"jax", "jaxlib", "flax", "optax", "orbax", "equinox", "keras_hub"})
@@ -40,7 +41,7 @@ DEFAULT_GRACE_S = 10.0
 
 def new_job_id() -> str:
     """A job id that sorts by submission time and is unique enough to share a bucket."""
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%d-%H%M%S")
     return f"kn-{stamp}-{secrets.token_hex(3)}"
 
 
@@ -84,11 +85,14 @@ class CellPayload:
 def prepare_cell(source: str, user_ns: Mapping[str, Any], *, filename: str, out: Iterable[str] = ()) -> CellPayload:
     """Check and pickle the cell before any host starts.
 
-    Raises ``CellSyntaxError`` naming the cell line, or
-    ``UnpicklableValueError`` naming the variable, its type and the reason.
+    Raises ``CellSyntaxError`` naming the cell line, ``UnboundOutputError``
+    for an ``out`` name the cell can never bind, or ``UnpicklableValueError``
+    naming the variable, its type and the reason.
     """
+    out = list(out)
     tree = capture.parse_cell(source, filename)
     names = capture.names_read_from_notebook(tree, user_ns)
+    check_out_names(tree, out, names)
     namespace = capture.pickle_namespace(names, user_ns)
     modules = capture.imported_modules(tree) | capture.module_roots(user_ns[name] for name in names)
     data = cloudpickle.dumps(
@@ -96,7 +100,7 @@ def prepare_cell(source: str, user_ns: Mapping[str, Any], *, filename: str, out:
             protocol.CELL_SOURCE: source,
             protocol.CELL_FILENAME: filename,
             protocol.CELL_NAMESPACE: namespace,
-            protocol.CELL_OUT_NAMES: list(out),
+            protocol.CELL_OUT_NAMES: out,
         }
     )
     return CellPayload(data, modules, names)
