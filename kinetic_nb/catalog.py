@@ -15,8 +15,7 @@ import time
 
 from kinetic_nb.backends import get_backend
 from kinetic_nb.client import JobHandle, print_to_stdout, remove_job_objects
-from kinetic_nb.errors import ObjectNotFoundError
-from kinetic_nb.state import JobStatus
+from kinetic_nb.errors import ObjectNotFoundError, StorageError
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.protocol import JobPlan
 from kinetic_nb.storage import Storage, default_root, open_storage
@@ -55,6 +54,8 @@ def _job_ids(root: Storage) -> list[str]:
             names = os.listdir(local)
         except FileNotFoundError:
             names = []
+        except OSError as error:
+            raise StorageError(f"cannot list the jobs in {root.uri}: {error.strerror or error}") from error
     else:
         names = {info.name.split("/", 1)[0] for info in root.list() if info.name.endswith("/" + protocol.HANDLE)}
     return sorted((name for name in names if _JOB_ID.match(name)), reverse=True)
@@ -78,8 +79,12 @@ def attach(job_id: str, *, storage: str | None = None, echo: bool = False) -> Jo
     """A ``JobHandle`` for a job submitted earlier, from this kernel or another.
 
     The handle is detached: interrupting a wait on it never cancels the job.
-    Raises ``ObjectNotFoundError`` if there is no such job.
+    Raises ``ValueError`` for what is not a job id, and
+    ``ObjectNotFoundError`` if there is no such job.
     """
+    if not _JOB_ID.match(job_id):
+        raise ValueError(f"{job_id!r} is not a job id (they look like kn-20250101-120000-a1b2c3; "
+                         "%kinetic jobs lists them)")
     root = _root(storage)
     job = root.child(job_id)
     try:
