@@ -136,8 +136,13 @@ class KineticMagics(Magics):
 
         Every host runs the same cell (SPMD) with jax.distributed or
         torch.distributed initialized across them. The leader's (host 0) last
-        expression becomes the cell's value; a failure on any host raises
-        that host's own exception with its traceback.
+        expression becomes the cell's value (a trailing ``;`` hides it); a
+        failure on any host raises that host's own exception with its traceback.
+
+        The hosts run plain Python: no ``!`` or ``%`` lines. The leader's
+        stdout and stderr, ``display(...)`` calls and matplotlib figures show
+        in the cell as they would in any cell. ``sys.exit(0)`` ends a host
+        successfully; any other ``sys.exit(n)`` fails it (``HostExitError``).
 
         Examples
         --------
