@@ -2,12 +2,27 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from kinetic_nb.errors import HostExitError, KineticError
+from kinetic_nb.runner import display
 from kinetic_nb.runner.cell import ends_with_semicolon, execute_cell, run_cell
 
 CELL = "<kinetic cell>"
+
+
+@pytest.fixture(autouse=True)
+def host_process_settings(monkeypatch):
+    """execute_cell sets a host process up (MPLBACKEND, an import hook); this process is given them back.
+
+    Left behind, MPLBACKEND would reach every kernel a later test starts, and
+    their figures would go to the hosts' display records instead of the cell.
+    """
+    monkeypatch.setenv("MPLBACKEND", "agg")
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    monkeypatch.setattr(display, "_rich", display._rich)
 
 
 @pytest.mark.parametrize(
