@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test bench binder-check clean
+.PHONY: demo test bench binder-check install-check clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,8 +23,12 @@ test: $(STAMP)
 binder-check:
 	scripts/check_binder.sh
 
+# The first install outside this checkout: wheel + sdist, twine check, a 2-host cell from the wheel alone.
+install-check: $(STAMP)
+	PYTHON=$(PY) scripts/check_install.sh
+
 bench: $(STAMP)
 	$(PY) benchmarks/launch_overhead.py
 
 clean:
-	rm -rf $(VENV) build .pytest_cache
+	rm -rf $(VENV) build .pytest_cache .ruff_cache

@@ -52,9 +52,9 @@ __all__ = [
 
 if TYPE_CHECKING:
     from kinetic_nb.accelerators import accelerator_names, resolve_accelerator
-    from kinetic_nb.client import JobHandle, last_job, submit
     from kinetic_nb.catalog import attach, gc, jobs
     from kinetic_nb.sessions import Session, attach_session, sessions, start
+    from kinetic_nb.client import JobHandle, last_job, submit
     from kinetic_nb.state import HostSnapshot, JobSnapshot, JobStatus
 
 
@@ -66,11 +66,12 @@ def __getattr__(name: str) -> Any:
 
 
 def load_ipython_extension(ipython: Any) -> None:
-    """``%load_ext kinetic_nb``: register ``%%kinetic``.
+    """``%load_ext kinetic_nb``: register ``%%kinetic``, and show kinetic_nb's errors as one line.
 
     The magic imports ``kinetic_nb.display``, which registers the views a
     ``JobHandle`` is shown by (``kinetic_nb.views``).
     """
-    from kinetic_nb.magics import KineticMagics
+    from kinetic_nb.magics import KineticMagics, show_kinetic_errors_briefly
 
     ipython.register_magics(KineticMagics)
+    show_kinetic_errors_briefly(ipython)

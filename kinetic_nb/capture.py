@@ -58,6 +58,17 @@ MODULE_ATTRIBUTES = frozenset(
 _IPYTHON_PACKAGE = "IPython"
 #: A pickling error longer than this is cut: the message must stay one readable line.
 _MAX_REASON = 300
+#: Lines only IPython runs: a shell escape or a magic at the start of a line or
+#: after ``name =`` (``!ls``, ``%time f()``, ``files = !ls``), or a help query (``obj?``, ``?obj``).
+_IPYTHON_LINE = re.compile(
+    r"^\s*(?:[\w.]+\s*=\s*)?(?P<command>(?:!|%{1,2})\S.*)$|^\s*(?P<help>\?{1,2}[\w.]+|[\w.]+\?{1,2})\s*$"
+)
+#: What to write instead: for a shell escape, a magic, a help query.
+_IPYTHON_ALTERNATIVE = {
+    "!": "use subprocess",
+    "%": "IPython magics do not run there; write the Python they stand for",
+    "?": "help queries do not run there; ask in another cell",
+}
 
 
 
@@ -109,10 +120,35 @@ def _cell_syntax_error(source: str, filename: str, exc: SyntaxError | ValueError
     if text is None and lineno is not None and 1 <= lineno <= len(lines):
         text = lines[lineno - 1]
     where = f"at line {lineno}" if lineno is not None else "(line unknown)"
+    ipython = ipython_syntax(text or "")
+    if ipython is not None:
+        message = (f"line {lineno} uses `{ipython}`: %%kinetic cells run as plain Python on the hosts; "
+                   f"{_IPYTHON_ALTERNATIVE.get(ipython[0], _IPYTHON_ALTERNATIVE['?'])}")
+        return CellSyntaxError(message, (filename, lineno, offset, text))
     if text and text.strip():
         where += f" ({text.strip()!r})"  # repr escapes control characters such as a null byte
     message = f"syntax error in the cell {where}: {reason}"
     return CellSyntaxError(message, (filename, lineno, offset, text))
+
+
+def ipython_syntax(line: str) -> str | None:
+    """The IPython-only construct a line that does not parse uses (``!ls``, ``%time``, ``x = !ls``, ``obj?``).
+
+    Parameters
+    ----------
+    line : str
+        One source line that Python could not parse.
+
+    Returns
+    -------
+    str or None
+        The construct as written (a shell command or magic up to its first
+        space, a help query whole), or None when the line is not IPython syntax.
+    """
+    match = _IPYTHON_LINE.match(line)
+    if match is None:
+        return None
+    return match.group("help") or match.group("command").split()[0]
 
 
 # --------------------------------------------------------------------------- names

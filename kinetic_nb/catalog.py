@@ -15,7 +15,7 @@ import time
 
 from kinetic_nb.backends import get_backend
 from kinetic_nb.client import JobHandle, print_to_stdout, remove_job_objects
-from kinetic_nb.errors import IntegrityError, ObjectNotFoundError, UnsignedJobError
+from kinetic_nb.errors import IntegrityError, ObjectNotFoundError, StorageError, UnsignedJobError
 from kinetic_nb.keys import delete_key, key_path, load_key, read_key_file
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.envelope import TRAILER_BYTES, is_sealed, unseal
@@ -56,6 +56,8 @@ def _job_ids(root: Storage) -> list[str]:
             names = os.listdir(local)
         except FileNotFoundError:
             names = []
+        except OSError as error:
+            raise StorageError(f"cannot list the jobs in {root.uri}: {error.strerror or error}") from error
     else:
         names = {info.name.split("/", 1)[0] for info in root.list() if info.name.endswith("/" + protocol.HANDLE)}
     return sorted((name for name in names if _JOB_ID.match(name)), reverse=True)
@@ -133,11 +135,16 @@ def attach(job_id: str, *, storage: str | None = None, echo: bool = False, key_f
 
     Raises
     ------
+    ValueError
+        What is given is not a job id.
     ObjectNotFoundError
         There is no such job.
     IntegrityError
         This user has no key for the job, or a record failed verification.
     """
+    if not _JOB_ID.match(job_id):
+        raise ValueError(f"{job_id!r} is not a job id (they look like kn-20250101-120000-a1b2c3; "
+                         "%kinetic jobs lists them)")
     root = _root(storage)
     job = root.child(job_id)
     access = _access(job_id, key_file=key_file, trust_unsigned=trust_unsigned)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import logging
+import math
 import os
 import sys
 import threading
@@ -13,8 +14,10 @@ import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from kinetic_nb import views
 from kinetic_nb.accelerators import local_notice
 from kinetic_nb.backends import Backend, JobSecrets, get_backend
+from kinetic_nb.echo import show_output
 from kinetic_nb.errors import (
     IntegrityError,
     JobCancelledError,
@@ -25,7 +28,6 @@ from kinetic_nb.errors import (
 )
 from kinetic_nb.keys import create_key
 from kinetic_nb.plan import choose_framework, make_plan, new_job_id, prepare_cell, resolve_slice
-from kinetic_nb import views
 from kinetic_nb.poller import JobPoller
 from kinetic_nb.results import read_failure, resolve_outcome
 from kinetic_nb.runner import protocol
@@ -80,6 +82,8 @@ class JobHandle:
         #: Keep every object after a success (by default only handle.json and outputs/ stay).
         self.keep = keep
         self.outputs: dict[str, Any] = {}
+        #: ``--out`` names the leader's cell did not bind (warned about; the rest came back).
+        self.missing_outputs: tuple[str, ...] = ()
         #: Set in a kernel (the magic does): whether the kernel is shutting down, which
         #: tells a restart's interrupt from the user's. None: cancel at once on an interrupt.
         self.shutting_down: Callable[[], bool] | None = None
@@ -245,7 +249,7 @@ class JobHandle:
             time.sleep(0.02)
         try:
             self.cancel("interrupted")
-        except Exception:  # noqa: BLE001 - a background thread: say it, do not lose it
+        except Exception:  # a background thread: say it, do not lose it
             logger.warning("could not cancel job %s after an interrupt", self.job_id, exc_info=True)
 
     @property
@@ -307,6 +311,7 @@ class JobHandle:
                 self._record_outcome(JobStatus.FAILED)
                 raise
             self.outputs = dict(self._payload.outputs)
+            self.missing_outputs = self._payload.missing_outputs
             self._record_outcome(JobStatus.SUCCEEDED)
         return self._payload.result
 
@@ -474,10 +479,8 @@ def last_job() -> JobHandle | None:
 
 
 def print_to_stdout(text: str, stream: str = protocol.STDOUT) -> None:
-    """Echo a host's output to this process's stream of the same name."""
-    out = sys.stderr if stream == protocol.STDERR else sys.stdout
-    out.write(text)
-    out.flush()
+    """Echo a host's output here: to this process's stream of the same name, a display record as rich output."""
+    show_output(text, stream)
 
 
 def submit(
@@ -546,10 +549,10 @@ def submit(
     """
     namespace = {} if namespace is None else namespace
     out = list(out)
-    if timeout is not None and timeout <= 0:
-        raise ValueError(f"timeout must be positive, got {timeout:g}")
-    if grace is not None and grace < 0:
-        raise ValueError(f"grace must not be negative, got {grace:g}")
+    if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout:g}")
+    if grace is not None and not (math.isfinite(grace) and grace >= 0):
+        raise ValueError(f"grace must be a number of seconds, 0 or more, got {grace:g}")
     if isinstance(backend, Backend):
         if backend_options:
             raise ValueError("backend_options configure a backend given by name, not a Backend instance")

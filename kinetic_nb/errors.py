@@ -8,7 +8,8 @@ Host-safe: imports only the standard library.
      ├── UnknownAcceleratorError   (also ValueError)   a name not in the registry
      ├── CaptureError                                   the cell cannot be shipped
      │    ├── CellSyntaxError      (also SyntaxError)   names the cell line
-     │    └── UnpicklableValueError (also TypeError)    names the variable, type, reason
+     │    ├── UnpicklableValueError (also TypeError)    names the variable, type, reason
+     │    └── UnboundOutputError   (also NameError)     an -o name the cell can never bind
      ├── StorageError                                   a job object could not be used
      │    ├── ObjectNotFoundError  (also FileNotFoundError)
      │    └── ObjectExistsError    (also FileExistsError) a single-writer object exists
@@ -16,6 +17,7 @@ Host-safe: imports only the standard library.
      │    └── UnsignedJobError                          a job from before signing, read only on request
      ├── PlanError                                      a host rejected the plan
      ├── HostStoppedError                               stopped because another host failed
+     ├── HostExitError                                  the cell on a host raised SystemExit(n), n != 0
      ├── ResultSerializationError                       the leader's value could not be pickled
      ├── RemoteHostError                                a remote exception that could not travel as itself
      ├── JobFailedError                                 a failed job with no readable payload
@@ -59,6 +61,10 @@ class StorageError(KineticError):
     """A job object could not be read, written or listed."""
 
 
+class UnboundOutputError(CaptureError, NameError):
+    """An ``-o/--out`` name that the cell never binds and the notebook does not send (checked before any host starts)."""
+
+
 class ObjectNotFoundError(StorageError, FileNotFoundError):
     """The object does not exist."""
 
@@ -88,6 +94,16 @@ class HostStoppedError(KineticError):
     It is a consequence, never a root cause: the client ranks it after any
     host's own failure.
     """
+
+
+class HostExitError(KineticError):
+    """The cell on a host raised ``SystemExit`` with a code other than 0 or None; ``code`` is that code.
+
+    Raised in its place, with the cell's traceback: a ``SystemExit`` would end
+    a script that waits for the job, and IPython shows it without its traceback.
+    """
+
+    code: object = None
 
 
 class ResultSerializationError(KineticError):

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import datetime
 import keyword
+import math
 import shlex
+import sys
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -19,16 +21,15 @@ from IPython.core.magic_arguments import (
     magic_arguments,
     parse_argstring,
 )
-
 from traitlets import Unicode
 
 from kinetic_nb import catalog
 from kinetic_nb.backends import backend_class, backend_names
 from kinetic_nb.client import JobHandle, submit
-from kinetic_nb.errors import CaptureError, IntegrityError, ObjectNotFoundError, UnknownAcceleratorError
-from kinetic_nb.display import live_view
-from kinetic_nb.session_magics import check_cell_fits_session, session_start_parser, sessions_of, start_session
 from kinetic_nb.cell_handle import CellHandle
+from kinetic_nb.display import live_view
+from kinetic_nb.errors import CaptureError, IntegrityError, KineticError, ObjectNotFoundError, UnknownAcceleratorError
+from kinetic_nb.session_magics import check_cell_fits_session, session_start_parser, sessions_of, start_session
 from kinetic_nb.sessions import Session, SessionEndedError, attach_session
 
 #: The ``%kinetic`` line magic's subcommands, in the order its help lists them.
@@ -166,8 +167,13 @@ class KineticMagics(Magics):
 
         Every host runs the same cell (SPMD) with jax.distributed or
         torch.distributed initialized across them. The leader's (host 0) last
-        expression becomes the cell's value; a failure on any host raises
-        that host's own exception with its traceback.
+        expression becomes the cell's value (a trailing ``;`` hides it); a
+        failure on any host raises that host's own exception with its traceback.
+
+        The hosts run plain Python: no ``!`` or ``%`` lines. The leader's
+        stdout and stderr, ``display(...)`` calls and matplotlib figures show
+        in the cell as they would in any cell. ``sys.exit(0)`` ends a host
+        successfully; any other ``sys.exit(n)`` fails it (``HostExitError``).
 
         Examples
         --------
@@ -181,10 +187,10 @@ class KineticMagics(Magics):
             ...
         """
         args = parse_argstring(self.kinetic_cell, line)
-        if args.timeout is not None and args.timeout <= 0:
-            raise UsageError(f"--timeout must be positive, got {args.timeout:g}")
-        if args.grace is not None and args.grace < 0:
-            raise UsageError(f"--grace must not be negative, got {args.grace:g}")
+        if args.timeout is not None and not (math.isfinite(args.timeout) and args.timeout > 0):
+            raise UsageError(f"--timeout must be a positive number of seconds, got {args.timeout:g}")
+        if args.grace is not None and not (math.isfinite(args.grace) and args.grace >= 0):
+            raise UsageError(f"--grace must be a number of seconds, 0 or more, got {args.grace:g}")
         if args.hosts is not None and args.hosts < 1:
             raise UsageError(f"-n/--hosts must be at least 1, got {args.hosts}")
         out = _names(args.out)
@@ -236,11 +242,13 @@ class KineticMagics(Magics):
         finally:
             if view is not None:
                 view.close(handle.snapshot())
-        missing = [name for name in out if name not in handle.outputs]
+        # Names the cell did not bind when it ran were warned about; others were never asked for.
+        missing = [name for name in out if name not in handle.outputs and name not in handle.missing_outputs]
         if missing:
             raise UsageError(f"job {handle.job_id} did not bring back {', '.join(missing)}: "
                              f"it was submitted with -o {','.join(handle.outputs) or '(nothing)'}")
-        self.shell.user_ns.update({name: handle.outputs[name] for name in out} if out else handle.outputs)
+        self.shell.user_ns.update({name: handle.outputs[name] for name in out if name in handle.outputs}
+                                  if out else handle.outputs)
         return value
 
     def _cell_number(self) -> int:
@@ -347,3 +355,25 @@ class KineticMagics(Magics):
     def _line_gc(self, args: Any) -> None:
         removed = catalog.gc(args.older_than, storage=args.storage)
         print(f"removed {len(removed)} job{'s' if len(removed) != 1 else ''}" + (": " + ", ".join(removed) if removed else ""))
+
+
+def show_kinetic_error(shell: Any, etype: type, value: BaseException, tb: Any, tb_offset: int | None = None
+                       ) -> list[str]:
+    """Show a ``KineticError`` as its message alone; ``%tb`` shows kinetic_nb's own traceback.
+
+    A host's exception re-raised as a ``KineticError`` (``HostExitError``)
+    shows the host's traceback, as every host exception does.
+    """
+    sys.last_type, sys.last_value, sys.last_traceback = etype, value, tb  # what %tb shows
+    if hasattr(value, "_render_traceback_"):
+        lines = value._render_traceback_()
+    else:
+        lines = [f"{etype.__name__}: {value}", *getattr(value, "__notes__", ())]
+    shell._showtraceback(etype, value, lines)
+    return lines
+
+
+def show_kinetic_errors_briefly(shell: Any) -> None:
+    """Have ``shell`` show kinetic_nb's errors in one line, unless it already has a custom exception handler."""
+    if not shell.custom_exceptions:
+        shell.set_custom_exc((KineticError,), show_kinetic_error)

@@ -16,10 +16,11 @@ import cloudpickle
 
 from kinetic_nb import capture
 from kinetic_nb.accelerators import Accelerator, resolve_accelerator
+from kinetic_nb.bindings import check_out_names
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.protocol import Framework, JobPlan
 
-__all__ = ["JobPlan", "CellPayload", "new_job_id", "resolve_slice", "choose_framework", "prepare_cell", "make_plan"]
+__all__ = ["CellPayload", "JobPlan", "choose_framework", "make_plan", "new_job_id", "prepare_cell", "resolve_slice"]
 
 #: Packages whose presence in a cell means it wants jax.distributed.
 JAX_PACKAGES = frozenset({"jax", "jaxlib", "flax", "optax", "orbax", "equinox", "keras_hub"})
@@ -39,7 +40,7 @@ DEFAULT_GRACE_S = 10.0
 
 def new_job_id(prefix: str = "kn") -> str:
     """A job id (``kn-...``; a session's ``ks-...``) that sorts by time and is unique enough to share a bucket."""
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%d-%H%M%S")
     return f"{prefix}-{stamp}-{secrets.token_hex(3)}"
 
 
@@ -87,12 +88,15 @@ def prepare_cell(source: str, user_ns: Mapping[str, Any], *, filename: str, out:
     from the hosts and never shipped from the notebook. ``extra`` adds keys to
     the payload (a session cell's framework).
 
-    Raises ``CellSyntaxError`` naming the cell line, or
-    ``UnpicklableValueError`` naming the variable, its type and the reason.
+    Raises ``CellSyntaxError`` naming the cell line, ``UnboundOutputError``
+    for an ``out`` name the cell can never bind, or ``UnpicklableValueError``
+    naming the variable, its type and the reason.
     """
+    out = list(out)
     tree = capture.parse_cell(source, filename)
     held = set(held)
     names = [name for name in capture.names_read_from_notebook(tree, user_ns) if name not in held]
+    check_out_names(tree, out, [*names, *held])  # a name the hosts hold can be copied back as it is
     namespace = capture.pickle_namespace(names, user_ns)
     modules = capture.imported_modules(tree) | capture.module_roots(user_ns[name] for name in names)
     data = cloudpickle.dumps(
@@ -100,7 +104,7 @@ def prepare_cell(source: str, user_ns: Mapping[str, Any], *, filename: str, out:
             protocol.CELL_SOURCE: source,
             protocol.CELL_FILENAME: filename,
             protocol.CELL_NAMESPACE: namespace,
-            protocol.CELL_OUT_NAMES: list(out),
+            protocol.CELL_OUT_NAMES: out,
             **dict(extra or {}),
         }
     )

@@ -19,20 +19,22 @@ from collections.abc import Callable
 
 from kinetic_nb.backends import Backend
 from kinetic_nb.backends.base import PlatformView
+from kinetic_nb.echo import LeaderEcho
 from kinetic_nb.errors import ObjectNotFoundError
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.envelope import unseal
+from kinetic_nb.runner.logs import LogScreen
 from kinetic_nb.runner.protocol import CancelRequest, ExitSummary, HostStatus, JobPlan, Phase
 from kinetic_nb.state import (
-    CHATTER,
     HostSnapshot,
     HostState,
     JobSnapshot,
     JobStatus,
     host_state,
+    is_chatter,
     is_quiet,
     job_status,
-    without_chatter,
+    may_become_chatter,
 )
 from kinetic_nb.storage import ObjectInfo, Storage
 
@@ -54,16 +56,22 @@ class _HostRecords:
         #: When the host last printed or changed phase (the newest such object's time).
         self.active_at: float | None = None
         self.tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
-        self.partial = ""  # a line still being written
+        #: The log as a terminal shows it: a progress bar's ``\r`` rewrites its line.
+        self.screen = LogScreen()
 
-    def add_log(self, text: str) -> None:
-        text = self.partial + text
-        lines = text.split("\n")
-        self.partial = lines.pop()
-        self.tail.extend(lines)
+    def add_log(self, stream: str, text: str) -> None:
+        self.tail.extend(self.screen.feed(stream, text))
 
     def lines(self) -> tuple[str, ...]:
-        return (*self.tail, self.partial) if self.partial else tuple(self.tail)
+        return (*self.tail, *self.screen.partial())
+
+    def last_line(self) -> str:
+        """The newest line worth showing: not blank, not framework chatter, not a line that may become chatter."""
+        partial = self.screen.partial()
+        for line in reversed(partial):
+            if line.strip() and not may_become_chatter(line):
+                return line
+        return next((line for line in reversed(self.tail) if line.strip() and not is_chatter(line)), "")
 
 
 class JobPoller:
@@ -78,6 +86,7 @@ class JobPoller:
         self.backend = backend
         self.submitted_at = submitted_at if submitted_at is not None else time.time()
         self.on_leader_output = on_leader_output
+        self._echo = LeaderEcho(on_leader_output) if on_leader_output is not None else None
         self.records = [_HostRecords() for _ in range(plan.hosts)]
         self.listing: list[ObjectInfo] = []
         self.platform = PlatformView()
@@ -166,11 +175,9 @@ class JobPoller:
                 records.status = HostStatus.from_json(data)
             else:
                 for stream, text in protocol.decode_log_chunk(data):
-                    records.add_log(text)
-                    if index == protocol.LEADER_INDEX and self.on_leader_output is not None:
-                        shown = without_chatter(text)
-                        if shown:
-                            self.on_leader_output(shown, stream)
+                    records.add_log(stream, text)
+                    if index == protocol.LEADER_INDEX and self._echo is not None:
+                        self._echo.feed(stream, text)
         for info in ended:
             data = self._read(info.name)
             if data is not None:
@@ -181,6 +188,8 @@ class JobPoller:
         for index, summary in self.platform.exits.items():
             if index < self.plan.hosts and self.records[index].exit is None:
                 self.records[index].exit = summary
+        if self._echo is not None and self.records[protocol.LEADER_INDEX].exit is not None:
+            self._echo.close()  # the leader's last chunk came before its exit record: no line grows any more
 
     def _platform_reasons(self) -> dict[int, str]:
         """Why hosts that have not started yet are waiting, from the platform (a pod's scheduler reason)."""
@@ -205,7 +214,7 @@ class JobPoller:
                 started_at=status.started_at if status else None,
                 updated_at=status.updated_at if status else None,
                 heartbeat_at=records.heartbeat_at,
-                last_line=next((line for line in reversed(lines) if line.strip() and not CHATTER.match(line)), ""),
+                last_line=records.last_line(),
                 log_tail=lines,
                 message=status.message if status else waiting_because.get(index, ""),
                 traceback=status.traceback if status else "",

@@ -33,6 +33,7 @@ from collections.abc import Callable, Collection, Mapping
 import cloudpickle
 
 from kinetic_nb.errors import (
+    HostExitError,
     JobCancelledError,
     JobFailedError,
     KineticWarning,
@@ -79,8 +80,11 @@ class HostFailure:
         """The remote exception as its own type, carrying the remote traceback."""
         try:
             error = cloudpickle.loads(self.payload.exception)
-        except Exception:
+        except Exception:  # noqa: BLE001 - whatever stops it, the type name and message still tell
             error = RemoteHostError(f"{self.type_name}: {self.message}")
+        if isinstance(error, SystemExit):  # from a host that predates HostExitError: never end the caller
+            code, error = error.code, HostExitError(f"the cell on host {self.host_index} exited with SystemExit")
+            error.code = code
         attach_remote_traceback(error, self.payload.traceback, self.host_index, job_id)
         return error
 
@@ -212,11 +216,19 @@ def _list_failing_hosts(list_job: Callable[[], list[ObjectInfo]], job_id: str, u
     """
     try:
         listing = list_job()
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001 - a listing's failure is a warning, never the job's error
         message = f"could not list per-host result payloads of job {job_id} ({uri}): {type(error).__name__}: {error}"
         warnings.warn(message, KineticWarning, 3)
         return [], [message[0].upper() + message[1:] + "; the hosts are described by their exit records."]
     return sorted(index for info in listing if (index := protocol.parse_worker_result(info.name)) is not None), []
+
+
+def warn_missing_outputs(payload: ResultPayload, job_id: str) -> None:
+    """Warn about ``--out`` names the leader's cell did not bind when it ran (the value and the rest still come)."""
+    if payload.missing_outputs:
+        warnings.warn(f"-o/--out {', '.join(payload.missing_outputs)}: not bound on the leader when the cell of "
+                      f"job {job_id} ended, so not brought back; the cell's value and other variables were",
+                      KineticWarning, 4)
 
 
 def warn_teardown_crashes(exits: Mapping[int, ExitSummary]) -> None:
@@ -274,6 +286,7 @@ def resolve_outcome(
     if leader is not None and not leader_ok and not leader.is_consequence:
         _raise_leader_failure(leader, plan.job_id)  # rule 1
     if leader_ok and status is JobStatus.SUCCEEDED:
+        warn_missing_outputs(leader.payload, plan.job_id)
         return leader.payload  # rule 2
     if status is JobStatus.CANCELLED:
         raise JobCancelledError(f"job {plan.job_id} was cancelled ({storage.uri})")

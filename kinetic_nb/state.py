@@ -26,6 +26,7 @@ from kinetic_nb.runner.status import HEARTBEAT_INTERVAL_S
 
 __all__ = [
     "CHATTER",
+    "CHATTER_STARTS",
     "FINE_STATES",
     "LOST_AFTER_S",
     "SNAPSHOT_INTERVAL_S",
@@ -35,9 +36,10 @@ __all__ = [
     "JobStatus",
     "SnapshotSource",
     "host_state",
+    "is_chatter",
     "is_peer_loss",
     "job_status",
-    "without_chatter",
+    "may_become_chatter",
 ]
 
 #: A host with no exit record whose heartbeat is older than this is lost: its
@@ -45,10 +47,20 @@ __all__ = [
 LOST_AFTER_S = 5 * HEARTBEAT_INTERVAL_S
 #: A live view is redrawn at most this often (each redraw is a widget message).
 SNAPSHOT_INTERVAL_S = 0.25
-#: Lines a framework prints for itself on every run (JAX's CPU collectives
-#: announce each gloo connection): kept in the logs, but never shown as a
-#: host's last line nor echoed as the leader's output.
-CHATTER = re.compile(r"^\[Gloo\] Rank \d+ is connected to \d+ peer ranks\b.*$")
+#: Lines a framework prints for itself on every run: JAX's CPU collectives
+#: announce each gloo connection, and the JAX coordination service its start
+#: (C++ INFO lines, or Python logging's when the user turned it on). Kept in
+#: the logs, but never shown as a host's last line nor echoed as the leader's
+#: output. Errors and warnings from the same places are never chatter.
+CHATTER = re.compile(
+    r"^(\[Gloo\] Rank \d+ is connected to \d+ peer ranks\b.*"
+    r"|I0000 00:00:[\d.]+ +\d+ (coordination_service|coordination_service_agent|client_server|"
+    r"coordination_service_rpc_handler|grpc_server)\.cc:\d+\] .*"
+    r"|INFO:jax\._src\.distributed:(Starting|Connecting to) JAX distributed service on .*)$"
+)
+#: How each kind of ``CHATTER`` line starts: a line still being written that
+#: may become one is held back from the cell until it is complete.
+CHATTER_STARTS = ("[Gloo] Rank ", "I0000 00:00:", "INFO:jax._src.distributed:")
 #: Host states that need no attention.
 FINE_STATES = frozenset({HostState.PENDING.value, HostState.READY.value, HostState.RUNNING.value, HostState.IDLE.value,
                          HostState.SUCCEEDED.value})
@@ -135,11 +147,29 @@ def is_peer_loss(text: str) -> bool:
     return text.split(":", 1)[0].endswith("HostStoppedError")
 
 
-def without_chatter(text: str) -> str:
-    """``text`` less the lines that are framework chatter (``CHATTER``)."""
-    if "[Gloo]" not in text:
-        return text
-    return "".join(line for line in text.splitlines(keepends=True) if not CHATTER.match(line.rstrip("\n")))
+def is_chatter(line: str) -> bool:
+    """Whether a complete line is framework chatter (``CHATTER``)."""
+    return bool(CHATTER.match(line))
+
+
+def may_become_chatter(partial: str) -> bool:
+    """Whether a line still being written may turn out to be chatter, once complete.
+
+    Parameters
+    ----------
+    partial : str
+        The line so far (no newline yet).
+
+    Returns
+    -------
+    bool
+        True while ``partial`` agrees with how some kind of chatter line
+        starts (those are log lines: their newline follows at once); a line
+        being rewritten (``\\r``) never is.
+    """
+    if not partial or "\r" in partial:
+        return False
+    return any(start.startswith(partial) or partial.startswith(start) for start in CHATTER_STARTS)
 
 
 @dataclasses.dataclass(frozen=True)

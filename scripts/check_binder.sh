@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Binder's recipe, checked in a fresh virtual environment: binder/requirements.txt,
-# then binder/postBuild, then every example's imports.
+# then binder/postBuild, then every example's imports, and that torch is the
+# CPU-only build (Binder has no GPU; the CUDA build is gigabytes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=build/binder-venv
@@ -11,6 +12,7 @@ python3 -m venv "$venv"
 PATH="$venv/bin:$PATH" bash binder/postBuild >/dev/null
 KERAS_BACKEND=jax "$venv/bin/python" -c "
 import kinetic_nb, kinetic_nb.magics, jax, torch, keras, matplotlib, ipywidgets
+assert torch.version.cuda is None and torch.__version__.endswith('+cpu'), f'torch {torch.__version__} is not the CPU-only build'
 print('binder environment ok: kinetic_nb', kinetic_nb.__version__, '| jax', jax.__version__, '| torch', torch.__version__)
 "
 rm -rf "$venv"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import nbformat
 from nbclient import NotebookClient
 
@@ -24,3 +26,30 @@ def cell_text(cell) -> str:
         elif output.output_type == "error":
             parts.append("\n".join(output.traceback))
     return "\n".join(parts)
+
+
+def outputs_of(cell, output_type: str) -> list:
+    """The cell's outputs of one type (``stream``, ``display_data``, ``execute_result``, ``error``)."""
+    return [output for output in cell.outputs if output.output_type == output_type]
+
+
+def rendered_streams(cell) -> dict[str, str]:
+    """Each stream's text as Jupyter's output area shows it.
+
+    The outputs of one stream are joined, and a carriage return rewrites its
+    line from the start, character by character, as JupyterLab renders it.
+    """
+    texts: dict[str, str] = {}
+    for output in outputs_of(cell, "stream"):
+        texts[output.name] = texts.get(output.name, "") + output.text
+    return {name: _overwritten(text) for name, text in texts.items()}
+
+
+def _overwritten(text: str) -> str:
+    lines = []
+    for line in re.sub(r"\r+\n", "\n", text).split("\n"):
+        shown = ""
+        for part in line.split("\r"):
+            shown = part + shown[len(part):]
+        lines.append(shown)
+    return "\n".join(lines)

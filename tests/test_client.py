@@ -183,9 +183,17 @@ def test_out_variables_and_notebook_values_travel():
     assert handle.outputs["result"] == 20 and handle.outputs["p"].x == 20
 
 
-def test_missing_out_variable_fails_on_the_leader():
-    with pytest.raises(NameError, match="--out names missing"):
-        kinetic_nb.submit("x = 1", hosts=2, out=["missing"]).result()
+def test_an_out_name_the_cell_never_binds_is_refused_before_any_host_starts(tmp_path):
+    with pytest.raises(NameError, match="-o/--out missing: the cell never assigns it"):
+        kinetic_nb.submit("x = 1", hosts=2, out=["missing"], storage=f"file://{tmp_path}")
+    assert list(tmp_path.iterdir()) == []  # nothing stored, nothing started
+
+
+def test_an_out_name_left_unbound_at_run_time_is_a_warning_and_the_value_comes_back():
+    handle = kinetic_nb.submit("x = 1\nif x > 1:\n    later = 2\nx + 1", hosts=2, out=["x", "later"])
+    with pytest.warns(KineticWarning, match="-o/--out later: not bound on the leader"):
+        assert handle.result() == 2
+    assert handle.outputs == {"x": 1} and handle.missing_outputs == ("later",)
 
 
 def test_single_host_job_needs_no_listing():

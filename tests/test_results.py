@@ -5,7 +5,7 @@ from __future__ import annotations
 import cloudpickle
 import pytest
 
-from kinetic_nb.errors import HostStoppedError, JobCancelledError, JobFailedError, KineticWarning
+from kinetic_nb.errors import HostExitError, HostStoppedError, JobCancelledError, JobFailedError, KineticWarning
 from kinetic_nb.results import resolve_outcome
 from kinetic_nb.runner import envelope, protocol
 from kinetic_nb.runner.protocol import ExitSummary, JobPlan, ResultPayload
@@ -178,7 +178,7 @@ def test_the_same_records_give_the_same_exception(storage):
     put(storage, "result-worker-2.pkl", failure(2, ValueError("two")))
     raised = set()
     for _ in range(3):
-        with pytest.raises(ValueError) as info:
+        with pytest.raises(ValueError, match="two") as info:
             resolve(storage, 5, JobStatus.FAILED, exits(5, failed=(2, 4)))
         raised.add(str(info.value))
     assert raised == {"two"}
@@ -320,3 +320,20 @@ def test_a_signature_is_bound_to_its_object(storage):
     storage.write_bytes("result.pkl", envelope.seal(KEY, "result-worker-2.pkl", failure(2, ValueError("moved"))))
     with pytest.raises(IntegrityError, match="result.pkl failed verification"):
         resolve(storage, 3, JobStatus.SUCCEEDED, exits(3))
+
+
+def test_a_stored_system_exit_is_never_raised_as_one(storage):
+    """A payload from a host that predates HostExitError: the caller's process must not end."""
+    put(storage, protocol.worker_result(1), failure(1, SystemExit(3)))
+    with pytest.raises(HostExitError, match="the cell on host 1 exited with SystemExit") as raised:
+        resolve(storage, 2, JobStatus.FAILED, exits(2, failed=(1,)))
+    assert raised.value.code == 3
+
+
+def test_a_missing_out_name_is_a_warning_and_the_value_still_comes(storage):
+    payload = ResultPayload(success=True, result=42, outputs={"kept": 1}, phase="execute", host_index=0,
+                            missing_outputs=("typo",))
+    put(storage, protocol.RESULT, cloudpickle.dumps(payload.to_dict()))
+    with pytest.warns(KineticWarning, match="-o/--out typo: not bound on the leader"):
+        record, _ = resolve(storage, 2, JobStatus.SUCCEEDED, exits(2))
+    assert record.result == 42 and record.outputs == {"kept": 1} and record.missing_outputs == ("typo",)

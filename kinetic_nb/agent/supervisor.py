@@ -70,10 +70,17 @@ TICK_S = 0.1
 
 
 def describe_storage_error(name: str, error: BaseException) -> str:
-    """``"ENOSPC: No space left on device (hosts/1/log/000003.json)"``: a storage error as one line."""
-    if isinstance(error, OSError) and error.errno is not None:
-        code = errno.errorcode.get(error.errno, str(error.errno))
-        return f"{code}: {error.strerror} ({name})"
+    """``"ENOSPC: No space left on device (hosts/1/log/000003.json)"``: a storage error as one line.
+
+    The operating system's error is named even when a storage raised it as the
+    cause of its own ``StorageError``.
+    """
+    cause: BaseException | None = error
+    while cause is not None and not (isinstance(cause, OSError) and cause.errno is not None):
+        cause = cause.__cause__
+    if cause is not None:
+        code = errno.errorcode.get(cause.errno, str(cause.errno))
+        return f"{code}: {cause.strerror} ({name})"
     return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''} ({name})"
 
 
@@ -201,7 +208,7 @@ class Agent:
             for stream in (sys.stdout, sys.stderr):
                 try:
                     stream.flush()
-                except Exception:
+                except Exception:  # noqa: BLE001, S110 - a closed stream must not keep the host from exiting
                     pass
             os._exit(code)
 
@@ -404,7 +411,7 @@ class Agent:
             return True
         except ObjectExistsError:
             return False
-        except Exception as error:  # the hosts must still be supervised; the error is recorded
+        except Exception as error:  # noqa: BLE001 - the hosts must still be supervised; the error is recorded
             self._storage_failed(name, error)
             return False
 

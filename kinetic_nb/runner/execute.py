@@ -9,10 +9,8 @@ host then exits without waiting on its peers. Only the leader writes
 
 from __future__ import annotations
 
-import ast
 import builtins
 import copy
-import linecache
 import logging
 import os
 import sys
@@ -24,6 +22,7 @@ import cloudpickle
 
 from kinetic_nb.errors import HostStoppedError, PlanError, RemoteHostError, ResultSerializationError
 from kinetic_nb.runner import barrier, envelope, frameworks, protocol
+from kinetic_nb.runner.cell import execute_cell, run_cell
 from kinetic_nb.runner.envelope import KEY_ENV, key_from_environment
 from kinetic_nb.runner.hostenv import HOST_INDEX_VARIABLES, resolve_host_index
 from kinetic_nb.runner.protocol import HostState, JobPlan, Phase, ResultPayload
@@ -33,6 +32,8 @@ from kinetic_nb.runner.status import StatusReporter
 from kinetic_nb.storage import Storage, open_storage
 
 logger = logging.getLogger(__name__)
+
+__all__ = ["HostRun", "cell_traceback", "exception_type_name", "run_cell", "run_host"]
 
 #: A repr longer than this is cut: it travels in an error message.
 _MAX_REPR = 2000
@@ -65,24 +66,6 @@ def cell_traceback(exc: BaseException, filename: str) -> str:
     while tb is not None and tb.tb_frame.f_code.co_filename != filename:
         tb = tb.tb_next
     return "".join(traceback.format_exception(type(exc), exc, tb or exc.__traceback__))
-
-
-def run_cell(source: str, filename: str, namespace: dict[str, Any]) -> Any:
-    """Execute the cell in ``namespace``; return its last expression's value (or None).
-
-    The source is registered with ``linecache`` under ``filename``, so
-    tracebacks show the cell's own lines.
-    """
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    tree = ast.parse(source, filename)
-    last_expression = None
-    if tree.body and isinstance(tree.body[-1], ast.Expr):
-        last_expression = ast.Expression(tree.body.pop().value)
-    # dont_inherit: the cell must not pick up this module's __future__ imports.
-    exec(compile(tree, filename, "exec", dont_inherit=True), namespace)  # noqa: S102 - running the user's cell is the point
-    if last_expression is None:
-        return None
-    return eval(compile(last_expression, filename, "eval", dont_inherit=True), namespace)  # noqa: S307
 
 
 def _shippable_exception(exc: BaseException, redactor: Redactor) -> bytes:
@@ -123,7 +106,7 @@ def _describe(value: Any) -> str:
 def _safe_repr(value: Any) -> str:
     try:
         text = repr(value)
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001 - a user's __repr__ may raise anything
         text = f"<repr failed: {error!r}>"
     return text if len(text) <= _MAX_REPR else text[:_MAX_REPR] + "..."
 
@@ -172,7 +155,8 @@ class HostRun:
             frameworks.initialize(plan, self.host_index)
             self._enter(Phase.EXECUTE)
             namespace = cell[protocol.CELL_NAMESPACE]
-            value = run_cell(cell[protocol.CELL_SOURCE], self.filename, namespace)
+            value = execute_cell(cell[protocol.CELL_SOURCE], self.filename, namespace, host_index=self.host_index,
+                                 leader=self.is_leader)
             if self.is_leader:
                 self._report_success(value, namespace, cell[protocol.CELL_OUT_NAMES])
             # A worker's value is never pickled: only the leader owns the cell's value.
@@ -230,12 +214,11 @@ class HostRun:
 
     def _report_success(self, value: Any, namespace: dict[str, Any], out_names: list[str]) -> None:
         self._enter(Phase.RESULT_SERIALIZATION)
-        missing = [name for name in out_names if name not in namespace]
-        if missing:
-            raise NameError(f"--out names {', '.join(missing)}, which the cell did not define on the leader")
-        outputs = {name: namespace[name] for name in out_names}
+        # A name the cell did not bind after all (a branch not taken) costs only itself: the client warns.
+        missing = tuple(name for name in out_names if name not in namespace)
+        outputs = {name: namespace[name] for name in out_names if name in namespace}
         payload = ResultPayload(success=True, result=value, outputs=outputs, phase=Phase.EXECUTE.value,
-                                host_index=self.host_index)
+                                host_index=self.host_index, missing_outputs=missing)
         # Pickled into a temporary file, signed in the same pass, and streamed
         # up: a large value is not held twice in memory (the object and its bytes).
         with tempfile.TemporaryFile() as pickled:
@@ -256,7 +239,7 @@ class HostRun:
         for name, output in outputs.items():
             try:
                 cloudpickle.dumps(output)
-            except Exception:
+            except Exception:  # noqa: BLE001 - any pickling error names this variable
                 culprit, what = output, f"the --out variable {name!r}"
                 break
         text = _safe_repr(culprit)

@@ -1,16 +1,25 @@
-"""A host's stdout and stderr as append-only chunks in storage.
+"""A host's stdout and stderr as append-only chunks in storage, and how a terminal shows them.
 
 ``hosts/{i}/log/{seq:06d}.json`` objects are never rewritten, so a reader
 that lists them knows which ones it has already read. Each chunk holds the
 host's output as ``[stream, text]`` segments in the order it was written, so
-stdout and stderr stay apart and in order. A progress bar that redraws with
-``\\r`` keeps only its last state in a chunk.
+stdout and stderr stay apart and in order; a rich output the host displayed
+is a ``display`` segment in its place among them.
+
+A carriage return rewrites the current line, as on a terminal (a progress bar
+is one line that updates). The writer keeps, in each chunk, only what the
+screen shows of a line, wherever the chunk boundaries fall: a line rewritten
+since the last chunk is written again whole after a ``\\r``, so a reader (the
+panel, ``logs()``, Jupyter's own stream rendering) that applies carriage
+returns the terminal's way shows the same line.
 """
 
 from __future__ import annotations
 
 import codecs
+import json
 import logging
+import re
 import time
 from collections.abc import Callable
 
@@ -23,11 +32,129 @@ logger = logging.getLogger(__name__)
 #: A chunk is written at least this often while output keeps coming, so
 #: readers see a host's output within about a second.
 FLUSH_INTERVAL_S = 0.5
+#: A display record still unterminated past this size is not one: its text is released as plain output.
+MAX_DISPLAY_CHARS = 64 * 1024 * 1024
+_CONTROL = re.compile(r"(\r|\n)")
+
+
+class TerminalLine:
+    """One stream's current line as a terminal shows it: ``\\r`` moves back to its start, text overwrites."""
+
+    def __init__(self) -> None:
+        self.text = ""
+        self.cursor = 0
+
+    @property
+    def at_end(self) -> bool:
+        return self.cursor == len(self.text)
+
+    def feed(self, text: str) -> list[str]:
+        """Apply ``text``; return the lines it completed, as they were shown."""
+        done = []
+        for piece in _CONTROL.split(text):
+            if piece == "\n":
+                done.append(self.text)
+                self.text, self.cursor = "", 0
+            elif piece == "\r":
+                self.cursor = 0
+            elif piece:
+                self.text = self.text[:self.cursor] + piece + self.text[self.cursor + len(piece):]
+                self.cursor += len(piece)
+        return done
+
+    def rewrite(self, text: str) -> str:
+        """Apply ``text`` and return what a reader that saw everything before needs to show the same.
+
+        Completed lines come as they were shown; a line the reader holds in
+        part comes back whole after a ``\\r`` when ``text`` rewrote it (or
+        left the cursor inside it), and otherwise only its new end.
+        """
+        before = self.text
+        first_line = text.split("\n", 1)[0]
+        rewritten = bool(before) and ("\r" in first_line or not self.at_end)
+        done = self.feed(text)
+        if not done:
+            return "\r" + self.text if rewritten else self.text[len(before):]
+        first = "\r" + done[0] if rewritten else done[0][len(before):]
+        return "\n".join([first, *done[1:], self.text])
 
 
 def collapse_carriage_returns(text: str) -> str:
-    """Keep only what the last ``\\r`` of each line left on screen."""
-    return "\n".join(line.rstrip("\r").rsplit("\r", 1)[-1] for line in text.split("\n"))
+    """What a terminal shows of ``text``: each line as its last ``\\r`` left it."""
+    return TerminalLine().rewrite(text)
+
+
+def display_text(record: str) -> str:
+    """The plain-text form of a ``display`` segment (what a terminal would print for it)."""
+    try:
+        data = json.loads(record).get("data", {})
+        text = data.get("text/plain") or "<" + ", ".join(sorted(data)) + ">"
+    except (ValueError, AttributeError):
+        text = "<display>"
+    return text if text.endswith("\n") else text + "\n"
+
+
+class LogScreen:
+    """A host's whole output as a terminal shows it: completed lines in order, each stream's line in progress."""
+
+    def __init__(self) -> None:
+        self._lines = {protocol.STDOUT: TerminalLine(), protocol.STDERR: TerminalLine()}
+
+    def feed(self, stream: str, text: str) -> list[str]:
+        """Apply one segment; return the lines it completed (a display segment is its plain text)."""
+        if stream == protocol.DISPLAY:
+            return display_text(text).splitlines()
+        return self._lines.setdefault(stream, TerminalLine()).feed(text)
+
+    def partial(self) -> list[str]:
+        """The lines still being written, stdout's first."""
+        return [line.text for line in self._lines.values() if line.text]
+
+
+class _DisplayExtractor:
+    """Lifts display records out of stdout text that arrives in pieces, whatever the pieces' boundaries."""
+
+    def __init__(self) -> None:
+        self.pending = ""
+
+    def split(self, text: str) -> list[tuple[str, str]]:
+        """``text`` as ``(stream, text)`` segments: stdout around the display records found in it."""
+        text = self.pending + text
+        self.pending = ""
+        segments: list[tuple[str, str]] = []
+        while text:
+            before, start, rest = text.partition(protocol.DISPLAY_START)
+            if not start:
+                keep = _partial_marker(text)
+                if keep:
+                    before, self.pending = text[:-keep], text[-keep:]
+                if before:
+                    segments.append((protocol.STDOUT, before))
+                break
+            if before:
+                segments.append((protocol.STDOUT, before))
+            record, end, text = rest.partition(protocol.DISPLAY_END)
+            if not end:
+                if len(rest) > MAX_DISPLAY_CHARS:
+                    segments.append((protocol.STDOUT, start + rest))
+                else:
+                    self.pending = start + rest
+                break
+            segments.append((protocol.DISPLAY, record))
+        return segments
+
+    def release(self) -> list[tuple[str, str]]:
+        """What is held back, as plain output (the host has ended)."""
+        pending, self.pending = self.pending, ""
+        return [(protocol.STDOUT, pending)] if pending else []
+
+
+def _partial_marker(text: str) -> int:
+    """How many characters at the end of ``text`` may be the start of a display marker."""
+    for size in range(min(len(protocol.DISPLAY_START) - 1, len(text)), 0, -1):
+        if protocol.DISPLAY_START.startswith(text[-size:]):
+            return size
+    return 0
 
 
 class LogChunkWriter:
@@ -45,13 +172,16 @@ class LogChunkWriter:
         #: Secrets never reach storage; a tail that may begin one waits for the next flush.
         self._redactor = redactor or Redactor(())
         self._held = {protocol.STDOUT: "", protocol.STDERR: ""}
+        #: A session's host: the cell its output belongs to, from the mark it prints when one starts.
+        self.cell = 0
         #: Bytes become text as they arrive; a UTF-8 sequence cut between two reads waits in its decoder.
         self._decoders = {stream: codecs.getincrementaldecoder("utf-8")(errors="replace")
                           for stream in (protocol.STDOUT, protocol.STDERR)}
+        #: What each stream's current line shows so far, across chunks.
+        self._screens = {stream: TerminalLine() for stream in (protocol.STDOUT, protocol.STDERR)}
+        self._displays = _DisplayExtractor()
         self._segments: list[list[str]] = []
         self._seq = 0
-        #: A session's host: the cell its output belongs to, from the mark it prints when one starts.
-        self.cell = 0
         self._last_flush = time.monotonic()
 
     def feed(self, data: bytes, stream: str = protocol.STDOUT) -> None:
@@ -64,10 +194,12 @@ class LogChunkWriter:
             self.flush()
 
     def _append(self, stream: str, text: str) -> None:
-        if self._segments and self._segments[-1][0] == stream:
-            self._segments[-1][1] += text
-        else:
-            self._segments.append([stream, text])
+        pieces = self._displays.split(text) if stream == protocol.STDOUT else [(stream, text)]
+        for kind, piece in pieces:
+            if kind != protocol.DISPLAY and self._segments and self._segments[-1][0] == kind:
+                self._segments[-1][1] += piece
+            else:
+                self._segments.append([kind, piece])
 
     def _take_cell_marks(self, text: str) -> str:
         """Split ``text`` at each cell mark: what came before a mark is flushed as the previous cell's;
@@ -95,19 +227,20 @@ class LogChunkWriter:
                 rest = decoder.decode(b"", final=True)
                 if rest:
                     self._append(stream, rest)
-        segments = []
-        for stream, text in self._segments:
-            text = self._held[stream] + text
-            self._held[stream] = ""
-            if self._redactor:
-                text, held = (self._redactor.text(text), "") if final else self._redactor.split_safe(text)
-                self._held[stream] = held
-            if text:
-                segments.append((stream, collapse_carriage_returns(text)))
+            self._segments += [list(segment) for segment in self._displays.release()]
+        raw, self._segments = self._segments, []
         if final:
-            segments += [(stream, self._redactor.text(held)) for stream, held in self._held.items() if held]
-            self._held = {stream: "" for stream in self._held}
-        self._segments = []
+            raw += [[stream, ""] for stream, held in self._held.items() if held]
+        segments = []
+        for stream, text in raw:
+            if stream == protocol.DISPLAY:
+                segments.append((stream, self._redactor.text(text)))
+                continue
+            if self._redactor:
+                text = self._held[stream] + text
+                text, self._held[stream] = (self._redactor.text(text), "") if final else self._redactor.split_safe(text)
+            segments.append((stream, self._screens[stream].rewrite(text)))
+        segments = [(stream, text) for stream, text in segments if text]
         if not segments and not cell_end:
             return
         name = protocol.host_log_chunk(self._host_index, self._seq)
@@ -128,9 +261,19 @@ def read_log_segments(storage: Storage, host_index: int) -> list[tuple[str, str]
     return segments
 
 
+def render_log(segments: list[tuple[str, str]]) -> str:
+    """Segments as a terminal shows them: lines in the order they were completed, rewrites applied."""
+    screen = LogScreen()
+    lines: list[str] = []
+    for stream, text in segments:
+        lines += screen.feed(stream, text)
+    text = "".join(f"{line}\n" for line in lines)
+    return text + "\n".join(screen.partial())
+
+
 def read_log(storage: Storage, host_index: int) -> str:
-    """A host's whole log, stdout and stderr interleaved as written."""
-    return "".join(text for _, text in read_log_segments(storage, host_index))
+    """A host's whole log as a terminal shows it, stdout and stderr interleaved by line."""
+    return render_log(read_log_segments(storage, host_index))
 
 
 def last_lines(text: str, count: int = 10) -> list[str]:

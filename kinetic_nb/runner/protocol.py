@@ -59,6 +59,15 @@ _STACKS_REQUEST_RE = re.compile(r"^control/stacks-(\d+)\.json$")
 #: The two streams of a host's output, as log chunks name them.
 STDOUT = "out"
 STDERR = "err"
+#: A third kind of log segment: one rich output (``display(...)``, a figure) as the
+#: JSON of ``{"data": {mime: ...}, "metadata": {...}}``, in its place among the lines.
+DISPLAY = "display"
+#: A host's rich output travels in-band on its stdout between these two
+#: markers (an OSC escape sequence that no terminal acts on), so it keeps its
+#: place among the lines printed around it; the agent's log writer lifts it out
+#: into a ``DISPLAY`` segment. JSON escapes ESC, so the end marker cannot occur inside.
+DISPLAY_START = "\x1b]kinetic-display;"
+DISPLAY_END = "\x1b\\"
 
 
 def worker_result(host_index: int) -> str:
@@ -220,6 +229,8 @@ HOST_INDEX = "host_index"
 OUTPUTS = "outputs"
 SERIALIZATION_FAILED = "serialization_failed"
 RESULT_REPR = "result_repr"
+#: The ``--out`` names the cell had not bound on the leader when it ended (a warning, not a failure).
+MISSING_OUTPUTS = "missing_outputs"
 #: True when the host did not fail on its own but was stopped after another host failed.
 STOPPED = "stopped"
 
@@ -443,7 +454,8 @@ class ResultPayload:
 
     On the wire it is a cloudpickled dict (``to_dict``) keyed by the payload
     keys above: a success carries ``success``, ``result``, ``outputs``,
-    ``phase`` and ``host_index``; a failure carries ``success``,
+    ``phase`` and ``host_index`` (and ``missing_outputs`` when an ``--out``
+    name was never bound); a failure carries ``success``,
     ``exception``, ``exception_type``, ``exception_message``, ``traceback``,
     ``phase``, ``host_index`` and ``stopped``, plus ``serialization_failed``
     and ``result_repr`` when the value could not be pickled. ``from_dict``
@@ -465,12 +477,17 @@ class ResultPayload:
     stopped: bool = False
     serialization_failed: bool = False
     result_repr: str | None = None
+    #: ``--out`` names the leader's cell never bound (a success still carries the rest).
+    missing_outputs: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """The dict that is cloudpickled into the payload object: the keys a host has always written."""
         if self.success:
-            return {SUCCESS: True, RESULT_VALUE: self.result, OUTPUTS: self.outputs, PHASE: self.phase,
-                    HOST_INDEX: self.host_index}
+            payload = {SUCCESS: True, RESULT_VALUE: self.result, OUTPUTS: self.outputs, PHASE: self.phase,
+                       HOST_INDEX: self.host_index}
+            if self.missing_outputs:
+                payload[MISSING_OUTPUTS] = list(self.missing_outputs)
+            return payload
         payload = {SUCCESS: False, EXCEPTION: self.exception, EXCEPTION_TYPE: self.exception_type,
                    EXCEPTION_MESSAGE: self.exception_message, TRACEBACK: self.traceback, PHASE: self.phase,
                    HOST_INDEX: self.host_index, STOPPED: self.stopped}
@@ -493,10 +510,12 @@ class ResultPayload:
         keys = {SUCCESS: "success", HOST_INDEX: "host_index", PHASE: "phase", RESULT_VALUE: "result",
                 OUTPUTS: "outputs", EXCEPTION: "exception", EXCEPTION_TYPE: "exception_type",
                 EXCEPTION_MESSAGE: "exception_message", TRACEBACK: "traceback", STOPPED: "stopped",
-                SERIALIZATION_FAILED: "serialization_failed", RESULT_REPR: "result_repr"}
+                SERIALIZATION_FAILED: "serialization_failed", RESULT_REPR: "result_repr",
+                MISSING_OUTPUTS: "missing_outputs"}
         values = {field: payload[key] for key, field in keys.items() if key in payload}
         values["success"] = bool(values.get("success"))
         values["outputs"] = dict(values.get("outputs") or {})
+        values["missing_outputs"] = tuple(values.get("missing_outputs") or ())
         return cls(**values)
 
 

@@ -35,6 +35,7 @@ import cloudpickle
 
 from kinetic_nb.errors import HostStoppedError, KineticTimeoutError, ObjectNotFoundError
 from kinetic_nb.runner import envelope, frameworks, protocol
+from kinetic_nb.runner.cell import execute_cell
 from kinetic_nb.runner.protocol import FirstFailure, HostState, LeaderReady, Phase
 from kinetic_nb.storage import Storage
 
@@ -126,10 +127,9 @@ class SessionLoop:
                 self.initialized = True
             run._enter(Phase.EXECUTE, HostState.RUNNING)
             print(protocol.CELL_MARK.format(seq=seq), end="", flush=True)  # the agent: logs from here are this cell's
-            from kinetic_nb.runner.execute import run_cell
-
             with _interruptible():
-                value = run_cell(cell[protocol.CELL_SOURCE], run.filename, self.namespace)
+                value = execute_cell(cell[protocol.CELL_SOURCE], run.filename, self.namespace,
+                                     host_index=run.host_index, leader=run.is_leader)
             sys.stdout.flush()
             sys.stderr.flush()
             if run.is_leader:

@@ -86,9 +86,23 @@ def _client() -> Any:
                 project = os.environ.get("GOOGLE_CLOUD_PROJECT", EMULATOR_PROJECT)
                 client = storage.Client(project=project, credentials=AnonymousCredentials())
             else:
-                client = storage.Client()
+                client = _authenticated_client(storage)
             _clients[key] = client
         return client
+
+
+def _authenticated_client(storage: Any) -> Any:
+    """A client on Application Default Credentials, or one line that says how to get them."""
+    from google.auth.exceptions import DefaultCredentialsError
+
+    try:
+        return storage.Client()
+    except DefaultCredentialsError as error:
+        raise StorageError(
+            "gs:// storage needs Google Cloud credentials and none were found: run "
+            "`gcloud auth application-default login` (or set GOOGLE_APPLICATION_CREDENTIALS to a key file), "
+            f"or set {EMULATOR_ENV} to use an emulator"
+        ) from error
 
 
 def is_transient(error: BaseException) -> bool:

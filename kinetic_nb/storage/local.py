@@ -5,9 +5,10 @@ Host-safe: the standard library only.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
 
@@ -41,6 +42,19 @@ def _make_directories(path: Path) -> None:
 
 def _create_private(path: Path) -> IO[bytes]:
     return open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE), "wb")
+
+
+@contextlib.contextmanager
+def _os_errors_as_storage_errors(op: str, target: str) -> Iterator[None]:
+    """An operating-system error (a file where a directory should be, no permission, a full disk) as one line."""
+    try:
+        yield
+    except StorageError:
+        raise
+    except OSError as error:
+        where = f" ({error.filename})" if error.filename else ""
+        raise StorageError(f"cannot {op} {target}: {error.strerror or error}{where}; use a --storage "
+                           f"(or $KINETIC_STORAGE) directory this user can write") from error
 
 
 def _path_from_uri(uri: str) -> Path:
@@ -87,25 +101,27 @@ class LocalStorage(Storage):
     def _write_via_temp(self, name: str, fill: Callable[[Path], None], exclusive: bool) -> None:
         """Fill a temporary file beside ``name``, then publish it whole by rename (or link, if exclusive)."""
         path = self._path(name)
-        _make_directories(path.parent)
-        temp = path.with_name(f"{_TEMP_PREFIX}{path.name}-{os.urandom(8).hex()}")
-        try:
-            fill(temp)
-            if exclusive:
-                try:
-                    os.link(temp, path)  # fails if path exists: atomic create-if-absent
-                except FileExistsError:
-                    raise ObjectExistsError(f"{self.uri}/{name} already exists") from None
-            else:
-                os.replace(temp, path)
-        finally:
-            temp.unlink(missing_ok=True)
+        with _os_errors_as_storage_errors("write", f"{self.uri}/{name}"):
+            _make_directories(path.parent)
+            temp = path.with_name(f"{_TEMP_PREFIX}{path.name}-{os.urandom(8).hex()}")
+            try:
+                fill(temp)
+                if exclusive:
+                    try:
+                        os.link(temp, path)  # fails if path exists: atomic create-if-absent
+                    except FileExistsError:
+                        raise ObjectExistsError(f"{self.uri}/{name} already exists") from None
+                else:
+                    os.replace(temp, path)
+            finally:
+                temp.unlink(missing_ok=True)
 
     def read_bytes(self, name: str) -> bytes:
-        try:
-            return self._path(name).read_bytes()
-        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
-            raise ObjectNotFoundError(f"{self.uri}/{name} does not exist") from None
+        with _os_errors_as_storage_errors("read", f"{self.uri}/{name}"):
+            try:
+                return self._path(name).read_bytes()
+            except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+                raise ObjectNotFoundError(f"{self.uri}/{name} does not exist") from None
 
     def open_read(self, name: str) -> IO[bytes]:
         # The open file keeps the version it opened: a rewrite renames a new file over the name.
@@ -121,10 +137,11 @@ class LocalStorage(Storage):
         found: list[ObjectInfo] = []
         stack = [start]
         while stack:
-            try:
-                entries = list(os.scandir(stack.pop()))
-            except (FileNotFoundError, NotADirectoryError):
-                continue
+            with _os_errors_as_storage_errors("list", self.uri):
+                try:
+                    entries = list(os.scandir(stack.pop()))
+                except (FileNotFoundError, NotADirectoryError):
+                    continue
             for entry in entries:
                 if entry.name.startswith(_TEMP_PREFIX):
                     continue

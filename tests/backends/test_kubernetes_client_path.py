@@ -18,10 +18,10 @@ No real API server, controller or kubelet can run here, so:
 The root Job's own pod (the agent's ``--watch`` mode) is not played here.
 
 That proves the manifests' environment, the runner and the outcome path work
-together. One step is done by the test itself: the client's poller asks the
-backend for exit summaries only once some ``exit.json`` exists, so the test
-calls ``backend.exit_summaries`` itself until every host has one, as the
-poller will once it asks the backend on every poll (see the report).
+together. The kubelet's part runs only when the test steps it: ``settle``
+steps it while asking the backend for exit summaries until every host has one,
+as the client's poller asks on every poll (``Backend.observe``). Once the
+outcome is recorded the client deletes the job's cluster objects itself.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def start_pods(api, kubelets, tmp_path, **options) -> FakeKubelet:
 
 
 def settle(handle, kubelet: FakeKubelet, timeout: float = 90.0) -> dict:
-    """Play the poller's future part: ask the backend for exit summaries until every host has one."""
+    """Step the kubelet and ask the backend for exit summaries, as the poller does, until every host has one."""
     deadline = time.monotonic() + timeout
     while True:
         kubelet.step()
@@ -117,8 +117,7 @@ def test_a_tpu_slice_runs_as_a_leader_worker_set(cluster, tmp_path):
     assert [host.state for host in handle.hosts()] == ["succeeded"] * 4
     for index in range(4):  # each host's agent uploaded its runner's output
         assert f"hello from host {index}" in handle.logs(index)
-    handle.backend.cleanup(handle.plan)  # what the client will do once the outcome is recorded (see the report)
-    assert api.objects == {}  # the root, and with it everything
+    assert api.objects == {}  # the client deleted the root with the outcome, and with it everything
     assert all(process.poll() is not None for process in kubelet.processes.values())
 
 
@@ -166,8 +165,7 @@ def test_an_oom_killed_host_fails_the_cell_with_the_pods_reason(cluster, tmp_pat
     assert summaries[1].describe() == "was killed by SIGKILL (OOMKilled)"
     with pytest.raises(JobFailedError, match=r"host 1 was killed by SIGKILL \(OOMKilled\)"):
         handle.result(timeout=30)
-    handle.backend.cleanup(handle.plan)
-    assert api.objects == {}
+    assert api.objects == {}  # deleted by the client with the outcome
 
 
 def test_cancel_deletes_the_workload_and_stops_the_hosts(cluster, tmp_path):
@@ -177,8 +175,8 @@ def test_cancel_deletes_the_workload_and_stops_the_hosts(cluster, tmp_path):
     kubelet = start_pods(api, kubelets, tmp_path)
     wait_for(lambda: all(handle.storage.exists(protocol.host_status(index)) for index in range(2)),
              what="both hosts to start")
-    # What handle.cancel() calls; handle.cancel() itself then polls for the hosts' ends, which (until the
-    # poller asks the backend on every poll) no exit record would bring: settle() below does that part.
+    # What handle.cancel() calls. handle.cancel() would then wait for the hosts' ends, which here come only
+    # as the kubelet is stepped: settle() below steps it while asking the backend, as the poller does.
     handle.backend.cancel(handle.storage, handle.plan, "by the test")  # deletes the root: the LWS and pods go too
     assert api.objects == {}
     assert all(process.poll() is not None for process in kubelet.processes.values())
@@ -206,7 +204,7 @@ def test_attach_from_another_kernel_finds_the_jobs_namespace(cluster, tmp_path, 
     """handle.json records where a cluster job lives; attach() uses it, whatever this kernel's settings."""
     from kinetic_nb import catalog
 
-    api, kubelets = cluster
+    _api, _kubelets = cluster  # the fake API server the submit creates its objects in
     handle = kinetic_nb.submit("1", accelerator="tpu-v5e-16", backend="kubernetes", storage=f"file://{tmp_path}/jobs",
                                quiet=True, backend_options={"namespace": "team-a"})
     record = json.loads(read_sealed(handle.storage, "handle.json", handle.key))  # signed: it says where to look

@@ -1,5 +1,14 @@
+import json
+
 from kinetic_nb.runner import protocol
-from kinetic_nb.runner.logs import LogChunkWriter, collapse_carriage_returns, last_lines, read_log, read_log_segments
+from kinetic_nb.runner.logs import (
+    LogChunkWriter,
+    TerminalLine,
+    collapse_carriage_returns,
+    last_lines,
+    read_log,
+    read_log_segments,
+)
 from kinetic_nb.storage import LocalStorage
 
 
@@ -11,7 +20,7 @@ def test_progress_bars_keep_their_last_state():
 def test_chunks_are_append_only_and_join_in_order(tmp_path):
     storage = LocalStorage(str(tmp_path))
     writer = LogChunkWriter(storage, 2)
-    writer.feed("first line\nhalf ".encode())
+    writer.feed(b"first line\nhalf ")
     writer.flush()
     writer.feed("é".encode()[:1])  # half of a UTF-8 character waits for the rest
     writer.flush()
@@ -44,3 +53,49 @@ def test_a_chunk_that_cannot_be_stored_is_reported(tmp_path):
     writer.feed(b"lost\n")
     writer.flush()
     assert failures == ["hosts/0/log/000000.json"]
+
+
+def test_a_progress_bar_is_one_line_whatever_the_chunk_boundaries(tmp_path):
+    storage = LocalStorage(str(tmp_path))
+    writer = LogChunkWriter(storage, 0)
+    pieces = ["epoch 1\n  0%|", "\r 50%|#####", "\r", "100%|##########", "\n", "done\n"]
+    for piece in pieces:  # one chunk per write: every boundary falls somewhere in the bar's line
+        writer.feed(piece.encode(), protocol.STDERR)
+        writer.flush()
+    written = "".join(text for _, text in read_log_segments(storage, 0))
+    assert written == "epoch 1\n  0%|\r 50%|#####\r 50%|#####\r100%|##########\ndone\n"
+    assert "0%| 50%" not in written  # no update glued to the one before
+    assert read_log(storage, 0) == "epoch 1\n100%|##########\ndone\n"
+    assert collapse_carriage_returns(written) == "epoch 1\n100%|##########\ndone\n"  # as a terminal shows it
+
+
+def test_a_rewrite_overwrites_only_what_it_writes_as_a_terminal_does():
+    line = TerminalLine()
+    assert line.feed("loss 0.50 step 1") == []
+    assert line.feed("\rloss 0.25") == [] and line.text == "loss 0.25 step 1"
+    assert line.feed("\n") == ["loss 0.25 step 1"]
+
+
+def test_a_display_record_is_lifted_out_of_stdout_in_its_place(tmp_path):
+    storage = LocalStorage(str(tmp_path))
+    writer = LogChunkWriter(storage, 0)
+    record = json.dumps({"data": {"text/html": "<b>x</b>", "text/plain": "X"}, "metadata": {}})
+    output = f"before\n{protocol.DISPLAY_START}{record}{protocol.DISPLAY_END}after\n".encode()
+    for start in range(0, len(output), 7):  # the record arrives cut anywhere
+        writer.feed(output[start:start + 7])
+        writer.flush()
+    writer.flush(final=True)
+    segments = read_log_segments(storage, 0)
+    assert [stream for stream, _ in segments if stream == protocol.DISPLAY] == [protocol.DISPLAY]
+    assert "".join(text for stream, text in segments if stream == protocol.STDOUT) == "before\nafter\n"
+    assert read_log(storage, 0) == "before\nX\nafter\n"
+
+
+def test_an_unterminated_display_marker_is_plain_output_at_the_end(tmp_path):
+    storage = LocalStorage(str(tmp_path))
+    writer = LogChunkWriter(storage, 0)
+    writer.feed(f"odd {protocol.DISPLAY_START}not json".encode())
+    writer.flush()
+    assert read_log(storage, 0) == "odd "
+    writer.flush(final=True)
+    assert read_log(storage, 0) == f"odd {protocol.DISPLAY_START}not json"

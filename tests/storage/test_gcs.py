@@ -66,7 +66,7 @@ def test_a_lost_response_does_not_fail_an_exclusive_write(gcs_emulator, gcs_root
         storage = through(proxy, monkeypatch, gcs_root)
         storage.write_bytes("result.pkl", b"mine", exclusive=True)  # the retry finds its own object
         assert faults[0].seen == 1
-        with pytest.raises(ObjectExistsError, match="result.pkl already exists"):
+        with pytest.raises(ObjectExistsError, match=r"result\.pkl already exists"):
             storage.write_bytes("result.pkl", b"another writer", exclusive=True)
     assert storage.read_bytes("result.pkl") == b"mine"
 
@@ -150,3 +150,17 @@ def test_listing_times_are_epoch_seconds(storage):
     storage.write_bytes("hosts/0/heartbeat", b"")
     (info,) = storage.list()
     assert abs(info.updated - time.time()) < 300 and info.version.isdigit()
+
+
+def test_no_credentials_is_one_line_that_says_how_to_log_in(tmp_path, monkeypatch):
+    """No emulator and no credentials: what a new user meets first (no metadata server is asked)."""
+    monkeypatch.delenv("STORAGE_EMULATOR_HOST", raising=False)
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "no-such-key.json"))
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path))
+    monkeypatch.setenv("NO_GCE_CHECK", "True")
+    storage = GcsStorage("gs://some-bucket/jobs")
+    with pytest.raises(StorageError) as raised:
+        storage.write_bytes("plan.json", b"{}")
+    message = str(raised.value)
+    assert "gcloud auth application-default login" in message and "STORAGE_EMULATOR_HOST" in message
+    assert "\n" not in message and type(raised.value.__cause__).__name__ == "DefaultCredentialsError"

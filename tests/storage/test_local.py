@@ -6,7 +6,7 @@ import stat
 
 import pytest
 
-from kinetic_nb.errors import ObjectExistsError
+from kinetic_nb.errors import ObjectExistsError, StorageError
 from kinetic_nb.storage import LocalStorage, default_root, open_storage
 
 
@@ -57,3 +57,26 @@ def test_default_root_is_private(tmp_path, monkeypatch):
 def test_unsupported_scheme_is_one_clear_line():
     with pytest.raises(ValueError, match=r"unsupported storage URI 's3://b/x': scheme s3:// is not supported"):
         open_storage("s3://b/x")
+
+
+def test_a_file_in_the_way_is_one_line_that_says_what_to_do(tmp_path):
+    (tmp_path / "a_file").write_text("not a directory")
+    storage = LocalStorage(str(tmp_path / "a_file" / "jobs"))
+    with pytest.raises(StorageError) as raised:
+        storage.write_bytes("plan.json", b"{}")
+    message = str(raised.value)
+    assert message.startswith(f"cannot write {storage.uri}/plan.json: Not a directory")
+    assert "--storage" in message and "\n" not in message
+    assert isinstance(raised.value.__cause__, NotADirectoryError)  # kept for %tb
+
+
+def test_no_permission_is_one_line_too(storage, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", "/somewhere")
+
+    monkeypatch.setattr(os, "replace", refuse)  # root may write anywhere: the refusal is played
+    with pytest.raises(StorageError, match=r"cannot write .*/x: Permission denied \(/somewhere\); use a --storage"):
+        storage.write_bytes("x", b"1")
+    monkeypatch.setattr(os, "scandir", refuse)
+    with pytest.raises(StorageError, match=r"cannot list file://.*: Permission denied"):
+        storage.list()
