@@ -12,13 +12,14 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from kinetic_nb import views
+from kinetic_nb.echo import LeaderEcho
 from kinetic_nb.errors import KineticTimeoutError, ObjectExistsError, ObjectNotFoundError
 from kinetic_nb.poller import _HostRecords
 from kinetic_nb.results import resolve_outcome
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.protocol import ExitSummary, HostState, HostStatus, JobPlan, Phase
 from kinetic_nb.runner.session import cell_key
-from kinetic_nb.state import CHATTER, SNAPSHOT_INTERVAL_S, HostSnapshot, JobSnapshot, JobStatus, without_chatter
+from kinetic_nb.state import SNAPSHOT_INTERVAL_S, HostSnapshot, JobSnapshot, JobStatus
 
 if TYPE_CHECKING:
     from kinetic_nb.sessions import Session
@@ -42,6 +43,7 @@ class CellHandle:
         self.seq = seq
         self.timeout = timeout
         self.echo = echo
+        self._echo = LeaderEcho(echo) if echo is not None else None
         self.storage = session.storage.child(protocol.cell_dir(seq))
         self.key = cell_key(session.job.key, seq)
         self.plan = session.plan
@@ -93,11 +95,11 @@ class CellHandle:
                 if chunk.end:
                     self._output_complete.add(index)
                 for stream, text in chunk.segments:
-                    self._records[index].add_log(text)
-                    if index == protocol.LEADER_INDEX and self.echo is not None:
-                        shown = without_chatter(text)
-                        if shown:
-                            self.echo(shown, stream)
+                    self._records[index].add_log(stream, text)
+                    if index == protocol.LEADER_INDEX and self._echo is not None:
+                        self._echo.feed(stream, text)
+                if chunk.end and index == protocol.LEADER_INDEX and self._echo is not None:
+                    self._echo.close()  # the cell's last chunk: no line of it grows any more
         hosts = tuple(self._host(index) for index in range(self.plan.hosts))
         return JobSnapshot(self.job_id, self.session.job.backend.name, self.plan.accelerator, self._status(hosts),
                            self._submitted, time.time(), hosts)
@@ -120,7 +122,7 @@ class CellHandle:
             index=index, state=state, phase=status.phase if current else Phase.STARTUP.value,
             started_at=(status.history[0][1] if current and status.history else None),
             updated_at=status.updated_at if current else None, heartbeat_at=records.heartbeat_at,
-            last_line=next((line for line in reversed(lines) if line.strip() and not CHATTER.match(line)), ""),
+            last_line=records.last_line(),
             log_tail=lines, message=status.message if current else "", traceback=status.traceback if current else "",
             exit=records.exit,
             history=tuple((phase, float(at)) for phase, at in status.history) if current else (),
