@@ -17,6 +17,7 @@ demo: $(STAMP)
 	$(PY) examples/run_quickstart.py
 
 test: $(STAMP)
+	$(PY) -m ruff check .
 	scripts/ensure_chromium.sh
 	$(PY) -m pytest $(PYTEST_ARGS)
 

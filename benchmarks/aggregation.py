@@ -120,7 +120,7 @@ def failure_payload(host: int, error: BaseException) -> bytes:
     """A host's failure payload, built as ``runner/execute.py`` builds it."""
     try:
         raise error
-    except BaseException as raised:  # noqa: BLE001 - any exception a cell raises
+    except BaseException as raised:
         text = "".join(traceback.format_exception(raised))
     return envelope.seal(KEY, protocol.result_object(host), cloudpickle.dumps(ResultPayload(
         success=False,
@@ -166,7 +166,7 @@ def decide(storage: CountingStorage, plan: JobPlan, exits: dict[int, ExitSummary
         warnings.simplefilter("ignore")
         try:
             resolve_outcome(storage, plan, JobStatus.FAILED, exits, list_job, lambda i: "exited with code 1", key=KEY)
-        except Exception as error:  # noqa: BLE001 - the outcome of a failed job is an exception
+        except Exception as error:
             return type(error)
     raise AssertionError("a failed job returned a value")
 

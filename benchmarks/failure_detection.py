@@ -73,7 +73,8 @@ def measure(hosts: int, grace: float, peers: str) -> tuple[float, float]:
         raised_at = time.time()
     else:
         raise AssertionError("the job should have failed")
-    died_at = float(open(death_file).read())
+    with open(death_file) as death:
+        died_at = float(death.read())
     while job_pids(handle.uri):
         time.sleep(0.02)
     gone_at = time.time()

@@ -83,8 +83,8 @@ def main() -> None:
         storage.write_bytes(protocol.host_status(1), failed.to_json())
         changed = requests(poller)
         naive = 1 + hosts
-        print(f"{hosts:>5}  {'%d + %d' % first:>10}  {'%d + %d' % quiet:>10}  {'%d + %d' % changed:>10}  "
-              f"{'1 + %d' % hosts:>10}  {sum(quiet) / naive:11.3f}")
+        print(f"{hosts:>5}  {'{} + {}'.format(*first):>10}  {'{} + {}'.format(*quiet):>10}  "
+              f"{'{} + {}'.format(*changed):>10}  {f'1 + {hosts}':>10}  {sum(quiet) / naive:11.3f}")
         panel = HostPanel(hosts)
         update_times[hosts] = update_ms(panel, poller.snapshot())
     print("\nCPU time of one panel update (median of 20)")

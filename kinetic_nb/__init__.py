@@ -33,9 +33,9 @@ _EXPORTS = {
 __all__ = [
     "HostSnapshot",
     "JobHandle",
-    "Session",
     "JobSnapshot",
     "JobStatus",
+    "Session",
     "__version__",
     "accelerator_names",
     "attach",
@@ -53,8 +53,8 @@ __all__ = [
 if TYPE_CHECKING:
     from kinetic_nb.accelerators import accelerator_names, resolve_accelerator
     from kinetic_nb.catalog import attach, gc, jobs
-    from kinetic_nb.sessions import Session, attach_session, sessions, start
     from kinetic_nb.client import JobHandle, last_job, submit
+    from kinetic_nb.sessions import Session, attach_session, sessions, start
     from kinetic_nb.state import HostSnapshot, JobSnapshot, JobStatus
 
 

@@ -25,8 +25,8 @@ from traitlets import Unicode
 
 from kinetic_nb import catalog
 from kinetic_nb.backends import backend_class, backend_names
-from kinetic_nb.client import JobHandle, submit
 from kinetic_nb.cell_handle import CellHandle
+from kinetic_nb.client import JobHandle, submit
 from kinetic_nb.display import live_view
 from kinetic_nb.errors import CaptureError, IntegrityError, KineticError, ObjectNotFoundError, UnknownAcceleratorError
 from kinetic_nb.session_magics import check_cell_fits_session, session_start_parser, sessions_of, start_session
@@ -58,7 +58,7 @@ def without_env_values(line: str) -> str:
     """The magic line with each ``-e KEY=VALUE`` as ``-e KEY=***``: values are secrets, names are not."""
     words, out, expecting = shlex.split(line), [], False
     for word in words:
-        if expecting or word.startswith(("--env=", "-e")) and word not in ("-e",):
+        if expecting or (word.startswith(("--env=", "-e")) and word not in ("-e",)):
             prefix = "" if expecting else ("--env=" if word.startswith("--env=") else "-e")
             name = word[len(prefix):].split("=", 1)[0]
             out.append(f"{prefix}{name}=***")

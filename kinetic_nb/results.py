@@ -34,11 +34,11 @@ import cloudpickle
 
 from kinetic_nb.errors import (
     HostExitError,
+    IntegrityError,
     JobCancelledError,
     JobFailedError,
     KineticWarning,
     ObjectNotFoundError,
-    IntegrityError,
     RemoteHostError,
     UnreadableResultError,
 )

@@ -311,10 +311,7 @@ class _CellReads:
 
     def run_block(self, statements: list[ast.stmt]) -> bool:
         """Run statements in order; False when the block cannot fall through to what follows."""
-        for statement in statements:
-            if not self.run(statement):
-                return False
-        return True
+        return all(self.run(statement) for statement in statements)
 
     def run(self, node: ast.stmt) -> bool:
         handler = getattr(self, f"run_{type(node).__name__}", None)

@@ -68,5 +68,5 @@ def no_process_survives():
 def notebook(code: str) -> dict:
     """A namespace as a notebook's: what ``code`` defines lives in ``__main__``."""
     namespace: dict = {"__name__": "__main__"}
-    exec(code, namespace)  # noqa: S102
+    exec(code, namespace)
     return namespace

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-
 from nbformat.v4 import new_code_cell, new_notebook
 
 from .nbrun import cell_text, execute
+
 
 def test_a_four_host_cell_in_a_real_kernel(tmp_path):
     notebook = new_notebook(cells=[
@@ -51,7 +51,7 @@ def test_the_saved_notebook_keeps_the_final_panel(tmp_path):
     assert any("ValueError: shard 2 is corrupt" in t and "raise ValueError" in t for t in texts)  # drill-down
     progress = [s for s in states.values() if s.get("_model_name") == "IntProgressModel"]
     assert progress[0]["bar_style"] == "danger" and progress[0]["value"] == 4
-    accordion = [s for s in states.values() if s.get("_model_name") == "AccordionModel"][0]
+    accordion = next(s for s in states.values() if s.get("_model_name") == "AccordionModel")
     assert accordion["titles"][2] == "host 2 · failed · execute"
     # The display keeps a static fallback for frontends without the widget state.
     displays = [o for o in notebook.cells[1].outputs if o.output_type == "display_data"]

@@ -6,6 +6,7 @@ import io
 
 import pytest
 
+from kinetic_nb import views
 from kinetic_nb.display.panel import (
     GRID_ABOVE,
     HostPanel,
@@ -16,7 +17,6 @@ from kinetic_nb.display.panel import (
     text_summary,
     watch_in_background,
 )
-from kinetic_nb import views
 from kinetic_nb.runner.protocol import ExitSummary, JobPlan
 from kinetic_nb.state import HostSnapshot, JobSnapshot, JobStatus
 

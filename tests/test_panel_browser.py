@@ -49,11 +49,12 @@ def jupyterlab(tmp_path_factory):
     notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(notebook, root / "panel.ipynb")
     port, token = _free_port(), secrets.token_hex(16)
+    server_log = open(root / "server.log", "wb")  # noqa: SIM115 - the server writes it for the fixture's life
     server = subprocess.Popen(
         [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--allow-root", f"--port={port}",
          "--ServerApp.ip=127.0.0.1", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
          "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
-        stdout=subprocess.DEVNULL, stderr=open(root / "server.log", "wb"), start_new_session=True,
+        stdout=subprocess.DEVNULL, stderr=server_log, start_new_session=True,
     )
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
@@ -65,7 +66,7 @@ def jupyterlab(tmp_path_factory):
         except OSError:
             if time.monotonic() > deadline or server.poll() is not None:
                 server.kill()
-                raise RuntimeError(f"JupyterLab did not start: {(root / 'server.log').read_text()[-2000:]}")
+                raise RuntimeError(f"JupyterLab did not start: {(root / 'server.log').read_text()[-2000:]}") from None
             time.sleep(0.25)
     yield f"{base}/lab/tree/panel.ipynb?token={token}"
     server.terminate()

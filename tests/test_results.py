@@ -318,7 +318,7 @@ def test_a_signature_is_bound_to_its_object(storage):
 
     # host 2's genuine failure payload, copied over the leader's: valid bytes under the job's key, wrong name
     storage.write_bytes("result.pkl", envelope.seal(KEY, "result-worker-2.pkl", failure(2, ValueError("moved"))))
-    with pytest.raises(IntegrityError, match="result.pkl failed verification"):
+    with pytest.raises(IntegrityError, match=r"result\.pkl failed verification"):
         resolve(storage, 3, JobStatus.SUCCEEDED, exits(3))
 
 

@@ -15,8 +15,8 @@ from kinetic_nb.agent import processes
 from kinetic_nb.agent.local_state import AgentState
 from kinetic_nb.agent.supervisor import Agent
 from kinetic_nb.agent.watch import wait_for_job_end
-from kinetic_nb.runner import protocol
 from kinetic_nb.errors import IntegrityError
+from kinetic_nb.runner import protocol
 from kinetic_nb.runner.envelope import KEY_ENV, key_from_environment, read_sealed, write_sealed
 from kinetic_nb.runner.execute import exception_type_name
 from kinetic_nb.runner.hostenv import host_environment, resolve_host_index

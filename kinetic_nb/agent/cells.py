@@ -61,7 +61,7 @@ class CellWatch:
 
     def _statuses(self) -> dict[int, HostStatus | None]:
         statuses: dict[int, HostStatus | None] = {}
-        for index, host in self.agent.hosts.items():
+        for index in self.agent.hosts:
             try:
                 statuses[index] = HostStatus.from_json(self.agent.storage.read_bytes(protocol.host_status(index)))
             except (ObjectNotFoundError, ValueError, TypeError, OSError):

@@ -96,7 +96,7 @@ class Backend(abc.ABC):
             raise ValueError(f"the {cls.name} backend takes no options, got {', '.join(sorted(options))}")
         return cls()
 
-    def preflight(self, plan: JobPlan) -> None:
+    def preflight(self, plan: JobPlan) -> None:  # noqa: B027 - a hook: most backends accept every plan
         """Refuse, with one line (``ValueError``), a plan this backend cannot run; nothing is stored yet."""
 
     @abc.abstractmethod
@@ -119,7 +119,7 @@ class Backend(abc.ABC):
                 recorded: Mapping[int, ExitSummary]) -> PlatformView:
         """What the platform sees of the hosts; ``recorded`` are the exit records already read from storage."""
 
-    def cleanup(self, plan: JobPlan) -> None:
+    def cleanup(self, plan: JobPlan) -> None:  # noqa: B027 - a hook: a local job leaves nothing to remove
         """Remove what the platform still holds for the job once its outcome is recorded; never raises."""
 
     def options(self) -> dict[str, object]:

@@ -243,7 +243,7 @@ class HostPanel:
                 self._update_rows(snapshot)
 
     def _update_rows(self, snapshot: JobSnapshot) -> None:
-        for host, row, detail in zip(snapshot.hosts, self.rows, self.details.children):
+        for host, row, detail in zip(snapshot.hosts, self.rows, self.details.children, strict=True):
             row.value = _row_html(host, snapshot.taken_at)
             detail.value = _detail_html(host)
         titles = tuple(_title(host) for host in snapshot.hosts)
@@ -258,7 +258,7 @@ class HostPanel:
         if indices != self._detail_hosts:
             self._detail_hosts = indices
             self.details.children = [self._widgets.HTML() for _ in shown]
-        for host, detail in zip(shown, self.details.children):
+        for host, detail in zip(shown, self.details.children, strict=True):
             detail.value = _detail_html(host)
         titles = tuple(_title(host) for host in shown)
         if tuple(self.details.titles) != titles:

@@ -69,7 +69,7 @@ def plot_timeline(snapshot: JobSnapshot) -> Any:
     for host in hosts:
         end = host.ended_at or snapshot.taken_at
         spans = phase_spans(host.history, end)
-        for phase, start, duration in spans:
+        for phase, _start, duration in spans:
             if phase == Phase.EXECUTE.value:
                 executes[host.index] = duration
         bars = [(start - origin, duration) for _, start, duration in spans]

@@ -80,7 +80,7 @@ def _shippable_exception(exc: BaseException, redactor: Redactor) -> bytes:
         masked = _masked(exc, redactor) if redactor else exc
         data = cloudpickle.dumps(masked)
         cloudpickle.loads(data)
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001 - whatever stops it, the substitute travels
         substitute = RemoteHostError(f"{substitute} (could not be pickled: {error})")
         return cloudpickle.dumps(substitute)
     if any(secret.encode() in data for secret in redactor.secrets):

@@ -11,7 +11,6 @@ from kinetic_nb.runner.envelope import write_sealed
 from kinetic_nb.runner.protocol import CancelRequest, ExitSummary, JobPlan
 from kinetic_nb.storage import LocalStorage
 
-
 KEY = bytes(range(32))
 
 
@@ -64,7 +63,7 @@ class FlakyStorage(LocalStorage):
 
 
 def test_storage_errors_are_retried_not_fatal(tmp_path):
-    storage, plan = make_job(tmp_path)
+    storage, _ = make_job(tmp_path)
     storage.write_bytes(protocol.CANCEL, CancelRequest("by the test", 0.0).to_json())
     flaky = FlakyStorage(storage.uri, failures=3)
     pauses = []

@@ -21,14 +21,13 @@ import pytest
 
 from kinetic_nb.backends import get_backend
 from kinetic_nb.backends import kubernetes as k8s
+from kinetic_nb.backends.k8s_manifests import secret_name
 from kinetic_nb.backends.k8s_root import root_name
 from kinetic_nb.backends.kubernetes import KubernetesBackend, KubernetesSettings
 from kinetic_nb.errors import KineticError, KineticWarning
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.protocol import ExitSummary, HostStatus
 from kinetic_nb.storage import open_storage
-
-from kinetic_nb.backends.k8s_manifests import secret_name
 
 from .k8s_cluster import FakeKubelet, FakeKubernetes, api_exception, pods_for
 from .test_kubernetes_manifests import JOB_ID, SECRETS, job_plan

@@ -26,8 +26,8 @@ import kubernetes_validate
 import pytest
 
 from kinetic_nb.backends import k8s_manifests as km
-from kinetic_nb.backends.base import JobSecrets
 from kinetic_nb.backends import k8s_root
+from kinetic_nb.backends.base import JobSecrets
 from kinetic_nb.backends.k8s_pods import host_states
 from kinetic_nb.backends.kubernetes import KubernetesBackend, KubernetesSettings
 from kinetic_nb.plan import make_plan, resolve_slice

@@ -23,7 +23,6 @@ from kinetic_nb.backends.local import LocalBackend, agent_files
 from kinetic_nb.errors import IntegrityError, KineticWarning, UnsignedJobError
 from kinetic_nb.keys import key_path, load_key
 from kinetic_nb.runner import envelope, protocol
-
 from kinetic_nb.storage import open_storage
 
 HOST = "import os\nhost = int(os.environ['KINETIC_HOST_INDEX'])\n"

@@ -59,12 +59,12 @@ def test_json_records_round_trip(storage):
 
 
 def test_not_found_cases(storage):
-    with pytest.raises(ObjectNotFoundError, match="missing.txt does not exist") as info:
+    with pytest.raises(ObjectNotFoundError, match=r"missing\.txt does not exist") as info:
         storage.read_bytes("missing.txt")
     assert isinstance(info.value, FileNotFoundError) and storage.uri in str(info.value)
-    with pytest.raises(ObjectNotFoundError, match="missing.txt does not exist"):
+    with pytest.raises(ObjectNotFoundError, match=r"missing\.txt does not exist"):
         storage.delete("missing.txt")
-    with pytest.raises(ObjectNotFoundError, match="missing.txt does not exist"):
+    with pytest.raises(ObjectNotFoundError, match=r"missing\.txt does not exist"):
         storage.open_read("missing.txt")
     assert not storage.exists("missing.txt")
     assert storage.list() == []
@@ -101,7 +101,7 @@ def test_listing_pages_through_more_than_a_thousand_objects(storage):
 
 def test_a_second_exclusive_writer_fails_and_the_first_content_stays(storage):
     storage.write_bytes("result.pkl", b"first", exclusive=True)
-    with pytest.raises(ObjectExistsError, match="result.pkl already exists") as info:
+    with pytest.raises(ObjectExistsError, match=r"result\.pkl already exists") as info:
         storage.write_bytes("result.pkl", b"second", exclusive=True)
     assert isinstance(info.value, FileExistsError)
     with pytest.raises(ObjectExistsError):
@@ -202,10 +202,13 @@ def test_a_large_value_streams_in_and_out(storage, tmp_path):
     with storage.open_read("result.pkl") as file:
         head = file.read(1)
         storage.write_bytes("result.pkl", b"replaced")
+        failure: StorageError | None = None
         try:
             whole = head + file.read()
         except StorageError as error:
-            assert "replaced or deleted while it was being read" in str(error)
+            failure = error
+        if failure is not None:  # it failed loudly, or it read the one version it opened
+            assert "replaced or deleted while it was being read" in str(failure)
         else:
             assert hashlib.sha256(whole).hexdigest() == expected
     assert storage.read_bytes("result.pkl") == b"replaced"

@@ -102,7 +102,7 @@ def test_a_job_rides_out_an_emulator_restart(tmp_path, tmp_path_factory, monkeyp
         assert handle.result() == "survived on host 0"
         assert handle.status() is JobStatus.SUCCEEDED
         for index in range(2):
-            assert [line for line in handle.logs(index).splitlines()] == [f"tick {tick}" for tick in range(15)]
+            assert list(handle.logs(index).splitlines()) == [f"tick {tick}" for tick in range(15)]
     assert os.environ["STORAGE_EMULATOR_HOST"] == emulator.url
 
 
