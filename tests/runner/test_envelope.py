@@ -106,3 +106,16 @@ def test_a_stream_is_verified_into_a_spool_before_unpickling(tmp_path):
     value = os.urandom(5 << 20)
     envelope.dump_sealed(storage, "result.pkl", KEY, value)
     assert envelope.load_sealed(storage, "result.pkl", KEY) == value
+
+
+def test_blocks_are_bound_in_order_and_by_length():
+    body = os.urandom(envelope.BLOCK_BYTES * 2 + 12345)  # three blocks, hashed in parallel
+    sealed = envelope.seal(KEY, "result.pkl", body)
+    assert envelope.verify_file(KEY, "result.pkl", io.BytesIO(sealed), where="x") == len(body)
+    block = envelope.BLOCK_BYTES
+    swapped = body[block:2 * block] + body[:block] + body[2 * block:]  # the same blocks, in another order
+    truncated = body[:2 * block]  # whole blocks dropped from the end
+    flipped = body[:block + 5] + bytes([body[block + 5] ^ 1]) + body[block + 6:]  # one bit, in the second block
+    for forged in (swapped, truncated, flipped):
+        with pytest.raises(IntegrityError):
+            envelope.unseal(KEY, "result.pkl", forged + sealed[-envelope.TRAILER_BYTES:], where="x")
