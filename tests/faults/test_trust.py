@@ -196,3 +196,20 @@ def test_a_root_others_can_write_is_accepted_with_one_warning(tmp_path):
         private = tmp_path / "private"
         kinetic_nb.submit("1", hosts=1, storage=f"file://{private}").result()  # no warning for a private root
 
+
+
+def test_a_job_from_before_signing_is_read_only_on_explicit_opt_in(storage_root):
+    job_id = "kn-20200101-000000-01d0b5"
+    job = open_storage(storage_root).child(job_id)
+    plan = {"job_id": job_id, "hosts": 1, "accelerator": "cpu", "devices_per_host": 1, "framework": "none",
+            "coordinator_address": "127.0.0.1:1", "barrier_timeout_s": 1, "heartbeat_timeout_s": 1,
+            "shutdown_timeout_s": 1, "protocol_version": protocol.PROTOCOL_VERSION}
+    job.write_bytes(protocol.PLAN, json.dumps(plan).encode())
+    job.write_bytes(protocol.HANDLE, json.dumps({"job_id": job_id, "backend": "local", "hosts": 1}).encode())
+    job.write_bytes(protocol.RESULT, cloudpickle.dumps({"success": True, "result": "written before signing",
+                                                        "outputs": {}, "phase": "execute", "host_index": 0}))
+    job.write_bytes(protocol.host_exit(0), protocol.ExitSummary(0, 0, recorded_success=True).to_json())
+    with pytest.raises(UnsignedJobError, match="trust_unsigned=True"):
+        catalog.attach(job_id, storage=storage_root)
+    trusted = catalog.attach(job_id, storage=storage_root, trust_unsigned=True)
+    assert trusted.result() == "written before signing"
