@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from kinetic_nb import views
 from kinetic_nb.echo import LeaderEcho
@@ -21,8 +21,16 @@ from kinetic_nb.runner.protocol import ExitSummary, HostState, HostStatus, JobPl
 from kinetic_nb.runner.session import cell_key
 from kinetic_nb.state import SNAPSHOT_INTERVAL_S, HostSnapshot, JobSnapshot, JobStatus
 
-if TYPE_CHECKING:
-    from kinetic_nb.sessions import Session
+
+class Session(Protocol):
+    """What a cell uses of its session (``sessions.Session``)."""
+
+    job: Any  # the session's hosts as one long JobHandle
+    plan: JobPlan
+    storage: Any
+    session_id: str
+
+    def ended(self) -> str | None: ...
 
 __all__ = ["CellHandle"]
 

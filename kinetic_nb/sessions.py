@@ -22,10 +22,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kinetic_nb.accelerators import local_notice
 from kinetic_nb.backends import Backend, JobSecrets, get_backend
+from kinetic_nb.cell_handle import CellHandle
 from kinetic_nb.client import JobHandle, print_to_stdout, warn_if_shared
 from kinetic_nb.errors import (
     IntegrityError,
@@ -41,9 +42,6 @@ from kinetic_nb.runner.envelope import read_sealed, write_sealed
 from kinetic_nb.runner.protocol import CancelRequest, HostState, HostStatus, JobPlan
 from kinetic_nb.runner.session import CELL_FRAMEWORK, cell_key
 from kinetic_nb.storage import Storage, default_root, open_storage
-
-if TYPE_CHECKING:
-    from kinetic_nb.cell_handle import CellHandle
 
 logger = logging.getLogger(__name__)
 
@@ -154,8 +152,6 @@ class Session:
                                    extra={CELL_FRAMEWORK: choose_framework("auto", payload.modules)})
         seq = self._submit(payload.data)
         printer = print_to_stdout if echo is True else (echo or self.echo)
-        from kinetic_nb.cell_handle import CellHandle
-
         return CellHandle(self, seq, timeout=timeout, echo=printer)
 
     def _submit(self, data: bytes) -> int:

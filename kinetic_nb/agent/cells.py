@@ -14,14 +14,25 @@ import os
 import signal
 import sys
 import time
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from kinetic_nb.errors import ObjectNotFoundError
 from kinetic_nb.runner import protocol
-from kinetic_nb.runner.protocol import CancelRequest, HostState, HostStatus
+from kinetic_nb.runner.protocol import CancelRequest, HostState, HostStatus, JobPlan
+from kinetic_nb.storage import Storage
 
-if TYPE_CHECKING:
-    from kinetic_nb.agent.supervisor import Agent
+
+class Agent(Protocol):
+    """What the cell watch uses of its agent (``agent.supervisor.Agent``)."""
+
+    storage: Storage
+    plan: JobPlan
+    hosts: dict[int, Any]
+    cancelled: bool
+
+    def stop_all(self) -> None: ...
+
+    def write_record(self, name: str, data: bytes, *, exclusive: bool = False) -> bool: ...
 
 
 class CellWatch:

@@ -29,7 +29,7 @@ import signal
 import sys
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import cloudpickle
 
@@ -39,8 +39,28 @@ from kinetic_nb.runner.cell import execute_cell
 from kinetic_nb.runner.protocol import FirstFailure, HostState, LeaderReady, Phase
 from kinetic_nb.storage import Storage
 
-if TYPE_CHECKING:
-    from kinetic_nb.runner.execute import HostRun
+
+class HostRun(Protocol):
+    """What a session's loop uses of its host's run (``runner.execute.HostRun``): its records and reports."""
+
+    storage: Storage
+    plan: Any
+    key: bytes
+    host_index: int
+    is_leader: bool
+    status: Any
+    phase: Phase
+    filename: str
+    failure_line: str
+    outcome_storage: Storage
+    outcome_key: bytes
+    _failure_reported: bool
+
+    def _enter(self, phase: Phase, state: HostState | None = None) -> None: ...
+
+    def _report_success(self, value: Any, namespace: dict[str, Any], out_names: list[str]) -> None: ...
+
+    def _report_failure(self, error: BaseException, *, stopped: bool = False) -> None: ...
 
 #: First and longest pause between two looks for the next cell: short right after a cell (the next
 #: one often follows at once), longer when idle, so idle hosts cost storage little.
