@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pathlib
+import re
 
 import nbformat
 import pytest
@@ -74,8 +75,32 @@ def test_04_failures(tmp_path):
     assert cell_text(jobs).splitlines()[0].split() == ["job", "submitted", "hosts", "accelerator", "state"]
 
 
+def test_06_sessions(tmp_path):
+    cells = run("06_sessions.ipynb", tmp_path)
+    _, start, load, build, train, train_more, inspect, plot, failing, after_failure, interrupted, after_interrupt, \
+        stop = cells
+    assert errors(cells) == [failing, interrupted]
+    session_id = re.search(r"session (ks-\S+) · local · cpu · 4 hosts · framework jax", cell_text(start)).group(1)
+    for cell in (load, build, train, train_more, inspect, failing, after_failure, after_interrupt):
+        assert f"{session_id}/cells/" in cell_text(cell)  # every cell ran on the one session
+    assert value_of(load) == (4096, 8) and "host 0 of 4 loaded 4096 examples" in cell_text(load)
+    assert value_of(build) == "4 devices in the mesh, 4 hosts"
+    first, after_40 = (float(v) for v in re.fullmatch(r"step 40: loss (\S+) -> (\S+)", value_of(train)).groups())
+    after_120 = float(re.fullmatch(r"step 120: loss (\S+)", value_of(train_more)).group(1))
+    assert after_120 < after_40 < first / 4  # it learned, and went on learning from where it was
+    assert value_of(inspect) == "every host holds the same parameters: True"
+    assert images(plot) and "parameters in the notebook: [(8, 32), (32, 1)]" in cell_text(plot)
+    assert "over 120 steps" in cell_text(plot)
+    assert "ValueError: host 2 found a bad batch after step 120" in cell_text(failing)
+    assert "Reported by host 2" in cell_text(failing)
+    assert value_of(after_failure).startswith("still up: step 140, loss")
+    assert "KeyboardInterrupt" in cell_text(interrupted)
+    assert re.fullmatch(r"interrupted at tick \d+; 140 steps trained, loss \S+", value_of(after_interrupt))
+    assert f"session {session_id} stopped" in cell_text(stop)
+
+
 @pytest.mark.parametrize("name", ["01_quickstart.ipynb", "02_jax_data_parallel.ipynb", "03_torch_ddp.ipynb",
-                                  "04_failures.ipynb"])
+                                  "04_failures.ipynb", "06_sessions.ipynb"])
 def test_examples_are_committed_without_outputs(name):
     notebook = nbformat.read(EXAMPLES / name, as_version=4)
     assert all(not cell.get("outputs") for cell in notebook.cells if cell.cell_type == "code")

@@ -92,6 +92,9 @@ class SessionLoop:
         self.plan = run.plan
         self.namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
         self.initialized = False
+        #: A SIGINT arrived outside a cell (the agent interrupts every host at once, and this one had not yet
+        #: entered the cell): the cell checks, on entering, whether the interrupt was meant for it.
+        self._interrupt_pending = False
         self._max_look = MAX_LOOK_LOCAL_S if self.storage.local_path() else MAX_LOOK_REMOTE_S
 
     def serve(self) -> int:
@@ -102,7 +105,7 @@ class SessionLoop:
             frameworks.initialize(self.plan, run.host_index)
             self.initialized = True
         run.status.update(state=HostState.IDLE, phase=Phase.TEARDOWN, cell=0, names=held_names(self.namespace))
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # an interrupt reaches a cell, never the loop
+        signal.signal(signal.SIGINT, self._note_interrupt)  # an interrupt reaches a cell, never the loop
         seq = 1
         while self._wait_for(seq):
             self._run_cell(seq)
@@ -148,6 +151,7 @@ class SessionLoop:
             run._enter(Phase.EXECUTE, HostState.RUNNING)
             print(protocol.CELL_MARK.format(seq=seq), end="", flush=True)  # the agent: logs from here are this cell's
             with _interruptible():
+                self._stop_if_interrupted_early(seq)
                 value = execute_cell(cell[protocol.CELL_SOURCE], run.filename, self.namespace,
                                      host_index=run.host_index, leader=run.is_leader)
             sys.stdout.flush()
@@ -166,6 +170,17 @@ class SessionLoop:
         print(protocol.CELL_END_MARK.format(seq=seq), end="", flush=True)  # the agent stores the cell's output now
         run.status.update(state=HostState.IDLE, phase=Phase.TEARDOWN, cell=seq, cell_failed=failed,
                           names=held_names(self.namespace), message=run.failure_line if failed else "")
+
+    def _note_interrupt(self, signum: int, frame: Any) -> None:
+        self._interrupt_pending = True
+
+    def _stop_if_interrupted_early(self, seq: int) -> None:
+        """An interrupt that reached this host before the cell ran (while it loaded the cell or met its
+        peers) stops the cell now, as it would have a moment later; one left from an earlier cell does not."""
+        if self._interrupt_pending:
+            self._interrupt_pending = False
+            if self.storage.exists(protocol.cell_control(seq, "interrupt")):
+                raise KeyboardInterrupt(f"cell {seq} was interrupted before it started on host {self.run.host_index}")
 
     def _barrier(self, cell_storage: Storage) -> None:
         """The cell's coordinated start: every host has loaded it, or nobody runs it."""

@@ -1,0 +1,196 @@
+"""A warm session's round trips against ipyparallel's warm engines, side by side in one run.
+
+Starts 4 ipyparallel engines (loopback only) and a 4-host local kinetic
+session (``framework="jax"``), and prints each figure with its ratio and the
+goal from issue 13:
+
+1. trivial cell (``x = 1; x``), median round trip: ``Session.run(...).result()``
+   against ``view.execute(..., block=True)``; goal <= 1.0x;
+2. JAX allgather cell, the engines initialized once with ``jax.distributed``
+   as the hosts are (CPU, 4 processes, coordinator on 127.0.0.1); goal <= 1.5x;
+3. session start against one one-shot job of the same shape, framework
+   included (``submit(..., hosts=4, framework="jax")`` of a trivial JAX cell,
+   timed to its result); goal <= 1.2x;
+4. a trivial cell with the session's storage on ``gs://`` (a real
+   fake-gcs-server), median; goal <= 0.5 s;
+5. the hosts' RSS (psutil on the host processes) before and after 200 more
+   trivial cells; goal <= 5% growth.
+
+Everything it starts (engines, sessions, the emulator) it stops, also on error.
+ipyparallel is a benchmark-only dependency, not the package's:
+
+    pip install ipyparallel
+    python benchmarks/session_roundtrip.py [--runs 21] [--starts 3] [--cells 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tests' emulator helper
+
+try:
+    import ipyparallel
+except ImportError:
+    sys.exit("session_roundtrip.py needs ipyparallel (a benchmark-only dependency): pip install ipyparallel")
+import psutil
+
+import kinetic_nb
+from kinetic_nb.runner import protocol
+from kinetic_nb.runner.protocol import HostStatus
+from tests.gcs_emulator import GcsEmulator, free_port
+
+HOSTS = 4
+BUCKET = "kinetic-bench"
+TRIVIAL = "x = 1; x"
+ALLGATHER = """\
+import jax, jax.numpy as jnp
+from jax.experimental import multihost_utils
+float(multihost_utils.process_allgather(jnp.ones(2) * jax.process_index()).sum())"""
+#: The one-shot job session start is measured against: the same hosts, JAX initialized, a trivial cell.
+ONE_SHOT = "import jax\njax.process_count()"
+#: On each engine, as the local backend sets up a host: CPU devices, then jax.distributed across the 4.
+ENGINE_JAX_INIT = """\
+import os
+os.environ['JAX_PLATFORMS'] = 'cpu'
+import jax
+jax.distributed.initialize(coordinator_address='127.0.0.1:{port}', num_processes={hosts}, process_id=rank)"""
+
+
+def median_seconds(runs: int, call: Callable[[], object]) -> float:
+    """The median wall time of ``runs`` calls, after one unmeasured call (compiles, warms caches)."""
+    call()
+    times = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def timed(call: Callable[[], object]) -> tuple[float, object]:
+    started = time.perf_counter()
+    value = call()
+    return time.perf_counter() - started, value
+
+
+def row(name: str, ours: float, theirs: float | None, goal: str, unit: str = "s") -> None:
+    """One figure: ours, the baseline's, their ratio, and the goal."""
+    if theirs is None:
+        print(f"{name:<34} {ours:9.4f} {unit:<3} {'':>22}  goal {goal}")
+    else:
+        print(f"{name:<34} {ours:9.4f} {unit:<3} vs {theirs:9.4f} {unit:<3} = {ours / theirs:5.2f}x  goal {goal}")
+
+
+def start_engines(stack: contextlib.ExitStack, workdir: Path) -> ipyparallel.DirectView:
+    """4 ipyparallel engines on loopback, each with jax.distributed up (ranks 0..3), stopped by ``stack``."""
+    profile = workdir / "ipython"
+    profile.mkdir()
+    started: list[psutil.Process] = []
+    stack.callback(end_processes, started)  # last: an engine's nanny outlives it by seconds
+    cluster = ipyparallel.Cluster(n=HOSTS, controller_ip="127.0.0.1", profile_dir=str(profile), log_level=30)
+    stack.callback(cluster.stop_cluster_sync)
+    client = cluster.start_and_connect_sync()
+    stack.callback(client.close)
+    stack.callback(client.shutdown, block=True)  # politely first: JAX holds SIGTERM back
+    for rank, engine in enumerate(sorted(client.ids)):
+        client[engine].push({"rank": rank}, block=True)
+    view = client[:]
+    view.execute(ENGINE_JAX_INIT.format(port=free_port(), hosts=HOSTS), block=True)
+    started.extend(psutil.Process().children(recursive=True))  # controller, engines and their nannies
+    return view
+
+
+def end_processes(processes: list[psutil.Process]) -> None:
+    """Wait a moment for ``processes`` to end, then kill what is left."""
+    _, alive = psutil.wait_procs(processes, timeout=5)
+    for process in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+    psutil.wait_procs(alive, timeout=5)
+
+
+def start_session(stack: contextlib.ExitStack, **options) -> kinetic_nb.Session:
+    """A 4-host session, stopped by ``stack``."""
+    session = kinetic_nb.start(hosts=HOSTS, echo=False, quiet=True, idle_timeout=0, **options)
+    stack.callback(session.stop)
+    return session
+
+
+def session_start_vs_one_shot(starts: int) -> tuple[float, float]:
+    """Median seconds to a ready session, and to a one-shot job's result; the same shape, JAX included."""
+    session_times, job_times = [], []
+    for _ in range(starts):
+        seconds, session = timed(lambda: kinetic_nb.start(hosts=HOSTS, framework="jax", echo=False, quiet=True))
+        session.stop()
+        session_times.append(seconds)
+        seconds, _ = timed(lambda: kinetic_nb.submit(ONE_SHOT, hosts=HOSTS, framework="jax", quiet=True).result())
+        job_times.append(seconds)
+    return statistics.median(session_times), statistics.median(job_times)
+
+
+def hosts_rss(session: kinetic_nb.Session) -> list[int]:
+    """Each host process's resident set size in bytes (their pids from the hosts' status records)."""
+    pids = [HostStatus.from_json(session.storage.read_bytes(protocol.host_status(i))).pid for i in range(HOSTS)]
+    return [psutil.Process(pid).memory_info().rss for pid in pids]
+
+
+def gcs_trivial_cell(stack: contextlib.ExitStack, workdir: Path, runs: int) -> float:
+    """The trivial cell's median round trip on a session whose storage is a real fake-gcs-server."""
+    emulator = stack.enter_context(GcsEmulator(workdir / "emulator"))
+    emulator.create_bucket(BUCKET)
+    os.environ.update(emulator.environ())  # the hosts inherit it
+    session = start_session(stack, framework="none", storage=f"gs://{BUCKET}/kinetic")
+    return median_seconds(runs, lambda: session.run(TRIVIAL).result())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=21, help="cells per median (at least 21 for the goals)")
+    parser.add_argument("--starts", type=int, default=3, help="session starts and one-shot jobs per median")
+    parser.add_argument("--cells", type=int, default=200, help="trivial cells between the two RSS readings")
+    args = parser.parse_args()
+    workdir = Path(tempfile.mkdtemp(prefix="kinetic-bench-"))
+    os.environ["KINETIC_STORAGE"] = str(workdir / "jobs")
+    print(f"{HOSTS} hosts; ipyparallel {ipyparallel.__version__} engines vs a local kinetic session; "
+          f"medians of {args.runs} cells, {args.starts} starts; {os.cpu_count()} CPUs, "
+          f"load average {os.getloadavg()[0]:.1f} at the start")
+    with contextlib.ExitStack() as stack:
+        stack.callback(shutil.rmtree, workdir, ignore_errors=True)
+        view = start_engines(stack, workdir)
+        session = start_session(stack, framework="jax")
+
+        ours = median_seconds(args.runs, lambda: session.run(TRIVIAL).result())
+        theirs = median_seconds(args.runs, lambda: view.execute(TRIVIAL, block=True))
+        row("1. trivial cell round trip", ours, theirs, "<= 1.0x")
+
+        ours = median_seconds(args.runs, lambda: session.run(ALLGATHER).result())
+        theirs = median_seconds(args.runs, lambda: view.execute(ALLGATHER, block=True))
+        row("2. JAX allgather cell", ours, theirs, "<= 1.5x")
+
+        started, one_shot = session_start_vs_one_shot(args.starts)
+        row("3. session start vs one-shot job", started, one_shot, "<= 1.2x")
+
+        row("4. trivial cell through gs://", gcs_trivial_cell(stack, workdir, args.runs), None, "<= 0.5 s")
+
+        before = hosts_rss(session)
+        for _ in range(args.cells):
+            session.run(TRIVIAL).result()
+        after = hosts_rss(session)
+        growth = max(a / b - 1 for a, b in zip(after, before))
+        print(f"{'5. host RSS over ' + str(args.cells) + ' trivial cells':<34} "
+              f"{sum(before) / 2**20:7.1f} MiB -> {sum(after) / 2**20:7.1f} MiB (4 hosts); "
+              f"largest growth of one host {growth:+.1%}  goal <= 5%")
+
+
+if __name__ == "__main__":
+    main()
