@@ -186,7 +186,7 @@ def main() -> None:
         for _ in range(args.cells):
             session.run(TRIVIAL).result()
         after = hosts_rss(session)
-        growth = max(a / b - 1 for a, b in zip(after, before))
+        growth = max(a / b - 1 for a, b in zip(after, before, strict=True))
         print(f"{'5. host RSS over ' + str(args.cells) + ' trivial cells':<34} "
               f"{sum(before) / 2**20:7.1f} MiB -> {sum(after) / 2**20:7.1f} MiB (4 hosts); "
               f"largest growth of one host {growth:+.1%}  goal <= 5%")

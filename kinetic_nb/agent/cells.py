@@ -87,7 +87,7 @@ class CellWatch:
         for seq, due in sorted(self._returns_due.items()):
             stuck = [index for index, status in statuses.items() if self.agent.hosts[index].alive and not (
                 status is not None and (status.cell > seq or  # on a later cell: it came back from this one
-                                        status.cell == seq and status.state == HostState.IDLE.value))]
+                                        (status.cell == seq and status.state == HostState.IDLE.value)))]
             if not stuck:
                 del self._returns_due[seq]
             elif time.monotonic() >= due:
