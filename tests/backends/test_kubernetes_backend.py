@@ -81,6 +81,14 @@ def test_settings_flag_beats_environment_beats_config_beats_default():
     assert KubernetesSettings.resolve(environ={"KINETIC_NAMESPACE": "  "}).namespace == "default"  # blank is unset
 
 
+def test_the_default_coordinator_port_is_clear_of_libtpus_ports():
+    """libtpu takes 8470-8482 on a TPU host (8476 among them): a coordinator there collides with the runtime."""
+    assert k8s.DEFAULT_COORDINATOR_PORT not in range(8470, 8483)
+    assert KubernetesSettings.resolve(environ={}).coordinator_port == k8s.DEFAULT_COORDINATOR_PORT == 29500
+    pod = KubernetesBackend(KubernetesSettings(image="img:1"), api=object()).coordinator_address(JOB_ID)
+    assert pod.endswith(":29500")
+
+
 def test_settings_read_every_variable():
     environ = {"KINETIC_NAMESPACE": "ml", "KINETIC_IMAGE": "img:2", "KINETIC_SERVICE_ACCOUNT": "runner",
                "KINETIC_KUBE_CONTEXT": "gke_proj_zone_cluster", "KINETIC_COORDINATOR_PORT": "9000",
@@ -119,7 +127,7 @@ def test_get_backend_reads_the_environment(monkeypatch):
     monkeypatch.setenv("KINETIC_NAMESPACE", "ml-team")
     monkeypatch.setenv("KINETIC_IMAGE", "img:1")
     backend = get_backend("kubernetes")
-    assert backend.coordinator_address(JOB_ID) == f"{JOB_ID}-0.{JOB_ID}.ml-team:8476"
+    assert backend.coordinator_address(JOB_ID) == f"{JOB_ID}-0.{JOB_ID}.ml-team:29500"
 
 
 def test_importing_the_backends_does_not_import_the_kubernetes_client():

@@ -113,7 +113,7 @@ def test_a_tpu_slice_runs_as_a_leader_worker_set(cluster, tmp_path):
     pods = handle.backend.pods(handle.plan, fresh=True)  # not the listing cached before the containers ended
     assert {host.state for host in host_states(pods).values()} == {"succeeded"}
 
-    assert handle.result(timeout=30) == {"host": 0, "hosts": 4, "coordinator": f"{name}-0.{name}.{NAMESPACE}:8476"}
+    assert handle.result(timeout=30) == {"host": 0, "hosts": 4, "coordinator": f"{name}-0.{name}.{NAMESPACE}:{k8s.DEFAULT_COORDINATOR_PORT}"}
     assert [host.state for host in handle.hosts()] == ["succeeded"] * 4
     for index in range(4):  # each host's agent uploaded its runner's output
         assert f"hello from host {index}" in handle.logs(index)

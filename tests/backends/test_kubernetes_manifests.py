@@ -43,7 +43,7 @@ from .k8s_cluster import container_command, container_environment, dns_name, pod
 SCHEMA_VERSIONS = ("1.30", kubernetes_validate.utils.latest_version())
 JOB_ID = "kn-20261129-234752-3e8d32"
 URI = f"gs://ml-bucket/jobs/{JOB_ID}"
-SETTINGS = KubernetesSettings(namespace="ml-team", image="registry.example/kinetic-jax:1.0", coordinator_port=8476)
+SETTINGS = KubernetesSettings(namespace="ml-team", image="registry.example/kinetic-jax:1.0", coordinator_port=29500)
 #: A user's variables, with what the kubelet would otherwise expand: they must arrive as written.
 USER_ENV = {"XLA_FLAGS": "--xla_dump_to=/tmp/dump", "TRICKY": "$(HOME) and a$$b and $PATH"}
 #: What the job's Secret holds: its key and the -e values (never a manifest's literal values).
