@@ -52,6 +52,12 @@ LWS_PLURAL = "leaderworkersets"
 LWS_WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
 #: The Job controller annotates (and, since Kubernetes 1.28, labels) each pod of an Indexed Job with its index.
 JOB_COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+#: Asks the LeaderWorkerSet controller to give each group a node topology of its
+#: own: with the node pool as the topology, one group (one job) lands on one TPU
+#: slice (GKE makes a node pool per multi-host slice) and never straddles two.
+LWS_EXCLUSIVE_TOPOLOGY_ANNOTATION = "leaderworkerset.sigs.k8s.io/exclusive-topology"
+#: GKE's label naming a node's node pool: one multi-host TPU slice.
+NODE_POOL_LABEL = "cloud.google.com/gke-nodepool"
 #: GKE label whose value selects the TPU slice shape (``4x4``) within a TPU node pool.
 TPU_TOPOLOGY_SELECTOR = "cloud.google.com/gke-tpu-topology"
 TPU_RESOURCE = "google.com/tpu"
@@ -238,10 +244,12 @@ def pod_metadata(plan: JobPlan, role: str) -> dict[str, Any]:
 
 def _leader_worker_set(plan: JobPlan, acc: Accelerator, job_uri: str, settings: KubernetesSettings,
                        image: str) -> dict[str, Any]:
+    metadata = object_metadata(plan, settings)
+    metadata["annotations"][LWS_EXCLUSIVE_TOPOLOGY_ANNOTATION] = NODE_POOL_LABEL
     return {
         "apiVersion": LWS_API_VERSION,
         "kind": LWS_KIND,
-        "metadata": object_metadata(plan, settings),
+        "metadata": metadata,
         "spec": {
             "replicas": 1,
             # Workers start with the leader: the hosts wait for each other at kinetic's own start barrier.

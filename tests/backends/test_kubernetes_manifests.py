@@ -147,6 +147,19 @@ def test_each_shape_becomes_its_workload_on_its_node_pool(accelerator):
         assert container["image"] == SETTINGS.image
 
 
+@pytest.mark.parametrize("case", CASES)
+def test_a_leader_worker_set_asks_for_one_node_pool_per_group_so_a_job_never_straddles_two_slices(case):
+    _, manifests = manifests_for(case)
+    for manifest in manifests:
+        annotations = manifest["metadata"]["annotations"]
+        if manifest["kind"] == "LeaderWorkerSet":
+            assert annotations["leaderworkerset.sigs.k8s.io/exclusive-topology"] == "cloud.google.com/gke-nodepool"
+        else:  # an Indexed Job's hosts are one node each, or GPU/CPU nodes: no slice to keep together
+            assert "leaderworkerset.sigs.k8s.io/exclusive-topology" not in annotations
+    for template in templates(manifests):  # on the set, where the controller reads it, not on its pods
+        assert "leaderworkerset.sigs.k8s.io/exclusive-topology" not in template["metadata"]["annotations"]
+
+
 def test_cpu_hosts_get_an_indexed_job_and_a_headless_service_for_host_0():
     _, (service, job) = manifests_for("cpu-3-hosts")
     assert (service["kind"], job["kind"]) == ("Service", "Job")
