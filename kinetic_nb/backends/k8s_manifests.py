@@ -78,6 +78,11 @@ CONTAINER_NAME = "host"
 #: The module every host pod runs, and the root runs with ``--watch``: the host agent,
 #: the same on every backend (it starts the runner, uploads its output, writes ``exit.json``).
 AGENT_MODULE = "kinetic_nb.agent"
+#: A container that fails without writing ``/dev/termination-log`` gets its last
+#: log lines as its termination message (at most 80 lines, 2 KiB): the words of
+#: a host that never got as far as uploading a log (no ``kinetic_nb`` in the
+#: image, a bucket it may not read) reach the cell's error through the pod.
+TERMINATION_MESSAGE_POLICY = "FallbackToLogsOnError"
 #: An emptyDir for the cell's scratch files and ``KINETIC_OUTPUT_DIR``.
 SCRATCH_VOLUME = "kinetic-scratch"
 SCRATCH_DIR = "/kinetic"
@@ -313,6 +318,7 @@ def _pod_template(plan: JobPlan, acc: Accelerator, job_uri: str, settings: Kuber
         "env": host_environment(plan, acc, job_uri, settings, lws=lws),
         "ports": [{"name": "coordinator", "containerPort": settings.coordinator_port}],
         "volumeMounts": [{"name": SCRATCH_VOLUME, "mountPath": SCRATCH_DIR}],
+        "terminationMessagePolicy": TERMINATION_MESSAGE_POLICY,
     }
     resources = _accelerator_resources(acc)
     if resources:

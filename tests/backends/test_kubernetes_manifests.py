@@ -145,6 +145,8 @@ def test_each_shape_becomes_its_workload_on_its_node_pool(accelerator):
         assert pod["restartPolicy"] == ("Always" if kind == "LeaderWorkerSet" else "Never")
         assert container["args"] == ["python", "-m", "kinetic_nb.agent", "--job", URI]
         assert container["image"] == SETTINGS.image
+        # A host that fails before its agent uploads a log still leaves its last lines, in its pod's status.
+        assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
 
 
 @pytest.mark.parametrize("case", CASES)
