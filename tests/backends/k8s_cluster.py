@@ -261,11 +261,14 @@ def dns_name(pod: dict[str, Any]) -> str | None:
 # -- the API -------------------------------------------------------------------------------
 
 
-def api_exception(status: int, reason: str, message: str) -> Exception:
+def api_exception(status: int, reason: str, message: str, details: dict[str, Any] | None = None) -> Exception:
+    """An ``ApiException`` whose body is the API server's ``Status`` (``details`` names the object, when it does)."""
     from kubernetes.client import ApiException
 
     error = ApiException(status=status, reason=reason)
-    error.body = json.dumps({"kind": "Status", "status": "Failure", "message": message, "code": status})
+    error.body = json.dumps({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                             "message": message, "reason": reason.replace(" ", ""), "details": details or {},
+                             "code": status})
     return error
 
 

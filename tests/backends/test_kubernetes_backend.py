@@ -188,6 +188,18 @@ def test_no_leader_worker_set_controller_is_a_clear_error_and_leaves_nothing(api
     assert api.objects == {}
 
 
+@pytest.mark.parametrize("kind", ["Job", "LeaderWorkerSet"])
+def test_a_missing_namespace_is_not_mistaken_for_a_missing_leader_worker_set_api(api, job_storage, kind):
+    """Both are 404s; the API server's Status names the namespace in ``details`` for the one, nothing for the other."""
+    api.fail[kind] = api_exception(404, "Not Found", 'namespaces "ml-team" not found',
+                                   {"name": "ml-team", "kind": "namespaces"})
+    with pytest.raises(KineticError) as caught:
+        launched(api, job_storage)
+    assert str(caught.value) == ("namespace ml-team does not exist: create it (kubectl create namespace ml-team) "
+                                 "or choose another (--namespace, KINETIC_NAMESPACE)")
+    assert api.objects == {}
+
+
 def test_a_failed_launch_removes_what_it_created_by_deleting_the_root(api, job_storage):
     api.fail["Service"] = api_exception(403, "Forbidden", 'services is forbidden: User "me" cannot create resource')
     with pytest.raises(KineticError, match=r"not allowed to create Service .* in namespace ml-team: services is "):
