@@ -78,6 +78,15 @@ CONTAINER_NAME = "host"
 #: The module every host pod runs, and the root runs with ``--watch``: the host agent,
 #: the same on every backend (it starts the runner, uploads its output, writes ``exit.json``).
 AGENT_MODULE = "kinetic_nb.agent"
+#: A GPU or CPU host's ``/dev/shm``: memory-backed and as large as the node
+#: allows, instead of the container runtime's 64 MiB, which NCCL's shared-memory
+#: transport and torch's DataLoader workers outgrow. It counts as the pod's memory.
+SHM_VOLUME = "kinetic-shm"
+SHM_DIR = "/dev/shm"
+#: What a GPU or CPU host requests besides its accelerators: enough that it is no
+#: longer BestEffort (the first pod evicted under memory pressure), small enough to
+#: fit any node its accelerator implies. No limits: a host may use the node.
+HOST_REQUESTS = {"cpu": "1", "memory": "4Gi"}
 #: A container that fails without writing ``/dev/termination-log`` gets its last
 #: log lines as its termination message (at most 80 lines, 2 KiB): the words of
 #: a host that never got as far as uploading a log (no ``kinetic_nb`` in the
@@ -322,7 +331,12 @@ def _pod_template(plan: JobPlan, acc: Accelerator, job_uri: str, settings: Kuber
     }
     resources = _accelerator_resources(acc)
     if resources:
-        container["resources"] = {"requests": resources, "limits": dict(resources)}
+        container["resources"] = {"requests": dict(resources), "limits": dict(resources)}
+    volumes: list[dict[str, Any]] = [{"name": SCRATCH_VOLUME, "emptyDir": {}}]
+    if acc.kind != "tpu":
+        container.setdefault("resources", {}).setdefault("requests", {}).update(HOST_REQUESTS)
+        container["volumeMounts"].append({"name": SHM_VOLUME, "mountPath": SHM_DIR})
+        volumes.append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}})
     spec: dict[str, Any] = {
         # A StatefulSet's pods (a LeaderWorkerSet's) must say Always; HOST_SCRIPT keeps a host to one run.
         "restartPolicy": "Always" if lws else "Never",
@@ -330,7 +344,7 @@ def _pod_template(plan: JobPlan, acc: Accelerator, job_uri: str, settings: Kuber
         # No variables for every Service in the namespace: they could shadow $(VAR) references.
         "enableServiceLinks": False,
         "containers": [container],
-        "volumes": [{"name": SCRATCH_VOLUME, "emptyDir": {}}],
+        "volumes": volumes,
     }
     node_selector = {**_accelerator_node_selector(acc), **settings.node_selector}
     if node_selector:

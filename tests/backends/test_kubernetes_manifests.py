@@ -135,8 +135,12 @@ def test_each_shape_becomes_its_workload_on_its_node_pool(accelerator):
     for template in templates(manifests):
         pod = template["spec"]
         [container] = pod["containers"]
-        resource = km.TPU_RESOURCE if accelerator.startswith("tpu") else km.GPU_RESOURCE
-        assert container["resources"] == {"requests": {resource: str(devices)}, "limits": {resource: str(devices)}}
+        if accelerator.startswith("tpu"):
+            assert container["resources"] == {"requests": {km.TPU_RESOURCE: str(devices)},
+                                              "limits": {km.TPU_RESOURCE: str(devices)}}
+        else:  # a GPU host also asks for CPU and memory (not BestEffort), with no limit on them
+            assert container["resources"] == {"requests": {km.GPU_RESOURCE: str(devices), "cpu": "1", "memory": "4Gi"},
+                                              "limits": {km.GPU_RESOURCE: str(devices)}}
         if topology:
             assert pod["nodeSelector"] == {"cloud.google.com/gke-tpu-accelerator": gke_accelerator,
                                            "cloud.google.com/gke-tpu-topology": topology}
@@ -167,8 +171,21 @@ def test_cpu_hosts_get_an_indexed_job_and_a_headless_service_for_host_0():
     assert (service["kind"], job["kind"]) == ("Service", "Job")
     assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"] is True
     assert job["spec"]["template"]["spec"]["subdomain"] == service["metadata"]["name"]
-    assert "resources" not in job["spec"]["template"]["spec"]["containers"][0]
+    assert job["spec"]["template"]["spec"]["containers"][0]["resources"] == {"requests": {"cpu": "1", "memory": "4Gi"}}
     assert "nodeSelector" not in job["spec"]["template"]["spec"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_gpu_and_cpu_hosts_get_a_memory_backed_dev_shm(case):
+    _, manifests = manifests_for(case)
+    for template in templates(manifests):
+        pod = template["spec"]
+        mounts = {mount["mountPath"]: mount["name"] for mount in pod["containers"][0]["volumeMounts"]}
+        volumes = {volume["name"]: volume for volume in pod["volumes"]}
+        if case.startswith("tpu"):
+            assert "/dev/shm" not in mounts
+        else:  # NCCL and DataLoader workers outgrow the runtime's 64 MiB
+            assert volumes[mounts["/dev/shm"]]["emptyDir"] == {"medium": "Memory"}
 
 
 @pytest.mark.parametrize("case", CASES)
