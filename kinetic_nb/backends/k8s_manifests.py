@@ -27,7 +27,13 @@ import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from kinetic_nb.accelerators import GPU_NODE_SELECTOR, TPU_NODE_SELECTOR, Accelerator, resolve_accelerator
+from kinetic_nb.accelerators import (
+    GPU_NODE_SELECTOR,
+    MACHINE_TYPE_SELECTOR,
+    TPU_NODE_SELECTOR,
+    Accelerator,
+    resolve_accelerator,
+)
 from kinetic_nb.runner.envelope import KEY_ENV
 from kinetic_nb.runner.frameworks import COORDINATOR_ENV
 from kinetic_nb.runner.hostenv import index_variables, job_variables
@@ -358,7 +364,10 @@ def _pod_template(plan: JobPlan, acc: Accelerator, job_uri: str, settings: Kuber
 
 def _accelerator_node_selector(acc: Accelerator) -> dict[str, str]:
     if acc.kind == "tpu":
-        return {TPU_NODE_SELECTOR: acc.gke_accelerator, TPU_TOPOLOGY_SELECTOR: acc.topology}
+        selector = {TPU_NODE_SELECTOR: acc.gke_accelerator, TPU_TOPOLOGY_SELECTOR: acc.topology}
+        if acc.machine_type:  # the topology alone matches pools whose hosts hold other chip counts
+            selector[MACHINE_TYPE_SELECTOR] = acc.machine_type
+        return selector
     if acc.kind == "gpu":
         return {GPU_NODE_SELECTOR: acc.gke_accelerator}
     return {}

@@ -58,12 +58,14 @@ def secret_value(name: str, key: str) -> str:
 ROOT_UID = "6f1c2a0e-9b3d-4c57-8e21-0d4f5a6b7c8d"
 OWNER = k8s_root.root_owner_reference(JOB_ID, ROOT_UID)
 
-#: accelerator -> (workload kind, hosts, devices per host, GKE accelerator, topology)
+#: accelerator -> (workload kind, hosts, devices per host, GKE accelerator, topology, machine type)
 SHAPES = {
-    "tpu-v5e-16": ("LeaderWorkerSet", 4, 4, "tpu-v5-lite-podslice", "4x4"),
-    "tpu-v6e-8": ("LeaderWorkerSet", 2, 4, "tpu-v6e-slice", "2x4"),
-    "tpu-v5e-8": ("Job", 1, 8, "tpu-v5-lite-podslice", "2x4"),
-    "gpu-h100x8": ("Job", 1, 8, "nvidia-h100-80gb", None),
+    "tpu-v5e-16": ("LeaderWorkerSet", 4, 4, "tpu-v5-lite-podslice", "4x4", "ct5lp-hightpu-4t"),
+    # 2x4 is also one host of 8 chips (ct6e-standard-8t): the registry's tpu-v6e-8 is two hosts of 4.
+    "tpu-v6e-8": ("LeaderWorkerSet", 2, 4, "tpu-v6e-slice", "2x4", "ct6e-standard-4t"),
+    # 2x4 is also two hosts of 4 chips (ct5lp-hightpu-4t): tpu-v5e-8 is one host of 8.
+    "tpu-v5e-8": ("Job", 1, 8, "tpu-v5-lite-podslice", "2x4", "ct5lp-hightpu-8t"),
+    "gpu-h100x8": ("Job", 1, 8, "nvidia-h100-80gb", None, None),
 }
 #: The issue's four shapes, plus CPU hosts (an Indexed Job with a Service).
 CASES = [*SHAPES, "cpu-3-hosts"]
@@ -118,7 +120,7 @@ def as_pod(template: dict) -> dict:
 
 @pytest.mark.parametrize("accelerator", SHAPES)
 def test_each_shape_becomes_its_workload_on_its_node_pool(accelerator):
-    kind, hosts, devices, gke_accelerator, topology = SHAPES[accelerator]
+    kind, hosts, devices, gke_accelerator, topology, machine_type = SHAPES[accelerator]
     _, manifests = manifests_for(accelerator)
     assert [manifest["kind"] for manifest in manifests] == [kind]  # one host: no Service
     workload = manifests[0]
@@ -143,7 +145,8 @@ def test_each_shape_becomes_its_workload_on_its_node_pool(accelerator):
                                               "limits": {km.GPU_RESOURCE: str(devices)}}
         if topology:
             assert pod["nodeSelector"] == {"cloud.google.com/gke-tpu-accelerator": gke_accelerator,
-                                           "cloud.google.com/gke-tpu-topology": topology}
+                                           "cloud.google.com/gke-tpu-topology": topology,
+                                           "node.kubernetes.io/instance-type": machine_type}
         else:
             assert pod["nodeSelector"] == {"cloud.google.com/gke-accelerator": gke_accelerator}
         assert pod["restartPolicy"] == ("Always" if kind == "LeaderWorkerSet" else "Never")
