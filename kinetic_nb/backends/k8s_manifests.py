@@ -130,7 +130,8 @@ _NAME_HASH_CHARS = 6
 #: whose end is already recorded (cancelled, or failed by the client while its
 #: pod was Pending) must not start late. The first run's exit stays in the pod's
 #: ``lastState.terminated``, where the backend reads it. The check is host-safe
-#: Python; any error in it means "run".
+#: Python; any error in it means "run". An image with ``python3`` and no
+#: ``python`` (many stock images) runs both with ``python3``.
 _ALREADY_STARTED = (
     "import os, sys\n"
     "from kinetic_nb.runner import protocol\n"
@@ -141,11 +142,14 @@ _ALREADY_STARTED = (
     "sys.exit(0 if storage.exists(protocol.host_status(index)) or storage.exists(protocol.host_exit(index)) else 1)\n"
 )
 HOST_SCRIPT = f"""\
-if python -c '{_ALREADY_STARTED}' 2>/dev/null; then
+python=python
+command -v python >/dev/null 2>&1 || python=python3
+if "$python" -c '{_ALREADY_STARTED}' 2>/dev/null; then
   echo "kinetic_nb: host $KINETIC_HOST_INDEX of job $KINETIC_JOB_ID has run already; not running the cell again" >&2
   trap 'kill $! 2>/dev/null; exit 0' TERM INT
   while :; do sleep 3600 & wait $!; done
 fi
+if [ "$1" = python ]; then shift; exec "$python" "$@"; fi
 exec "$@"
 """
 #: ``$0`` of :data:`HOST_SCRIPT`, as ``ps`` and error messages show it.

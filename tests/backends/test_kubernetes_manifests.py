@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 from unittest import mock
 
 import kubernetes_validate
@@ -411,6 +412,20 @@ def test_every_host_resolves_its_own_index_and_meets_the_others_at_host_0(case):
         assert not any("$(" in value and name not in USER_ENV for name, value in env.items()), env
         assert container_command(pod, env) == ["/bin/sh", "-c", km.HOST_SCRIPT, km.HOST_SCRIPT_NAME,
                                                "python", "-m", "kinetic_nb.agent", "--job", URI]
+
+
+@pytest.mark.parametrize("interpreters", [("python", "python3"), ("python3",)])
+def test_the_host_command_runs_python3_where_the_image_has_no_python(tmp_path, interpreters):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in interpreters:  # each prints its own name, whatever it is asked to run
+        (bin_dir / name).write_text(f'#!/bin/sh\n[ "$1" = -c ] && exit 1\necho "{name} $*"\n')
+        (bin_dir / name).chmod(0o755)
+    _, manifests = manifests_for("cpu-3-hosts")
+    [pod, *_] = pods_for(manifests)
+    command = container_command(pod, container_environment(pod, secrets=secret_value))
+    ran = subprocess.run(command, env={"PATH": str(bin_dir)}, capture_output=True, text=True, check=True)
+    assert ran.stdout == f"{interpreters[0]} -m kinetic_nb.agent --job {URI}\n"
 
 
 @pytest.mark.parametrize("accelerator", ["tpu-v5e-16", "tpu-v6e-8"])
