@@ -170,6 +170,9 @@ class KubernetesBackend(Backend):
                     metavar="NS"),
         BackendFlag("--image", "image", "Container image with kinetic_nb installed (default $KINETIC_IMAGE).",
                     metavar="IMAGE"),
+        BackendFlag("--service-account", "service_account",
+                    "The pods' Kubernetes service account, e.g. one that may write the bucket "
+                    "(default $KINETIC_SERVICE_ACCOUNT, then the namespace's default).", metavar="NAME"),
     )
 
     @classmethod
