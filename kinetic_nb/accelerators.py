@@ -24,6 +24,10 @@ __all__ = ["Accelerator", "accelerator_names", "local_notice", "resolve_accelera
 TPU_NODE_SELECTOR = "cloud.google.com/gke-tpu-accelerator"
 #: GKE label whose value selects a GPU node pool.
 GPU_NODE_SELECTOR = "cloud.google.com/gke-accelerator"
+#: Kubernetes' label of a node's machine type. A TPU topology alone can match two
+#: kinds of pool (``2x4`` is one host of 8 chips or two hosts of 4): the machine
+#: type says how many chips each host has.
+MACHINE_TYPE_SELECTOR = "node.kubernetes.io/instance-type"
 
 #: At most this many close matches are suggested for an unknown name: enough to
 #: catch a typo, few enough to keep the error on one readable line.
@@ -52,6 +56,9 @@ class Accelerator:
     gke_accelerator : str or None
         Value of the GKE node selector (:data:`TPU_NODE_SELECTOR` for TPUs,
         :data:`GPU_NODE_SELECTOR` for GPUs); None for cpu.
+    machine_type : str or None
+        The GCE machine type of each TPU host (:data:`MACHINE_TYPE_SELECTOR`),
+        e.g. ``"ct5lp-hightpu-4t"``; None for cpu and gpu.
     """
 
     name: str
@@ -60,6 +67,7 @@ class Accelerator:
     devices_per_host: int
     topology: str | None
     gke_accelerator: str | None
+    machine_type: str | None = None
 
     @property
     def devices(self) -> int:
@@ -78,6 +86,8 @@ class _TpuFamily:
 
     prefix: str
     gke_accelerator: str
+    #: The machine type of a host, ``{chips}`` standing for its chips (GKE's TPU machine types).
+    machine_type: str
     #: Other spellings of a size, ``{n}`` standing for the size number.
     alias_patterns: tuple[str, ...]
     #: size number -> (hosts, chips per host, topology)
@@ -90,18 +100,21 @@ _TPU_FAMILIES = (
     _TpuFamily(
         prefix="tpu-v5e",
         gke_accelerator="tpu-v5-lite-podslice",
+        machine_type="ct5lp-hightpu-{chips}t",
         alias_patterns=("v5e-{n}", "v5litepod-{n}", "tpu-v5litepod-{n}"),
         sizes={4: (1, 4, "2x2"), 8: (1, 8, "2x4"), 16: (4, 4, "4x4"), 32: (8, 4, "4x8"), 64: (16, 4, "8x8")},
     ),
     _TpuFamily(
         prefix="tpu-v5p",
         gke_accelerator="tpu-v5p-slice",
+        machine_type="ct5p-hightpu-{chips}t",
         alias_patterns=("v5p-{n}",),
         sizes={8: (1, 4, "2x2x1"), 16: (2, 4, "2x2x2"), 32: (4, 4, "2x2x4")},
     ),
     _TpuFamily(
         prefix="tpu-v6e",
         gke_accelerator="tpu-v6e-slice",
+        machine_type="ct6e-standard-{chips}t",
         alias_patterns=("v6e-{n}",),
         sizes={8: (2, 4, "2x4"), 16: (4, 4, "4x4"), 32: (8, 4, "4x8")},
     ),
@@ -122,7 +135,8 @@ def _build_registry() -> tuple[Mapping[str, Accelerator], Mapping[str, str]]:
     for family in _TPU_FAMILIES:
         for size, (hosts, chips, topology) in sorted(family.sizes.items()):
             name = f"{family.prefix}-{size}"
-            accelerators.append(Accelerator(name, "tpu", hosts, chips, topology, family.gke_accelerator))
+            accelerators.append(Accelerator(name, "tpu", hosts, chips, topology, family.gke_accelerator,
+                                            family.machine_type.format(chips=chips)))
             aliases.update({pattern.format(n=size): name for pattern in family.alias_patterns})
     for model, gke_value in _GPU_MODELS.items():
         for count in _GPU_COUNTS:

@@ -118,6 +118,9 @@ class KineticMagics(Magics):
                         ).tag(config=True)
     image = Unicode(None, allow_none=True,
                     help="Container image for -b kubernetes (below --image and $KINETIC_IMAGE).").tag(config=True)
+    service_account = Unicode(None, allow_none=True,
+                              help="The pods' service account for -b kubernetes "
+                                   "(below --service-account and $KINETIC_SERVICE_ACCOUNT).").tag(config=True)
 
     def _backend_options(self, args: Any) -> dict[str, Any]:
         """The chosen backend's options from its flags, with this magic's ``%config`` values as defaults."""

@@ -36,6 +36,17 @@ def test_tpu_slices_have_their_real_host_and_chip_counts(name, hosts, devices_pe
     assert acc.devices == hosts * devices_per_host
 
 
+@pytest.mark.parametrize(("name", "machine_type"), [
+    ("tpu-v5e-4", "ct5lp-hightpu-4t"), ("tpu-v5e-8", "ct5lp-hightpu-8t"), ("tpu-v5e-16", "ct5lp-hightpu-4t"),
+    ("tpu-v6e-8", "ct6e-standard-4t"), ("tpu-v6e-32", "ct6e-standard-4t"),
+    ("tpu-v5p-8", "ct5p-hightpu-4t"), ("tpu-v5p-32", "ct5p-hightpu-4t"),
+    ("gpu-h100x8", None), ("cpu", None),
+])
+def test_each_tpu_host_names_its_machine_type_by_its_chips(name, machine_type):
+    """A 2x4 topology is one host of 8 chips or two of 4: only the machine type tells the pools apart."""
+    assert resolve_accelerator(name).machine_type == machine_type
+
+
 def test_devices_counts_the_whole_slice():
     assert resolve_accelerator("tpu-v5e-16").devices == 16
     assert resolve_accelerator("tpu-v5p-32").devices == 16  # 32 TensorCores, 2 per chip

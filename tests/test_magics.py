@@ -59,6 +59,29 @@ def test_help_lists_the_flags(shell):
     # Each backend's own flags, grouped under its name: the magic hard-codes none of them.
     kubernetes = doc.split("-b kubernetes:")[1]
     assert "--namespace NS" in kubernetes and "--image IMAGE" in kubernetes
+    assert "--service-account NAME" in kubernetes
+
+
+def test_the_pods_service_account_comes_from_the_flag_else_the_environment_else_config(shell, monkeypatch):
+    from IPython.core.magic_arguments import parse_argstring
+
+    from kinetic_nb.backends.kubernetes import KubernetesBackend
+
+    magics = shell.magics_manager.registry["KineticMagics"]
+    cell = shell.find_cell_magic("kinetic").__func__
+
+    def service_account(line: str) -> str | None:
+        options = magics._backend_options(parse_argstring(cell, line))
+        return KubernetesBackend.from_options(**options).settings.service_account
+
+    monkeypatch.delenv("KINETIC_SERVICE_ACCOUNT", raising=False)
+    monkeypatch.setattr(magics, "service_account", None)
+    assert service_account("-b kubernetes") is None
+    shell.run_line_magic("config", "KineticMagics.service_account = 'from-config'")
+    assert service_account("-b kubernetes") == "from-config"
+    monkeypatch.setenv("KINETIC_SERVICE_ACCOUNT", "from-env")
+    assert service_account("-b kubernetes") == "from-env"
+    assert service_account("-b kubernetes --service-account from-flag") == "from-flag"
 
 
 def test_a_registered_backend_brings_its_flags(monkeypatch):

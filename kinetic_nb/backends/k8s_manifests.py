@@ -27,7 +27,13 @@ import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from kinetic_nb.accelerators import GPU_NODE_SELECTOR, TPU_NODE_SELECTOR, Accelerator, resolve_accelerator
+from kinetic_nb.accelerators import (
+    GPU_NODE_SELECTOR,
+    MACHINE_TYPE_SELECTOR,
+    TPU_NODE_SELECTOR,
+    Accelerator,
+    resolve_accelerator,
+)
 from kinetic_nb.runner.envelope import KEY_ENV
 from kinetic_nb.runner.frameworks import COORDINATOR_ENV
 from kinetic_nb.runner.hostenv import index_variables, job_variables
@@ -52,6 +58,12 @@ LWS_PLURAL = "leaderworkersets"
 LWS_WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
 #: The Job controller annotates (and, since Kubernetes 1.28, labels) each pod of an Indexed Job with its index.
 JOB_COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+#: Asks the LeaderWorkerSet controller to give each group a node topology of its
+#: own: with the node pool as the topology, one group (one job) lands on one TPU
+#: slice (GKE makes a node pool per multi-host slice) and never straddles two.
+LWS_EXCLUSIVE_TOPOLOGY_ANNOTATION = "leaderworkerset.sigs.k8s.io/exclusive-topology"
+#: GKE's label naming a node's node pool: one multi-host TPU slice.
+NODE_POOL_LABEL = "cloud.google.com/gke-nodepool"
 #: GKE label whose value selects the TPU slice shape (``4x4``) within a TPU node pool.
 TPU_TOPOLOGY_SELECTOR = "cloud.google.com/gke-tpu-topology"
 TPU_RESOURCE = "google.com/tpu"
@@ -72,6 +84,20 @@ CONTAINER_NAME = "host"
 #: The module every host pod runs, and the root runs with ``--watch``: the host agent,
 #: the same on every backend (it starts the runner, uploads its output, writes ``exit.json``).
 AGENT_MODULE = "kinetic_nb.agent"
+#: A GPU or CPU host's ``/dev/shm``: memory-backed and as large as the node
+#: allows, instead of the container runtime's 64 MiB, which NCCL's shared-memory
+#: transport and torch's DataLoader workers outgrow. It counts as the pod's memory.
+SHM_VOLUME = "kinetic-shm"
+SHM_DIR = "/dev/shm"
+#: What a GPU or CPU host requests besides its accelerators: enough that it is no
+#: longer BestEffort (the first pod evicted under memory pressure), small enough to
+#: fit any node its accelerator implies. No limits: a host may use the node.
+HOST_REQUESTS = {"cpu": "1", "memory": "4Gi"}
+#: A container that fails without writing ``/dev/termination-log`` gets its last
+#: log lines as its termination message (at most 80 lines, 2 KiB): the words of
+#: a host that never got as far as uploading a log (no ``kinetic_nb`` in the
+#: image, a bucket it may not read) reach the cell's error through the pod.
+TERMINATION_MESSAGE_POLICY = "FallbackToLogsOnError"
 #: An emptyDir for the cell's scratch files and ``KINETIC_OUTPUT_DIR``.
 SCRATCH_VOLUME = "kinetic-scratch"
 SCRATCH_DIR = "/kinetic"
@@ -104,7 +130,8 @@ _NAME_HASH_CHARS = 6
 #: whose end is already recorded (cancelled, or failed by the client while its
 #: pod was Pending) must not start late. The first run's exit stays in the pod's
 #: ``lastState.terminated``, where the backend reads it. The check is host-safe
-#: Python; any error in it means "run".
+#: Python; any error in it means "run". An image with ``python3`` and no
+#: ``python`` (many stock images) runs both with ``python3``.
 _ALREADY_STARTED = (
     "import os, sys\n"
     "from kinetic_nb.runner import protocol\n"
@@ -115,11 +142,14 @@ _ALREADY_STARTED = (
     "sys.exit(0 if storage.exists(protocol.host_status(index)) or storage.exists(protocol.host_exit(index)) else 1)\n"
 )
 HOST_SCRIPT = f"""\
-if python -c '{_ALREADY_STARTED}' 2>/dev/null; then
+python=python
+command -v python >/dev/null 2>&1 || python=python3
+if "$python" -c '{_ALREADY_STARTED}' 2>/dev/null; then
   echo "kinetic_nb: host $KINETIC_HOST_INDEX of job $KINETIC_JOB_ID has run already; not running the cell again" >&2
   trap 'kill $! 2>/dev/null; exit 0' TERM INT
   while :; do sleep 3600 & wait $!; done
 fi
+if [ "$1" = python ]; then shift; exec "$python" "$@"; fi
 exec "$@"
 """
 #: ``$0`` of :data:`HOST_SCRIPT`, as ``ps`` and error messages show it.
@@ -238,10 +268,12 @@ def pod_metadata(plan: JobPlan, role: str) -> dict[str, Any]:
 
 def _leader_worker_set(plan: JobPlan, acc: Accelerator, job_uri: str, settings: KubernetesSettings,
                        image: str) -> dict[str, Any]:
+    metadata = object_metadata(plan, settings)
+    metadata["annotations"][LWS_EXCLUSIVE_TOPOLOGY_ANNOTATION] = NODE_POOL_LABEL
     return {
         "apiVersion": LWS_API_VERSION,
         "kind": LWS_KIND,
-        "metadata": object_metadata(plan, settings),
+        "metadata": metadata,
         "spec": {
             "replicas": 1,
             # Workers start with the leader: the hosts wait for each other at kinetic's own start barrier.
@@ -305,10 +337,16 @@ def _pod_template(plan: JobPlan, acc: Accelerator, job_uri: str, settings: Kuber
         "env": host_environment(plan, acc, job_uri, settings, lws=lws),
         "ports": [{"name": "coordinator", "containerPort": settings.coordinator_port}],
         "volumeMounts": [{"name": SCRATCH_VOLUME, "mountPath": SCRATCH_DIR}],
+        "terminationMessagePolicy": TERMINATION_MESSAGE_POLICY,
     }
     resources = _accelerator_resources(acc)
     if resources:
-        container["resources"] = {"requests": resources, "limits": dict(resources)}
+        container["resources"] = {"requests": dict(resources), "limits": dict(resources)}
+    volumes: list[dict[str, Any]] = [{"name": SCRATCH_VOLUME, "emptyDir": {}}]
+    if acc.kind != "tpu":
+        container.setdefault("resources", {}).setdefault("requests", {}).update(HOST_REQUESTS)
+        container["volumeMounts"].append({"name": SHM_VOLUME, "mountPath": SHM_DIR})
+        volumes.append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}})
     spec: dict[str, Any] = {
         # A StatefulSet's pods (a LeaderWorkerSet's) must say Always; HOST_SCRIPT keeps a host to one run.
         "restartPolicy": "Always" if lws else "Never",
@@ -316,7 +354,7 @@ def _pod_template(plan: JobPlan, acc: Accelerator, job_uri: str, settings: Kuber
         # No variables for every Service in the namespace: they could shadow $(VAR) references.
         "enableServiceLinks": False,
         "containers": [container],
-        "volumes": [{"name": SCRATCH_VOLUME, "emptyDir": {}}],
+        "volumes": volumes,
     }
     node_selector = {**_accelerator_node_selector(acc), **settings.node_selector}
     if node_selector:
@@ -330,7 +368,10 @@ def _pod_template(plan: JobPlan, acc: Accelerator, job_uri: str, settings: Kuber
 
 def _accelerator_node_selector(acc: Accelerator) -> dict[str, str]:
     if acc.kind == "tpu":
-        return {TPU_NODE_SELECTOR: acc.gke_accelerator, TPU_TOPOLOGY_SELECTOR: acc.topology}
+        selector = {TPU_NODE_SELECTOR: acc.gke_accelerator, TPU_TOPOLOGY_SELECTOR: acc.topology}
+        if acc.machine_type:  # the topology alone matches pools whose hosts hold other chip counts
+            selector[MACHINE_TYPE_SELECTOR] = acc.machine_type
+        return selector
     if acc.kind == "gpu":
         return {GPU_NODE_SELECTOR: acc.gke_accelerator}
     return {}

@@ -35,6 +35,11 @@ __all__ = ["DEFAULT_PENDING_TIMEOUT_S", "PodExitSummary", "PodHostState", "as_ap
 DEFAULT_PENDING_TIMEOUT_S = 600.0
 #: A reason longer than this is cut: it is shown in one panel line.
 MAX_REASON_CHARS = 300
+#: Last lines of a container's termination message kept as its host's
+#: ``stderr_tail`` (as many as the host agent keeps of a host's stderr).
+TERMINATION_TAIL_LINES = 20
+#: A longer line of a termination message is cut to this many characters.
+MAX_TAIL_LINE_CHARS = 1000
 #: Exit codes above this mean "killed by signal (code - 128)", by the shell's and the kubelet's convention.
 _SIGNAL_EXIT_BASE = 128
 #: Container waiting reasons that say the container is merely being created.
@@ -77,6 +82,11 @@ class PodHostState:
         ``"Evicted: ..."``; empty when there is nothing to add.
     exit_code, signal : int or None, str or None
         How the host's container ended: exit code 137 is ``SIGKILL``.
+    message_tail : tuple of str
+        The last lines of the ended container's termination message, whatever
+        its reason: its last log lines, under ``FallbackToLogsOnError``, when it
+        failed (``No module named 'kinetic_nb'``, a bucket's 403), or the
+        runtime's own words (a ``StartError``'s).
     """
 
     index: int | None
@@ -87,6 +97,7 @@ class PodHostState:
     pod_name: str = ""
     created_at: float | None = None
     finished_at: float | None = None
+    message_tail: tuple[str, ...] = ()
     #: The pod is being deleted (by a cancel, or by the Job controller after another host failed).
     deleted: bool = False
 
@@ -139,13 +150,22 @@ def _signal_name(terminated: Mapping[str, Any]) -> str | None:
         return None
 
 
+def message_tail(message: str | None) -> tuple[str, ...]:
+    """The last :data:`TERMINATION_TAIL_LINES` non-blank lines of a termination message, each cut to a length."""
+    lines = [line.rstrip() for line in (message or "").splitlines() if line.strip()]
+    return tuple(line if len(line) <= MAX_TAIL_LINE_CHARS else line[: MAX_TAIL_LINE_CHARS - 3] + "..."
+                 for line in lines[-TERMINATION_TAIL_LINES:])
+
+
 def _ended(base: dict[str, Any], terminated: Mapping[str, Any], pod_reason: str = "") -> PodHostState:
     code = terminated.get("exitCode")
+    # The message (often the container's last log lines) is the tail, never part of the one-line reason.
     reason = pod_reason or ("" if terminated.get("reason") in _PLAIN_TERMINATION else
-                            _reason(terminated.get("reason"), terminated.get("message")))
+                            _reason(terminated.get("reason"), None))
     state = HostState.SUCCEEDED.value if code == 0 and not pod_reason else HostState.FAILED.value
     return PodHostState(**base, state=state, reason=reason, exit_code=code, signal=_signal_name(terminated),
-                        finished_at=_timestamp(terminated.get("finishedAt")))
+                        finished_at=_timestamp(terminated.get("finishedAt")),
+                        message_tail=message_tail(terminated.get("message")))
 
 
 def pod_host_state(pod: Any) -> PodHostState:
@@ -280,6 +300,7 @@ def _summary(index: int, state: PodHostState | None, *, now: float, reason: str 
         stopped=stopped,
         ended_at=(state.finished_at if state and state.finished_at else now),
         reason=reason if reason else (state.reason if state else ""),
+        stderr_tail=state.message_tail if state else (),
         never_started=never_started,
     )
 

@@ -18,9 +18,11 @@ from kinetic_nb.backends.k8s_pods import DEFAULT_PENDING_TIMEOUT_S
 __all__ = ["DEFAULT_COORDINATOR_PORT", "DEFAULT_NAMESPACE", "KubernetesSettings"]
 
 DEFAULT_NAMESPACE = "default"
-#: The port the JAX coordinator (and torch's rendezvous) listens on, on host 0.
-#: 8476 is the one JAX itself uses for Cloud TPU slices.
-DEFAULT_COORDINATOR_PORT = 8476
+#: The port the JAX coordinator (or torch's rendezvous) listens on, on host 0:
+#: torch.distributed's customary one (torchrun's default ``MASTER_PORT``). Not
+#: JAX's own 8476, nor anything in 8470-8482: those are libtpu's on a TPU host,
+#: and a coordinator there collides with the TPU runtime.
+DEFAULT_COORDINATOR_PORT = 29500
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 

@@ -137,6 +137,16 @@ def _api_message(error: BaseException) -> str:
         return f"{_status(error)} {reason}" if reason else str(error).splitlines()[0]
 
 
+def _missing_namespace(error: BaseException) -> bool:
+    """Whether a 404 is the API server's "namespace not found" (its Status names the namespace in
+    ``details``), rather than a missing API, whose Status says only "could not find the requested resource"."""
+    try:
+        details = json.loads(getattr(error, "body", None) or "").get("details") or {}
+    except (ValueError, AttributeError):
+        return False
+    return details.get("kind") == "namespaces"
+
+
 @register
 class KubernetesBackend(Backend):
     """Runs a job's hosts as pods: one LeaderWorkerSet, or an Indexed Job.
@@ -160,6 +170,9 @@ class KubernetesBackend(Backend):
                     metavar="NS"),
         BackendFlag("--image", "image", "Container image with kinetic_nb installed (default $KINETIC_IMAGE).",
                     metavar="IMAGE"),
+        BackendFlag("--service-account", "service_account",
+                    "The pods' Kubernetes service account, e.g. one that may write the bucket "
+                    "(default $KINETIC_SERVICE_ACCOUNT, then the namespace's default).", metavar="NAME"),
     )
 
     @classmethod
@@ -369,6 +382,9 @@ class KubernetesBackend(Backend):
     def _create_failure(self, manifest: dict[str, Any], error: BaseException) -> str:
         kind, name, namespace = manifest["kind"], manifest["metadata"]["name"], self.settings.namespace
         status = _status(error)
+        if status == 404 and _missing_namespace(error):
+            return (f"namespace {namespace} does not exist: create it (kubectl create namespace {namespace}) "
+                    "or choose another (--namespace, KINETIC_NAMESPACE)")
         if kind == "LeaderWorkerSet" and status == 404:
             return (f"the cluster has no LeaderWorkerSet API ({LWS_GROUP}/{LWS_VERSION}): install the "
                     "LeaderWorkerSet controller first (docs/gke.md)")

@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import datetime
 import gc
+import inspect
 import logging
 import os
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from kinetic_nb.runner.protocol import Framework, JobPlan
 
@@ -23,20 +27,71 @@ def coordinator_address(plan: JobPlan) -> str:
     return os.environ.get(COORDINATOR_ENV) or plan.coordinator_address
 
 
+def jax_arguments(plan: JobPlan, host_index: int, address: str) -> dict[str, Any]:
+    """Every keyword argument the runner would give ``jax.distributed.initialize``, by newer JAX's names.
+
+    ``heartbeat_timeout_seconds`` and ``shutdown_timeout_seconds`` came with
+    later JAX releases: the oldest that ``setup.cfg`` allows (0.4.30) takes
+    neither and rejects them (:func:`accepted_arguments` leaves them out there).
+    """
+    return {
+        "coordinator_address": address,
+        "num_processes": plan.hosts,
+        "process_id": host_index,
+        "initialization_timeout": int(plan.barrier_timeout_s),
+        "heartbeat_timeout_seconds": plan.heartbeat_timeout_s,
+        "shutdown_timeout_seconds": plan.shutdown_timeout_s,
+    }
+
+
+def accepted_arguments(function: Callable[..., Any], arguments: Mapping[str, Any]
+                       ) -> tuple[dict[str, Any], list[str]]:
+    """The part of ``arguments`` that ``function``'s signature accepts, and the names left out.
+
+    Parameters
+    ----------
+    function : callable
+        The installed ``jax.distributed.initialize``, say.
+    arguments : mapping
+        Keyword arguments for it.
+
+    Returns
+    -------
+    (dict, list of str)
+        What to pass, and the names of what it does not take, in order. A
+        function that takes ``**kwargs``, or whose signature cannot be read,
+        is given everything.
+    """
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):
+        return dict(arguments), []
+    if any(parameter.kind == parameter.VAR_KEYWORD for parameter in parameters):
+        return dict(arguments), []
+    names = {parameter.name for parameter in parameters
+             if parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)}
+    left_out = [name for name in arguments if name not in names]
+    return {name: value for name, value in arguments.items() if name in names}, left_out
+
+
 def initialize(plan: JobPlan, host_index: int) -> None:
-    """Join the job's distributed group, with explicit arguments and short timeouts."""
+    """Join the job's distributed group, with explicit arguments and short timeouts.
+
+    An older JAX (``setup.cfg`` allows 0.4.30) is given only the arguments
+    its ``jax.distributed.initialize`` takes; one line on this host's stderr
+    names what was left out (JAX's own defaults apply to those).
+    """
     address = coordinator_address(plan)
     if plan.framework == Framework.JAX.value:
         import jax
 
-        jax.distributed.initialize(
-            coordinator_address=address,
-            num_processes=plan.hosts,
-            process_id=host_index,
-            initialization_timeout=int(plan.barrier_timeout_s),
-            heartbeat_timeout_seconds=plan.heartbeat_timeout_s,
-            shutdown_timeout_seconds=plan.shutdown_timeout_s,
-        )
+        arguments, left_out = accepted_arguments(jax.distributed.initialize,
+                                                 jax_arguments(plan, host_index, address))
+        if left_out:
+            print(f"kinetic_nb: jax {getattr(jax, '__version__', '(unknown version)')}'s "
+                  f"jax.distributed.initialize takes no {', '.join(left_out)}: left out, JAX's defaults apply",
+                  file=sys.stderr, flush=True)
+        jax.distributed.initialize(**arguments)
     elif plan.framework == Framework.TORCH.value:
         import torch
         import torch.distributed as dist

@@ -30,7 +30,9 @@ network), so these small doubles play their documented parts, and nothing more:
 - the kubelet: a container's environment resolved the way the kubelet does it
   (in order; ``valueFrom.fieldRef`` from the pod; ``$(VAR)`` expanded against
   the variables before it, ``$$`` to ``$``, an undefined reference left as it
-  is) and its command and args expanded against that environment;
+  is) and its command and args expanded against that environment; a failed
+  container's last log lines as its termination message under
+  ``FallbackToLogsOnError``;
 - :class:`FakeKubernetes`: the three API groups the backend calls, recording
   what was created (with a uid, as the API server answers) and deleted, and
   returning pods that a test scripts; creating a LeaderWorkerSet also creates
@@ -66,6 +68,13 @@ LWS_GROUP_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/group-index"
 LWS_SIZE_ANNOTATION = "leaderworkerset.sigs.k8s.io/size"
 LWS_LEADER_REQUESTS_TPUS = "leaderworkerset.sigs.k8s.io/leader-requests-tpus"
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
+
+
+#: The image's kinetic_nb is the one under test (a worktree's, not whichever one the interpreter installs).
+IMAGE_PYTHONPATH = os.path.dirname(os.path.dirname(os.path.abspath(km.__file__)))
+#: The kubelet's cut of a log used as a termination message (``FallbackToLogsOnError``): 80 lines, 2048 bytes.
+FALLBACK_LOG_LINES = 80
+FALLBACK_LOG_BYTES = 2048
 
 
 def now_rfc3339(offset_s: float = 0.0) -> str:
@@ -252,11 +261,14 @@ def dns_name(pod: dict[str, Any]) -> str | None:
 # -- the API -------------------------------------------------------------------------------
 
 
-def api_exception(status: int, reason: str, message: str) -> Exception:
+def api_exception(status: int, reason: str, message: str, details: dict[str, Any] | None = None) -> Exception:
+    """An ``ApiException`` whose body is the API server's ``Status`` (``details`` names the object, when it does)."""
     from kubernetes.client import ApiException
 
     error = ApiException(status=status, reason=reason)
-    error.body = json.dumps({"kind": "Status", "status": "Failure", "message": message, "code": status})
+    error.body = json.dumps({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                             "message": message, "reason": reason.replace(" ", ""), "details": details or {},
+                             "code": status})
     return error
 
 
@@ -486,13 +498,15 @@ class FakeKubelet:
         env = self.environment(index)
         command = container_command(self.pods[index], env)
         base = {"PATH": f"{os.path.dirname(sys.executable)}:{os.environ.get('PATH', '/usr/bin:/bin')}",
-                "HOME": os.environ.get("HOME", "/tmp"), "TMPDIR": os.environ.get("TMPDIR", "/tmp")}
+                "HOME": os.environ.get("HOME", "/tmp"), "TMPDIR": os.environ.get("TMPDIR", "/tmp"),
+                "PYTHONPATH": IMAGE_PYTHONPATH}
         with self._lock:
             self.runs[index] = self.runs.get(index, 0) + 1
             with open(self.log_path(index, self.runs[index]), "wb") as log:
                 self.processes[index] = subprocess.Popen(command, env={**base, **env, **self.extra_env},
                                                          stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                                         start_new_session=True)
+                                                         start_new_session=True,
+                                                         cwd=self.log_dir)  # the image's own, not this checkout
 
     def log_path(self, index: int, run: int = 1) -> str:
         """What the container printed on its ``run``-th start (``kubectl logs``)."""
@@ -570,6 +584,10 @@ class FakeKubelet:
                 terminated = {"exitCode": first if first >= 0 else 128 - first,
                               "reason": self.reasons.get(index, "Completed" if first == 0 else "Error"),
                               "startedAt": self.created_at, "finishedAt": now_rfc3339()}
+                policy = pod["spec"]["containers"][0].get("terminationMessagePolicy", "File")
+                if first != 0 and policy == "FallbackToLogsOnError":  # nothing writes /dev/termination-log
+                    tail = "".join(self.output(index).splitlines(keepends=True)[-FALLBACK_LOG_LINES:])
+                    terminated["message"] = tail.encode()[-FALLBACK_LOG_BYTES:].decode(errors="replace")
             restarted = self.runs.get(index, 0) > 1
             if terminated and not restarted:
                 container["state"] = {"terminated": terminated}

@@ -81,6 +81,14 @@ def test_settings_flag_beats_environment_beats_config_beats_default():
     assert KubernetesSettings.resolve(environ={"KINETIC_NAMESPACE": "  "}).namespace == "default"  # blank is unset
 
 
+def test_the_default_coordinator_port_is_clear_of_libtpus_ports():
+    """libtpu takes 8470-8482 on a TPU host (8476 among them): a coordinator there collides with the runtime."""
+    assert k8s.DEFAULT_COORDINATOR_PORT not in range(8470, 8483)
+    assert KubernetesSettings.resolve(environ={}).coordinator_port == k8s.DEFAULT_COORDINATOR_PORT == 29500
+    pod = KubernetesBackend(KubernetesSettings(image="img:1"), api=object()).coordinator_address(JOB_ID)
+    assert pod.endswith(":29500")
+
+
 def test_settings_read_every_variable():
     environ = {"KINETIC_NAMESPACE": "ml", "KINETIC_IMAGE": "img:2", "KINETIC_SERVICE_ACCOUNT": "runner",
                "KINETIC_KUBE_CONTEXT": "gke_proj_zone_cluster", "KINETIC_COORDINATOR_PORT": "9000",
@@ -119,7 +127,7 @@ def test_get_backend_reads_the_environment(monkeypatch):
     monkeypatch.setenv("KINETIC_NAMESPACE", "ml-team")
     monkeypatch.setenv("KINETIC_IMAGE", "img:1")
     backend = get_backend("kubernetes")
-    assert backend.coordinator_address(JOB_ID) == f"{JOB_ID}-0.{JOB_ID}.ml-team:8476"
+    assert backend.coordinator_address(JOB_ID) == f"{JOB_ID}-0.{JOB_ID}.ml-team:29500"
 
 
 def test_importing_the_backends_does_not_import_the_kubernetes_client():
@@ -177,6 +185,18 @@ def test_no_leader_worker_set_controller_is_a_clear_error_and_leaves_nothing(api
     api.fail["LeaderWorkerSet"] = api_exception(404, "Not Found", "the server could not find the requested resource")
     with pytest.raises(KineticError, match=r"no LeaderWorkerSet API .* install the LeaderWorkerSet controller"):
         launched(api, job_storage)
+    assert api.objects == {}
+
+
+@pytest.mark.parametrize("kind", ["Job", "LeaderWorkerSet"])
+def test_a_missing_namespace_is_not_mistaken_for_a_missing_leader_worker_set_api(api, job_storage, kind):
+    """Both are 404s; the API server's Status names the namespace in ``details`` for the one, nothing for the other."""
+    api.fail[kind] = api_exception(404, "Not Found", 'namespaces "ml-team" not found',
+                                   {"name": "ml-team", "kind": "namespaces"})
+    with pytest.raises(KineticError) as caught:
+        launched(api, job_storage)
+    assert str(caught.value) == ("namespace ml-team does not exist: create it (kubectl create namespace ml-team) "
+                                 "or choose another (--namespace, KINETIC_NAMESPACE)")
     assert api.objects == {}
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import socket
+import sys
 import time
 
 import pytest
@@ -113,7 +114,7 @@ def test_a_tpu_slice_runs_as_a_leader_worker_set(cluster, tmp_path):
     pods = handle.backend.pods(handle.plan, fresh=True)  # not the listing cached before the containers ended
     assert {host.state for host in host_states(pods).values()} == {"succeeded"}
 
-    assert handle.result(timeout=30) == {"host": 0, "hosts": 4, "coordinator": f"{name}-0.{name}.{NAMESPACE}:8476"}
+    assert handle.result(timeout=30) == {"host": 0, "hosts": 4, "coordinator": f"{name}-0.{name}.{NAMESPACE}:{k8s.DEFAULT_COORDINATOR_PORT}"}
     assert [host.state for host in handle.hosts()] == ["succeeded"] * 4
     for index in range(4):  # each host's agent uploaded its runner's output
         assert f"hello from host {index}" in handle.logs(index)
@@ -166,6 +167,24 @@ def test_an_oom_killed_host_fails_the_cell_with_the_pods_reason(cluster, tmp_pat
     with pytest.raises(JobFailedError, match=r"host 1 was killed by SIGKILL \(OOMKilled\)"):
         handle.result(timeout=30)
     assert api.objects == {}  # deleted by the client with the outcome
+
+
+def test_an_image_without_kinetic_nb_fails_the_cell_with_the_pods_last_lines(cluster, tmp_path):
+    """No host ever uploads a log: what the cell shows comes from the pods' termination messages."""
+    api, kubelets = cluster
+    image_bin = tmp_path / "image-bin"  # the image's python: this interpreter without site-packages or PYTHONPATH
+    image_bin.mkdir()
+    (image_bin / "python").write_text(f'#!/bin/sh\nexec {sys.executable} -S -E "$@"\n')
+    (image_bin / "python").chmod(0o755)
+    handle = kinetic_nb.submit("1", hosts=2, backend="kubernetes", storage=f"file://{tmp_path}/jobs", quiet=True)
+    kubelet = start_pods(api, kubelets, tmp_path, extra_env={"PATH": f"{image_bin}:/usr/bin:/bin"})
+    summaries = settle(handle, kubelet)
+    for index in range(2):
+        assert summaries[index].exit_code == 1
+        assert summaries[index].stderr_tail[-1].endswith("No module named 'kinetic_nb')")
+    with pytest.raises(JobFailedError) as caught:
+        handle.result(timeout=30)
+    assert "ModuleNotFoundError: No module named 'kinetic_nb'" in str(caught.value)
 
 
 def test_cancel_deletes_the_workload_and_stops_the_hosts(cluster, tmp_path):

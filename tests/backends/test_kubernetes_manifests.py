@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 from unittest import mock
 
 import kubernetes_validate
@@ -43,7 +44,7 @@ from .k8s_cluster import container_command, container_environment, dns_name, pod
 SCHEMA_VERSIONS = ("1.30", kubernetes_validate.utils.latest_version())
 JOB_ID = "kn-20261129-234752-3e8d32"
 URI = f"gs://ml-bucket/jobs/{JOB_ID}"
-SETTINGS = KubernetesSettings(namespace="ml-team", image="registry.example/kinetic-jax:1.0", coordinator_port=8476)
+SETTINGS = KubernetesSettings(namespace="ml-team", image="registry.example/kinetic-jax:1.0", coordinator_port=29500)
 #: A user's variables, with what the kubelet would otherwise expand: they must arrive as written.
 USER_ENV = {"XLA_FLAGS": "--xla_dump_to=/tmp/dump", "TRICKY": "$(HOME) and a$$b and $PATH"}
 #: What the job's Secret holds: its key and the -e values (never a manifest's literal values).
@@ -58,12 +59,14 @@ def secret_value(name: str, key: str) -> str:
 ROOT_UID = "6f1c2a0e-9b3d-4c57-8e21-0d4f5a6b7c8d"
 OWNER = k8s_root.root_owner_reference(JOB_ID, ROOT_UID)
 
-#: accelerator -> (workload kind, hosts, devices per host, GKE accelerator, topology)
+#: accelerator -> (workload kind, hosts, devices per host, GKE accelerator, topology, machine type)
 SHAPES = {
-    "tpu-v5e-16": ("LeaderWorkerSet", 4, 4, "tpu-v5-lite-podslice", "4x4"),
-    "tpu-v6e-8": ("LeaderWorkerSet", 2, 4, "tpu-v6e-slice", "2x4"),
-    "tpu-v5e-8": ("Job", 1, 8, "tpu-v5-lite-podslice", "2x4"),
-    "gpu-h100x8": ("Job", 1, 8, "nvidia-h100-80gb", None),
+    "tpu-v5e-16": ("LeaderWorkerSet", 4, 4, "tpu-v5-lite-podslice", "4x4", "ct5lp-hightpu-4t"),
+    # 2x4 is also one host of 8 chips (ct6e-standard-8t): the registry's tpu-v6e-8 is two hosts of 4.
+    "tpu-v6e-8": ("LeaderWorkerSet", 2, 4, "tpu-v6e-slice", "2x4", "ct6e-standard-4t"),
+    # 2x4 is also two hosts of 4 chips (ct5lp-hightpu-4t): tpu-v5e-8 is one host of 8.
+    "tpu-v5e-8": ("Job", 1, 8, "tpu-v5-lite-podslice", "2x4", "ct5lp-hightpu-8t"),
+    "gpu-h100x8": ("Job", 1, 8, "nvidia-h100-80gb", None, None),
 }
 #: The issue's four shapes, plus CPU hosts (an Indexed Job with a Service).
 CASES = [*SHAPES, "cpu-3-hosts"]
@@ -118,7 +121,7 @@ def as_pod(template: dict) -> dict:
 
 @pytest.mark.parametrize("accelerator", SHAPES)
 def test_each_shape_becomes_its_workload_on_its_node_pool(accelerator):
-    kind, hosts, devices, gke_accelerator, topology = SHAPES[accelerator]
+    kind, hosts, devices, gke_accelerator, topology, machine_type = SHAPES[accelerator]
     _, manifests = manifests_for(accelerator)
     assert [manifest["kind"] for manifest in manifests] == [kind]  # one host: no Service
     workload = manifests[0]
@@ -135,16 +138,36 @@ def test_each_shape_becomes_its_workload_on_its_node_pool(accelerator):
     for template in templates(manifests):
         pod = template["spec"]
         [container] = pod["containers"]
-        resource = km.TPU_RESOURCE if accelerator.startswith("tpu") else km.GPU_RESOURCE
-        assert container["resources"] == {"requests": {resource: str(devices)}, "limits": {resource: str(devices)}}
+        if accelerator.startswith("tpu"):
+            assert container["resources"] == {"requests": {km.TPU_RESOURCE: str(devices)},
+                                              "limits": {km.TPU_RESOURCE: str(devices)}}
+        else:  # a GPU host also asks for CPU and memory (not BestEffort), with no limit on them
+            assert container["resources"] == {"requests": {km.GPU_RESOURCE: str(devices), "cpu": "1", "memory": "4Gi"},
+                                              "limits": {km.GPU_RESOURCE: str(devices)}}
         if topology:
             assert pod["nodeSelector"] == {"cloud.google.com/gke-tpu-accelerator": gke_accelerator,
-                                           "cloud.google.com/gke-tpu-topology": topology}
+                                           "cloud.google.com/gke-tpu-topology": topology,
+                                           "node.kubernetes.io/instance-type": machine_type}
         else:
             assert pod["nodeSelector"] == {"cloud.google.com/gke-accelerator": gke_accelerator}
         assert pod["restartPolicy"] == ("Always" if kind == "LeaderWorkerSet" else "Never")
         assert container["args"] == ["python", "-m", "kinetic_nb.agent", "--job", URI]
         assert container["image"] == SETTINGS.image
+        # A host that fails before its agent uploads a log still leaves its last lines, in its pod's status.
+        assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_leader_worker_set_asks_for_one_node_pool_per_group_so_a_job_never_straddles_two_slices(case):
+    _, manifests = manifests_for(case)
+    for manifest in manifests:
+        annotations = manifest["metadata"]["annotations"]
+        if manifest["kind"] == "LeaderWorkerSet":
+            assert annotations["leaderworkerset.sigs.k8s.io/exclusive-topology"] == "cloud.google.com/gke-nodepool"
+        else:  # an Indexed Job's hosts are one node each, or GPU/CPU nodes: no slice to keep together
+            assert "leaderworkerset.sigs.k8s.io/exclusive-topology" not in annotations
+    for template in templates(manifests):  # on the set, where the controller reads it, not on its pods
+        assert "leaderworkerset.sigs.k8s.io/exclusive-topology" not in template["metadata"]["annotations"]
 
 
 def test_cpu_hosts_get_an_indexed_job_and_a_headless_service_for_host_0():
@@ -152,8 +175,21 @@ def test_cpu_hosts_get_an_indexed_job_and_a_headless_service_for_host_0():
     assert (service["kind"], job["kind"]) == ("Service", "Job")
     assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"] is True
     assert job["spec"]["template"]["spec"]["subdomain"] == service["metadata"]["name"]
-    assert "resources" not in job["spec"]["template"]["spec"]["containers"][0]
+    assert job["spec"]["template"]["spec"]["containers"][0]["resources"] == {"requests": {"cpu": "1", "memory": "4Gi"}}
     assert "nodeSelector" not in job["spec"]["template"]["spec"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_gpu_and_cpu_hosts_get_a_memory_backed_dev_shm(case):
+    _, manifests = manifests_for(case)
+    for template in templates(manifests):
+        pod = template["spec"]
+        mounts = {mount["mountPath"]: mount["name"] for mount in pod["containers"][0]["volumeMounts"]}
+        volumes = {volume["name"]: volume for volume in pod["volumes"]}
+        if case.startswith("tpu"):
+            assert "/dev/shm" not in mounts
+        else:  # NCCL and DataLoader workers outgrow the runtime's 64 MiB
+            assert volumes[mounts["/dev/shm"]]["emptyDir"] == {"medium": "Memory"}
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -376,6 +412,20 @@ def test_every_host_resolves_its_own_index_and_meets_the_others_at_host_0(case):
         assert not any("$(" in value and name not in USER_ENV for name, value in env.items()), env
         assert container_command(pod, env) == ["/bin/sh", "-c", km.HOST_SCRIPT, km.HOST_SCRIPT_NAME,
                                                "python", "-m", "kinetic_nb.agent", "--job", URI]
+
+
+@pytest.mark.parametrize("interpreters", [("python", "python3"), ("python3",)])
+def test_the_host_command_runs_python3_where_the_image_has_no_python(tmp_path, interpreters):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in interpreters:  # each prints its own name, whatever it is asked to run
+        (bin_dir / name).write_text(f'#!/bin/sh\n[ "$1" = -c ] && exit 1\necho "{name} $*"\n')
+        (bin_dir / name).chmod(0o755)
+    _, manifests = manifests_for("cpu-3-hosts")
+    [pod, *_] = pods_for(manifests)
+    command = container_command(pod, container_environment(pod, secrets=secret_value))
+    ran = subprocess.run(command, env={"PATH": str(bin_dir)}, capture_output=True, text=True, check=True)
+    assert ran.stdout == f"{interpreters[0]} -m kinetic_nb.agent --job {URI}\n"
 
 
 @pytest.mark.parametrize("accelerator", ["tpu-v5e-16", "tpu-v6e-8"])

@@ -18,6 +18,7 @@ from kinetic_nb.backends.k8s_pods import (
     PodExitSummary,
     PodHostState,
     host_states,
+    message_tail,
     pod_exit_summaries,
     pod_host_state,
     stuck_pending,
@@ -49,6 +50,9 @@ EXPECTED = {
     "crashloop-after-oom": (3, "failed", "OOMKilled", 137, "SIGKILL"),
     "deleted-sigterm": (5, "failed", "", 143, "SIGTERM"),
     "node-lost": (6, "lost", "NodeLost: Node gke-ml-v5e-pool-3a1b2c4d-x9zq which was running pod", None, None),
+    # FallbackToLogsOnError: the container's last log lines are its termination message (see below).
+    "no-kinetic-nb": (0, "failed", "", 1, None),
+    "bucket-403": (1, "failed", "", 1, None),
 }
 
 
@@ -141,6 +145,41 @@ def test_a_pod_pending_past_the_bound_fails_its_host_with_the_reason():
     assert found[2].failed and found[2].never_started
     assert found[2].describe().startswith(
         "never started: its pod was Pending for more than 600 s: Unschedulable: 0/4 nodes are available")
+
+
+# -- termination messages: the last words of a host that never uploaded a log ---------------
+
+
+def test_a_failed_containers_termination_message_becomes_its_hosts_last_lines_whatever_the_reason():
+    missing = pod_host_state(BY_CASE["no-kinetic-nb"])
+    assert missing.message_tail == ("/usr/bin/python: Error while finding module specification for "
+                                    "'kinetic_nb.agent' (ModuleNotFoundError: No module named 'kinetic_nb')",)
+    forbidden = pod_host_state(BY_CASE["bucket-403"])  # restarted: the first run's message, from lastState
+    assert forbidden.message_tail[0] == "kinetic agent: job gs://ml-bucket/jobs/kn-20261129-234752-3e8d32, host 1"
+    assert forbidden.message_tail[-1].startswith("google.api_core.exceptions.Forbidden: 403 GET")
+    assert pod_host_state(BY_CASE["error-exit-1"]).message_tail == ()  # no message: nothing to add
+    # A reason of its own (OOMKilled) keeps the message too, as lines, never inside the one-line reason.
+    oom = json.loads(json.dumps(BY_CASE["oomkilled"]))
+    oom["status"]["containerStatuses"][0]["state"]["terminated"]["message"] = "step 41\nstep 42\n"
+    state = pod_host_state(oom)
+    assert (state.reason, state.message_tail) == ("OOMKilled", ("step 41", "step 42"))
+
+
+def test_the_tail_keeps_the_last_lines_each_cut_to_a_length():
+    message = "\n".join(f"line {number}" for number in range(50)) + "\n\n" + "x" * 5000 + "\n"
+    tail = message_tail(message)
+    assert len(tail) == 20 and tail[0] == "line 31" and tail[-2] == "line 49"
+    assert len(tail[-1]) == 1000 and tail[-1].endswith("...")
+    assert message_tail(None) == message_tail("") == ()
+
+
+def test_the_pods_last_lines_are_stored_with_the_hosts_exit_record():
+    found = summaries(host_states([BY_CASE["no-kinetic-nb"], BY_CASE["bucket-403"]]), hosts=2)
+    assert found[0].stderr_tail == pod_host_state(BY_CASE["no-kinetic-nb"]).message_tail
+    assert found[0].describe() == "exited with code 1"  # the lines travel apart from the one-line description
+    stored = ExitSummary.from_json(found[1].to_json())  # a plain exit.json, which every reader shows
+    assert stored.stderr_tail == pod_host_state(BY_CASE["bucket-403"]).message_tail
+    assert stored.stderr_tail[-1].startswith("google.api_core.exceptions.Forbidden: 403")
 
 
 def test_hosts_without_pods():

@@ -1,0 +1,78 @@
+"""``frameworks.initialize`` on the oldest JAX ``setup.cfg`` allows, and on the installed one.
+
+The old JAX is a stand-in module whose ``jax.distributed.initialize`` has
+JAX 0.4.30's own parameter list (below, with where it comes from): a real
+function, so an argument it does not take is the ``TypeError`` the real one
+would raise on every host.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+import types
+
+import pytest
+
+from kinetic_nb.accelerators import resolve_accelerator
+from kinetic_nb.plan import make_plan
+from kinetic_nb.runner import frameworks
+
+PLAN = make_plan(job_id="kn-20261129-234752-3e8d32", acc=resolve_accelerator("cpu"), hosts=4, framework="jax",
+                 coordinator_address="host-0.example:29500", simulated=False)
+
+
+def jax_0_4_30_initialize(coordinator_address=None, num_processes=None, process_id=None, local_device_ids=None,
+                          initialization_timeout=300, coordinator_bind_address=None):
+    """JAX 0.4.30's parameter list, copied from ``def initialize`` in ``jax/_src/distributed.py`` of the
+    jax-0.4.30-py3-none-any.whl wheel (sha256 289b30ae...f1a55b), which ``jax/distributed.py`` re-exports."""
+    jax_0_4_30_initialize.calls.append(dict(locals()))
+
+
+jax_0_4_30_initialize.calls = []
+
+
+@pytest.fixture
+def old_jax(monkeypatch):
+    """``import jax`` gives JAX 0.4.30's ``jax.distributed.initialize``, which records its calls."""
+    jax_0_4_30_initialize.calls.clear()
+    fake = types.ModuleType("jax")
+    fake.__version__ = "0.4.30"
+    fake.distributed = types.SimpleNamespace(initialize=jax_0_4_30_initialize)
+    monkeypatch.setitem(sys.modules, "jax", fake)
+    return jax_0_4_30_initialize.calls
+
+
+def test_the_oldest_jax_gets_only_what_it_takes_and_the_host_log_says_what_was_left_out(old_jax, capsys):
+    frameworks.initialize(PLAN, 2)
+    assert old_jax == [{"coordinator_address": "host-0.example:29500", "num_processes": 4, "process_id": 2,
+                        "local_device_ids": None, "initialization_timeout": int(PLAN.barrier_timeout_s),
+                        "coordinator_bind_address": None}]
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1  # one line
+    assert err == ("kinetic_nb: jax 0.4.30's jax.distributed.initialize takes no heartbeat_timeout_seconds, "
+                   "shutdown_timeout_seconds: left out, JAX's defaults apply\n")
+
+
+def test_every_argument_would_break_the_oldest_jax_without_the_filter(old_jax):
+    """Not vacuous: the full set is what the fixture rejects, as JAX 0.4.30 itself would."""
+    with pytest.raises(TypeError, match="heartbeat_timeout_seconds"):
+        jax_0_4_30_initialize(**frameworks.jax_arguments(PLAN, 2, "host-0.example:29500"))
+
+
+def test_the_installed_jax_gets_every_argument_it_takes():
+    jax = pytest.importorskip("jax")
+    arguments = frameworks.jax_arguments(PLAN, 1, "host-0.example:29500")
+    passed, left_out = frameworks.accepted_arguments(jax.distributed.initialize, arguments)
+    parameters = inspect.signature(jax.distributed.initialize).parameters
+    assert left_out == [name for name in arguments if name not in parameters]
+    assert passed == {name: value for name, value in arguments.items() if name in parameters}
+    assert "coordinator_address" in passed and "initialization_timeout" in passed
+
+
+def test_a_function_that_takes_any_keyword_or_has_no_signature_gets_everything():
+    arguments = {"coordinator_address": "a:1", "heartbeat_timeout_seconds": 30}
+    assert frameworks.accepted_arguments(lambda **kwargs: None, arguments) == (arguments, [])
+    assert frameworks.accepted_arguments(print, {"sep": " "}) == ({"sep": " "}, [])  # a builtin's is readable
+    unreadable = types.SimpleNamespace(__call__=None)
+    assert frameworks.accepted_arguments(unreadable, arguments) == (arguments, [])
