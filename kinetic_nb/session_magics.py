@@ -53,7 +53,8 @@ def start_session(args: Any, backend_options: Mapping[str, Any], env: Mapping[st
                                  backend_options=backend_options)
     except ValueError as error:
         raise UsageError(str(error)) from None
-    return session  # shown as the cell's value: hosts, states, uptime, cells run, the idle countdown
+    print(session.summary())  # the session panel: hosts, states, uptime, cells run, the idle countdown
+    return session
 
 
 def check_cell_fits_session(session: Session, args: Any, backend_options: Mapping[str, Any],

@@ -70,6 +70,8 @@ class Session:
         self.echo = echo
         self.cells_run = 0
         self._last_seq = 0
+        #: Per host, the next log chunk a cell reads from (cells follow each other; a fresh attach lists once).
+        self.next_chunk = [_chunks_so_far(job.storage, index) for index in range(job.plan.hosts)]
         self._lock = threading.Lock()
 
     @property
@@ -126,9 +128,6 @@ class Session:
             lines.append(f"{host.index:>5}{'*' if host.is_leader else ' '}  {host.state:<9}  {host.last_line[:100]}")
         return "\n".join(lines)
 
-    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
-        printer.text(repr(self) if cycle else self.summary())
-
     # -- cells ---------------------------------------------------------------------------
 
     def run(self, source: str, *, out: Iterable[str] = (), namespace: Mapping[str, Any] | None = None,
@@ -183,6 +182,12 @@ class Session:
         """Stop this session and start a fresh one of the same shape (fresh state)."""
         self.stop("stopped for a restart")
         return _start_from(self.job, echo=self.echo)
+
+
+def _chunks_so_far(storage: Storage, index: int) -> int:
+    names = [info.name for info in storage.list(protocol.host_log_prefix(index))]
+    parsed = [protocol.parse_host_object(name) for name in names]
+    return max((seq for item in parsed if item is not None for seq in [item[2]] if seq is not None), default=-1) + 1
 
 
 # -- starting, finding ---------------------------------------------------------------------------

@@ -132,9 +132,14 @@ class HostRun:
         self.outcome_storage = storage
         self.outcome_key = key
         self.failure_line = ""
+        #: Phases entered without a status write: a session's cell spends milliseconds in them, and
+        #: each write is a storage request on every host.
+        self.unrecorded_phases: frozenset[Phase] = frozenset()
 
     def _enter(self, phase: Phase, state: HostState | None = None) -> None:
         self.phase = phase
+        if phase in self.unrecorded_phases:
+            return  # known to this host (a failure names it), not worth a status write
         self.status.update(state=state, phase=phase)
 
     def run(self) -> int:

@@ -67,6 +67,9 @@ class HostRun(Protocol):
 FIRST_LOOK_S = 0.001
 MAX_LOOK_LOCAL_S = 0.02
 MAX_LOOK_REMOTE_S = 1.0
+#: For this long after a cell the next one is looked for at least this often.
+BUSY_S = 1.0
+BUSY_LOOK_S = 0.002
 #: Keys of a cell's payload that only sessions use.
 CELL_SEQ = "seq"
 CELL_FRAMEWORK = "framework"
@@ -105,6 +108,7 @@ class SessionLoop:
             frameworks.initialize(self.plan, run.host_index)
             self.initialized = True
         run.status.update(state=HostState.IDLE, phase=Phase.TEARDOWN, cell=0, names=held_names(self.namespace))
+        run.unrecorded_phases = frozenset({Phase.START_BARRIER, Phase.RESULT_SERIALIZATION, Phase.RESULT_UPLOAD})
         signal.signal(signal.SIGINT, self._note_interrupt)  # an interrupt reaches a cell, never the loop
         seq = 1
         while self._wait_for(seq):
@@ -113,16 +117,21 @@ class SessionLoop:
         return protocol.EXIT_OK
 
     def _wait_for(self, seq: int) -> bool:
-        """Wait for cell ``seq``'s payload; False once the session is stopped."""
+        """Wait for cell ``seq``'s payload; False once the session is stopped.
+
+        Right after a cell the next one often follows at once (a loop, a
+        script): the first second looks every few milliseconds, then less often.
+        """
         payload = f"{protocol.cell_dir(seq)}/{protocol.PAYLOAD}"
-        pause = FIRST_LOOK_S
+        pause, busy_until = FIRST_LOOK_S, time.monotonic() + BUSY_S
         while True:
             if self.storage.exists(payload):
                 return True
             if self.storage.exists(protocol.CANCEL):
                 return False
             time.sleep(pause)
-            pause = min(pause * 1.5, self._max_look)
+            cap = BUSY_LOOK_S if time.monotonic() < busy_until else self._max_look
+            pause = min(pause * 1.5, cap)
 
     def _run_cell(self, seq: int) -> None:
         run = self.run
@@ -200,6 +209,9 @@ class SessionLoop:
                     cell_storage.write_bytes(protocol.LEADER_READY, LeaderReady(True).to_json())
                     return
             else:
+                # The leader's outcome existing while its verdict did not, a moment ago: either it failed to
+                # load the cell, or it said go and ran a quick cell meanwhile. Its verdict, read after, tells.
+                leader_done = cell_storage.exists(protocol.RESULT)
                 try:
                     verdict = LeaderReady.from_json(cell_storage.read_bytes(protocol.LEADER_READY))
                 except ObjectNotFoundError:
@@ -208,7 +220,7 @@ class SessionLoop:
                     if verdict.go:
                         return
                     raise HostStoppedError(protocol.stopped_message(verdict.failed_host, verdict.failed_phase))
-                if cell_storage.exists(protocol.RESULT):  # the leader failed to load the cell
+                if leader_done:  # an outcome and no verdict: the leader failed before the barrier
                     raise HostStoppedError(protocol.stopped_message(protocol.LEADER_INDEX, Phase.PAYLOAD_LOAD.value))
             time.sleep(pause)
             pause = min(pause * 1.5, self._max_look)
