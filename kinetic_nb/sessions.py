@@ -69,6 +69,7 @@ class Session:
         self.job = job
         self.echo = echo
         self.cells_run = 0
+        self._ended_hosts = False
         self._last_seq = 0
         #: Per host, the next log chunk a cell reads from (cells follow each other; a fresh attach lists once).
         self.next_chunk = [_chunks_so_far(job.storage, index) for index in range(job.plan.hosts)]
@@ -92,12 +93,17 @@ class Session:
     # -- state ---------------------------------------------------------------------------
 
     def ended(self) -> str | None:
-        """Why the session ended, or None while it is up."""
+        """Why the session ended, or None while it is up.
+
+        Asked on every poll of a cell, so it looks at a few objects by name
+        (the stop request, then each host's exit record), never a listing.
+        """
         try:
             return CancelRequest.from_json(self.storage.read_bytes(protocol.CANCEL)).reason
         except ObjectNotFoundError:
             pass
-        if self.job.status().done:
+        if self._ended_hosts or any(self.storage.exists(protocol.host_exit(i)) for i in range(self.plan.hosts)):
+            self._ended_hosts = True
             return "its hosts have ended"
         return None
 
