@@ -241,7 +241,8 @@ class LogChunkWriter:
                 text, self._held[stream] = (self._redactor.text(text), "") if final else self._redactor.split_safe(text)
             segments.append((stream, self._screens[stream].rewrite(text)))
         segments = [(stream, text) for stream, text in segments if text]
-        if not segments and not cell_end:
+        # A cell's end is written even when empty for the leader, whose output a cell waits for.
+        if not segments and not (cell_end and self._host_index == protocol.LEADER_INDEX):
             return
         name = protocol.host_log_chunk(self._host_index, self._seq)
         try:

@@ -139,7 +139,9 @@ class SessionLoop:
         run.outcome_storage, run.outcome_key = cell_storage, cell_key(run.key, seq)
         run._failure_reported = False
         run.phase = Phase.PAYLOAD_LOAD
-        run.status.update(state=HostState.RUNNING, phase=Phase.PAYLOAD_LOAD, cell=seq, cell_failed=False)
+        # Remembered, written with the next change (the cell's start, or its failure): a write less per cell.
+        run.status.update(state=HostState.RUNNING, phase=Phase.PAYLOAD_LOAD, cell=seq, cell_failed=False,
+                          record=False)
         try:
             cell = envelope.load_sealed(cell_storage, protocol.PAYLOAD, run.outcome_key)
             run.filename = cell[protocol.CELL_FILENAME]

@@ -48,7 +48,7 @@ class StatusReporter:
 
     def update(
         self, *, state: HostState | None = None, phase: Phase | None = None, message: str = "", traceback: str = "",
-        **session: Any,
+        record: bool = True, **session: Any,
     ) -> None:
         """Record a change of state or phase; ``session`` sets a session host's ``cell``, ``cell_failed``, ``names``."""
         with self._lock:
@@ -68,7 +68,8 @@ class StatusReporter:
                 history=history,
                 **session,
             )
-        self._write_status()
+        if record:  # False: remembered, and written with the next change
+            self._write_status()
 
     def stop(self) -> None:
         self._stop.set()
