@@ -102,6 +102,17 @@ def wait_as_leader(storage: Storage, plan: JobPlan) -> None:
     )
 
 
+def leader_said_go(storage: Storage) -> bool:
+    """Whether the leader's verdict in ``storage`` is go (False while there is none); ``HostStoppedError`` if abort."""
+    try:
+        verdict = LeaderReady.from_json(storage.read_bytes(protocol.LEADER_READY))
+    except ObjectNotFoundError:
+        return False
+    if not verdict.go:
+        raise HostStoppedError(protocol.stopped_message(verdict.failed_host, verdict.failed_phase))
+    return True
+
+
 def wait_as_worker(storage: Storage, plan: JobPlan) -> None:
     """Wait for the leader's verdict; raise ``HostStoppedError`` if it says abort.
 
@@ -111,14 +122,8 @@ def wait_as_worker(storage: Storage, plan: JobPlan) -> None:
     watcher = _HostWatcher(storage)
     # The leader gives up after barrier_timeout_s; leave it time to say so.
     for _ in _polls(time.monotonic() + plan.barrier_timeout_s + 30):
-        try:
-            verdict = LeaderReady.from_json(storage.read_bytes(protocol.LEADER_READY))
-        except ObjectNotFoundError:
-            verdict = None
-        if verdict is not None:
-            if verdict.go:
-                return
-            raise HostStoppedError(protocol.stopped_message(verdict.failed_host, verdict.failed_phase))
+        if leader_said_go(storage):
+            return
         watcher.refresh(f"{protocol.HOSTS_DIR}/{protocol.LEADER_INDEX}/")
         if protocol.LEADER_INDEX in watcher.failed:
             raise HostStoppedError(

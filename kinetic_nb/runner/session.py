@@ -33,8 +33,9 @@ from typing import Any, Protocol
 
 import cloudpickle
 
-from kinetic_nb.errors import HostStoppedError, KineticTimeoutError, ObjectNotFoundError
+from kinetic_nb.errors import HostStoppedError, KineticTimeoutError
 from kinetic_nb.runner import envelope, frameworks, protocol
+from kinetic_nb.runner.barrier import leader_said_go
 from kinetic_nb.runner.cell import execute_cell
 from kinetic_nb.runner.protocol import FirstFailure, HostState, LeaderReady, Phase
 from kinetic_nb.storage import Storage
@@ -214,14 +215,8 @@ class SessionLoop:
                 # The leader's outcome existing while its verdict did not, a moment ago: either it failed to
                 # load the cell, or it said go and ran a quick cell meanwhile. Its verdict, read after, tells.
                 leader_done = cell_storage.exists(protocol.RESULT)
-                try:
-                    verdict = LeaderReady.from_json(cell_storage.read_bytes(protocol.LEADER_READY))
-                except ObjectNotFoundError:
-                    verdict = None
-                if verdict is not None:
-                    if verdict.go:
-                        return
-                    raise HostStoppedError(protocol.stopped_message(verdict.failed_host, verdict.failed_phase))
+                if leader_said_go(cell_storage):
+                    return
                 if leader_done:  # an outcome and no verdict: the leader failed before the barrier
                     raise HostStoppedError(protocol.stopped_message(protocol.LEADER_INDEX, Phase.PAYLOAD_LOAD.value))
             time.sleep(pause)
