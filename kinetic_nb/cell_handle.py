@@ -158,6 +158,9 @@ class CellHandle:
             failed = status.cell == self.seq and status.cell_failed
             stopped = failed and status.message.split(":", 1)[0].endswith("HostStoppedError")
             state = (HostState.STOPPED if stopped else HostState.FAILED if failed else HostState.SUCCEEDED).value
+        elif status.state in (HostState.FAILED.value, HostState.STOPPED.value):
+            # Its failure counts once it is back to idle: by then its failure payload is stored.
+            state = HostState.RUNNING.value
         else:
             state = status.state
         current = status is not None and status.cell == self.seq

@@ -41,6 +41,7 @@ from kinetic_nb.runner import protocol
 from kinetic_nb.runner.envelope import read_sealed, write_sealed
 from kinetic_nb.runner.protocol import CancelRequest, HostState, HostStatus, JobPlan
 from kinetic_nb.runner.session import CELL_FRAMEWORK, cell_key
+from kinetic_nb.runner.wakeup import wake, wakeup_path
 from kinetic_nb.storage import Storage, default_root, open_storage
 
 logger = logging.getLogger(__name__)
@@ -174,6 +175,9 @@ class Session:
                     seq += 1
             self._last_seq = seq
             self.cells_run += 1
+        if self.storage.local_path() is not None:  # the hosts are on this machine: wake them now
+            for index in range(self.plan.hosts):
+                wake(wakeup_path(self.session_id, index))
         self.storage.write_json(protocol.cell_control(seq, "submitted"), {"at": time.time()})
         return seq
 

@@ -6,6 +6,7 @@ Time bounds here are hang guards; the figures are in benchmarks/session_roundtri
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -191,3 +192,21 @@ def test_cells_from_two_kernels_run_one_at_a_time_in_the_order_accepted(session)
     assert second.seq == first.seq + 1  # the session numbered them as it accepted them
     assert second.result() == ["first", "second"]
     first.result()
+
+
+def test_a_local_session_wakes_its_hosts_through_sockets_only_this_user_reaches():
+    import stat
+
+    from kinetic_nb.runner.wakeup import wakeup_path
+
+    started = kinetic_nb.start(hosts=2, framework="none", idle_timeout=600, echo=False)
+    paths = [wakeup_path(started.session_id, index) for index in range(2)]
+    try:
+        assert started.run("'woken'").result() == "woken"
+        modes = [os.stat(path) for path in paths]
+        assert all(stat.S_ISSOCK(mode.st_mode) and stat.S_IMODE(mode.st_mode) == 0o600 for mode in modes)
+        assert stat.S_IMODE(os.stat(os.path.dirname(paths[0])).st_mode) == 0o700
+    finally:
+        started.stop()
+    started.job.wait(timeout=HANG_GUARD_S)
+    assert not any(os.path.exists(path) for path in paths)  # gone with their hosts

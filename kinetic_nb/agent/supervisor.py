@@ -24,6 +24,7 @@ Host-safe: the standard library, the runner and storage only.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import errno
 import logging
@@ -46,6 +47,7 @@ from kinetic_nb.runner.logs import LogChunkWriter
 from kinetic_nb.runner.protocol import CancelRequest, ExitSummary, FirstFailure, HostState, HostStatus, JobPlan
 from kinetic_nb.runner.redact import Redactor
 from kinetic_nb.runner.stacks import STACKS_FILE_ENV, STACKS_SIGNAL
+from kinetic_nb.runner.wakeup import wakeup_path
 from kinetic_nb.storage import Storage
 
 logger = logging.getLogger(__name__)
@@ -297,6 +299,9 @@ class Agent:
             stderr_tail=tuple(self.redactor.text(line) for line in host.stderr_lines()),
             storage_error=self.storage_error,
         )
+        if self.plan.session:  # a session host's wakeup socket goes with it, however it ended
+            with contextlib.suppress(OSError):
+                os.unlink(wakeup_path(self.plan.job_id, host.index))
         if summary.failed:
             self._report_first_failure(host.index, summary)
         if not any(other.alive for other in self.hosts.values()):

@@ -38,6 +38,7 @@ from kinetic_nb.runner import envelope, frameworks, protocol
 from kinetic_nb.runner.barrier import leader_said_go
 from kinetic_nb.runner.cell import execute_cell
 from kinetic_nb.runner.protocol import FirstFailure, HostState, LeaderReady, Phase
+from kinetic_nb.runner.wakeup import open_wakeup, wake, wakeup_path
 from kinetic_nb.storage import Storage
 
 
@@ -100,6 +101,14 @@ class SessionLoop:
         #: entered the cell): the cell checks, on entering, whether the interrupt was meant for it.
         self._interrupt_pending = False
         self._max_look = MAX_LOOK_LOCAL_S if self.storage.local_path() else MAX_LOOK_REMOTE_S
+        #: On a local disk the notebook (and the cell's leader) wake this host at once through a socket.
+        self.wakeup = open_wakeup(self.plan.job_id, run.host_index) if self.storage.local_path() else None
+
+    def _sleep(self, seconds: float) -> None:
+        if self.wakeup is not None:
+            self.wakeup.sleep(seconds)
+        else:
+            time.sleep(seconds)
 
     def serve(self) -> int:
         """Initialize the framework (unless the first cell that imports it will), then run cells until stopped."""
@@ -112,9 +121,13 @@ class SessionLoop:
         run.unrecorded_phases = frozenset({Phase.START_BARRIER, Phase.RESULT_SERIALIZATION, Phase.RESULT_UPLOAD})
         signal.signal(signal.SIGINT, self._note_interrupt)  # an interrupt reaches a cell, never the loop
         seq = 1
-        while self._wait_for(seq):
-            self._run_cell(seq)
-            seq += 1
+        try:
+            while self._wait_for(seq):
+                self._run_cell(seq)
+                seq += 1
+        finally:
+            if self.wakeup is not None:
+                self.wakeup.close()
         return protocol.EXIT_OK
 
     def _wait_for(self, seq: int) -> bool:
@@ -130,7 +143,7 @@ class SessionLoop:
                 return True
             if self.storage.exists(protocol.CANCEL):
                 return False
-            time.sleep(pause)
+            self._sleep(pause)
             cap = BUSY_LOOK_S if time.monotonic() < busy_until else self._max_look
             pause = min(pause * 1.5, cap)
 
@@ -198,6 +211,8 @@ class SessionLoop:
         """The cell's coordinated start: every host has loaded it, or nobody runs it."""
         run = self.run
         cell_storage.write_bytes(protocol.cell_ready(run.host_index), b"")
+        if not run.is_leader and self.wakeup is not None:
+            wake(wakeup_path(self.plan.job_id, protocol.LEADER_INDEX))
         deadline = time.monotonic() + self.plan.barrier_timeout_s
         pause = FIRST_LOOK_S
         while time.monotonic() < deadline:
@@ -210,6 +225,9 @@ class SessionLoop:
                     raise HostStoppedError(protocol.stopped_message(failed[0], Phase.PAYLOAD_LOAD.value))
                 if all(protocol.cell_ready(i) in names for i in range(self.plan.hosts)):
                     cell_storage.write_bytes(protocol.LEADER_READY, LeaderReady(True).to_json())
+                    if self.wakeup is not None:
+                        for index in range(1, self.plan.hosts):
+                            wake(wakeup_path(self.plan.job_id, index))
                     return
             else:
                 # The leader's outcome existing while its verdict did not, a moment ago: either it failed to
@@ -219,7 +237,7 @@ class SessionLoop:
                     return
                 if leader_done:  # an outcome and no verdict: the leader failed before the barrier
                     raise HostStoppedError(protocol.stopped_message(protocol.LEADER_INDEX, Phase.PAYLOAD_LOAD.value))
-            time.sleep(pause)
+            self._sleep(pause)
             pause = min(pause * 1.5, self._max_look)
         raise KineticTimeoutError(f"cell barrier: not every host loaded the cell within {self.plan.barrier_timeout_s:g} s")
 
