@@ -32,6 +32,8 @@ class Session(Protocol):
     session_id: str
     #: Per host, the number of the next log chunk it will write (what cells read from, on a local disk).
     next_chunk: list[int]
+    #: Where the hosts wake this notebook when they are back to idle (a local disk), else None.
+    wakeup: Any
 
     def ended(self) -> str | None: ...
 
@@ -278,7 +280,10 @@ class CellHandle:
                 if deadline is not None and now > deadline:
                     raise KineticTimeoutError(f"cell {self.seq} of session {self.session.session_id} has not "
                                               f"finished after {timeout:g} s; it goes on")
-                time.sleep(pause)
+                if self.session.wakeup is not None:  # the hosts wake it when they are back to idle
+                    self.session.wakeup.sleep(pause)
+                else:
+                    time.sleep(pause)
                 pause = min(pause * POLL_GROWTH, MAX_POLL_S)
         except KeyboardInterrupt as interrupt:
             interrupt.add_note(self._interrupt_and_report())

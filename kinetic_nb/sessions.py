@@ -16,6 +16,7 @@ and ``attach_session()`` work from any kernel of the same user.
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import sys
@@ -41,7 +42,7 @@ from kinetic_nb.runner import protocol
 from kinetic_nb.runner.envelope import read_sealed, write_sealed
 from kinetic_nb.runner.protocol import CancelRequest, HostState, HostStatus, JobPlan
 from kinetic_nb.runner.session import CELL_FRAMEWORK, cell_key
-from kinetic_nb.runner.wakeup import wake, wakeup_path
+from kinetic_nb.runner.wakeup import Wakeup, client_wakeup_path, wake, wakeup_path
 from kinetic_nb.storage import Storage, default_root, open_storage
 
 logger = logging.getLogger(__name__)
@@ -72,6 +73,9 @@ class Session:
         self.cells_run = 0
         self._ended_hosts = False
         self._last_seq = 0
+        #: On a local disk the hosts wake this notebook when they are back to idle (see ``runner.wakeup``);
+        #: made with the first cell this notebook runs.
+        self.wakeup: Wakeup | None = None
         #: Per host, the next log chunk a cell reads from (cells follow each other; a fresh attach lists once).
         self.next_chunk = [_chunks_so_far(job.storage, index) for index in range(job.plan.hosts)]
         self._lock = threading.Lock()
@@ -156,6 +160,8 @@ class Session:
         if self.plan.framework == "auto":  # initialized on the hosts by the first cell that imports one
             payload = prepare_cell(source, namespace or {}, filename=f"<{cell_name}>", out=out, held=held,
                                    extra={CELL_FRAMEWORK: choose_framework("auto", payload.modules)})
+        if self.wakeup is None and self.storage.local_path() is not None:
+            self.wakeup = _client_wakeup(self.job)
         seq = self._submit(payload.data)
         printer = print_to_stdout if echo is True else (echo or self.echo)
         return CellHandle(self, seq, timeout=timeout, echo=printer)
@@ -187,11 +193,23 @@ class Session:
         """Stop every host; the session's records stay (``gc`` removes them)."""
         if self.ended() is None:
             self.job.cancel(f"the session was {reason}" if reason.startswith("stopped") else reason)
+        if self.wakeup is not None:
+            self.wakeup.close()
+            self.wakeup = None
 
     def restart(self) -> Session:
         """Stop this session and start a fresh one of the same shape (fresh state)."""
         self.stop("stopped for a restart")
         return _start_from(self.job, echo=self.echo)
+
+
+def _client_wakeup(job: JobHandle) -> Wakeup | None:
+    try:
+        wakeup = Wakeup(client_wakeup_path(job.job_id))
+    except OSError:
+        return None
+    atexit.register(wakeup.close)
+    return wakeup
 
 
 def _chunks_so_far(storage: Storage, index: int) -> int:

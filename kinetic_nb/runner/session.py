@@ -38,7 +38,7 @@ from kinetic_nb.runner import envelope, frameworks, protocol
 from kinetic_nb.runner.barrier import leader_said_go
 from kinetic_nb.runner.cell import execute_cell
 from kinetic_nb.runner.protocol import FirstFailure, HostState, LeaderReady, Phase
-from kinetic_nb.runner.wakeup import open_wakeup, wake, wakeup_path
+from kinetic_nb.runner.wakeup import open_wakeup, wake, wake_clients, wakeup_path
 from kinetic_nb.storage import Storage
 
 
@@ -195,6 +195,8 @@ class SessionLoop:
         print(protocol.CELL_END_MARK.format(seq=seq), end="", flush=True)  # the agent stores the cell's output now
         run.status.update(state=HostState.IDLE, phase=Phase.TEARDOWN, cell=seq, cell_failed=failed,
                           names=held_names(self.namespace), message=run.failure_line if failed else "")
+        if self.wakeup is not None:  # the notebooks waiting on this cell look now
+            wake_clients(self.plan.job_id)
 
     def _note_interrupt(self, signum: int, frame: Any) -> None:
         self._interrupt_pending = True

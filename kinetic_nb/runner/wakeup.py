@@ -22,6 +22,21 @@ def wakeup_path(session_id: str, host_index: int) -> str:
     return str(user_directory("agents") / f"{session_id}-{host_index}.sock")
 
 
+def client_wakeup_path(session_id: str) -> str:
+    """A notebook's own socket for a session: its hosts wake it when they are back to idle."""
+    return str(user_directory("agents") / f"{session_id}-client-{os.getpid()}.sock")
+
+
+def wake_clients(session_id: str) -> None:
+    """Wake every notebook waiting on a cell of ``session_id`` (one look at this user's agents directory)."""
+    directory = user_directory("agents")
+    prefix = f"{session_id}-client-"
+    with contextlib.suppress(OSError):
+        for name in os.listdir(directory):
+            if name.startswith(prefix) and name.endswith(".sock"):
+                wake(str(directory / name))
+
+
 def wake(path: str) -> None:
     """Wake whoever sleeps on ``path``; nobody there is fine."""
     with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender:
