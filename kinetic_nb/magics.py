@@ -91,7 +91,7 @@ _LINE_PARSERS = {
     "start": session_start_parser(_parser),
     "stop": _parser("%kinetic stop"),
     "restart": _parser("%kinetic restart"),
-    "sessions": _parser("%kinetic sessions"),
+    "sessions": _parser("%kinetic sessions", (("-n", "--limit"), dict(type=int, default=20, help="How many."))),
     "gc": _parser("%kinetic gc", (("--older-than",), dict(required=True, metavar="DURATION",
                                                           help="e.g. 7d, 12h, 30m"))),
 }
@@ -312,10 +312,11 @@ class KineticMagics(Magics):
         if self.session is None:
             raise UsageError("this notebook is on no session (%kinetic start starts one)")
         self.session = self.session.restart()
+        print(self.session.summary())
         return self.session
 
     def _line_sessions(self, args: Any) -> None:
-        found = sessions_of(args.storage)
+        found = sessions_of(args.storage, args.limit)
         if not found:
             print("no kinetic sessions yet")
         for record in found:

@@ -88,5 +88,5 @@ def check_cell_fits_session(session: Session, args: Any, backend_options: Mappin
                          "%%kinetic --once runs a one-shot job beside it")
 
 
-def sessions_of(storage: str | None) -> list[dict[str, Any]]:
-    return sessions.sessions(storage=storage)
+def sessions_of(storage: str | None, limit: int = 20) -> list[dict[str, Any]]:
+    return sessions.sessions(storage=storage, limit=limit)

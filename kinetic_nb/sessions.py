@@ -151,7 +151,8 @@ class Session:
         """
         ended = self.ended()
         if ended is not None:
-            raise SessionEndedError(f"session {self.session_id} has ended ({ended}); restart() starts it again")
+            raise SessionEndedError(f"session {self.session_id} has ended ({ended}): restart it (%kinetic restart, "
+                                    "or session.restart())")
         if timeout is not None and not (timeout > 0 and timeout != float("inf")):
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout}")
         out = list(out)
@@ -192,7 +193,7 @@ class Session:
     def stop(self, reason: str = "stopped by the user") -> None:
         """Stop every host; the session's records stay (``gc`` removes them)."""
         if self.ended() is None:
-            self.job.cancel(f"the session was {reason}" if reason.startswith("stopped") else reason)
+            self.job.cancel(reason)
         if self.wakeup is not None:
             self.wakeup.close()
             self.wakeup = None
@@ -322,13 +323,15 @@ def attach_session(session_id: str, *, storage: str | None = None, echo: Any = T
     return session
 
 
-def sessions(*, storage: str | None = None) -> list[dict[str, Any]]:
-    """This user's sessions under ``storage``, newest first: id, hosts, accelerator, state."""
+def sessions(*, storage: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
+    """This user's ``limit`` most recent sessions under ``storage``, newest first: id, hosts, accelerator, state."""
     root = _root(storage)
     ids = sorted({info.name.split("/", 1)[0] for info in root.list() if info.name.endswith("/" + protocol.HANDLE)},
                  reverse=True)
     found = []
     for session_id in ids:
+        if len(found) >= limit:
+            break
         try:
             session = attach_session(session_id, storage=storage, echo=False)
         except (IntegrityError, ObjectNotFoundError):

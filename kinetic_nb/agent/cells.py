@@ -108,6 +108,6 @@ class CellWatch:
     def end_session(self, why: str) -> None:
         print(f"kinetic agent: the session ended: {why}", file=sys.stderr, flush=True)
         self.agent.cancelled = True
-        request = CancelRequest(reason=f"the session ended: {why}", at=time.time())
+        request = CancelRequest(reason=why, at=time.time())
         self.agent.write_record(protocol.CANCEL, request.to_json(), exclusive=True)
         self.agent.stop_all()
