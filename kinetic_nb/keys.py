@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 from kinetic_nb.errors import KineticError
-from kinetic_nb.runner.envelope import KEY_BYTES, new_key
+from kinetic_nb.runner.envelope import KEY_BYTES, new_key, parse_key
 from kinetic_nb.storage.defaults import user_directory
 
 __all__ = ["create_key", "delete_key", "key_path", "load_key", "read_key_file"]
@@ -38,11 +38,8 @@ def read_key_file(path: str | os.PathLike) -> bytes:
         text = Path(path).read_text().strip()
     except OSError as error:
         raise KineticError(f"cannot read the key file {path}: {error.strerror or error}") from None
-    try:
-        key = bytes.fromhex(text)
-    except ValueError:
-        raise KineticError(f"{path} holds no kinetic_nb key (expected {KEY_BYTES * 2} hex digits)") from None
-    if len(key) != KEY_BYTES:
+    key = parse_key(text)
+    if key is None:
         raise KineticError(f"{path} holds no kinetic_nb key (expected {KEY_BYTES * 2} hex digits)")
     return key
 

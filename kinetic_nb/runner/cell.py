@@ -17,10 +17,12 @@ import linecache
 import tokenize
 from typing import Any
 
-from kinetic_nb.errors import HostExitError
-from kinetic_nb.runner import display
+import cloudpickle
 
-__all__ = ["ends_with_semicolon", "execute_cell", "run_cell"]
+from kinetic_nb.errors import HostExitError
+from kinetic_nb.runner import display, protocol
+
+__all__ = ["ends_with_semicolon", "execute_cell", "load_notebook_values", "run_cell"]
 
 #: Tokens that end a cell without being part of its last statement.
 _TRAILING_TOKENS = frozenset({tokenize.NEWLINE, tokenize.NL, tokenize.COMMENT, tokenize.ENDMARKER,
@@ -102,3 +104,15 @@ def execute_cell(source: str, filename: str, namespace: dict[str, Any], *, host_
             raise error.with_traceback(exit_.__traceback__) from None
     display.show_open_figures(value)
     return value
+
+
+def load_notebook_values(cell: dict[str, Any], host_index: int) -> dict[str, Any]:
+    """The notebook values a cell's payload ships, unpickled one by one (a failure names the variable)."""
+    values = {}
+    for name, pickled in cell[protocol.CELL_NAMESPACE].items():
+        try:
+            values[name] = cloudpickle.loads(pickled)
+        except Exception as error:
+            error.add_note(f"while loading the notebook variable {name!r} on host {host_index}")
+            raise
+    return values

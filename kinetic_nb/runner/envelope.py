@@ -72,13 +72,19 @@ def key_from_environment(environ: dict[str, str] | os._Environ = os.environ, *, 
     raw = environ.pop(KEY_ENV, None) if remove else environ.get(KEY_ENV)
     if not raw:
         return None
-    try:
-        key = bytes.fromhex(raw)
-    except ValueError:
-        raise IntegrityError(f"{KEY_ENV} is not a hex key") from None
-    if len(key) != KEY_BYTES:
-        raise IntegrityError(f"{KEY_ENV} holds {len(key)} bytes, not {KEY_BYTES}")
+    key = parse_key(raw)
+    if key is None:
+        raise IntegrityError(f"{KEY_ENV} is not a kinetic_nb key ({KEY_BYTES * 2} hex digits)")
     return key
+
+
+def parse_key(text: str) -> bytes | None:
+    """A key from its hex form (as the environment and key files hold it), or None if ``text`` is not one."""
+    try:
+        key = bytes.fromhex(text.strip())
+    except ValueError:
+        return None
+    return key if len(key) == KEY_BYTES else None
 
 
 class _BlockMac:

@@ -22,7 +22,7 @@ import cloudpickle
 
 from kinetic_nb.errors import HostStoppedError, PlanError, RemoteHostError, ResultSerializationError
 from kinetic_nb.runner import barrier, envelope, frameworks, protocol
-from kinetic_nb.runner.cell import execute_cell, run_cell
+from kinetic_nb.runner.cell import execute_cell, load_notebook_values, run_cell
 from kinetic_nb.runner.envelope import KEY_ENV, key_from_environment
 from kinetic_nb.runner.hostenv import HOST_INDEX_VARIABLES, resolve_host_index
 from kinetic_nb.runner.protocol import HostState, JobPlan, Phase, ResultPayload
@@ -208,12 +208,7 @@ class HostRun:
         cell = envelope.load_sealed(self.storage, protocol.PAYLOAD, self.key)  # verified before it is unpickled
         self.filename = cell[protocol.CELL_FILENAME]
         namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
-        for name, pickled in cell[protocol.CELL_NAMESPACE].items():
-            try:
-                namespace[name] = cloudpickle.loads(pickled)
-            except Exception as error:
-                error.add_note(f"while loading the notebook variable {name!r} on host {self.host_index}")
-                raise
+        namespace.update(load_notebook_values(cell, self.host_index))
         cell[protocol.CELL_NAMESPACE] = namespace
         return cell
 

@@ -31,12 +31,10 @@ import time
 from collections.abc import Iterator
 from typing import Any, Protocol
 
-import cloudpickle
-
 from kinetic_nb.errors import HostStoppedError, KineticTimeoutError
 from kinetic_nb.runner import envelope, frameworks, protocol
 from kinetic_nb.runner.barrier import leader_said_go
-from kinetic_nb.runner.cell import execute_cell
+from kinetic_nb.runner.cell import execute_cell, load_notebook_values
 from kinetic_nb.runner.protocol import FirstFailure, HostState, LeaderReady, Phase
 from kinetic_nb.runner.wakeup import open_wakeup, wake, wake_clients, wakeup_path
 from kinetic_nb.storage import Storage
@@ -159,13 +157,7 @@ class SessionLoop:
         try:
             cell = envelope.load_sealed(cell_storage, protocol.PAYLOAD, run.outcome_key)
             run.filename = cell[protocol.CELL_FILENAME]
-            values = {}
-            for name, pickled in cell[protocol.CELL_NAMESPACE].items():
-                try:
-                    values[name] = cloudpickle.loads(pickled)
-                except Exception as error:
-                    error.add_note(f"while loading the notebook variable {name!r} on host {run.host_index}")
-                    raise
+            values = load_notebook_values(cell, run.host_index)
             run._enter(Phase.START_BARRIER, HostState.READY)
             self._barrier(cell_storage)
             self.namespace.update(values)

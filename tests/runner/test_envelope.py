@@ -44,8 +44,9 @@ def test_the_key_travels_as_hex_and_leaves_the_environment():
     environ = {envelope.KEY_ENV: KEY.hex(), "OTHER": "1"}
     assert envelope.key_from_environment(environ) == KEY
     assert envelope.KEY_ENV not in environ
-    with pytest.raises(IntegrityError, match="not a hex key"):
-        envelope.key_from_environment({envelope.KEY_ENV: "zz"})
+    for bad in ("zz", KEY.hex()[:-2]):  # not hex; hex but a byte short
+        with pytest.raises(IntegrityError, match="is not a kinetic_nb key"):
+            envelope.key_from_environment({envelope.KEY_ENV: bad})
 
 
 @pytest.mark.parametrize("chunk", [1, 7, envelope.TRAILER_BYTES, envelope.TRAILER_BYTES + 1, 1 << 20])
