@@ -43,6 +43,8 @@ __all__ = ["CellHandle"]
 FIRST_POLL_S = 0.001
 MAX_POLL_S = 0.1
 POLL_GROWTH = 1.5
+#: While no host's end is recorded, whether the session was stopped is looked at no more often than this.
+ENDED_LOOK_S = 0.05
 #: How long a finished cell waits for the leader's output to be stored (the agent writes it at once).
 OUTPUT_WAIT_S = 2.0
 
@@ -69,6 +71,7 @@ class CellHandle:
         self._payload: Any = None
         #: Hosts whose output for this cell is all stored (their agent wrote the cell's last chunk).
         self._output_complete: set[int] = set()
+        self._next_ended_look = 0.0
 
     @property
     def job_id(self) -> str:
@@ -266,7 +269,7 @@ class CellHandle:
         try:
             while True:
                 snapshot = self.snapshot()
-                if snapshot.status.done or (self.session.ended() is not None and self._settled(snapshot)):
+                if snapshot.status.done or (self._session_ended(snapshot) and self._settled(snapshot)):
                     snapshot = self._leader_output_in(snapshot)
                     if on_snapshot is not None:
                         on_snapshot(snapshot)
@@ -297,6 +300,15 @@ class CellHandle:
             time.sleep(0.002)
             snapshot = self.snapshot()
         return snapshot
+
+    def _session_ended(self, snapshot: JobSnapshot) -> bool:
+        """Whether the session has ended: looked at once a host's end is recorded, and otherwise (a stop
+        from another kernel, say) every ENDED_LOOK_S, so that a quick cell's polls stay a few stats."""
+        now = time.monotonic()
+        if not any(host.exit for host in snapshot.hosts) and now < self._next_ended_look:
+            return False
+        self._next_ended_look = now + ENDED_LOOK_S
+        return self.session.ended() is not None
 
     def _settled(self, snapshot: JobSnapshot) -> bool:
         """A session that ended: its hosts' ends are recorded (their agent stops them within the grace)."""

@@ -54,6 +54,8 @@ BLOCK_BYTES = 8 * 1024 * 1024
 _PARALLEL_BYTES = 1 << 20
 #: Blocks being hashed at once while a stream is read or written.
 _IN_FLIGHT = 4
+#: A pickle up to this size is spooled in memory before it is stored; a larger one goes through a temporary file.
+SPOOL_IN_MEMORY_BYTES = 8 * 1024 * 1024
 
 
 def new_key() -> bytes:
@@ -200,8 +202,14 @@ class SealingWriter(io.RawIOBase):
 
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
-        self._mac.update(view)  # hashed on worker threads while the same bytes are written
-        self._file.write(view)
+        start = 0
+        while start < len(view):
+            # Cut at the MAC's block boundaries, so a block is handed over whole (never copied) and is
+            # hashed on a worker thread while this thread writes the same bytes.
+            piece = view[start:start + BLOCK_BYTES - self._mac.length % BLOCK_BYTES]
+            self._mac.update(piece)
+            self._file.write(piece)
+            start += len(piece)
         self._mac.wait()  # the caller may reuse its buffer once write returns
         return len(view)
 
@@ -303,14 +311,20 @@ def read_sealed(storage: Storage, name: str, key: bytes) -> bytes:
     return unseal(key, name, storage.read_bytes(name), where=f"{storage.uri}/{name}")
 
 
+def spool() -> IO[bytes]:
+    """Where a pickle waits to be stored: memory while it is small (most cells' values), a temporary file
+    once it is not, so a large value is never held twice (the object and its bytes)."""
+    return tempfile.SpooledTemporaryFile(max_size=SPOOL_IN_MEMORY_BYTES)  # type: ignore[return-value]
+
+
 def dump_sealed(storage: Storage, name: str, key: bytes, value: Any, *, exclusive: bool = False) -> None:
-    """Pickle ``value`` into ``name``, MACed in the same pass, streamed through a temporary file."""
-    with tempfile.TemporaryFile() as spool:
-        writer = SealingWriter(spool, key, name)
+    """Pickle ``value`` into ``name``, MACed in the same pass, streamed through :func:`spool`."""
+    with spool() as spool_file:
+        writer = SealingWriter(spool_file, key, name)
         cloudpickle.dump(value, writer)
         writer.finish()
-        spool.seek(0)
-        storage.write_file(name, spool, exclusive=exclusive)
+        spool_file.seek(0)
+        storage.write_file(name, spool_file, exclusive=exclusive)
 
 
 def load_sealed(storage: Storage, name: str, key: bytes) -> Any:

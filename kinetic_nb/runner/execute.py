@@ -14,7 +14,6 @@ import copy
 import logging
 import os
 import sys
-import tempfile
 import traceback
 from typing import Any
 
@@ -219,9 +218,9 @@ class HostRun:
         outputs = {name: namespace[name] for name in out_names if name in namespace}
         payload = ResultPayload(success=True, result=value, outputs=outputs, phase=Phase.EXECUTE.value,
                                 host_index=self.host_index, missing_outputs=missing)
-        # Pickled into a temporary file, signed in the same pass, and streamed
-        # up: a large value is not held twice in memory (the object and its bytes).
-        with tempfile.TemporaryFile() as pickled:
+        # Pickled into a spool, signed in the same pass, and streamed up: a large
+        # value is not held twice in memory (the object and its bytes).
+        with envelope.spool() as pickled:
             sealing = envelope.SealingWriter(pickled, self.outcome_key, protocol.RESULT)
             try:
                 cloudpickle.dump(payload.to_dict(), sealing)

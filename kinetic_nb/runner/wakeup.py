@@ -15,21 +15,22 @@ import os
 import select
 import socket
 
-from kinetic_nb.storage.defaults import user_directory
+from kinetic_nb.storage.defaults import user_directory, user_directory_path
 
 
 def wakeup_path(session_id: str, host_index: int) -> str:
-    return str(user_directory("agents") / f"{session_id}-{host_index}.sock")
+    # Only named here (asked for on every cell); the socket's owner creates the directory when it binds.
+    return str(user_directory_path("agents") / f"{session_id}-{host_index}.sock")
 
 
 def client_wakeup_path(session_id: str) -> str:
     """A notebook's own socket for a session: its hosts wake it when they are back to idle."""
-    return str(user_directory("agents") / f"{session_id}-client-{os.getpid()}.sock")
+    return str(user_directory_path("agents") / f"{session_id}-client-{os.getpid()}.sock")
 
 
 def wake_clients(session_id: str) -> None:
     """Wake every notebook waiting on a cell of ``session_id`` (one look at this user's agents directory)."""
-    directory = user_directory("agents")
+    directory = user_directory_path("agents")
     prefix = f"{session_id}-client-"
     with contextlib.suppress(OSError):
         for name in os.listdir(directory):
@@ -49,6 +50,7 @@ class Wakeup:
 
     def __init__(self, path: str):
         self.path = path
+        user_directory("agents")  # 0700: only this user reaches the socket
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)  # left by a host that was killed
         self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)

@@ -20,10 +20,14 @@ def default_root() -> str:
     return f"file://{user_directory('jobs')}"
 
 
+def user_directory_path(name: str) -> Path:
+    """``~/.cache/kinetic_nb/{name}`` (or under ``$XDG_CACHE_HOME``), not created: where :func:`user_directory` is."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kinetic_nb" / name
+
+
 def user_directory(name: str) -> Path:
     """``~/.cache/kinetic_nb/{name}`` (or under ``$XDG_CACHE_HOME``), created with mode 0700: this user's only."""
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    directory = cache / "kinetic_nb" / name
+    directory = user_directory_path(name)
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     directory.chmod(0o700)
     return directory

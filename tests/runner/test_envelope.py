@@ -56,7 +56,8 @@ def test_streamed_verification_whatever_the_read_sizes(chunk, monkeypatch):
     sealed = envelope.seal(KEY, "result.pkl", body)
     assert envelope.verify_file(KEY, "result.pkl", io.BytesIO(sealed), where="x") == len(body)
     with pytest.raises(IntegrityError):
-        envelope.verify_file(KEY, "result.pkl", io.BytesIO(sealed[:100] + b"!" + sealed[101:]), where="x")
+        envelope.verify_file(KEY, "result.pkl", io.BytesIO(sealed[:100] + bytes([sealed[100] ^ 1]) + sealed[101:]),
+                             where="x")  # one bit flipped: a random body may already hold any byte there
 
 
 class Marker:
@@ -120,3 +121,28 @@ def test_blocks_are_bound_in_order_and_by_length():
     for forged in (swapped, truncated, flipped):
         with pytest.raises(IntegrityError):
             envelope.unseal(KEY, "result.pkl", forged + sealed[-envelope.TRAILER_BYTES:], where="x")
+
+
+@pytest.mark.parametrize("pieces", [[3, 2 * envelope.BLOCK_BYTES + 5, 7], [envelope.BLOCK_BYTES - 1, 2, 1],
+                                    [envelope.BLOCK_BYTES, envelope.BLOCK_BYTES + 1]])
+def test_a_writer_signs_what_it_wrote_whatever_the_write_sizes(pieces):
+    body = os.urandom(sum(pieces))
+    written = io.BytesIO()
+    writer = envelope.SealingWriter(written, KEY, "result.pkl")
+    offset = 0
+    for size in pieces:  # writes that straddle the MAC's blocks, as a pickle's header and its value do
+        assert writer.write(body[offset:offset + size]) == size
+        offset += size
+    writer.finish()
+    assert written.getvalue() == envelope.seal(KEY, "result.pkl", body)
+
+
+@pytest.mark.parametrize("size", [100, envelope.SPOOL_IN_MEMORY_BYTES + 1])
+def test_a_small_value_is_spooled_in_memory_and_a_large_one_on_disk(tmp_path, size):
+    storage = LocalStorage(str(tmp_path / "job"))
+    value = os.urandom(size)
+    envelope.dump_sealed(storage, "result.pkl", KEY, value)
+    assert envelope.load_sealed(storage, "result.pkl", KEY) == value
+    with envelope.spool() as spool:
+        spool.write(value)
+        assert spool._rolled == (size > envelope.SPOOL_IN_MEMORY_BYTES)
