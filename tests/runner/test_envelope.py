@@ -146,3 +146,16 @@ def test_a_small_value_is_spooled_in_memory_and_a_large_one_on_disk(tmp_path, si
     with envelope.spool() as spool:
         spool.write(value)
         assert spool._rolled == (size > envelope.SPOOL_IN_MEMORY_BYTES)
+
+
+def test_a_local_file_is_verified_block_by_block_in_place(tmp_path):
+    storage = LocalStorage(str(tmp_path / "job"))
+    body = os.urandom(envelope.BLOCK_BYTES * 2 + 12345)  # read and hashed by the worker threads, from the file
+    storage.write_bytes("result.pkl", envelope.seal(KEY, "result.pkl", body))
+    with storage.open_read("result.pkl") as file:
+        assert envelope.verify_file(KEY, "result.pkl", file, where="x") == len(body)
+    flipped = bytearray(body)
+    flipped[envelope.BLOCK_BYTES * 2 + 7] ^= 1  # one bit, in the last block
+    storage.write_bytes("result.pkl", bytes(flipped) + envelope.seal(KEY, "result.pkl", body)[len(body):])
+    with storage.open_read("result.pkl") as file, pytest.raises(IntegrityError, match="failed verification"):
+        envelope.verify_file(KEY, "result.pkl", file, where="x")
