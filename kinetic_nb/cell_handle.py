@@ -297,7 +297,10 @@ class CellHandle:
         deadline = time.monotonic() + OUTPUT_WAIT_S
         while protocol.LEADER_INDEX not in self._output_complete and time.monotonic() < deadline \
                 and snapshot.hosts[protocol.LEADER_INDEX].exit is None:
-            time.sleep(0.002)
+            if self.session.wakeup is not None:  # the agent wakes it once the chunk is stored
+                self.session.wakeup.sleep(0.002)
+            else:
+                time.sleep(0.002)
             snapshot = self.snapshot()
         return snapshot
 

@@ -27,6 +27,7 @@ import collections
 import contextlib
 import dataclasses
 import errno
+import functools
 import logging
 import os
 import selectors
@@ -47,7 +48,7 @@ from kinetic_nb.runner.logs import LogChunkWriter
 from kinetic_nb.runner.protocol import CancelRequest, ExitSummary, FirstFailure, HostState, HostStatus, JobPlan
 from kinetic_nb.runner.redact import Redactor
 from kinetic_nb.runner.stacks import STACKS_FILE_ENV, STACKS_SIGNAL
-from kinetic_nb.runner.wakeup import wakeup_path
+from kinetic_nb.runner.wakeup import wake_clients, wakeup_path
 from kinetic_nb.storage import Storage
 
 logger = logging.getLogger(__name__)
@@ -172,7 +173,12 @@ class Agent:
             os.close(out_write)
             os.close(err_write)
             pipes = {out_read: protocol.STDOUT, err_read: protocol.STDERR}
-            log = LogChunkWriter(self.storage, index, on_error=self._storage_failed, redactor=self.redactor)
+            # A cell waits for its leader's last chunk: a notebook on this machine is woken when it is stored.
+            on_cell_end = (functools.partial(wake_clients, self.plan.job_id)
+                           if self.plan.session and index == protocol.LEADER_INDEX and self.storage.local_path()
+                           else None)
+            log = LogChunkWriter(self.storage, index, on_error=self._storage_failed, redactor=self.redactor,
+                                 on_cell_end=on_cell_end)
             host = self.hosts[index] = _Host(index, pid, pipes, log, stacks_path)
             for fd in pipes:
                 os.set_blocking(fd, False)

@@ -165,10 +165,13 @@ class LogChunkWriter:
     """
 
     def __init__(self, storage: Storage, host_index: int, *,
-                 on_error: Callable[[str, BaseException], None] | None = None, redactor: Redactor | None = None):
+                 on_error: Callable[[str, BaseException], None] | None = None, redactor: Redactor | None = None,
+                 on_cell_end: Callable[[], None] | None = None):
         self._storage = storage
         self._host_index = host_index
         self._on_error = on_error
+        #: Called once a session cell's last chunk is stored (the notebook waiting on the cell looks now).
+        self._on_cell_end = on_cell_end
         #: Secrets never reach storage; a tail that may begin one waits for the next flush.
         self._redactor = redactor or Redactor(())
         self._held = {protocol.STDOUT: "", protocol.STDERR: ""}
@@ -248,6 +251,8 @@ class LogChunkWriter:
         try:
             self._storage.write_bytes(name, protocol.encode_log_chunk(segments, self.cell, end=cell_end))
             self._seq += 1
+            if cell_end and self._on_cell_end is not None:
+                self._on_cell_end()
         except Exception as error:
             logger.warning("could not write %s", name, exc_info=True)
             if self._on_error is not None:
