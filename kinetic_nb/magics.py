@@ -21,7 +21,7 @@ from IPython.core.magic_arguments import (
     magic_arguments,
     parse_argstring,
 )
-from traitlets import Unicode
+from traitlets import Float, Unicode
 
 from kinetic_nb import catalog
 from kinetic_nb.backends import backend_class, backend_names
@@ -121,6 +121,9 @@ class KineticMagics(Magics):
     service_account = Unicode(None, allow_none=True,
                               help="The pods' service account for -b kubernetes "
                                    "(below --service-account and $KINETIC_SERVICE_ACCOUNT).").tag(config=True)
+    pending_timeout_s = Float(None, allow_none=True,
+                              help="Seconds a pod may wait for nodes and its image for -b kubernetes "
+                                   "(below --pending-timeout and $KINETIC_PENDING_TIMEOUT).").tag(config=True)
 
     def _backend_options(self, args: Any) -> dict[str, Any]:
         """The chosen backend's options from its flags, with this magic's ``%config`` values as defaults."""
