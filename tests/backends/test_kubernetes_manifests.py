@@ -73,7 +73,8 @@ CASES = [*SHAPES, "cpu-3-hosts"]
 
 
 def job_plan(case: str, *, settings: KubernetesSettings = SETTINGS, timeout: float | None = None) -> JobPlan:
-    accelerator, hosts = ("cpu", 3) if case == "cpu-3-hosts" else (case, None)
+    # "cpu-N-hosts" is N CPU hosts (-n N); anything else an accelerator's name.
+    accelerator, hosts = ("cpu", int(case.split("-")[1])) if case.startswith("cpu-") else (case, None)
     acc, host_count = resolve_slice(hosts, accelerator)
     backend = KubernetesBackend(settings, api=object())  # no API call: coordinator_address is pure
     return make_plan(job_id=JOB_ID, acc=acc, hosts=host_count, framework="jax",
