@@ -137,7 +137,7 @@ def _status(error: BaseException) -> int | None:
     return getattr(error, "status", None)
 
 
-def _api_message(error: BaseException) -> str:
+def api_message(error: BaseException) -> str:
     """The API server's own message from an ApiException, else the error's text."""
     try:
         return json.loads(getattr(error, "body", None) or "")["message"]
@@ -309,7 +309,7 @@ class KubernetesBackend(Backend):
         try:
             pods = self.pods(plan)
         except Exception as error:  # noqa: BLE001 - polling must survive a flaky API server
-            logger.warning("could not list the pods of %s: %s", plan.job_id, _api_message(error))
+            logger.warning("could not list the pods of %s: %s", plan.job_id, api_message(error))
             return summaries
         plan_info = names.get(protocol.PLAN)
         states = host_states(pods)
@@ -350,7 +350,7 @@ class KubernetesBackend(Backend):
             secret = as_api_dict(self.api.core.read_namespaced_secret(secret_name(job_id), self.settings.namespace,
                                                                       _request_timeout=API_TIMEOUT_S))
         except Exception as error:  # noqa: BLE001 - no key is an answer: the caller says what to do
-            logger.info("no Secret for %s: %s", job_id, _api_message(error))
+            logger.info("no Secret for %s: %s", job_id, api_message(error))
             return None
         encoded = (secret.get("data") or {}).get(KEY_ENV)
         return bytes.fromhex(base64.b64decode(encoded).decode()) if encoded else None
@@ -400,7 +400,7 @@ class KubernetesBackend(Backend):
             events = self.pod_events()
         except Exception as error:  # noqa: BLE001 - the pods' own statuses still say the most
             logger.warning("could not list the pod events of namespace %s: %s", self.settings.namespace,
-                           _api_message(error))
+                           api_message(error))
             events = []
         verdicts = pending_verdicts(states, events, accelerator_kind=resolve_accelerator(plan.accelerator).kind)
         self._verdicts[plan.job_id] = verdicts
@@ -445,8 +445,8 @@ class KubernetesBackend(Backend):
             return (f"the cluster has no LeaderWorkerSet API ({LWS_GROUP}/{LWS_VERSION}): install the "
                     "LeaderWorkerSet controller first (docs/gke.md)")
         if status == 403:
-            return f"not allowed to create {kind} {name} in namespace {namespace}: {_api_message(error)}"
-        return f"could not create {kind} {name} in namespace {namespace}: {_api_message(error)}"
+            return f"not allowed to create {kind} {name} in namespace {namespace}: {api_message(error)}"
+        return f"could not create {kind} {name} in namespace {namespace}: {api_message(error)}"
 
     def _delete(self, job_id: str, propagation: str, *, quiet: bool = False) -> None:
         """Delete the job's root Job: the garbage collector deletes everything it owns, pods included.
@@ -462,7 +462,7 @@ class KubernetesBackend(Backend):
             if _status(error) == 404:
                 self._delete_by_label(job_id, propagation, quiet=quiet)
                 return
-            self._deletion_failed(job_id, [f"Job {root_name(job_id)}: {_api_message(error)}"], quiet=quiet)
+            self._deletion_failed(job_id, [f"Job {root_name(job_id)}: {api_message(error)}"], quiet=quiet)
         finally:
             with self._lock:
                 self._pods.pop(job_id, None)
@@ -485,7 +485,7 @@ class KubernetesBackend(Backend):
             except Exception as error:  # noqa: BLE001 - every kind is tried; the failures are reported together
                 if _status(error) == 404:  # no such API (no LeaderWorkerSet controller): nothing of that kind
                     continue
-                failures.append(f"{kind}: {_api_message(error)}")
+                failures.append(f"{kind}: {api_message(error)}")
         if failures:
             self._deletion_failed(job_id, failures, quiet=quiet)
 

@@ -13,7 +13,8 @@ only what the backend and the doctor use, as the API server documents it:
   LeaderWorkerSet CRD installed);
 - deleting one Job (``200`` with a Status; ``404`` when absent), and
   collections by label selector;
-- reading a Secret, listing pods (by label selector), Events, nodes;
+- reading a Secret, a ServiceAccount (:meth:`add`) or a namespace; listing pods
+  (by label selector), Events, nodes;
 - discovery of an API group/version, ``/version``, and
   ``SelfSubjectAccessReview`` (``201``, allowed unless :attr:`denied` names the
   verb and resource).
@@ -42,6 +43,7 @@ from kinetic_nb.backends import k8s_manifests as km
 COLLECTIONS = {
     ("api/v1", "services"): "Service",
     ("api/v1", "secrets"): "Secret",
+    ("api/v1", "serviceaccounts"): "ServiceAccount",
     ("apis/batch/v1", "jobs"): "Job",
     (f"apis/{km.LWS_GROUP}/{km.LWS_VERSION}", km.LWS_PLURAL): "LeaderWorkerSet",
 }
@@ -82,7 +84,10 @@ class RecordingApiServer:
         self.nodes: list[dict[str, Any]] = []
         #: (verb, resource) pairs a SelfSubjectAccessReview answers "not allowed" for.
         self.denied: set[tuple[str, str]] = set()
-        self.version = {"major": "1", "minor": "31", "gitVersion": "v1.31.4-gke.1256000"}
+        self.version = {"major": "1", "minor": "31", "emulationMajor": "1", "emulationMinor": "31",
+                        "gitVersion": "v1.31.4-gke.1256000", "gitCommit": "4a5f8b2c3d1e0f9a8b7c6d5e4f3a2b1c0d9e8f7a",
+                        "gitTreeState": "clean", "buildDate": "2026-10-02T21:17:45Z", "goVersion": "go1.23.4 X:boringcrypto",
+                        "compiler": "gc", "platform": "linux/amd64"}
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -128,6 +133,11 @@ class RecordingApiServer:
         return KubernetesApi(core=client.CoreV1Api(api_client), batch=client.BatchV1Api(api_client),
                              custom=client.CustomObjectsApi(api_client))
 
+    def add(self, manifest: dict[str, Any]) -> None:
+        """Store ``manifest`` as if it had been created (a ServiceAccount, say)."""
+        kind, metadata = manifest["kind"], manifest["metadata"]
+        self.objects[kind, metadata["namespace"], metadata["name"]] = copy.deepcopy(manifest)
+
     def sent(self, verb: str | None = None) -> list[Request]:
         return [request for request in self.requests if verb is None or request.verb == verb]
 
@@ -138,10 +148,17 @@ class RecordingApiServer:
             if request.verb == verb and request.path.startswith(prefix):
                 return code, status(code, reason, message)
         path = request.path
-        if path == "/version":
+        if path.rstrip("/") == "/version":
             return 200, self.version
         if path == "/api/v1/nodes":
-            return 200, {"kind": "NodeList", "apiVersion": "v1", "metadata": {}, "items": self.nodes}
+            return 200, self._list(request, "NodeList", self.nodes)
+        if path.startswith("/api/v1/namespaces/") and path.count("/") == 4 and request.verb == "GET":
+            namespace = path.rsplit("/", 1)[1]
+            if namespace not in self.namespaces:
+                return 404, status(404, "NotFound", f'namespaces "{namespace}" not found',
+                                   {"name": namespace, "kind": "namespaces"})
+            return 200, {"kind": "Namespace", "apiVersion": "v1", "metadata": {"name": namespace},
+                         "status": {"phase": "Active"}}
         if path == f"/apis/{km.LWS_GROUP}/{km.LWS_VERSION}":
             return self._discovery()
         if path == "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews" and request.verb == "POST":
