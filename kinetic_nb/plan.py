@@ -19,6 +19,7 @@ from kinetic_nb.accelerators import Accelerator, resolve_accelerator
 from kinetic_nb.bindings import check_out_names
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.protocol import Framework, JobPlan
+from kinetic_nb.runner.versions import installed_versions
 
 __all__ = ["CellPayload", "JobPlan", "choose_framework", "make_plan", "new_job_id", "prepare_cell", "resolve_slice"]
 
@@ -153,4 +154,5 @@ def make_plan(
         idle_timeout_s=idle_timeout,
         grace_s=DEFAULT_GRACE_S if grace is None else grace,
         created_at=time.time(),
+        client_versions=installed_versions(),
     )
