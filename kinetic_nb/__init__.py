@@ -29,6 +29,7 @@ _EXPORTS = {
     "sessions": "kinetic_nb.sessions",
     "attach_session": "kinetic_nb.sessions",
     "Session": "kinetic_nb.sessions",
+    "doctor": "kinetic_nb.readiness",
 }
 __all__ = [
     "HostSnapshot",
@@ -40,6 +41,7 @@ __all__ = [
     "accelerator_names",
     "attach",
     "attach_session",
+    "doctor",
     "gc",
     "jobs",
     "last_job",
@@ -54,6 +56,7 @@ if TYPE_CHECKING:
     from kinetic_nb.accelerators import accelerator_names, resolve_accelerator
     from kinetic_nb.catalog import attach, gc, jobs
     from kinetic_nb.client import JobHandle, last_job, submit
+    from kinetic_nb.readiness import doctor
     from kinetic_nb.sessions import Session, attach_session, sessions, start
     from kinetic_nb.state import HostSnapshot, JobSnapshot, JobStatus
 

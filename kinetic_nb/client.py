@@ -572,6 +572,7 @@ def submit(
         timeout=timeout,
         env_names=sorted(env or {}),
         grace=grace,
+        start_window=chosen_backend.start_window_s(),
     )
     chosen_backend.preflight(plan)
     if acc.simulated_locally and chosen_backend.simulates_accelerators and not quiet:

@@ -21,7 +21,7 @@ from IPython.core.magic_arguments import (
     magic_arguments,
     parse_argstring,
 )
-from traitlets import Unicode
+from traitlets import Float, Unicode
 
 from kinetic_nb import catalog
 from kinetic_nb.backends import backend_class, backend_names
@@ -29,11 +29,17 @@ from kinetic_nb.cell_handle import CellHandle
 from kinetic_nb.client import JobHandle, submit
 from kinetic_nb.display import live_view
 from kinetic_nb.errors import CaptureError, IntegrityError, KineticError, ObjectNotFoundError, UnknownAcceleratorError
-from kinetic_nb.session_magics import check_cell_fits_session, session_start_parser, sessions_of, start_session
+from kinetic_nb.session_magics import (
+    check_cell_fits_session,
+    doctor_parser,
+    session_start_parser,
+    sessions_of,
+    start_session,
+)
 from kinetic_nb.sessions import Session, SessionEndedError, attach_session
 
 #: The ``%kinetic`` line magic's subcommands, in the order its help lists them.
-SUBCOMMANDS = ("start", "stop", "restart", "sessions", "jobs", "attach", "cancel", "logs", "stacks", "gc")
+SUBCOMMANDS = ("start", "stop", "restart", "sessions", "jobs", "attach", "cancel", "logs", "stacks", "gc", "doctor")
 
 
 def _names(values: list[str]) -> list[str]:
@@ -94,6 +100,7 @@ _LINE_PARSERS = {
     "sessions": _parser("%kinetic sessions", (("-n", "--limit"), dict(type=int, default=20, help="How many."))),
     "gc": _parser("%kinetic gc", (("--older-than",), dict(required=True, metavar="DURATION",
                                                           help="e.g. 7d, 12h, 30m"))),
+    "doctor": doctor_parser(_parser),
 }
 
 
@@ -121,6 +128,9 @@ class KineticMagics(Magics):
     service_account = Unicode(None, allow_none=True,
                               help="The pods' service account for -b kubernetes "
                                    "(below --service-account and $KINETIC_SERVICE_ACCOUNT).").tag(config=True)
+    pending_timeout_s = Float(None, allow_none=True,
+                              help="Seconds a pod may wait for nodes and its image for -b kubernetes "
+                                   "(below --pending-timeout and $KINETIC_PENDING_TIMEOUT).").tag(config=True)
 
     def _backend_options(self, args: Any) -> dict[str, Any]:
         """The chosen backend's options from its flags, with this magic's ``%config`` values as defaults."""
@@ -279,6 +289,8 @@ class KineticMagics(Magics):
             %kinetic logs JOB_ID [--host I]          one host's output
             %kinetic stacks JOB_ID [--host I]        every running host's Python stacks (a hang's where)
             %kinetic gc --older-than 7d              remove old jobs that have ended
+            %kinetic doctor [-a NAME]                is the cluster (-b kubernetes) ready, and the bucket?
+                                                     each failure with the command that fixes it
 
         Each also takes ``--storage URI``.
         """
@@ -355,6 +367,12 @@ class KineticMagics(Magics):
 
     def _line_logs(self, args: Any) -> None:
         print(catalog.attach(args.job_id, storage=args.storage).logs(args.host), end="")
+
+    def _line_doctor(self, args: Any) -> None:
+        from kinetic_nb.readiness import doctor
+
+        args.backend = "kubernetes"
+        print(doctor(args.accelerator, args.storage, backend_options=self._backend_options(args)).table())
 
     def _line_gc(self, args: Any) -> None:
         removed = catalog.gc(args.older_than, storage=args.storage)

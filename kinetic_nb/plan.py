@@ -19,6 +19,7 @@ from kinetic_nb.accelerators import Accelerator, resolve_accelerator
 from kinetic_nb.bindings import check_out_names
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.protocol import Framework, JobPlan
+from kinetic_nb.runner.versions import installed_versions
 
 __all__ = ["CellPayload", "JobPlan", "choose_framework", "make_plan", "new_job_id", "prepare_cell", "resolve_slice"]
 
@@ -27,7 +28,10 @@ JAX_PACKAGES = frozenset({"jax", "jaxlib", "flax", "optax", "orbax", "equinox", 
 #: Packages whose presence in a cell means it wants torch.distributed.
 TORCH_PACKAGES = frozenset({"torch", "torchvision", "torchaudio", "lightning", "pytorch_lightning"})
 
-#: Long enough for a GKE pod to be scheduled and pull its image.
+#: How long a host waits at the start barrier for the others once they could all
+#: have started: long enough to pull an image and import a framework on a busy
+#: node. A backend whose hosts may start further apart (pods Pending while nodes
+#: are added) adds its start window (``Backend.start_window_s``).
 DEFAULT_BARRIER_TIMEOUT_S = 300.0
 #: JAX declares a silent peer dead after this long (its default is 100 s).
 DEFAULT_HEARTBEAT_TIMEOUT_S = 30
@@ -124,7 +128,15 @@ def make_plan(
     grace: float | None = None,
     session: bool = False,
     idle_timeout: float | None = None,
+    start_window: float = 0.0,
 ) -> JobPlan:
+    """The plan for one job or session.
+
+    ``start_window`` is how far apart the backend may start the hosts (the
+    kubernetes backend's pending limit): the start barrier, and the
+    framework's own initialization timeout with it, wait that much longer, so
+    they never give up on a host the backend still waits for.
+    """
     return JobPlan(
         job_id=job_id,
         hosts=hosts,
@@ -132,7 +144,7 @@ def make_plan(
         devices_per_host=acc.devices_per_host,
         framework=framework,
         coordinator_address=coordinator_address,
-        barrier_timeout_s=DEFAULT_BARRIER_TIMEOUT_S,
+        barrier_timeout_s=DEFAULT_BARRIER_TIMEOUT_S + start_window,
         heartbeat_timeout_s=DEFAULT_HEARTBEAT_TIMEOUT_S,
         shutdown_timeout_s=DEFAULT_SHUTDOWN_TIMEOUT_S,
         timeout_s=timeout,
@@ -142,4 +154,5 @@ def make_plan(
         idle_timeout_s=idle_timeout,
         grace_s=DEFAULT_GRACE_S if grace is None else grace,
         created_at=time.time(),
+        client_versions=installed_versions(),
     )

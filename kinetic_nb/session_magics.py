@@ -41,6 +41,18 @@ def session_start_parser(make_parser: Callable[..., MagicArgumentParser]) -> Mag
     return parser
 
 
+def doctor_parser(parser_for: Any) -> Any:
+    """``%kinetic doctor``: ``-a``, ``--storage`` and the kubernetes backend's own flags."""
+    from kinetic_nb.backends.kubernetes import KubernetesBackend
+
+    parser = parser_for("%kinetic doctor", (("-a", "--accelerator"), dict(
+        default=None, help="The accelerator to check the cluster for, e.g. tpu-v5e-16.")))
+    for flag in KubernetesBackend.flags:
+        parser.add_argument(flag.flag, dest=flag.dest, default=None, type=flag.type, metavar=flag.metavar,
+                            help=flag.help)
+    return parser
+
+
 def start_session(args: Any, backend_options: Mapping[str, Any], env: Mapping[str, str]) -> Session:
     if args.hosts is not None and args.hosts < 1:
         raise UsageError(f"-n/--hosts must be at least 1, got {args.hosts}")

@@ -255,7 +255,7 @@ def start(*, hosts: int | None = None, accelerator: str | None = None, backend: 
     plan = make_plan(job_id=session_id, acc=acc, hosts=host_count, framework=framework,
                      coordinator_address=chosen.coordinator_address(session_id),
                      simulated=chosen.simulates_accelerators, env_names=sorted(env or {}), grace=grace,
-                     session=True, idle_timeout=idle_timeout or None)
+                     session=True, idle_timeout=idle_timeout or None, start_window=chosen.start_window_s())
     chosen.preflight(plan)
     if acc.simulated_locally and chosen.simulates_accelerators and not quiet:
         print(local_notice(acc), file=sys.stderr)

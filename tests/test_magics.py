@@ -84,6 +84,28 @@ def test_the_pods_service_account_comes_from_the_flag_else_the_environment_else_
     assert service_account("-b kubernetes --service-account from-flag") == "from-flag"
 
 
+def test_the_pending_limit_comes_from_the_flag_else_the_environment_else_config(shell, monkeypatch):
+    from IPython.core.magic_arguments import parse_argstring
+
+    from kinetic_nb.backends.kubernetes import KubernetesBackend
+
+    magics = shell.magics_manager.registry["KineticMagics"]
+    cell = shell.find_cell_magic("kinetic").__func__
+
+    def pending_limit(line: str) -> float:
+        options = magics._backend_options(parse_argstring(cell, line))
+        return KubernetesBackend.from_options(**options).settings.pending_timeout_s
+
+    monkeypatch.delenv("KINETIC_PENDING_TIMEOUT", raising=False)
+    monkeypatch.setattr(magics, "pending_timeout_s", None)
+    assert pending_limit("-b kubernetes") == 45 * 60
+    shell.run_line_magic("config", "KineticMagics.pending_timeout_s = 3600")
+    assert pending_limit("-b kubernetes") == 3600
+    monkeypatch.setenv("KINETIC_PENDING_TIMEOUT", "1800")
+    assert pending_limit("-b kubernetes") == 1800
+    assert pending_limit("-b kubernetes --pending-timeout 900") == 900
+
+
 def test_a_registered_backend_brings_its_flags(monkeypatch):
     from IPython.core.magic_arguments import magic_arguments
 

@@ -99,6 +99,15 @@ class Backend(abc.ABC):
     def preflight(self, plan: JobPlan) -> None:  # noqa: B027 - a hook: most backends accept every plan
         """Refuse, with one line (``ValueError``), a plan this backend cannot run; nothing is stored yet."""
 
+    def start_window_s(self) -> float:
+        """How far apart this backend may start a job's hosts, in seconds (0: together).
+
+        The plan's start barrier and the framework's initialization timeout
+        wait this much longer, so neither expires while the backend still
+        waits for a host (a pod Pending while its node is added).
+        """
+        return 0.0
+
     @abc.abstractmethod
     def coordinator_address(self, job_id: str) -> str:
         """The ``host:port`` the hosts' distributed framework meets at."""

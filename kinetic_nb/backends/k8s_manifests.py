@@ -356,7 +356,7 @@ def _pod_template(plan: JobPlan, acc: Accelerator, job_uri: str, settings: Kuber
         "containers": [container],
         "volumes": volumes,
     }
-    node_selector = {**_accelerator_node_selector(acc), **settings.node_selector}
+    node_selector = {**accelerator_node_selector(acc), **settings.node_selector}
     if node_selector:
         spec["nodeSelector"] = node_selector
     if settings.service_account:
@@ -366,7 +366,7 @@ def _pod_template(plan: JobPlan, acc: Accelerator, job_uri: str, settings: Kuber
     return {"metadata": pod_metadata(plan, role), "spec": spec}
 
 
-def _accelerator_node_selector(acc: Accelerator) -> dict[str, str]:
+def accelerator_node_selector(acc: Accelerator) -> dict[str, str]:
     if acc.kind == "tpu":
         selector = {TPU_NODE_SELECTOR: acc.gke_accelerator, TPU_TOPOLOGY_SELECTOR: acc.topology}
         if acc.machine_type:  # the topology alone matches pools whose hosts hold other chip counts

@@ -26,13 +26,15 @@ from kinetic_nb.backends.k8s_manifests import (
 )
 from kinetic_nb.runner.protocol import ExitSummary, HostState
 
-__all__ = ["DEFAULT_PENDING_TIMEOUT_S", "PodExitSummary", "PodHostState", "as_api_dict", "host_states",
+__all__ = ["DEFAULT_PENDING_TIMEOUT_S", "PodExitSummary", "PodHostState", "as_api_dict", "host_states", "one_line",
            "pod_exit_summaries", "pod_host_state", "stuck_pending"]
 
-#: A pod Pending longer than this fails its host with the scheduler's (or the
-#: image puller's) reason. Long enough to pull a multi-gigabyte JAX image and
-#: for GKE to scale a node pool up; short enough not to leave a typo waiting.
-DEFAULT_PENDING_TIMEOUT_S = 600.0
+#: A pod Pending longer than this fails its host with the reason it waited. Long
+#: enough for GKE to scale a multi-host TPU node pool up from zero (a whole slice
+#: at once, often ten minutes, more when capacity is tight) and then pull a
+#: multi-gigabyte JAX image. A wait that can never end (a wrong image, no
+#: matching node pool, a quota) fails at once instead: see ``k8s_events``.
+DEFAULT_PENDING_TIMEOUT_S = 45 * 60.0
 #: A reason longer than this is cut: it is shown in one panel line.
 MAX_REASON_CHARS = 300
 #: Last lines of a container's termination message kept as its host's
@@ -100,6 +102,11 @@ class PodHostState:
     message_tail: tuple[str, ...] = ()
     #: The pod is being deleted (by a cancel, or by the Job controller after another host failed).
     deleted: bool = False
+    #: A Pending pod's cause as the API names it: its container's waiting reason
+    #: (``ImagePullBackOff``, ``ContainerCreating``), else its scheduling condition's (``Unschedulable``).
+    waiting_reason: str = ""
+    #: The pod's ``metadata.uid``: Events of an earlier pod of the same name are not this one's.
+    pod_uid: str = ""
 
     @property
     def ended(self) -> bool:
@@ -125,7 +132,8 @@ def _index(metadata: Mapping[str, Any]) -> int | None:
     return None
 
 
-def _reason(reason: str | None, message: str | None) -> str:
+def one_line(reason: str | None, message: str | None) -> str:
+    """``reason: message`` (either alone when the other is empty) on one line, cut to :data:`MAX_REASON_CHARS`."""
     text = f"{reason}: {message}" if reason and message else (reason or message or "")
     text = " ".join(text.split())
     return text if len(text) <= MAX_REASON_CHARS else text[: MAX_REASON_CHARS - 3] + "..."
@@ -161,7 +169,7 @@ def _ended(base: dict[str, Any], terminated: Mapping[str, Any], pod_reason: str 
     code = terminated.get("exitCode")
     # The message (often the container's last log lines) is the tail, never part of the one-line reason.
     reason = pod_reason or ("" if terminated.get("reason") in _PLAIN_TERMINATION else
-                            _reason(terminated.get("reason"), None))
+                            one_line(terminated.get("reason"), None))
     state = HostState.SUCCEEDED.value if code == 0 and not pod_reason else HostState.FAILED.value
     return PodHostState(**base, state=state, reason=reason, exit_code=code, signal=_signal_name(terminated),
                         finished_at=_timestamp(terminated.get("finishedAt")),
@@ -190,6 +198,7 @@ def pod_host_state(pod: Any) -> PodHostState:
     base = {
         "index": _index(metadata),
         "pod_name": metadata.get("name", ""),
+        "pod_uid": metadata.get("uid", ""),
         "created_at": _timestamp(metadata.get("creationTimestamp")),
         "deleted": bool(metadata.get("deletionTimestamp")),
     }
@@ -198,7 +207,7 @@ def pod_host_state(pod: Any) -> PodHostState:
     current = container.get("state") or {}
     last = (container.get("lastState") or {}).get("terminated")
     if phase == "Failed":
-        pod_reason = _reason(status.get("reason"), status.get("message"))  # Evicted, DeadlineExceeded, ...
+        pod_reason = one_line(status.get("reason"), status.get("message"))  # Evicted, DeadlineExceeded, ...
         if current.get("terminated"):
             return _ended(base, current["terminated"], pod_reason)
         return PodHostState(**base, state=HostState.FAILED.value, reason=pod_reason or "Failed")
@@ -212,18 +221,21 @@ def pod_host_state(pod: Any) -> PodHostState:
         return PodHostState(**base, state=HostState.RUNNING.value)
     if phase == "Unknown":
         return PodHostState(**base, state=HostState.LOST.value,
-                            reason=_reason(status.get("reason"), status.get("message")) or "node not reporting")
-    return PodHostState(**base, state=HostState.PENDING.value, reason=_pending_reason(status, current))
+                            reason=one_line(status.get("reason"), status.get("message")) or "node not reporting")
+    cause, reason = _pending_reason(status, current)
+    return PodHostState(**base, state=HostState.PENDING.value, reason=reason, waiting_reason=cause)
 
 
-def _pending_reason(status: Mapping[str, Any], current: Mapping[str, Any]) -> str:
+def _pending_reason(status: Mapping[str, Any], current: Mapping[str, Any]) -> tuple[str, str]:
+    """The cause as the API names it, and the one-line reason the panel shows."""
     waiting = current.get("waiting") or {}
     if waiting.get("reason") and waiting["reason"] not in _ROUTINE_WAITING:
-        return _reason(waiting["reason"], waiting.get("message"))  # ImagePullBackOff, ErrImagePull, ...
+        return waiting["reason"], one_line(waiting["reason"], waiting.get("message"))  # ImagePullBackOff, ...
     for condition in status.get("conditions") or []:
         if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
-            return _reason(condition.get("reason") or "Unschedulable", condition.get("message"))
-    return waiting.get("reason", "")
+            cause = condition.get("reason") or "Unschedulable"
+            return cause, one_line(cause, condition.get("message"))
+    return waiting.get("reason", ""), waiting.get("reason", "")
 
 
 def host_states(pods: Iterable[Any]) -> dict[int, PodHostState]:
@@ -315,6 +327,8 @@ def pod_exit_summaries(
     cancelled: bool,
     recorded_success: Callable[[int], bool],
     pending_timeout_s: float = DEFAULT_PENDING_TIMEOUT_S,
+    pending_failures: Mapping[int, str] | None = None,
+    waiting: Mapping[int, str] | None = None,
 ) -> dict[int, PodExitSummary]:
     """How the hosts without an exit record ended, as far as their pods say.
 
@@ -335,14 +349,20 @@ def pod_exit_summaries(
     recorded_success : callable
         Whether host i recorded success in its own status (read only for hosts that ended).
     pending_timeout_s : float
+    pending_failures : mapping of int to str, optional
+        Pending hosts whose wait can never end, with the reason
+        (:func:`~kinetic_nb.backends.k8s_events.pending_verdicts`): they fail now.
+    waiting : mapping of int to str, optional
+        Why each Pending host waits, as the panel says it; the reason of a
+        host Pending past the bound (default: its pod's own reason).
 
     Returns
     -------
     dict of int to PodExitSummary
         A pod that ended gives its exit (``stopped`` when it was deleted, by a
         cancel or by the Job controller after another host failed); a pod
-        Pending past the bound, a never-started failure with the scheduler's
-        reason; a pod that is gone, "stopped" once the job was cancelled or
+        whose wait can never end, or Pending past the bound, a never-started
+        failure with the reason; a pod that is gone, "stopped" once the job was cancelled or
         another host failed. Hosts still pending or running are left out.
     """
     found: dict[int, PodExitSummary] = {}
@@ -353,11 +373,14 @@ def pod_exit_summaries(
         if state.ended:
             found[index] = _summary(index, state, now=now, stopped=state.deleted,
                                     recorded_success=recorded_success(index))
+        elif state.state == HostState.PENDING.value and (pending_failures or {}).get(index):
+            found[index] = _summary(index, None, now=now, never_started=True, reason=pending_failures[index])
         elif (state.state == HostState.PENDING.value and state.created_at is not None
               and now - state.created_at > pending_timeout_s):
+            why = (waiting or {}).get(index) or state.reason
             found[index] = _summary(index, None, now=now, never_started=True,
                                     reason=f"its pod was Pending for more than {pending_timeout_s:g} s"
-                                           + (f": {state.reason}" if state.reason else ""))
+                                           + (f": {why}" if why else ""))
     someone_failed = any(summary.failed for summary in [*recorded.values(), *found.values()])
     for index in range(hosts):
         if index in recorded or index in found or index in states:

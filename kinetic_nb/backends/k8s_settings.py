@@ -46,8 +46,11 @@ class KubernetesSettings:
     coordinator_port : int
         Port of the coordinator on host 0 (``KINETIC_COORDINATOR_PORT``).
     pending_timeout_s : float
-        A pod Pending longer than this fails the job with the scheduler's
-        reason (``KINETIC_PENDING_TIMEOUT``).
+        The pending limit: a pod still Pending after this long (waiting for
+        nodes to be added, pulling its image) fails the job with the reason it
+        waited (``KINETIC_PENDING_TIMEOUT``, ``--pending-timeout``; 45 minutes).
+        A wait that can never end fails at once. The start barrier waits this
+        much longer too.
     node_selector : mapping of str to str
         Node labels added to the accelerator's, e.g. a node pool name
         (``KINETIC_NODE_SELECTOR="cloud.google.com/gke-nodepool=tpu-pool"``,

@@ -8,7 +8,8 @@ rest. Each pod runs the host agent against the job's storage, normally
 ``gs://``. This backend adds what only the platform sees: it turns the pods'
 statuses into the hosts' ``exit.json`` records where a host left none (see
 :mod:`kinetic_nb.backends.k8s_pods`), including a failure for a pod stuck
-Pending past ``pending_timeout_s``.
+Pending past ``pending_timeout_s``, or whose wait can never end (a wrong
+image, no node pool to scale up: :mod:`kinetic_nb.backends.k8s_events`).
 
 Needs the ``k8s`` extra (the official ``kubernetes`` client), imported only
 when the backend first talks to a cluster, so ``import kinetic_nb.backends``
@@ -34,7 +35,9 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from kinetic_nb.accelerators import resolve_accelerator
 from kinetic_nb.backends.base import Backend, BackendFlag, JobSecrets, PlatformView, register
+from kinetic_nb.backends.k8s_events import PendingVerdict, pending_verdicts
 from kinetic_nb.backends.k8s_manifests import (
     LWS_GROUP,
     LWS_PLURAL,
@@ -73,6 +76,12 @@ __all__ = [
 #: A job's pods are listed at most this often: the client polls storage several
 #: times a second, and each listing is a request to the API server.
 POD_LIST_INTERVAL_S = 2.0
+#: The Events of a job's Pending pods are listed at most this often: they change
+#: slowly (the autoscaler and the kubelet report every few seconds), and a listing
+#: covers every pod of the namespace.
+EVENT_LIST_INTERVAL_S = 5.0
+#: Only the pods' Events are read: the autoscaler, scheduler and kubelet report on pods.
+POD_EVENTS = "involvedObject.kind=Pod"
 #: Seconds one API request may take before it is given up.
 API_TIMEOUT_S = 30.0
 #: Storage the pods can reach on their own (a file:// path only through a shared mount).
@@ -128,7 +137,7 @@ def _status(error: BaseException) -> int | None:
     return getattr(error, "status", None)
 
 
-def _api_message(error: BaseException) -> str:
+def api_message(error: BaseException) -> str:
     """The API server's own message from an ApiException, else the error's text."""
     try:
         return json.loads(getattr(error, "body", None) or "")["message"]
@@ -173,6 +182,9 @@ class KubernetesBackend(Backend):
         BackendFlag("--service-account", "service_account",
                     "The pods' Kubernetes service account, e.g. one that may write the bucket "
                     "(default $KINETIC_SERVICE_ACCOUNT, then the namespace's default).", metavar="NAME"),
+        BackendFlag("--pending-timeout", "pending_timeout_s",
+                    "Seconds a host's pod may wait for nodes and its image (default $KINETIC_PENDING_TIMEOUT, "
+                    "then 2700); a wait that can never end fails at once.", metavar="S", type=float),
     )
 
     @classmethod
@@ -182,10 +194,12 @@ class KubernetesBackend(Backend):
         return cls(KubernetesSettings.resolve(**options, config=KubernetesSettings(**defaults) if defaults else None))
 
     def __init__(self, settings: KubernetesSettings | None = None, *, api: KubernetesApi | None = None,
-                 pod_list_interval_s: float = POD_LIST_INTERVAL_S, clock: Callable[[], float] = time.time):
+                 pod_list_interval_s: float = POD_LIST_INTERVAL_S,
+                 event_list_interval_s: float = EVENT_LIST_INTERVAL_S, clock: Callable[[], float] = time.time):
         self.settings = settings if settings is not None else KubernetesSettings.resolve()
         self._api = api
         self._pod_list_interval_s = pod_list_interval_s
+        self._event_list_interval_s = event_list_interval_s
         self._clock = clock
         self._launched_at: dict[str, float] = {}
         self._cancelled: set[str] = set()
@@ -193,6 +207,9 @@ class KubernetesBackend(Backend):
         #: backend stored keep their pods' reasons (exit.json has no field for one).
         self._exits: dict[tuple[str, int], ExitSummary] = {}
         self._pods: dict[str, tuple[float, list[dict[str, Any]]]] = {}
+        self._events: tuple[float, list[dict[str, Any]]] | None = None
+        #: Each job's Pending hosts as their pods and Events last said, for the panel.
+        self._verdicts: dict[str, dict[int, PendingVerdict]] = {}
         self._lock = threading.Lock()
 
     @property
@@ -202,6 +219,10 @@ class KubernetesBackend(Backend):
         return self._api
 
     # -- the Backend interface -----------------------------------------------------
+
+    def start_window_s(self) -> float:
+        """The pending limit: one host's pod may wait that long for nodes after another's started."""
+        return self.settings.pending_timeout_s
 
     def coordinator_address(self, job_id: str) -> str:
         """``{name}-0.{name}.{namespace}:{port}``: host 0's DNS name.
@@ -288,15 +309,19 @@ class KubernetesBackend(Backend):
         try:
             pods = self.pods(plan)
         except Exception as error:  # noqa: BLE001 - polling must survive a flaky API server
-            logger.warning("could not list the pods of %s: %s", plan.job_id, _api_message(error))
+            logger.warning("could not list the pods of %s: %s", plan.job_id, api_message(error))
             return summaries
         plan_info = names.get(protocol.PLAN)
+        states = host_states(pods)
+        verdicts = self._pending_verdicts(plan, states)
         found = pod_exit_summaries(
-            plan.hosts, host_states(pods), summaries, now=self._clock(),
+            plan.hosts, states, summaries, now=self._clock(),
             launched_at=self._launched_at.get(plan.job_id, plan_info.updated if plan_info else None),
             cancelled=protocol.CANCEL in names or plan.job_id in self._cancelled,
             recorded_success=lambda index: _recorded_success(storage, index),
             pending_timeout_s=self.settings.pending_timeout_s,
+            pending_failures={index: verdict.failure for index, verdict in verdicts.items() if verdict.failure},
+            waiting={index: verdict.waiting for index, verdict in verdicts.items()},
         )
         for index, summary in found.items():
             summaries[index] = self._store_exit(storage, plan.job_id, summary)
@@ -313,7 +338,10 @@ class KubernetesBackend(Backend):
                 states = self.host_states(plan)  # cached with the pod listing: no extra request
             except Exception:  # noqa: BLE001 - a reason is a nicety; polling goes on
                 states = {}
-            waiting = {index: state.reason for index, state in states.items() if state.reason}
+            verdicts = self._verdicts.get(plan.job_id, {})
+            waiting = {index: verdicts[index].waiting if index in verdicts else state.reason
+                       for index, state in states.items() if index not in summaries}
+            waiting = {index: text for index, text in waiting.items() if text}
         return PlatformView(exits=exits, waiting=waiting)
 
     def job_key(self, job_id: str) -> bytes | None:
@@ -322,7 +350,7 @@ class KubernetesBackend(Backend):
             secret = as_api_dict(self.api.core.read_namespaced_secret(secret_name(job_id), self.settings.namespace,
                                                                       _request_timeout=API_TIMEOUT_S))
         except Exception as error:  # noqa: BLE001 - no key is an answer: the caller says what to do
-            logger.info("no Secret for %s: %s", job_id, _api_message(error))
+            logger.info("no Secret for %s: %s", job_id, api_message(error))
             return None
         encoded = (secret.get("data") or {}).get(KEY_ENV)
         return bytes.fromhex(base64.b64decode(encoded).decode()) if encoded else None
@@ -349,6 +377,34 @@ class KubernetesBackend(Backend):
     def host_states(self, plan: JobPlan) -> dict[int, PodHostState]:
         """Each host's pod state and reason, for the panel (Pending: Unschedulable, ImagePullBackOff, ...)."""
         return host_states(self.pods(plan))
+
+    def pod_events(self, *, fresh: bool = False) -> list[dict[str, Any]]:
+        """The namespace's pod Events as the API's JSON, listed at most every ``event_list_interval_s``."""
+        now = time.monotonic()
+        with self._lock:
+            if self._events is not None and not fresh and now - self._events[0] < self._event_list_interval_s:
+                return self._events[1]
+        listed = self.api.core.list_namespaced_event(self.settings.namespace, field_selector=POD_EVENTS,
+                                                     _request_timeout=API_TIMEOUT_S)
+        events = [as_api_dict(event) for event in (listed.items if hasattr(listed, "items") else listed["items"])]
+        with self._lock:
+            self._events = (now, events)
+        return events
+
+    def _pending_verdicts(self, plan: JobPlan, states: Mapping[int, PodHostState]) -> dict[int, PendingVerdict]:
+        """What the Pending hosts' pods and Events say (no Events listed while no host is Pending)."""
+        if not any(state.state == HostState.PENDING.value for state in states.values()):
+            self._verdicts.pop(plan.job_id, None)
+            return {}
+        try:
+            events = self.pod_events()
+        except Exception as error:  # noqa: BLE001 - the pods' own statuses still say the most
+            logger.warning("could not list the pod events of namespace %s: %s", self.settings.namespace,
+                           api_message(error))
+            events = []
+        verdicts = pending_verdicts(states, events, accelerator_kind=resolve_accelerator(plan.accelerator).kind)
+        self._verdicts[plan.job_id] = verdicts
+        return verdicts
 
     def stuck_hosts(self, plan: JobPlan) -> dict[int, PodHostState]:
         """Hosts whose pod has been Pending longer than ``settings.pending_timeout_s``."""
@@ -389,8 +445,8 @@ class KubernetesBackend(Backend):
             return (f"the cluster has no LeaderWorkerSet API ({LWS_GROUP}/{LWS_VERSION}): install the "
                     "LeaderWorkerSet controller first (docs/gke.md)")
         if status == 403:
-            return f"not allowed to create {kind} {name} in namespace {namespace}: {_api_message(error)}"
-        return f"could not create {kind} {name} in namespace {namespace}: {_api_message(error)}"
+            return f"not allowed to create {kind} {name} in namespace {namespace}: {api_message(error)}"
+        return f"could not create {kind} {name} in namespace {namespace}: {api_message(error)}"
 
     def _delete(self, job_id: str, propagation: str, *, quiet: bool = False) -> None:
         """Delete the job's root Job: the garbage collector deletes everything it owns, pods included.
@@ -406,7 +462,7 @@ class KubernetesBackend(Backend):
             if _status(error) == 404:
                 self._delete_by_label(job_id, propagation, quiet=quiet)
                 return
-            self._deletion_failed(job_id, [f"Job {root_name(job_id)}: {_api_message(error)}"], quiet=quiet)
+            self._deletion_failed(job_id, [f"Job {root_name(job_id)}: {api_message(error)}"], quiet=quiet)
         finally:
             with self._lock:
                 self._pods.pop(job_id, None)
@@ -429,7 +485,7 @@ class KubernetesBackend(Backend):
             except Exception as error:  # noqa: BLE001 - every kind is tried; the failures are reported together
                 if _status(error) == 404:  # no such API (no LeaderWorkerSet controller): nothing of that kind
                     continue
-                failures.append(f"{kind}: {_api_message(error)}")
+                failures.append(f"{kind}: {api_message(error)}")
         if failures:
             self._deletion_failed(job_id, failures, quiet=quiet)
 

@@ -20,7 +20,7 @@ from typing import Any
 import cloudpickle
 
 from kinetic_nb.errors import HostStoppedError, PlanError, RemoteHostError, ResultSerializationError
-from kinetic_nb.runner import barrier, envelope, frameworks, protocol
+from kinetic_nb.runner import barrier, envelope, frameworks, protocol, versions
 from kinetic_nb.runner.cell import execute_cell, load_notebook_values, run_cell
 from kinetic_nb.runner.envelope import KEY_ENV, key_from_environment
 from kinetic_nb.runner.hostenv import HOST_INDEX_VARIABLES, resolve_host_index
@@ -200,6 +200,12 @@ class HostRun:
                             f"for a {plan.hosts}-host job")
         if self.host_index >= plan.hosts:
             raise PlanError(f"host index {self.host_index} is out of range for a {plan.hosts}-host job")
+        here = versions.installed_versions()
+        refused = versions.refusal(plan.client_versions, here)
+        if refused:
+            raise PlanError(refused)
+        for note in versions.framework_notes(plan.client_versions, here):
+            print(f"kinetic_nb: {note}", file=sys.stderr)
         self.redactor = host_secrets(self._key_hex, plan.env_names)
         return plan
 

@@ -283,6 +283,9 @@ class JobPlan:
     session: bool = False
     #: A session with no cell for this long stops itself, with or without a client; None: never.
     idle_timeout_s: float | None = None
+    #: The notebook's Python, cloudpickle and framework versions (``runner.versions``):
+    #: a host whose Python or cloudpickle differs refuses the plan, naming both sides.
+    client_versions: dict = dataclasses.field(default_factory=dict)
     protocol_version: int = PROTOCOL_VERSION
 
     @property
@@ -302,6 +305,7 @@ class JobPlan:
         # Unknown fields are dropped, so a plan of another version still loads and is refused by its version.
         record = {key: value for key, value in json.loads(data).items() if key in known}
         record["env_names"] = tuple(record.get("env_names") or ())
+        record["client_versions"] = dict(record.get("client_versions") or {})
         return cls(**record)
 
 

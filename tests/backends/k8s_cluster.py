@@ -324,7 +324,7 @@ class FakeKubernetes:
     there is none) or by label selector, collects dependents as the garbage
     collector does (see the module docstring), and lists the pods
     :attr:`pod_source` returns (plain dicts, or with ``client_objects=True``
-    real ``V1Pod`` objects). ``fail`` maps a kind to an exception its create
+    real ``V1Pod`` objects) and the Events :attr:`event_source` returns. ``fail`` maps a kind to an exception its create
     raises; ``on_delete`` listeners hear ``(kind, name)`` of every object
     deleted, the collected ones included.
     """
@@ -334,12 +334,14 @@ class FakeKubernetes:
         self.calls: list[tuple[str, dict[str, Any]]] = []
         self.fail: dict[str, Exception] = {}
         self.pod_source: Any = list  # a callable returning the pods as JSON
+        self.event_source: Any = list  # a callable returning the namespace's Events as JSON
         self.client_objects = client_objects
         self.on_delete: list[Any] = []
         self.core = SimpleNamespace(create_namespaced_service=self._creator("Service"),
                                     create_namespaced_secret=self._creator("Secret"),
                                     read_namespaced_secret=self._read_secret,
                                     list_namespaced_pod=self._list_pods,
+                                    list_namespaced_event=self._list_events,
                                     delete_collection_namespaced_service=self._deleter("Service"))
         self.batch = SimpleNamespace(create_namespaced_job=self._creator("Job"),
                                      delete_namespaced_job=self._delete_job,
@@ -443,6 +445,17 @@ class FakeKubernetes:
         owner = self.objects.get((reference["kind"], reference["name"]))
         return owner is not None and owner["metadata"]["uid"] == reference["uid"] and (
             owner["apiVersion"] == reference["apiVersion"])
+
+    def _list_events(self, namespace: str, *, field_selector: str = "", **options: Any) -> Any:
+        """The Events :attr:`event_source` returns, in ``namespace``, filtered by ``involvedObject.kind=Pod`` only."""
+        self.calls.append(("list events", {"namespace": namespace, "field_selector": field_selector, **options}))
+        assert field_selector in ("", "involvedObject.kind=Pod"), field_selector
+        events = [event for event in self.event_source() if event["metadata"]["namespace"] == namespace
+                  and (not field_selector or event["involvedObject"]["kind"] == "Pod")]
+        if self.client_objects:
+            return to_client_object({"apiVersion": "v1", "kind": "EventList", "metadata": {}, "items": events},
+                                    "CoreV1EventList")
+        return SimpleNamespace(items=copy.deepcopy(events))
 
     def _list_pods(self, namespace: str, *, label_selector: str, **options: Any) -> Any:
         self.calls.append(("list pods", {"namespace": namespace, "label_selector": label_selector, **options}))

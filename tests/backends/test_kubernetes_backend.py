@@ -372,7 +372,7 @@ def test_a_pod_stuck_pending_fails_the_job_with_the_schedulers_reason(api, job_s
     assert set(backend.stuck_hosts(plan)) == {2}
     summaries = backend.exit_summaries(job_storage, plan, job_storage.list())
     assert summaries[2].failed
-    assert "never started: its pod was Pending for more than 600 s: Unschedulable: 0/4 nodes are available" in (
+    assert "never started: its pod was Pending for more than 2700 s: Unschedulable: 0/4 nodes are available" in (
         summaries[2].describe())
     assert summaries[1].stopped and summaries[3].stopped  # no pods, and the job has failed
     assert ExitSummary.from_json(job_storage.read_bytes(protocol.host_exit(2))).failed
@@ -424,3 +424,83 @@ def test_pod_states_from_client_objects(job_storage):
     states = backend.host_states(plan)
     assert (states[0].state, states[2].state) == ("running", "pending")
     assert states[2].reason.startswith("Unschedulable")
+
+
+# -- pending: the pods' Events ----------------------------------------------------------------
+
+EVENTS = json.loads((pathlib.Path(__file__).parent / "data" / "events.json").read_text())["items"]
+
+
+def scenario(name: str) -> list[dict]:
+    return [event for event in EVENTS if event["metadata"]["annotations"]["test.kinetic-nb/scenario"] == name]
+
+
+@pytest.mark.parametrize("client_objects", [False, True])
+def test_a_host_waiting_for_a_scale_up_says_so_in_the_panel_and_keeps_waiting(job_storage, client_objects):
+    api = FakeKubernetes(client_objects=client_objects)
+    clock = Clock(CREATED + SETTINGS.pending_timeout_s - 1)  # long past the old 600 s bound
+    backend, plan = launched(api, job_storage, clock=clock)
+    api.pod_source = lambda: [BY_CASE["running"], BY_CASE["unschedulable"]]
+    api.event_source = lambda: scenario("scale-up-triggered")
+    view = backend.observe(job_storage, plan, job_storage.list(), {})
+    assert view.waiting == {2: "waiting for TPU nodes: scale-up triggered"}
+    assert view.exits == {}
+    [(_, options)] = [entry for entry in api.calls if entry[0] == "list events"]
+    assert (options["namespace"], options["field_selector"]) == ("ml-team", "involvedObject.kind=Pod")
+    clock.now = CREATED + SETTINGS.pending_timeout_s + 1
+    summaries = backend.exit_summaries(job_storage, plan, job_storage.list())
+    assert summaries[2].describe() == ("never started: its pod was Pending for more than 2700 s: "
+                                       "waiting for TPU nodes: scale-up triggered")
+
+
+@pytest.mark.parametrize(("pod", "events", "reason"), [
+    ("image-pull-backoff", "image-pull-backoff", 'ImagePullBackOff: Back-off pulling image "registry.example/'
+                                                 'kinetic-jax:typo" (Failed to pull image'),
+    ("unschedulable", "scale-up-failed-quota", "scale-up of TPU nodes failed: Node scale up in zones us-west4-a "
+                                               "associated with this pod failed: GCE quota exceeded."),
+    ("unschedulable", "not-triggered-no-matching-pool", "no node pool can add TPU nodes for it: pod didn't trigger"),
+])
+def test_a_wait_that_can_never_end_fails_the_host_at_once_with_the_reason(api, job_storage, pod, events, reason):
+    backend, plan = launched(api, job_storage, clock=Clock(CREATED + 60))  # far within the pending limit
+    api.pod_source = lambda: [BY_CASE[pod]]
+    api.event_source = lambda: scenario(events)
+    summaries = backend.exit_summaries(job_storage, plan, job_storage.list())
+    index = BY_CASE[pod]["metadata"]["labels"].get("leaderworkerset.sigs.k8s.io/worker-index") or "0"
+    summary = summaries[int(index)]
+    assert summary.failed and summary.describe().startswith(f"never started: {reason}")
+    stored = ExitSummary.from_json(job_storage.read_bytes(protocol.host_exit(int(index))))
+    assert stored.failed  # what the other hosts' start barrier reads: they stop instead of waiting
+
+
+def test_events_are_listed_only_while_a_host_is_pending_and_at_most_once_per_interval(job_storage):
+    api = FakeKubernetes()
+    backend = KubernetesBackend(SETTINGS, api=api, pod_list_interval_s=0.0, event_list_interval_s=3600,
+                                clock=Clock(CREATED + 60))
+    plan = job_plan("tpu-v5e-16")
+    api.pod_source = lambda: [BY_CASE["running"], BY_CASE["unschedulable"]]
+    for _ in range(3):
+        backend.observe(job_storage, plan, job_storage.list(), {})
+    assert [call for call, _ in api.calls].count("list events") == 1
+    api.pod_source = lambda: [BY_CASE["running"]]
+    fresh = KubernetesBackend(SETTINGS, api=api, pod_list_interval_s=0.0, event_list_interval_s=0.0)
+    fresh.observe(job_storage, plan, job_storage.list(), {})
+    assert [call for call, _ in api.calls].count("list events") == 1  # nobody Pending: no listing
+
+
+def test_events_that_cannot_be_listed_leave_the_pods_own_reasons(api, job_storage, caplog):
+    backend, plan = launched(api, job_storage, clock=Clock(CREATED + 60))
+    api.pod_source = lambda: [BY_CASE["unschedulable"], BY_CASE["image-pull-backoff"]]
+    api.core.list_namespaced_event = _raise(api_exception(403, "Forbidden", 'events is forbidden: User "me"'))
+    with caplog.at_level(logging.WARNING):
+        view = backend.observe(job_storage, plan, job_storage.list(), {})
+    assert "events is forbidden" in caplog.text
+    assert view.waiting[2].startswith("Unschedulable: 0/4 nodes are available")
+    assert view.exits[0].describe().startswith("never started: ImagePullBackOff")  # the pod's status is enough
+
+
+def test_the_pending_limit_is_a_flag_and_ties_the_start_barrier_to_it():
+    backend = KubernetesBackend.from_options(pending_timeout_s=600.0, image="img:1")
+    assert backend.settings.pending_timeout_s == backend.start_window_s() == 600.0
+    config = KubernetesBackend.from_options(config={"pending_timeout_s": 1200.0, "image": "img:1"})
+    assert config.start_window_s() == 1200.0
+    assert KubernetesBackend(KubernetesSettings(image="img:1")).start_window_s() == 45 * 60

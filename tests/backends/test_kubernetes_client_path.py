@@ -232,3 +232,23 @@ def test_attach_from_another_kernel_finds_the_jobs_namespace(cluster, tmp_path, 
     again = catalog.attach(handle.job_id, storage=f"file://{tmp_path}/jobs")
     assert again.backend.name == "kubernetes" and again.backend.settings.namespace == "team-a"
     handle.backend.cleanup(handle.plan)
+
+
+@pytest.mark.parametrize("pending", [None, "1800"])
+def test_the_start_barrier_and_the_frameworks_init_wait_as_long_as_a_pod_may_be_pending(cluster, tmp_path,
+                                                                                        monkeypatch, pending):
+    """GPU Indexed Job pods can be scheduled one by one: a host that started first must not give up on the
+    others while the backend still waits for their nodes."""
+    from kinetic_nb.plan import DEFAULT_BARRIER_TIMEOUT_S
+    from kinetic_nb.runner.frameworks import jax_arguments
+
+    if pending:
+        monkeypatch.setenv("KINETIC_PENDING_TIMEOUT", pending)
+    handle = kinetic_nb.submit("1", hosts=2, backend="kubernetes", storage=f"file://{tmp_path}/jobs", quiet=True)
+    limit = handle.backend.settings.pending_timeout_s
+    assert limit == (float(pending) if pending else 45 * 60)
+    assert handle.plan.barrier_timeout_s == DEFAULT_BARRIER_TIMEOUT_S + limit
+    assert jax_arguments(handle.plan, 1, "h:1")["initialization_timeout"] >= limit
+    stored = read_sealed(handle.storage, protocol.PLAN, handle.key)
+    assert json.loads(stored)["barrier_timeout_s"] == handle.plan.barrier_timeout_s  # what every host reads
+    handle.cancel()

@@ -6,9 +6,11 @@
   newest the package ships; ``ownerReferences`` with them (and the
   LeaderWorkerSet's metadata as any object's ObjectMeta).
 - The LeaderWorkerSet against a hand-copied subset of its CRD's
-  openAPIV3Schema (``data/leaderworkerset_crd_v1.yaml``, see its header) with
-  a small structural checker (``crd_schema.py``); its pod templates against
-  the core/v1 schemas as PodTemplate and Pod.
+  openAPIV3Schema (``data/leaderworkerset_crd_v1.yaml``, see its header), as
+  each supported LeaderWorkerSet release has it (``crd_schema.LWS_RELEASES``:
+  v0.5 to v0.9), with a strict structural checker (``crd_schema.py``) that
+  validates the pod templates inside it as core/v1 PodTemplateSpecs; the
+  templates also on their own as PodTemplate and Pod.
 - Each host's environment, resolved the way the kubelet resolves it for the
   pod the controllers make (``k8s_cluster.py``), through the runner's own host
   index resolution and coordinator choice: host i is host i, and everyone
@@ -36,7 +38,7 @@ from kinetic_nb.runner import frameworks
 from kinetic_nb.runner.hostenv import resolve_host_index
 from kinetic_nb.runner.protocol import JobPlan
 
-from .crd_schema import check_custom_resource, load_crd
+from .crd_schema import LWS_RELEASES, check_custom_resource, load_crd
 from .k8s_cluster import container_command, container_environment, dns_name, pods_for, to_client_object
 
 #: The oldest Kubernetes we support (Indexed Jobs label their pods with the completion
@@ -73,7 +75,8 @@ CASES = [*SHAPES, "cpu-3-hosts"]
 
 
 def job_plan(case: str, *, settings: KubernetesSettings = SETTINGS, timeout: float | None = None) -> JobPlan:
-    accelerator, hosts = ("cpu", 3) if case == "cpu-3-hosts" else (case, None)
+    # "cpu-N-hosts" is N CPU hosts (-n N); anything else an accelerator's name.
+    accelerator, hosts = ("cpu", int(case.split("-")[1])) if case.startswith("cpu-") else (case, None)
     acc, host_count = resolve_slice(hosts, accelerator)
     backend = KubernetesBackend(settings, api=object())  # no API call: coordinator_address is pure
     return make_plan(job_id=JOB_ID, acc=acc, hosts=host_count, framework="jax",
@@ -330,10 +333,50 @@ def test_core_objects_and_pod_templates_validate_against_the_kubernetes_schemas(
         validate_core(pod)
 
 
+@pytest.mark.parametrize("release", LWS_RELEASES)
 @pytest.mark.parametrize("accelerator", ["tpu-v5e-16", "tpu-v6e-8"])
-def test_leader_worker_set_conforms_to_its_crd(accelerator):
+def test_leader_worker_set_conforms_to_every_supported_releases_crd(accelerator, release):
+    """Pod templates included, as core/v1 PodTemplateSpecs, for the oldest and newest Kubernetes we support."""
     _, [lws] = manifests_for(accelerator)
-    assert check_custom_resource(lws, load_crd()) == []
+    assert check_custom_resource(lws, load_crd(release), SCHEMA_VERSIONS) == []
+
+
+def lws_with(**template_fields) -> dict:
+    _, [lws] = manifests_for("tpu-v5e-16")
+    lws["spec"]["leaderWorkerTemplate"].update(template_fields)
+    return lws
+
+
+@pytest.mark.parametrize("release", LWS_RELEASES)
+def test_recreate_group_after_start_is_accepted_from_v0_9_only(release):
+    """kubernetes-sigs/lws#757 made it a restartPolicy value in v0.9; v0.8 had it only as an annotation."""
+    errors = check_custom_resource(lws_with(restartPolicy="RecreateGroupAfterStart"), load_crd(release))
+    if release >= "v0.9":
+        assert errors == []
+    else:
+        assert errors == [".spec.leaderWorkerTemplate.restartPolicy: 'RecreateGroupAfterStart' is not one of "
+                          "['Default', 'RecreateGroupOnPodRestart', 'None']"]
+
+
+@pytest.mark.parametrize("release", LWS_RELEASES)
+def test_none_and_the_deprecated_default_are_accepted_by_every_supported_release(release):
+    """None came in v0.5 (kubernetes-sigs/lws#214), the oldest release kinetic_nb supports; Default stays, deprecated."""
+    for policy in ("None", "Default", "RecreateGroupOnPodRestart"):
+        assert check_custom_resource(lws_with(restartPolicy=policy), load_crd(release)) == []
+
+
+@pytest.mark.parametrize("template", ["leaderTemplate", "workerTemplate"])
+def test_a_misspelt_field_inside_a_pod_template_of_the_leader_worker_set_fails(template):
+    _, [lws] = manifests_for("tpu-v5e-16")
+    container = lws["spec"]["leaderWorkerTemplate"][template]["spec"]["containers"][0]
+    container["imagePullPolicyy"] = "Always"
+    errors = check_custom_resource(lws, load_crd())
+    assert len(errors) == 1
+    assert errors[0].startswith(f".spec.leaderWorkerTemplate.{template}.spec.containers.0: Additional properties are "
+                                "not allowed ('imagePullPolicyy' was unexpected) (core/v1 PodTemplateSpec")
+    del container["imagePullPolicyy"]
+    lws["spec"]["leaderWorkerTemplate"][template]["spec"]["restartPolicy"] = 7  # a wrong type, too
+    assert check_custom_resource(lws, load_crd())
 
 
 def test_the_validators_do_catch_mistakes():

@@ -1,0 +1,70 @@
+"""The versions a shipped cell depends on, recorded by the notebook and compared on every host.
+
+Functions and classes defined in the notebook travel by value (cloudpickle),
+as bytecode: a host with another Python minor version cannot run them, and
+cloudpickle guarantees its pickles only between the same versions. So the
+plan records the notebook's Python, cloudpickle and framework versions
+(:func:`installed_versions`), and each host refuses, in its plan check and in
+one line naming both sides, a plan whose Python or cloudpickle minor version
+differs from its own (:func:`refusal`). A different framework version is only
+noted in the host's log: values rarely depend on it, and the cell may pin it.
+
+Host-safe: the standard library and cloudpickle only; a framework's version is
+read from its installed metadata, never by importing it.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import platform
+from collections.abc import Iterable, Mapping
+
+import cloudpickle
+
+__all__ = ["FRAMEWORK_PACKAGES", "framework_notes", "installed_versions", "refusal"]
+
+#: The frameworks whose versions the plan records, when installed.
+FRAMEWORK_PACKAGES = ("jax", "jaxlib", "torch")
+#: What must match for shipped values to load and run, with why and what to install.
+_MUST_MATCH = {
+    "python": ("functions and classes shipped from the notebook are bytecode of one Python minor version",
+               "use an image with Python {minor}"),
+    "cloudpickle": ("cloudpickle loads only what the same cloudpickle version wrote",
+                    "install cloudpickle=={version} on the hosts"),
+}
+_LABELS = {"python": "Python", "cloudpickle": "cloudpickle"}
+
+
+def installed_versions(packages: Iterable[str] = FRAMEWORK_PACKAGES) -> dict[str, str]:
+    """``{"python": "3.11.9", "cloudpickle": "3.1.1", "jax": "0.4.35", ...}``: what is installed here."""
+    versions = {"python": platform.python_version(), "cloudpickle": cloudpickle.__version__}
+    for package in packages:
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return versions
+
+
+def _minor(version: str) -> tuple[str, ...]:
+    return tuple(version.split(".")[:2])
+
+
+def refusal(notebook: Mapping[str, str], host: Mapping[str, str]) -> str | None:
+    """One line naming both sides when ``host`` cannot load what ``notebook`` shipped, else None.
+
+    A plan from before versions were recorded (an empty ``notebook``) is never refused.
+    """
+    for name, (why, remedy) in _MUST_MATCH.items():
+        theirs, ours = notebook.get(name), host.get(name)
+        if theirs and ours and _minor(theirs) != _minor(ours):
+            label = _LABELS[name]
+            fix = remedy.format(minor=".".join(_minor(theirs)), version=theirs)
+            return f"this host has {label} {ours} and the notebook {label} {theirs}: {why} ({fix})"
+    return None
+
+
+def framework_notes(notebook: Mapping[str, str], host: Mapping[str, str]) -> list[str]:
+    """A line for each framework whose version differs between the notebook and this host."""
+    return [f"note: this host has {name} {host[name]}, the notebook {name} {notebook[name]}"
+            for name in FRAMEWORK_PACKAGES if name in notebook and name in host and notebook[name] != host[name]]

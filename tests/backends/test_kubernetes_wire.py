@@ -1,0 +1,171 @@
+"""The backend through the real ``kubernetes`` client, over HTTP, against a server that answers like the API server.
+
+``RecordingApiServer`` (``k8s_api_server.py``) runs in a thread on the
+loopback and records every request, so these tests check what goes over the
+wire: verb, URL, query (``fieldValidation=Strict``, ``propagationPolicy``,
+selectors), body (the manifests, owned by the root's server-given uid), and how
+the client's ``ApiException`` for 404 (no namespace / no LeaderWorkerSet API),
+403 and 409 becomes the backend's one-line errors.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import pytest
+
+from kinetic_nb.backends.k8s_manifests import secret_name
+from kinetic_nb.backends.k8s_root import ROOT_TTL_AFTER_FINISHED_S, root_name
+from kinetic_nb.backends.kubernetes import KubernetesBackend, KubernetesSettings
+from kinetic_nb.errors import KineticError, KineticWarning
+from kinetic_nb.runner import protocol
+from kinetic_nb.storage import open_storage
+
+from .k8s_api_server import RecordingApiServer
+from .test_kubernetes_manifests import JOB_ID, SECRETS, job_plan
+
+SETTINGS = KubernetesSettings(namespace="ml-team", image="registry.example/kinetic-jax:1.0")
+ROOT = root_name(JOB_ID)
+DATA = pathlib.Path(__file__).parent / "data"
+pytestmark = pytest.mark.filterwarnings("ignore:job storage file.*is local to this machine:kinetic_nb.errors.KineticWarning")
+
+
+@pytest.fixture
+def server():
+    running = RecordingApiServer()
+    yield running
+    running.close()
+
+
+@pytest.fixture
+def job_storage(tmp_path):
+    return open_storage(f"file://{tmp_path}/jobs").child(JOB_ID)
+
+
+#: A minute after the fixture pods were created: far within the pending limit.
+NOW = 1795996075.0 + 60
+
+
+def backend_for(server: RecordingApiServer, settings: KubernetesSettings = SETTINGS) -> KubernetesBackend:
+    return KubernetesBackend(settings, api=server.api(), pod_list_interval_s=0.0, event_list_interval_s=0.0,
+                             clock=lambda: NOW)
+
+
+def assert_only_garbage_left(server: RecordingApiServer) -> None:
+    """The root is gone, and whatever the launch created besides is owned by it alone: the garbage collector
+    (not the API server, which only stores) deletes it."""
+    assert ("Job", "ml-team", ROOT) not in server.objects
+    for body in server.objects.values():
+        [owner] = body["metadata"]["ownerReferences"]
+        assert (owner["kind"], owner["name"]) == ("Job", ROOT)
+
+
+def launch(server, job_storage, case="tpu-v5e-16", settings=SETTINGS):
+    backend, plan = backend_for(server, settings), job_plan(case)
+    job_storage.write_bytes(protocol.PLAN, plan.to_json())
+    with pytest.warns(KineticWarning):
+        backend.launch(job_storage, plan, SECRETS)
+    return backend, plan
+
+
+@pytest.mark.parametrize(("case", "paths"), [
+    ("tpu-v5e-16", ["/apis/batch/v1/namespaces/ml-team/jobs", "/api/v1/namespaces/ml-team/secrets",
+                    "/apis/leaderworkerset.x-k8s.io/v1/namespaces/ml-team/leaderworkersets"]),
+    ("cpu-3-hosts", ["/apis/batch/v1/namespaces/ml-team/jobs", "/api/v1/namespaces/ml-team/secrets",
+                     "/api/v1/namespaces/ml-team/services", "/apis/batch/v1/namespaces/ml-team/jobs"]),
+])
+def test_launch_posts_each_manifest_with_strict_field_validation_owned_by_the_uid_the_server_gave(
+        server, job_storage, case, paths):
+    backend, plan = launch(server, job_storage, case)
+    posts = server.sent("POST")
+    assert [request.path for request in posts] == paths
+    assert all(request.query == {"fieldValidation": ["Strict"]} for request in posts)
+    root_uid = server.objects["Job", "ml-team", ROOT]["metadata"]["uid"]
+    assert [request.body for request in posts if request.body["kind"] != "Secret"] == backend.manifests(
+        job_storage, plan, root_uid)
+    for request in posts[1:]:  # everything after the root is owned by it, by the uid from the 201
+        assert request.body["metadata"]["ownerReferences"] == [{
+            "apiVersion": "batch/v1", "kind": "Job", "name": ROOT, "uid": root_uid, "controller": False,
+            "blockOwnerDeletion": True}]
+    root = posts[0].body
+    assert root["spec"]["ttlSecondsAfterFinished"] == ROOT_TTL_AFTER_FINISHED_S  # the cluster ends the job alone
+    assert "activeDeadlineSeconds" in root["spec"]
+    assert backend.job_key(JOB_ID) == SECRETS.key  # read back through GET .../secrets/NAME, base64 and all
+    assert server.requests[-1].path == f"/api/v1/namespaces/ml-team/secrets/{secret_name(JOB_ID)}"
+
+
+def test_a_missing_leader_worker_set_api_is_told_apart_from_a_missing_namespace(server, job_storage):
+    server.lws_installed = False
+    with pytest.raises(KineticError) as caught:
+        launch(server, job_storage)
+    assert str(caught.value) == ("the cluster has no LeaderWorkerSet API (leaderworkerset.x-k8s.io/v1): install "
+                                 "the LeaderWorkerSet controller first (docs/gke.md)")
+    # The root was created, then deleted (which takes what it owns): nothing is left.
+    [delete] = server.sent("DELETE")
+    assert (delete.path, delete.query) == (f"/apis/batch/v1/namespaces/ml-team/jobs/{ROOT}",
+                                          {"propagationPolicy": ["Background"]})
+    assert_only_garbage_left(server)
+
+
+@pytest.mark.parametrize("case", ["tpu-v5e-16", "cpu-3-hosts"])
+def test_a_missing_namespace_is_named_with_the_command_that_creates_it(server, job_storage, case):
+    settings = KubernetesSettings(namespace="no-such-ns", image="img:1")
+    with pytest.raises(KineticError) as caught:
+        launch(server, job_storage, case, settings)
+    assert str(caught.value) == ("namespace no-such-ns does not exist: create it (kubectl create namespace "
+                                 "no-such-ns) or choose another (--namespace, KINETIC_NAMESPACE)")
+    assert [request.path for request in server.sent("POST")] == ["/apis/batch/v1/namespaces/no-such-ns/jobs"]
+
+
+def test_forbidden_is_one_line_with_the_servers_reason_and_leaves_nothing(server, job_storage):
+    server.fail["POST", "/api/v1/namespaces/ml-team/services"] = (
+        403, "Forbidden", 'services is forbidden: User "me@example.com" cannot create resource "services" in API '
+                          'group "" in the namespace "ml-team"')
+    with pytest.raises(KineticError) as caught:
+        launch(server, job_storage, "cpu-3-hosts")
+    assert str(caught.value) == (f"not allowed to create Service {JOB_ID} in namespace ml-team: services is "
+                                 'forbidden: User "me@example.com" cannot create resource "services" in API group "" '
+                                 'in the namespace "ml-team"')
+    assert_only_garbage_left(server)
+
+
+def test_a_second_launch_conflicts_and_leaves_the_first_ones_objects(server, job_storage):
+    backend, plan = launch(server, job_storage)
+    before = {key: body["metadata"]["uid"] for key, body in server.objects.items()}
+    with pytest.raises(KineticError) as caught, pytest.warns(KineticWarning):
+        backend.launch(job_storage, plan, SECRETS)
+    assert str(caught.value) == f'could not create Job {ROOT} in namespace ml-team: jobs "{ROOT}" already exists'
+    assert {key: body["metadata"]["uid"] for key, body in server.objects.items()} == before
+    assert server.sent("DELETE") == []  # not the first launch's root
+
+
+def test_cancel_deletes_the_root_in_the_foreground_and_cleanup_in_the_background(server, job_storage):
+    backend, plan = launch(server, job_storage)
+    backend.cancel(job_storage, plan, "by the user")
+    [delete] = server.sent("DELETE")
+    assert (delete.path, delete.query) == (f"/apis/batch/v1/namespaces/ml-team/jobs/{ROOT}",
+                                          {"propagationPolicy": ["Foreground"]})
+    backend.cleanup(plan)  # the root is gone (404): its objects are deleted by label, each kind
+    deletes = server.sent("DELETE")[1:]
+    assert [request.path for request in deletes] == [
+        f"/apis/batch/v1/namespaces/ml-team/jobs/{ROOT}",
+        "/apis/leaderworkerset.x-k8s.io/v1/namespaces/ml-team/leaderworkersets",
+        "/apis/batch/v1/namespaces/ml-team/jobs", "/api/v1/namespaces/ml-team/services"]
+    assert all(request.query["labelSelector"] == [f"kinetic-nb/job={JOB_ID}"] for request in deletes[1:])
+
+
+def test_polling_lists_pods_by_label_and_pod_events_by_field_through_the_client(server, job_storage):
+    backend, plan = launch(server, job_storage)
+    pods = json.loads((DATA / "pods.json").read_text())["items"]
+    events = json.loads((DATA / "events.json").read_text())["items"]
+    server.pods = [pod for pod in pods if pod["metadata"]["annotations"]["test.kinetic-nb/case"] in (
+        "running", "unschedulable")]
+    server.events = [event for event in events
+                     if event["metadata"]["annotations"]["test.kinetic-nb/scenario"] == "scale-up-triggered"]
+    view = backend.observe(job_storage, plan, job_storage.list(), {})
+    assert view.waiting == {2: "waiting for TPU nodes: scale-up triggered"}
+    listings = {(request.path, json.dumps(request.query)) for request in server.sent("GET")}
+    assert listings == {
+        ("/api/v1/namespaces/ml-team/pods", json.dumps({"labelSelector": [f"kinetic-nb/job={JOB_ID}"]})),
+        ("/api/v1/namespaces/ml-team/events", json.dumps({"fieldSelector": ["involvedObject.kind=Pod"]}))}
