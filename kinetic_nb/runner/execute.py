@@ -131,15 +131,13 @@ class HostRun:
         self.outcome_storage = storage
         self.outcome_key = key
         self.failure_line = ""
-        #: Phases entered without a status write: a session's cell spends milliseconds in them, and
-        #: each write is a storage request on every host.
-        self.unrecorded_phases: frozenset[Phase] = frozenset()
+        #: A phase entered is written at once (None), or after this many seconds unless a write came first:
+        #: a session's cell spends milliseconds in each, and each write is a storage request on every host.
+        self.status_defer_s: float | None = None
 
     def _enter(self, phase: Phase, state: HostState | None = None) -> None:
         self.phase = phase
-        if phase in self.unrecorded_phases:
-            return  # known to this host (a failure names it), not worth a status write
-        self.status.update(state=state, phase=phase)
+        self.status.update(state=state, phase=phase, record=self.status_defer_s is None, defer_s=self.status_defer_s)
 
     def run(self) -> int:
         try:

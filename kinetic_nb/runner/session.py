@@ -70,6 +70,12 @@ MAX_LOOK_REMOTE_S = 1.0
 #: For this long after a cell the next one is looked for at least this often.
 BUSY_S = 1.0
 BUSY_LOOK_S = 0.002
+#: A phase a cell stays in longer than this is written (the panel shows the cell running, or a host waiting at
+#: its barrier); a quick cell's phases reach storage with its end, in one write.
+STATUS_DEFER_S = 0.05
+#: The longest a cell's barrier waits: its hosts are up, so the plan's start window for hosts that are still
+#: being scheduled (Kubernetes adds its pending limit, 45 minutes) is not a cell's to wait.
+CELL_BARRIER_TIMEOUT_S = 300.0
 #: Keys of a cell's payload that only sessions use.
 CELL_SEQ = "seq"
 CELL_FRAMEWORK = "framework"
@@ -116,7 +122,7 @@ class SessionLoop:
             frameworks.initialize(self.plan, run.host_index)
             self.initialized = True
         run.status.update(state=HostState.IDLE, phase=Phase.TEARDOWN, cell=0, names=held_names(self.namespace))
-        run.unrecorded_phases = frozenset({Phase.START_BARRIER, Phase.RESULT_SERIALIZATION, Phase.RESULT_UPLOAD})
+        run.status_defer_s = STATUS_DEFER_S  # a quick cell's status is written once, when it is done
         signal.signal(signal.SIGINT, self._note_interrupt)  # an interrupt reaches a cell, never the loop
         seq = 1
         try:
@@ -151,9 +157,8 @@ class SessionLoop:
         run.outcome_storage, run.outcome_key = cell_storage, cell_key(run.key, seq)
         run._failure_reported = False
         run.phase = Phase.PAYLOAD_LOAD
-        # Remembered, written with the next change (the cell's start, or its failure): a write less per cell.
         run.status.update(state=HostState.RUNNING, phase=Phase.PAYLOAD_LOAD, cell=seq, cell_failed=False,
-                          record=False)
+                          record=False, defer_s=STATUS_DEFER_S)
         try:
             cell = envelope.load_sealed(cell_storage, protocol.PAYLOAD, run.outcome_key)
             run.filename = cell[protocol.CELL_FILENAME]
@@ -207,7 +212,8 @@ class SessionLoop:
         cell_storage.write_bytes(protocol.cell_ready(run.host_index), b"")
         if not run.is_leader and self.wakeup is not None:
             wake(wakeup_path(self.plan.job_id, protocol.LEADER_INDEX))
-        deadline = time.monotonic() + self.plan.barrier_timeout_s
+        timeout = min(self.plan.barrier_timeout_s, CELL_BARRIER_TIMEOUT_S)
+        deadline = time.monotonic() + timeout
         pause = FIRST_LOOK_S
         while time.monotonic() < deadline:
             if run.is_leader:
@@ -233,7 +239,7 @@ class SessionLoop:
                     raise HostStoppedError(protocol.stopped_message(protocol.LEADER_INDEX, Phase.PAYLOAD_LOAD.value))
             self._sleep(pause)
             pause = min(pause * 1.5, self._max_look)
-        raise KineticTimeoutError(f"cell barrier: not every host loaded the cell within {self.plan.barrier_timeout_s:g} s")
+        raise KineticTimeoutError(f"cell barrier: not every host loaded the cell within {timeout:g} s")
 
     def _tell_the_agent(self, seq: int, error: BaseException) -> None:
         """The first failure of a cell: the agent then checks that every host comes back to idle."""

@@ -29,6 +29,10 @@ class StatusReporter:
         self._heartbeat_name = protocol.host_heartbeat(host_index)
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        #: Set when the heartbeat thread has something new to wait for: a deferred write, or the stop.
+        self._changed = threading.Event()
+        #: When a deferred change is due to be written (monotonic), or None when none waits.
+        self._due_at: float | None = None
         now = time.time()
         self._status = HostStatus(
             host_index=host_index,
@@ -48,9 +52,15 @@ class StatusReporter:
 
     def update(
         self, *, state: HostState | None = None, phase: Phase | None = None, message: str = "", traceback: str = "",
-        record: bool = True, **session: Any,
+        record: bool = True, defer_s: float | None = None, **session: Any,
     ) -> None:
-        """Record a change of state or phase; ``session`` sets a session host's ``cell``, ``cell_failed``, ``names``."""
+        """Record a change of state or phase; ``session`` sets a session host's ``cell``, ``cell_failed``, ``names``.
+
+        ``record=False`` keeps the change for the next write; with ``defer_s`` as
+        well, it is written after that many seconds unless a write came first
+        (a session's quick cell writes its status once, when it is done; a long
+        one still shows that it runs).
+        """
         with self._lock:
             now = time.time()
             history = self._status.history
@@ -70,19 +80,41 @@ class StatusReporter:
             )
         if record:  # False: remembered, and written with the next change
             self._write_status()
+        elif defer_s is not None:
+            with self._lock:
+                armed, self._due_at = self._due_at is None, self._due_at or time.monotonic() + defer_s
+            if armed:  # the heartbeat thread learns of a new due time; a later change rides on this one
+                self._changed.set()
 
     def stop(self) -> None:
         self._stop.set()
+        self._changed.set()
 
     def _beat(self) -> None:
-        while not self._stop.wait(HEARTBEAT_INTERVAL_S):
-            self._beat_once()
+        """Beat every HEARTBEAT_INTERVAL_S, and write a deferred change when it is due."""
+        next_beat = time.monotonic() + HEARTBEAT_INTERVAL_S
+        while not self._stop.is_set():
+            with self._lock:
+                due_at = self._due_at
+            wake_at = next_beat if due_at is None else min(next_beat, due_at)
+            if self._changed.wait(max(0.0, wake_at - time.monotonic())):
+                self._changed.clear()
+                continue  # something new to wait for (or the stop): look again
+            now = time.monotonic()
+            if due_at is not None and now >= due_at:
+                self._write_status(only_if_due=True)
+            if now >= next_beat:
+                self._beat_once()
+                next_beat = now + HEARTBEAT_INTERVAL_S
 
     def _beat_once(self) -> None:
         self._write(self._heartbeat_name, b"")
 
-    def _write_status(self) -> None:
+    def _write_status(self, only_if_due: bool = False) -> None:
         with self._lock:
+            if only_if_due and self._due_at is None:
+                return  # written meanwhile
+            self._due_at = None
             data = self._status.to_json()
         self._write(self._status_name, data)
 

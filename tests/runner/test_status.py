@@ -1,0 +1,56 @@
+"""A host's status record: written on a change, or deferred so that a quick phase costs no write."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from kinetic_nb.runner import protocol
+from kinetic_nb.runner.protocol import HostState, HostStatus, Phase
+from kinetic_nb.runner.status import StatusReporter
+from kinetic_nb.storage import LocalStorage
+
+
+class CountingStorage(LocalStorage):
+    def __init__(self, root: str):
+        super().__init__(root)
+        self.status_writes: list[HostStatus] = []
+
+    def write_bytes(self, name: str, data: bytes, *, exclusive: bool = False) -> None:
+        if name == protocol.host_status(0):
+            self.status_writes.append(HostStatus.from_json(data))
+        super().write_bytes(name, data, exclusive=exclusive)
+
+
+def wait_for(condition, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never held"
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def reporting(tmp_path):
+    storage = CountingStorage(str(tmp_path / "job"))
+    reporter = StatusReporter(storage, 0)
+    reporter.start()
+    yield storage, reporter
+    reporter.stop()
+
+
+def test_a_deferred_phase_is_written_once_it_lasts(reporting):
+    storage, reporter = reporting
+    reporter.update(state=HostState.RUNNING, phase=Phase.EXECUTE, record=False, defer_s=0.05)
+    wait_for(lambda: len(storage.status_writes) == 2)  # the start's, then the phase that lasted
+    assert storage.status_writes[-1].phase == Phase.EXECUTE.value
+
+
+def test_a_quick_phase_reaches_storage_with_the_next_write_only(reporting):
+    storage, reporter = reporting
+    reporter.update(state=HostState.RUNNING, phase=Phase.EXECUTE, record=False, defer_s=0.5)
+    reporter.update(state=HostState.IDLE, phase=Phase.TEARDOWN)  # done before the deferred write was due
+    time.sleep(1.0)
+    assert [status.state for status in storage.status_writes] == [HostState.PENDING.value, HostState.IDLE.value]
+    assert [phase for phase, _ in storage.status_writes[-1].history][-2:] == [Phase.EXECUTE.value,
+                                                                               Phase.TEARDOWN.value]
