@@ -321,8 +321,17 @@ class GcsStorage(Storage):
         return blob is not None and (blob.metadata or {}).get(WRITER_TOKEN_KEY) == token
 
     def read_bytes(self, name: str) -> bytes:
+        from google.api_core.exceptions import RequestRangeNotSatisfiable
+
         blob = self._blob(name)
-        return self._call("read", "read", name, lambda _: blob.download_as_bytes(retry=None, timeout=REQUEST_TIMEOUT_S))
+
+        def download(_: int) -> bytes:
+            try:
+                return blob.download_as_bytes(retry=None, timeout=REQUEST_TIMEOUT_S)
+            except RequestRangeNotSatisfiable:  # an empty object: no range of it exists (RFC 9110, 416)
+                return b""
+
+        return self._call("read", "read", name, download)
 
     def open_read(self, name: str) -> IO[bytes]:
         blob = self._blob(name)

@@ -110,6 +110,23 @@ def test_a_second_exclusive_writer_fails_and_the_first_content_stays(storage):
     assert names(storage.list()) == ["result.pkl"]
 
 
+def test_empty_objects_are_objects_too(storage):
+    # Markers (a host ready at a barrier) and heartbeats are empty; the local disk makes them without a rename.
+    storage.write_bytes("cells/000001/ready-0", b"", exclusive=True)
+    with pytest.raises(ObjectExistsError, match="ready-0 already exists"):
+        storage.write_bytes("cells/000001/ready-0", b"", exclusive=True)
+    assert storage.read_bytes("cells/000001/ready-0") == b""
+    storage.write_bytes("hosts/0/heartbeat", b"")
+    first = storage.list("hosts/0/heartbeat")[0]
+    time.sleep(0.05)  # a file's time moves in steps of a few milliseconds
+    storage.write_bytes("hosts/0/heartbeat", b"")  # a beat: the same empty object, written again
+    assert storage.list("hosts/0/heartbeat")[0].version != first.version
+    storage.write_bytes("hosts/0/heartbeat", b"not empty")
+    storage.write_bytes("hosts/0/heartbeat", b"")
+    assert storage.read_bytes("hosts/0/heartbeat") == b""
+    assert names(storage.list()) == ["cells/000001/ready-0", "hosts/0/heartbeat"]
+
+
 def test_racing_exclusive_writers_leave_exactly_one_winner(storage):
     start = threading.Barrier(WRITERS)
 
