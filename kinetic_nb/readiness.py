@@ -236,6 +236,8 @@ def _storage_check(uri: str) -> Check:
         finally:
             storage.delete(name)
     except Exception as error:  # noqa: BLE001 - reported as a row
+        if type(error.__cause__).__name__ == "DefaultCredentialsError":  # no login yet: a role would not help
+            fix = "gcloud auth application-default login"
         return Check("storage", FAIL, f"{uri} is not writable and readable from here: "
                      f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}", fix)
     if read != data:

@@ -142,6 +142,17 @@ def test_an_unwritable_bucket_and_an_unreachable_cluster_fail_with_their_fixes(s
     assert "\n" not in checks["storage"].detail
 
 
+def test_no_google_login_is_fixed_by_logging_in_not_by_a_role(server, monkeypatch):
+    for variable in ("STORAGE_EMULATOR_HOST", "GOOGLE_APPLICATION_CREDENTIALS"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("HOME", "/nonexistent")  # no gcloud application-default credentials either
+    monkeypatch.setenv("CLOUDSDK_CONFIG", "/nonexistent")
+    monkeypatch.setenv("GCE_METADATA_HOST", "127.0.0.1:9")  # and no metadata server to ask
+    check = doctor_module._storage_check("gs://some-bucket/kinetic")
+    assert check.status == "fail" and "needs Google Cloud credentials" in check.detail
+    assert check.fix == "gcloud auth application-default login"
+
+
 def test_the_magic_prints_the_table(server, gcs_root, monkeypatch, capsys):
     from IPython.core.interactiveshell import InteractiveShell
 
