@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import tempfile
 import time
 
 import psutil
@@ -19,6 +21,27 @@ _JOB_VARIABLE = "KINETIC_JOB_URI"
 _session_root = ""
 #: How long a finished job's supervisor may take to exit after the test.
 _SURVIVOR_WAIT_S = 15.0
+#: This run's own cache directory, and the XDG_CACHE_HOME it replaced.
+_CACHE_KEY = pytest.StashKey[tuple]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """This run's keys, agent records and sockets go to a cache of its own, not the user's
+    (``~/.cache/kinetic_nb`` would gather thousands of them); every process a test starts inherits it."""
+    cache = tempfile.mkdtemp(prefix="kinetic-test-cache-")
+    config.stash[_CACHE_KEY] = (cache, os.environ.get("XDG_CACHE_HOME"))
+    os.environ["XDG_CACHE_HOME"] = cache
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    cache, before = config.stash.get(_CACHE_KEY, (None, None))
+    if cache is None:
+        return
+    if before is None:
+        os.environ.pop("XDG_CACHE_HOME", None)
+    else:
+        os.environ["XDG_CACHE_HOME"] = before
+    shutil.rmtree(cache, ignore_errors=True)
 
 
 def job_processes() -> list[psutil.Process]:

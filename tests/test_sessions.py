@@ -210,3 +210,4 @@ def test_a_local_session_wakes_its_hosts_through_sockets_only_this_user_reaches(
         started.stop()
     started.job.wait(timeout=HANG_GUARD_S)
     assert not any(os.path.exists(path) for path in paths)  # gone with their hosts
+    assert not os.path.exists(os.path.dirname(paths[0]))  # and the session's socket directory with them

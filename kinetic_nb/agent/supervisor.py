@@ -48,7 +48,7 @@ from kinetic_nb.runner.logs import LogChunkWriter
 from kinetic_nb.runner.protocol import CancelRequest, ExitSummary, FirstFailure, HostState, HostStatus, JobPlan
 from kinetic_nb.runner.redact import Redactor
 from kinetic_nb.runner.stacks import STACKS_FILE_ENV, STACKS_SIGNAL
-from kinetic_nb.runner.wakeup import wake_clients, wakeup_path
+from kinetic_nb.runner.wakeup import remove_session_sockets, wake_clients, wakeup_path
 from kinetic_nb.storage import Storage
 
 logger = logging.getLogger(__name__)
@@ -308,6 +308,8 @@ class Agent:
         if self.plan.session:  # a session host's wakeup socket goes with it, however it ended
             with contextlib.suppress(OSError):
                 os.unlink(wakeup_path(self.plan.job_id, host.index))
+            if not any(other.alive for other in self.hosts.values()):
+                remove_session_sockets(self.plan.job_id)
         if summary.failed:
             self._report_first_failure(host.index, summary)
         if not any(other.alive for other in self.hosts.values()):

@@ -1,8 +1,9 @@
 """Wake a local session's host at once instead of at its next look at storage.
 
 Each host of a session on a local disk sleeps on a unix datagram socket in
-this user's 0700 directory (``~/.cache/kinetic_nb/agents/{session}-{i}.sock``):
-only this user can reach it. A datagram carries nothing but "look now": what
+a 0700 directory of this user's (``~/.cache/kinetic_nb/agents/{session}/host-{i}.sock``,
+a notebook waiting on a cell ``client-{pid}.sock`` beside them): only this user
+can reach it. A datagram carries nothing but "look now": what
 to do still comes from storage, verified as ever, so the socket needs no
 signature and storage stays the record. Where no socket can be made (a long
 path, a remote host), the host simply keeps looking at storage. Host-safe.
@@ -13,29 +14,40 @@ from __future__ import annotations
 import contextlib
 import os
 import select
+import shutil
 import socket
+from pathlib import Path
 
 from kinetic_nb.storage.defaults import user_directory, user_directory_path
 
 
+def session_socket_directory(session_id: str) -> Path:
+    """Where a session's sockets live: one directory per session, so waking its notebooks lists a handful."""
+    return user_directory_path("agents") / session_id
+
+
 def wakeup_path(session_id: str, host_index: int) -> str:
     # Only named here (asked for on every cell); the socket's owner creates the directory when it binds.
-    return str(user_directory_path("agents") / f"{session_id}-{host_index}.sock")
+    return str(session_socket_directory(session_id) / f"host-{host_index}.sock")
 
 
 def client_wakeup_path(session_id: str) -> str:
     """A notebook's own socket for a session: its hosts wake it when they are back to idle."""
-    return str(user_directory_path("agents") / f"{session_id}-client-{os.getpid()}.sock")
+    return str(session_socket_directory(session_id) / f"client-{os.getpid()}.sock")
 
 
 def wake_clients(session_id: str) -> None:
-    """Wake every notebook waiting on a cell of ``session_id`` (one look at this user's agents directory)."""
-    directory = user_directory_path("agents")
-    prefix = f"{session_id}-client-"
+    """Wake every notebook waiting on a cell of ``session_id`` (one look at the session's socket directory)."""
+    directory = session_socket_directory(session_id)
     with contextlib.suppress(OSError):
         for name in os.listdir(directory):
-            if name.startswith(prefix) and name.endswith(".sock"):
+            if name.startswith("client-"):
                 wake(str(directory / name))
+
+
+def remove_session_sockets(session_id: str) -> None:
+    """The session's socket directory, once its hosts have ended (a notebook's socket left behind goes too)."""
+    shutil.rmtree(session_socket_directory(session_id), ignore_errors=True)
 
 
 def wake(path: str) -> None:
@@ -51,6 +63,8 @@ class Wakeup:
     def __init__(self, path: str):
         self.path = path
         user_directory("agents")  # 0700: only this user reaches the socket
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(os.path.dirname(path), 0o700)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)  # left by a host that was killed
         self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
