@@ -238,13 +238,21 @@ def _clean_up_platform(job: Storage, record: dict, access: _Access) -> None:
         logger.warning("could not clean up the %s objects of %s", record.get("backend"), job.uri, exc_info=True)
 
 
+def _forget_on_this_machine(job_id: str, record: dict) -> None:
+    """What the job's backend keeps outside storage (a local job's agent log and record)."""
+    try:
+        get_backend(record.get("backend", "local"), **record.get("backend_options", {})).forget(job_id)
+    except Exception:  # the job itself is gone regardless
+        logger.warning("could not remove what this machine keeps of %s", job_id, exc_info=True)
+
+
 def gc(older_than: float | str, *, storage: str | None = None) -> list[str]:
     """Remove this user's jobs submitted longer than ``older_than`` ago whose every host has ended.
 
     A job's recorded outcome is not enough: a failed job's other hosts may
     still be inside their grace period, so each job's hosts are looked at. A
     job this user has no key for (another user's in a shared root, or
-    planted) is left alone; a removed job's key file goes with it.
+    planted) is left alone; a removed job's key file and agent records go with it.
     """
     age = parse_duration(older_than) if isinstance(older_than, str) else float(older_than)
     root = _root(storage)
@@ -271,5 +279,6 @@ def gc(older_than: float | str, *, storage: str | None = None) -> list[str]:
         _clean_up_platform(job, record, access)
         remove_job_objects(job)
         delete_key(job_id)
+        _forget_on_this_machine(job_id, record)
         removed.append(job_id)
     return removed

@@ -10,6 +10,7 @@ from IPython.core.interactiveshell import InteractiveShell
 
 import kinetic_nb
 from kinetic_nb import catalog as jobs
+from kinetic_nb.backends.local import agent_files
 from kinetic_nb.runner.envelope import read_sealed
 from kinetic_nb.state import JobStatus
 
@@ -49,9 +50,12 @@ def test_jobs_attach_and_gc(storage_root):
     assert again.result() == "kept" and again.detached
     with pytest.raises(FileNotFoundError, match="no job kn-19990101-000000-abc"):
         jobs.attach("kn-19990101-000000-abc")
+    kept_record = agent_files(kept.job_id)[1]  # the agent's own record (its log went, being empty)
+    assert os.path.exists(kept_record)  # kept past the outcome: it tells a dead agent from a busy one
     removed = jobs.gc(0)
     assert kept.job_id in removed and running.job_id not in removed  # never a running job
     assert not os.path.exists(kept.storage.local_path())
+    assert not any(os.path.exists(path) for path in agent_files(kept.job_id))  # gc ends them with the job
     running.cancel()
 
 

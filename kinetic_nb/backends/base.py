@@ -131,6 +131,9 @@ class Backend(abc.ABC):
     def cleanup(self, plan: JobPlan) -> None:  # noqa: B027 - a hook: a local job leaves nothing to remove
         """Remove what the platform still holds for the job once its outcome is recorded; never raises."""
 
+    def forget(self, job_id: str) -> None:  # noqa: B027 - a hook: most backends keep nothing on this machine
+        """Remove what this machine keeps of a job outside its storage, when the job is collected (``gc``)."""
+
     def options(self) -> dict[str, object]:
         """The settings that recreate this backend from any kernel (stored in ``handle.json``)."""
         return {}

@@ -10,6 +10,7 @@ the agent died or could not write the job.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -84,6 +85,11 @@ class LocalBackend(Backend):
 
     def coordinator_address(self, job_id: str) -> str:
         return f"127.0.0.1:{_free_port()}"
+
+    def forget(self, job_id: str) -> None:
+        for path in agent_files(job_id):  # kept past the job's outcome, for its last words; gc ends them
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
 
     def launch(self, storage: Storage, plan: JobPlan, secrets: JobSecrets) -> None:
         log_path, state_path = agent_files(plan.job_id)
