@@ -61,8 +61,9 @@ def image_reference(registry: str, tag: str) -> str:
 def _project_and_location(registry: str) -> tuple[str, str]:
     registry = registry.rstrip("/")
     match = _ARTIFACT_REGISTRY.match(registry)
-    if match:
-        return match["project"], match["region"]
+    if match:  # a regional repository builds in its region; a multi-region one (us, europe, asia) globally
+        region = match["region"]
+        return match["project"], region if any(character.isdigit() for character in region) else "global"
     match = _CONTAINER_REGISTRY.match(registry)
     if match:
         return match["project"], "global"
