@@ -125,6 +125,15 @@ class KineticMagics(Magics):
                         ).tag(config=True)
     image = Unicode(None, allow_none=True,
                     help="Container image for -b kubernetes (below --image and $KINETIC_IMAGE).").tag(config=True)
+    image_mode = Unicode(None, allow_none=True,
+                         help="prebuilt, build or custom for -b kubernetes (below --image-mode and "
+                              "$KINETIC_IMAGE_MODE).").tag(config=True)
+    requirements = Unicode(None, allow_none=True,
+                           help="A pip requirements file the pods install for -b kubernetes (below --requirements "
+                                "and $KINETIC_REQUIREMENTS).").tag(config=True)
+    registry = Unicode(None, allow_none=True,
+                       help="Where --image-mode build puts its images for -b kubernetes (below --registry and "
+                            "$KINETIC_REGISTRY).").tag(config=True)
     service_account = Unicode(None, allow_none=True,
                               help="The pods' service account for -b kubernetes "
                                    "(below --service-account and $KINETIC_SERVICE_ACCOUNT).").tag(config=True)

@@ -21,6 +21,7 @@ from collections.abc import Collection, Mapping
 from typing import Protocol
 
 from kinetic_nb.runner import protocol
+from kinetic_nb.runner.environment import LOG_PREFIX as ENVIRONMENT_LOG_PREFIX
 from kinetic_nb.runner.protocol import ExitSummary, HostState, HostStatus, JobPlan
 from kinetic_nb.runner.status import HEARTBEAT_INTERVAL_S
 
@@ -49,18 +50,20 @@ LOST_AFTER_S = 5 * HEARTBEAT_INTERVAL_S
 SNAPSHOT_INTERVAL_S = 0.25
 #: Lines a framework prints for itself on every run: JAX's CPU collectives
 #: announce each gloo connection, and the JAX coordination service its start
-#: (C++ INFO lines, or Python logging's when the user turned it on). Kept in
+#: (C++ INFO lines, or Python logging's when the user turned it on); a pod that
+#: installed its environment, what pip said then (``runner.environment``). Kept in
 #: the logs, but never shown as a host's last line nor echoed as the leader's
 #: output. Errors and warnings from the same places are never chatter.
 CHATTER = re.compile(
     r"^(\[Gloo\] Rank \d+ is connected to \d+ peer ranks\b.*"
     r"|I0000 00:00:[\d.]+ +\d+ (coordination_service|coordination_service_agent|client_server|"
     r"coordination_service_rpc_handler|grpc_server)\.cc:\d+\] .*"
-    r"|INFO:jax\._src\.distributed:(Starting|Connecting to) JAX distributed service on .*)$"
+    r"|INFO:jax\._src\.distributed:(Starting|Connecting to) JAX distributed service on .*"
+    r"|" + re.escape(ENVIRONMENT_LOG_PREFIX) + r".*)$"
 )
 #: How each kind of ``CHATTER`` line starts: a line still being written that
 #: may become one is held back from the cell until it is complete.
-CHATTER_STARTS = ("[Gloo] Rank ", "I0000 00:00:", "INFO:jax._src.distributed:")
+CHATTER_STARTS = ("[Gloo] Rank ", "I0000 00:00:", "INFO:jax._src.distributed:", ENVIRONMENT_LOG_PREFIX)
 #: Host states that need no attention.
 FINE_STATES = frozenset({HostState.PENDING.value, HostState.READY.value, HostState.RUNNING.value, HostState.IDLE.value,
                          HostState.SUCCEEDED.value})

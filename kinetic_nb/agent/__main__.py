@@ -18,6 +18,7 @@ from kinetic_nb.agent.watch import wait_for_job_end
 from kinetic_nb.errors import IntegrityError
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.envelope import KEY_ENV, key_from_environment, read_sealed, write_sealed
+from kinetic_nb.runner.environment import installed_environment
 from kinetic_nb.runner.execute import exception_type_name
 from kinetic_nb.runner.hostenv import host_environment, resolve_host_index
 from kinetic_nb.runner.protocol import JobPlan, Phase, ResultPayload
@@ -87,6 +88,10 @@ def main(argv: list[str] | None = None) -> int:
                   redactor=host_secrets(key_hex, plan.env_names))
     signal.signal(signal.SIGTERM, agent.stop_on_signal)  # a pod's deletion: record the hosts as stopped
     agent.start_hosts()
+    install = None if args.all_hosts else installed_environment()
+    if install is not None:  # what pip said while this pod installed its environment: first in the host's log
+        for host in agent.hosts.values():
+            host.log.feed(install.log_text().encode(), protocol.STDERR)
     agent.run()
     keep_state(finished=True)
     sys.stdout.flush()

@@ -34,6 +34,7 @@ from kinetic_nb.accelerators import (
     Accelerator,
     resolve_accelerator,
 )
+from kinetic_nb.agent import bootstrap
 from kinetic_nb.runner.envelope import KEY_ENV
 from kinetic_nb.runner.frameworks import COORDINATOR_ENV
 from kinetic_nb.runner.hostenv import index_variables, job_variables
@@ -154,6 +155,11 @@ exec "$@"
 """
 #: ``$0`` of :data:`HOST_SCRIPT`, as ``ps`` and error messages show it.
 HOST_SCRIPT_NAME = "kinetic-host"
+#: Runs the bootstrap of the prebuilt and build image modes: every stock Python image has ``python3``.
+BOOTSTRAP_PYTHON = "python3"
+#: Where a host pod installs its environment: on the scratch volume, which outlives a restarted
+#: container, so the kubelet's restart of a LeaderWorkerSet pod finds it installed.
+ENVIRONMENT_DIR = f"{SCRATCH_DIR}/environment"
 
 _INVALID_NAME_CHARS = re.compile(r"[^a-z0-9-]+")
 #: A ``$`` the kubelet would read as the start of ``$$`` or ``$(VAR)``.
@@ -332,7 +338,7 @@ def _pod_template(plan: JobPlan, acc: Accelerator, job_uri: str, settings: Kuber
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": image,
-        "command": literal_command("/bin/sh", "-c", HOST_SCRIPT, HOST_SCRIPT_NAME),
+        "command": installing_first(settings, "/bin/sh", "-c", HOST_SCRIPT, HOST_SCRIPT_NAME),
         "args": literal_command("python", "-m", AGENT_MODULE, "--job", job_uri),
         "env": host_environment(plan, acc, job_uri, settings, lws=lws),
         "ports": [{"name": "coordinator", "containerPort": settings.coordinator_port}],
@@ -364,6 +370,17 @@ def _pod_template(plan: JobPlan, acc: Accelerator, job_uri: str, settings: Kuber
     if not lws and plan.hosts > 1:
         spec["subdomain"] = name  # pod i is {name}-{i}.{name}: host 0 is the coordinator
     return {"metadata": pod_metadata(plan, role), "spec": spec}
+
+
+def installing_first(settings: KubernetesSettings, *command: str, requirements: bool = True) -> list[str]:
+    """``command`` as a container's ``command``; in the prebuilt and build image modes, behind the bootstrap
+    (:mod:`kinetic_nb.agent.bootstrap`) that installs the job's signed environment first."""
+    from kinetic_nb.backends.k8s_environment import ImageMode, bootstrap_source
+
+    if settings.mode is ImageMode.CUSTOM:
+        return literal_command(*command)
+    options = () if requirements else ("--no-requirements",)
+    return literal_command(BOOTSTRAP_PYTHON, "-c", bootstrap_source(), *options, "--", *command)
 
 
 def accelerator_node_selector(acc: Accelerator) -> dict[str, str]:
@@ -470,5 +487,7 @@ def host_environment(plan: JobPlan, acc: Accelerator, job_uri: str, settings: Ku
         else:
             env.append(_value("MASTER_ADDR", leader_host(plan.job_id, settings.namespace)))
     env += [_reference(name, "$(KINETIC_HOST_INDEX)") for name in index_variables(0) if name != "KINETIC_HOST_INDEX"]
+    if settings.mode.value != "custom":  # the prebuilt and build image modes install into the scratch volume
+        env.append(_value(bootstrap.DIRECTORY_ENV, ENVIRONMENT_DIR))
     env += secret_env(plan)  # the job's key and the user's own -e values, last: they win
     return env

@@ -24,7 +24,7 @@ from kinetic_nb.backends.k8s_manifests import (
     AGENT_MODULE,
     DEADLINE_MARGIN_S,
     TERMINATION_GRACE_S,
-    literal_command,
+    installing_first,
     literal_env,
     object_metadata,
     pod_metadata,
@@ -122,7 +122,9 @@ def root_job(plan: JobPlan, job_uri: str, settings: KubernetesSettings) -> dict[
     container: dict[str, Any] = {
         "name": ROOT_CONTAINER_NAME,
         "image": settings.require_image(),
-        "command": literal_command("python", "-m", AGENT_MODULE, "--job", job_uri, "--watch"),
+        # In the prebuilt and build image modes the watcher installs kinetic_nb first, not the requirements.
+        "command": installing_first(settings, "python", "-m", AGENT_MODULE, "--job", job_uri, "--watch",
+                                    requirements=False),
         # The key (to verify the plan) and the user's own variables last, as on the hosts: they may say how
         # storage is reached.
         "env": literal_env({"KINETIC_JOB_ID": plan.job_id, "KINETIC_JOB_URI": job_uri, "PYTHONUNBUFFERED": "1"})

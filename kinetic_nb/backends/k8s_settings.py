@@ -13,6 +13,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+from kinetic_nb.backends.k8s_environment import ImageMode, stock_image
 from kinetic_nb.backends.k8s_pods import DEFAULT_PENDING_TIMEOUT_S
 
 __all__ = ["DEFAULT_COORDINATOR_PORT", "DEFAULT_NAMESPACE", "KubernetesSettings"]
@@ -36,8 +37,19 @@ class KubernetesSettings:
     namespace : str
         Kubernetes namespace of the job's objects (``KINETIC_NAMESPACE``).
     image : str or None
-        Container image with kinetic_nb (and jax or torch) installed
-        (``KINETIC_IMAGE``); required to launch, no default.
+        Container image (``KINETIC_IMAGE``): with kinetic_nb and your packages
+        installed (the ``custom`` mode), or the base the pods install into (the
+        ``prebuilt`` mode; default :func:`~kinetic_nb.backends.k8s_environment.stock_image`).
+    image_mode : str or None
+        ``prebuilt``, ``build`` or ``custom`` (``KINETIC_IMAGE_MODE``; see
+        :mod:`kinetic_nb.backends.k8s_environment`); None: ``custom`` when an
+        image is given, else ``prebuilt``.
+    requirements : str or None
+        A pip requirements file the pods install (``KINETIC_REQUIREMENTS``):
+        at their start (``prebuilt``), or into the image Cloud Build makes (``build``).
+    registry : str or None
+        Where the ``build`` mode's images go, e.g.
+        ``us-docker.pkg.dev/PROJECT/kinetic`` (``KINETIC_REGISTRY``).
     service_account : str or None
         The pods' Kubernetes service account, bound to a Google service account
         that may write the bucket via Workload Identity (``KINETIC_SERVICE_ACCOUNT``).
@@ -59,6 +71,9 @@ class KubernetesSettings:
 
     namespace: str = DEFAULT_NAMESPACE
     image: str | None = None
+    image_mode: str | None = None
+    requirements: str | None = None
+    registry: str | None = None
     service_account: str | None = None
     context: str | None = None
     coordinator_port: int = DEFAULT_COORDINATOR_PORT
@@ -69,6 +84,9 @@ class KubernetesSettings:
     ENVIRONMENT: ClassVar[dict[str, str]] = {
         "namespace": "KINETIC_NAMESPACE",
         "image": "KINETIC_IMAGE",
+        "image_mode": "KINETIC_IMAGE_MODE",
+        "requirements": "KINETIC_REQUIREMENTS",
+        "registry": "KINETIC_REGISTRY",
         "service_account": "KINETIC_SERVICE_ACCOUNT",
         "context": "KINETIC_KUBE_CONTEXT",
         "coordinator_port": "KINETIC_COORDINATOR_PORT",
@@ -85,10 +103,16 @@ class KubernetesSettings:
             raise ValueError(f"pending timeout must be positive, got {self.pending_timeout_s:g} s")
         if self.image is not None and (not self.image.strip() or any(c.isspace() for c in self.image)):
             raise ValueError(f"container image {self.image!r} is not an image reference")
+        if self.image_mode is not None and self.image_mode not in {mode.value for mode in ImageMode}:
+            raise ValueError(f"image mode {self.image_mode!r} is not one of "
+                             f"{', '.join(mode.value for mode in ImageMode)}")
+        if self.mode is ImageMode.CUSTOM and self.requirements:
+            raise ValueError("--requirements needs --image-mode prebuilt or build: a custom image "
+                             "is used as it is")
 
     @classmethod
-    def resolve(cls, *, namespace: str | None = None, image: str | None = None,
-                service_account: str | None = None, context: str | None = None,
+    def resolve(cls, *, namespace: str | None = None, image: str | None = None, image_mode: str | None = None,
+                requirements: str | None = None, registry: str | None = None, service_account: str | None = None, context: str | None = None,
                 coordinator_port: int | None = None, pending_timeout_s: float | None = None,
                 node_selector: Mapping[str, str] | None = None, config: KubernetesSettings | None = None,
                 environ: Mapping[str, str] | None = None) -> KubernetesSettings:
@@ -96,7 +120,8 @@ class KubernetesSettings:
 
         Parameters
         ----------
-        namespace, image, service_account, context, coordinator_port, pending_timeout_s, node_selector
+        namespace, image, image_mode, requirements, registry, service_account, context, coordinator_port, \
+pending_timeout_s, node_selector
             Explicit values (the magic's flags); None means "not given".
         config : KubernetesSettings, optional
             What ``%config`` set; its fields rank below the environment.
@@ -109,7 +134,8 @@ class KubernetesSettings:
             One line naming the bad value and where it came from.
         """
         environ = os.environ if environ is None else environ
-        given = {"namespace": namespace, "image": image, "service_account": service_account, "context": context,
+        given = {"namespace": namespace, "image": image, "image_mode": image_mode, "requirements": requirements,
+                 "registry": registry, "service_account": service_account, "context": context,
                  "coordinator_port": coordinator_port, "pending_timeout_s": pending_timeout_s,
                  "node_selector": node_selector}
         values: dict[str, Any] = {}
@@ -123,12 +149,44 @@ class KubernetesSettings:
                 values[field] = value
         return cls(**values)
 
+    @property
+    def mode(self) -> ImageMode:
+        """The image mode: as set, else ``custom`` when an image is given, else ``prebuilt``."""
+        if self.image_mode:
+            return ImageMode(self.image_mode)
+        return ImageMode.CUSTOM if self.image else ImageMode.PREBUILT
+
     def require_image(self) -> str:
-        """The container image, or a one-line error naming the flag and the variable."""
-        if not self.image:
-            raise ValueError("the kubernetes backend needs a container image with kinetic_nb installed: "
-                             f"give image=IMAGE (--image in %%kinetic) or set {self.ENVIRONMENT['image']}")
-        return self.image
+        """The pods' image, or a one-line error naming the flag and the variable.
+
+        ``prebuilt``: the image given, else the stock Python image; ``build``:
+        the image given (the backend sets it to the built one); ``custom``: the
+        image given.
+        """
+        if self.image:
+            return self.image
+        if self.mode is ImageMode.PREBUILT:
+            return stock_image()
+        if self.mode is ImageMode.BUILD:
+            raise ValueError("the build image mode has no image until Cloud Build made it")
+        raise ValueError("the custom image mode needs a container image with kinetic_nb installed: "
+                         f"give image=IMAGE (--image in %%kinetic) or set {self.ENVIRONMENT['image']}, "
+                         "or use --image-mode prebuilt")
+
+    def require_image_base(self) -> str:
+        """The image the build mode builds on: the image given, else the stock Python image."""
+        return self.image or stock_image()
+
+    def require_environment(self) -> None:
+        """Refuse, in one line, settings whose mode lacks what it needs (before anything is stored)."""
+        if self.mode is ImageMode.BUILD:
+            if not self.registry:
+                raise ValueError("the build image mode needs a registry for its images: give "
+                                 f"--registry REGION-docker.pkg.dev/PROJECT/REPO or set {self.ENVIRONMENT['registry']}")
+            if not self.requirements:
+                raise ValueError("the build image mode builds an image from --requirements FILE: give one")
+        else:
+            self.require_image()
 
 
 def _parse(field: str, variable: str, raw: str) -> Any:

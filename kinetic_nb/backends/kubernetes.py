@@ -37,6 +37,7 @@ from typing import Any
 
 from kinetic_nb.accelerators import resolve_accelerator
 from kinetic_nb.backends.base import Backend, BackendFlag, JobSecrets, PlatformView, register
+from kinetic_nb.backends.k8s_environment import ImageMode, host_packages, requirements_text, store_environment
 from kinetic_nb.backends.k8s_events import PendingVerdict, pending_verdicts
 from kinetic_nb.backends.k8s_manifests import (
     LWS_GROUP,
@@ -86,6 +87,10 @@ POD_EVENTS = "involvedObject.kind=Pod"
 API_TIMEOUT_S = 30.0
 #: Storage the pods can reach on their own (a file:// path only through a shared mount).
 REMOTE_STORAGE_SCHEMES = ("gs://",)
+
+#: What the panel says of a host whose pod runs and has not reported yet, in the prebuilt and build
+#: image modes: the pod's bootstrap is installing (the runner's first status ends that), or its agent starting.
+INSTALLING = "environment install: pip is installing kinetic_nb and the requirements"
 
 #: Propagation when cancelling: the root Job stays (terminating) until everything
 #: it owns and their pods are gone, so ``kubectl get`` shows the job until its hosts are.
@@ -177,8 +182,20 @@ class KubernetesBackend(Backend):
     flags = (
         BackendFlag("--namespace", "namespace", "Kubernetes namespace (default $KINETIC_NAMESPACE, then 'default').",
                     metavar="NS"),
-        BackendFlag("--image", "image", "Container image with kinetic_nb installed (default $KINETIC_IMAGE).",
-                    metavar="IMAGE"),
+        BackendFlag("--image", "image", "Container image: with kinetic_nb and your packages installed (custom "
+                    "mode), or the base the pods install into (prebuilt mode; default python:X.Y-slim, the "
+                    "notebook's version) (default $KINETIC_IMAGE).", metavar="IMAGE"),
+        BackendFlag("--image-mode", "image_mode",
+                    "prebuilt: each pod installs the notebook's kinetic_nb and --requirements at its start; "
+                    "build: Cloud Build makes an image with --requirements once, then pods install only "
+                    "kinetic_nb; custom: --image has everything (default $KINETIC_IMAGE_MODE, then custom "
+                    "with --image, else prebuilt).", metavar="MODE"),
+        BackendFlag("--requirements", "requirements",
+                    "A pip requirements file the pods install, e.g. jax[tpu] (default $KINETIC_REQUIREMENTS).",
+                    metavar="FILE"),
+        BackendFlag("--registry", "registry",
+                    "Where --image-mode build puts its images, e.g. us-docker.pkg.dev/PROJECT/kinetic "
+                    "(default $KINETIC_REGISTRY).", metavar="REGISTRY"),
         BackendFlag("--service-account", "service_account",
                     "The pods' Kubernetes service account, e.g. one that may write the bucket "
                     "(default $KINETIC_SERVICE_ACCOUNT, then the namespace's default).", metavar="NAME"),
@@ -211,6 +228,8 @@ class KubernetesBackend(Backend):
         #: Each job's Pending hosts as their pods and Events last said, for the panel.
         self._verdicts: dict[str, dict[int, PendingVerdict]] = {}
         self._lock = threading.Lock()
+        #: The build image mode's image, once Cloud Build made it (or found it made).
+        self._built_image: str | None = None
 
     @property
     def api(self) -> KubernetesApi:
@@ -219,6 +238,26 @@ class KubernetesBackend(Backend):
         return self._api
 
     # -- the Backend interface -----------------------------------------------------
+
+    def preflight(self, plan: JobPlan) -> None:
+        """Read ``--requirements``; in the build image mode, make sure its image exists (Cloud Build
+        makes it once per requirements: minutes the first time, a registry lookup after)."""
+        if self.settings.requirements:
+            requirements = requirements_text(self.settings.requirements)
+            if self.settings.mode is ImageMode.BUILD and self._built_image is None:
+                from kinetic_nb.backends.k8s_cloud_build import ensure_image
+
+                self._built_image = ensure_image(requirements, registry=self.settings.registry or "",
+                                                 base_image=self.settings.require_image_base(),
+                                                 packages=host_packages("gs://"))
+
+    def pod_settings(self) -> KubernetesSettings:
+        """The settings the pods are made with: in the build image mode, with the image Cloud Build made."""
+        if self.settings.mode is ImageMode.BUILD:
+            if self._built_image is None:
+                raise KineticError("the build image mode's image is made in preflight(), which did not run")
+            return dataclasses.replace(self.settings, image=self._built_image)
+        return self.settings
 
     def start_window_s(self) -> float:
         """The pending limit: one host's pod may wait that long for nodes after another's started."""
@@ -232,15 +271,15 @@ class KubernetesBackend(Backend):
         single host uses the loopback. Called once per submission before
         anything is stored, so a missing image fails before the job exists.
         """
-        self.settings.require_image()
+        self.settings.require_environment()
         return f"{leader_host(job_id, self.settings.namespace)}:{self.settings.coordinator_port}"
 
     def manifests(self, storage: Storage, plan: JobPlan, root_uid: str) -> list[dict[str, Any]]:
         """The objects :meth:`launch` creates for ``plan``, in order: the root Job, then the
         rest, owned by the root (whose uid, ``root_uid``, the API server gives when it is created)."""
         owner = root_owner_reference(plan.job_id, root_uid)
-        return [root_job(plan, storage.uri, self.settings),
-                *build_manifests(plan, storage.uri, self.settings, owner=owner)]
+        settings = self.pod_settings()
+        return [root_job(plan, storage.uri, settings), *build_manifests(plan, storage.uri, settings, owner=owner)]
 
     def launch(self, storage: Storage, plan: JobPlan, secrets: JobSecrets) -> None:
         """Create the job's root Job, then the rest owned by it; on a failure delete the root
@@ -258,12 +297,17 @@ class KubernetesBackend(Backend):
             warnings.warn(f"job storage {storage.uri} is local to this machine: the pods reach it only if the "
                           "same path is mounted in them; use --storage gs://BUCKET/PREFIX", KineticWarning,
                           stacklevel=2)
-        root = self._create(root_job(plan, storage.uri, self.settings))
+        settings = self.pod_settings()
+        if settings.mode is not ImageMode.CUSTOM:  # before any pod exists: the pods install it first
+            requirements = (requirements_text(settings.requirements)
+                            if settings.requirements and settings.mode is ImageMode.PREBUILT else None)
+            store_environment(storage, secrets.key, requirements=requirements)
+        root = self._create(root_job(plan, storage.uri, settings))
         owner = root_owner_reference(plan.job_id, as_api_dict(root)["metadata"]["uid"])
         try:
             # The Secret first: the key and the -e values reach the pods only through it.
-            for manifest in [secret_manifest(plan, self.settings, secrets, owner),
-                             *build_manifests(plan, storage.uri, self.settings, owner=owner)]:
+            for manifest in [secret_manifest(plan, settings, secrets, owner),
+                             *build_manifests(plan, storage.uri, settings, owner=owner)]:
                 self._create(manifest)
         except KineticError:
             self._delete(plan.job_id, CLEANUP_PROPAGATION, quiet=True)
@@ -341,6 +385,11 @@ class KubernetesBackend(Backend):
             verdicts = self._verdicts.get(plan.job_id, {})
             waiting = {index: verdicts[index].waiting if index in verdicts else state.reason
                        for index, state in states.items() if index not in summaries}
+            if self.settings.mode is not ImageMode.CUSTOM:
+                names = {info.name for info in listing}
+                waiting.update({index: INSTALLING for index, state in states.items()
+                                if state.state == HostState.RUNNING.value and index not in summaries
+                                and protocol.host_status(index) not in names})
             waiting = {index: text for index, text in waiting.items() if text}
         return PlatformView(exits=exits, waiting=waiting)
 

@@ -9,6 +9,7 @@ from kinetic_nb.runner.protocol import Phase
 from kinetic_nb.state import HostState, JobSnapshot
 
 PHASE_COLORS = {
+    Phase.ENVIRONMENT_INSTALL.value: "#a1887f",
     Phase.STARTUP.value: "#cfd8dc",
     Phase.PLAN_CHECK.value: "#b0bec5",
     Phase.PAYLOAD_LOAD.value: "#90a4ae",

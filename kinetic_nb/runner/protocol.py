@@ -49,6 +49,10 @@ CANCEL = f"{CONTROL_DIR}/cancel.json"
 FAILED = f"{CONTROL_DIR}/failed.json"
 OUTPUTS_DIR = "outputs"
 HOSTS_DIR = "hosts"
+#: What a pod installs before its agent starts (the prebuilt-image mode), each object signed:
+#: ``install.json`` names the others (the notebook's kinetic_nb wheel, the user's requirements).
+ENVIRONMENT_DIR = "environment"
+ENVIRONMENT_INSTALL = f"{ENVIRONMENT_DIR}/install.json"
 
 LEADER_INDEX = 0
 
@@ -172,8 +176,9 @@ def parse_host_object(name: str) -> tuple[int, str, int | None] | None:
 
 
 class Phase(str, enum.Enum):
-    """The phases every host goes through, in order."""
+    """The phases every host goes through, in order (the first only where its pod installs its environment)."""
 
+    ENVIRONMENT_INSTALL = "environment install"
     STARTUP = "startup"
     PLAN_CHECK = "plan check"
     PAYLOAD_LOAD = "payload load"

@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 from kinetic_nb.runner import protocol
+from kinetic_nb.runner.environment import installed_environment
 from kinetic_nb.runner.protocol import HostState, HostStatus, Phase
 from kinetic_nb.storage import Storage
 
@@ -34,15 +35,19 @@ class StatusReporter:
         #: When a deferred change is due to be written (monotonic), or None when none waits.
         self._due_at: float | None = None
         now = time.time()
+        history = [[Phase.STARTUP.value, now]]
+        install = installed_environment()
+        if install is not None:  # this pod installed its environment first: the host's life began there
+            history = [[Phase.ENVIRONMENT_INSTALL.value, install.started_at], [Phase.STARTUP.value, install.ended_at]]
         self._status = HostStatus(
             host_index=host_index,
             state=HostState.PENDING.value,
             phase=Phase.STARTUP.value,
-            started_at=now,
+            started_at=history[0][1],
             updated_at=now,
             pid=os.getpid(),
             hostname=os.uname().nodename,
-            history=[[Phase.STARTUP.value, now]],
+            history=history,
         )
 
     def start(self) -> None:

@@ -481,8 +481,13 @@ class FakeKubelet:
     """
 
     def __init__(self, pods: list[dict[str, Any]], log_dir: str, *, dns: dict[str, str] | None = None,
-                 extra_env: dict[str, str] | None = None, secrets: Any = None):
+                 extra_env: dict[str, str] | None = None, secrets: Any = None,
+                 image_pythonpath: str | None = IMAGE_PYTHONPATH, scratch_dir: str | None = None):
         self.pods = pods
+        #: The image's own kinetic_nb (None: the image has none, as a stock Python image).
+        self.image_pythonpath = image_pythonpath
+        #: Each pod's scratch volume (``/kinetic``) as a directory of its own below this one.
+        self.scratch_dir = scratch_dir
         self.secrets = secrets
         self.log_dir = log_dir
         self.dns = dns or {}
@@ -500,6 +505,8 @@ class FakeKubelet:
         for name, value in env.items():
             for dns_name_, address in self.dns.items():
                 value = value.replace(dns_name_, address)
+            if self.scratch_dir and value.startswith(km.SCRATCH_DIR + "/"):
+                value = os.path.join(self.scratch_dir, f"pod-{index}", value[len(km.SCRATCH_DIR) + 1:])
             env[name] = value
         return env
 
@@ -511,8 +518,9 @@ class FakeKubelet:
         env = self.environment(index)
         command = container_command(self.pods[index], env)
         base = {"PATH": f"{os.path.dirname(sys.executable)}:{os.environ.get('PATH', '/usr/bin:/bin')}",
-                "HOME": os.environ.get("HOME", "/tmp"), "TMPDIR": os.environ.get("TMPDIR", "/tmp"),
-                "PYTHONPATH": IMAGE_PYTHONPATH}
+                "HOME": os.environ.get("HOME", "/tmp"), "TMPDIR": os.environ.get("TMPDIR", "/tmp")}
+        if self.image_pythonpath:
+            base["PYTHONPATH"] = self.image_pythonpath
         with self._lock:
             self.runs[index] = self.runs.get(index, 0) + 1
             with open(self.log_path(index, self.runs[index]), "wb") as log:

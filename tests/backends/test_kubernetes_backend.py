@@ -115,12 +115,19 @@ def test_bad_settings_are_one_line_errors(environ, message):
     assert "\n" not in str(caught.value)
 
 
-def test_the_backend_needs_an_image_before_anything_is_stored(monkeypatch):
+def test_the_custom_image_mode_needs_an_image_before_anything_is_stored(monkeypatch):
     monkeypatch.delenv("KINETIC_IMAGE", raising=False)
-    backend = get_backend("kubernetes")
+    backend = get_backend("kubernetes", image_mode="custom")
     assert isinstance(backend, KubernetesBackend) and backend.name == "kubernetes"
     with pytest.raises(ValueError, match=r"give image=IMAGE \(--image in %%kinetic\) or set KINETIC_IMAGE"):
         backend.coordinator_address(JOB_ID)
+
+
+def test_with_no_image_the_pods_install_into_the_notebooks_stock_python_image(monkeypatch):
+    monkeypatch.delenv("KINETIC_IMAGE", raising=False)
+    settings = get_backend("kubernetes").settings
+    assert settings.mode.value == "prebuilt"
+    assert settings.require_image() == f"python:{sys.version_info[0]}.{sys.version_info[1]}-slim"
 
 
 def test_get_backend_reads_the_environment(monkeypatch):

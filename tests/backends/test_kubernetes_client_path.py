@@ -205,9 +205,10 @@ def test_cancel_deletes_the_workload_and_stops_the_hosts(cluster, tmp_path):
     assert str(handle.status()) == "CANCELLED"
 
 
-def test_submit_without_an_image_stores_nothing(cluster, tmp_path, monkeypatch):
+def test_submit_without_an_image_in_the_custom_mode_stores_nothing(cluster, tmp_path, monkeypatch):
     api, _ = cluster
     monkeypatch.delenv("KINETIC_IMAGE")
+    monkeypatch.setenv("KINETIC_IMAGE_MODE", "custom")
     with pytest.raises(ValueError, match=r"give image=IMAGE \(--image in %%kinetic\) or set KINETIC_IMAGE"):
         kinetic_nb.submit("1", accelerator="tpu-v5e-16", backend="kubernetes", storage=f"file://{tmp_path}/jobs")
     assert not (tmp_path / "jobs").exists() and api.objects == {}

@@ -14,6 +14,7 @@ To regenerate after an intended change, and then review the diff::
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pathlib
 
@@ -26,16 +27,20 @@ from kinetic_nb.backends import k8s_root
 from .test_kubernetes_manifests import OWNER, SECRETS, SETTINGS, URI, job_plan
 
 GOLDEN = pathlib.Path(__file__).parent / "golden"
-#: The issue's four shapes: a multi-host TPU slice, a one-host TPU, a GPU host, and 4 CPU hosts (``-n 4``).
-CASES = ("tpu-v5e-16", "tpu-v5e-8", "gpu-h100x8", "cpu-4-hosts")
+#: The issue's four shapes: a multi-host TPU slice, a one-host TPU, a GPU host, and 4 CPU hosts (``-n 4``);
+#: and the slice in the prebuilt image mode, whose pods (the root's too) run the bootstrap first.
+CASES = ("tpu-v5e-16", "tpu-v5e-8", "gpu-h100x8", "cpu-4-hosts", "tpu-v5e-16-prebuilt")
+#: The prebuilt case names its stock image, so the file does not depend on the Python that runs the test.
+PREBUILT = dataclasses.replace(SETTINGS, image="python:3.11-slim", image_mode="prebuilt")
 UPDATE = os.environ.get("KINETIC_UPDATE_GOLDEN") == "1"
 
 
 def launch_objects(case: str) -> list[dict]:
     """What ``KubernetesBackend.launch`` creates for ``case``, in order."""
-    plan = job_plan(case)
-    return [k8s_root.root_job(plan, URI, SETTINGS), km.secret_manifest(plan, SETTINGS, SECRETS, OWNER),
-            *km.build_manifests(plan, URI, SETTINGS, owner=OWNER)]
+    shape, prebuilt = case.removesuffix("-prebuilt"), case.endswith("-prebuilt")
+    plan, settings = job_plan(shape), PREBUILT if prebuilt else SETTINGS
+    return [k8s_root.root_job(plan, URI, settings), km.secret_manifest(plan, settings, SECRETS, OWNER),
+            *km.build_manifests(plan, URI, settings, owner=OWNER)]
 
 
 class _Dumper(yaml.SafeDumper):

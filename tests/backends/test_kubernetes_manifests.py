@@ -306,11 +306,11 @@ def test_settings_add_a_service_account_and_node_selectors():
         assert template["spec"]["nodeSelector"]["cloud.google.com/gke-tpu-topology"] == "4x4"
 
 
-def test_no_image_is_one_line_naming_the_flag_and_the_variable():
+def test_no_image_in_the_custom_mode_is_one_line_naming_the_flag_and_the_variable():
     for build in (lambda plan, settings: km.build_manifests(plan, URI, settings, owner=OWNER),
                   lambda plan, settings: k8s_root.root_job(plan, URI, settings)):
         with pytest.raises(ValueError, match=r"give image=IMAGE \(--image in %%kinetic\) or set KINETIC_IMAGE") as caught:
-            build(job_plan("tpu-v5e-8"), KubernetesSettings(namespace="ml-team"))
+            build(job_plan("tpu-v5e-8"), KubernetesSettings(namespace="ml-team", image_mode="custom"))
         assert "\n" not in str(caught.value)
 
 

@@ -1,0 +1,253 @@
+"""The prebuilt image mode: the pod's bootstrap verifies and installs the job's environment, then runs the agent.
+
+The bootstrap (``kinetic_nb.agent.bootstrap``) runs here for real, in a
+subprocess with the standard library only, against ``file://`` storage and
+fake-gcs-server: it creates a fresh virtual environment and pip-installs a
+real wheel of this kinetic_nb into it, offline (``PIP_NO_INDEX`` and
+``PIP_FIND_LINKS`` point pip at a local wheel directory holding cloudpickle
+and a small package the requirements name). The last tests run the whole
+client path with the pods played by ``FakeKubelet`` (see
+``test_kubernetes_client_path.py``), from an image with no kinetic_nb.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import threading
+import zipfile
+
+import cloudpickle
+import pytest
+
+import kinetic_nb
+from kinetic_nb.agent import bootstrap
+from kinetic_nb.backends import k8s_environment as environment
+from kinetic_nb.backends import kubernetes as k8s
+from kinetic_nb.runner import envelope, protocol
+from kinetic_nb.storage import open_storage
+
+from .k8s_cluster import FakeKubelet, FakeKubernetes, pods_for, wait_for, workload
+
+KEY = bytes(range(32))
+NAMESPACE = "ml-team"
+pytestmark = pytest.mark.filterwarnings("ignore:job storage file.*is local to this machine:kinetic_nb.errors.KineticWarning")
+
+
+def _wheel(directory: pathlib.Path, name: str, version: str, files: dict[str, bytes]) -> pathlib.Path:
+    dist_info = f"{name}-{version}.dist-info"
+    files = {**files, f"{dist_info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+             f"{dist_info}/WHEEL": b"Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = [f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},"
+              f"{len(data)}" for path, data in files.items()]
+    files[f"{dist_info}/RECORD"] = ("\n".join([*record, f"{dist_info}/RECORD,,"]) + "\n").encode()
+    path = directory / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as archive:
+        for member, data in files.items():
+            archive.writestr(member, data)
+    return path
+
+
+@pytest.fixture(scope="module")
+def wheelhouse(tmp_path_factory) -> pathlib.Path:
+    """What pip may install from, offline: this environment's cloudpickle and a package the requirements name."""
+    directory = tmp_path_factory.mktemp("wheelhouse")
+    package = pathlib.Path(cloudpickle.__file__).parent
+    _wheel(directory, "cloudpickle", cloudpickle.__version__,
+           {f"cloudpickle/{path.name}": path.read_bytes() for path in package.glob("*.py")})
+    _wheel(directory, "kinetic_probe_requirement", "1.0",
+           {"kinetic_probe_requirement.py": b"INSTALLED_BY = 'the requirements file'\n"})
+    return directory
+
+
+def offline_pip(wheelhouse: pathlib.Path) -> dict[str, str]:
+    return {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheelhouse), "PIP_NO_CACHE_DIR": "1"}
+
+
+def run_bootstrap(job_uri: str, directory: pathlib.Path, *command: str, extra: dict[str, str] | None = None,
+                  options: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """The bootstrap as a pod runs it: ``python3 -c TEXT -- COMMAND``, with no kinetic_nb on its path."""
+    env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp"), bootstrap.KEY_ENV: KEY.hex(),
+           bootstrap.JOB_URI_ENV: job_uri, bootstrap.DIRECTORY_ENV: str(directory), **(extra or {})}
+    return subprocess.run([sys.executable, "-c", environment.bootstrap_source(), *options, "--", *command],
+                          env=env, capture_output=True, text=True, timeout=240, cwd=directory.anchor)
+
+
+# -- the verifier -------------------------------------------------------------------------------
+
+
+def test_the_bootstraps_verifier_is_the_envelopes():
+    assert (bootstrap.DOMAIN, bootstrap.TRAILER_PREFIX, bootstrap.TRAILER_BYTES, bootstrap.BLOCK_BYTES,
+            bootstrap.KEY_ENV, bootstrap.KEY_BYTES) == (
+        envelope._DOMAIN, envelope.TRAILER_PREFIX, envelope.TRAILER_BYTES, envelope.BLOCK_BYTES, envelope.KEY_ENV,
+        envelope.KEY_BYTES)
+    assert bootstrap.INSTALL_OBJECT == protocol.ENVIRONMENT_INSTALL
+    for body in (b"", b"x", os.urandom(envelope.BLOCK_BYTES + 12345)):  # none, one piece, more than one block
+        assert bootstrap.unseal(KEY, "environment/a.whl", envelope.seal(KEY, "environment/a.whl", body)) == body
+
+
+@pytest.mark.parametrize("damage", ["a byte changed", "another object's", "another key's", "unsigned"])
+def test_the_bootstraps_verifier_refuses_what_the_job_did_not_store(damage):
+    body = b"PK wheel bytes" * 100
+    sealed = {"a byte changed": lambda: envelope.seal(KEY, "environment/a.whl", body)[:50] + b"Q"
+              + envelope.seal(KEY, "environment/a.whl", body)[51:],
+              "another object's": lambda: envelope.seal(KEY, "environment/b.whl", body),
+              "another key's": lambda: envelope.seal(bytes(32), "environment/a.whl", body),
+              "unsigned": lambda: body}[damage]()
+    with pytest.raises(bootstrap.Refused, match=r"environment/a\.whl"):
+        bootstrap.unseal(KEY, "environment/a.whl", sealed)
+
+
+# -- the bootstrap, run -------------------------------------------------------------------------
+
+
+def test_the_wheel_is_built_once_per_content(tmp_path):
+    first = environment.package_wheel(tmp_path)
+    assert environment.package_wheel(tmp_path) == first and first.name.startswith(f"kinetic_nb-{kinetic_nb.__version__}-")
+    names = zipfile.ZipFile(first).namelist()
+    assert "kinetic_nb/agent/bootstrap.py" in names and not any("__pycache__" in name for name in names)
+
+
+PROBE = ("import json, sys, kinetic_nb, cloudpickle, kinetic_probe_requirement; "
+         "print(json.dumps({'kinetic_nb': kinetic_nb.__file__, 'prefix': sys.prefix, "
+         "'requirement': kinetic_probe_requirement.INSTALLED_BY}))")
+
+
+def test_the_bootstrap_installs_the_signed_wheel_and_requirements_into_a_fresh_environment(tmp_path, wheelhouse):
+    storage = open_storage(f"file://{tmp_path}/job")
+    environment.store_environment(storage, KEY, requirements=b"kinetic_probe_requirement\n")
+    directory = tmp_path / "pod" / "environment"
+    done = run_bootstrap(storage.uri, directory, "python", "-c", PROBE, extra=offline_pip(wheelhouse))
+    assert done.returncode == 0, done.stderr + done.stdout
+    probe = json.loads(done.stdout.splitlines()[-1])
+    # The wheel's kinetic_nb, in the new environment, not this checkout's.
+    assert probe["prefix"] == str(directory / "venv") and probe["kinetic_nb"].startswith(probe["prefix"])
+    assert probe["requirement"] == "the requirements file"
+    assert f"{bootstrap.PREFIX}Successfully installed kinetic-nb-{kinetic_nb.__version__}" in done.stdout
+    record = json.loads((directory / "record.json").read_text())
+    assert record["ok"] and record["started_at"] <= record["ended_at"]
+
+    # A restarted container (the scratch volume kept) finds it installed, and only runs the command.
+    again = run_bootstrap(storage.uri, directory, "python", "-c", PROBE, extra=offline_pip(wheelhouse))
+    assert again.returncode == 0 and bootstrap.PREFIX not in again.stdout
+    assert json.loads((directory / "record.json").read_text()) == record
+
+
+def test_a_tampered_wheel_is_refused_before_pip_runs(tmp_path, wheelhouse):
+    storage = open_storage(f"file://{tmp_path}/job")
+    record = environment.store_environment(storage, KEY, requirements=None)
+    wheel = tmp_path / "job" / record["wheel"]
+    data = bytearray(wheel.read_bytes())
+    data[100] ^= 1
+    wheel.write_bytes(bytes(data))
+    directory = tmp_path / "pod" / "environment"
+    done = run_bootstrap(storage.uri, directory, "python", "-c", "print('the agent ran')",
+                         extra=offline_pip(wheelhouse))
+    assert done.returncode == 1 and "the agent ran" not in done.stdout
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"kinetic_nb: environment install failed: {record['wheel']} failed verification: it was not stored by "
+        "this job's notebook; nothing installed")
+    assert not (directory / "venv").exists() and not (directory / "inputs" / wheel.name).exists()
+
+
+def test_a_rewritten_install_record_is_refused(tmp_path, wheelhouse):
+    storage = open_storage(f"file://{tmp_path}/job")
+    environment.store_environment(storage, KEY, requirements=None)
+    storage.write_bytes(protocol.ENVIRONMENT_INSTALL, b'{"wheel": "environment/evil.whl", "packages": ["evil"]}')
+    done = run_bootstrap(storage.uri, tmp_path / "env", "true", extra=offline_pip(wheelhouse))
+    assert done.returncode == 1 and "environment/install.json carries no signature" in done.stderr
+
+
+def test_the_bootstrap_reads_gs_storage(gcs_root, wheelhouse, tmp_path):
+    storage = open_storage(f"{gcs_root}/job")
+    record = environment.store_environment(storage, KEY, requirements=b"kinetic_probe_requirement\n")
+    assert "google-cloud-storage>=3.2" in record["packages"]  # the pods reach gs:// with the official client
+    done = run_bootstrap(storage.uri, tmp_path / "env", "python", "-c", "import kinetic_nb; print('ok')",
+                         options=("--no-requirements",),
+                         extra={**offline_pip(wheelhouse), "STORAGE_EMULATOR_HOST": os.environ["STORAGE_EMULATOR_HOST"],
+                                # offline, the gcs packages cannot be installed: only kinetic_nb's own here
+                                "PIP_FIND_LINKS": str(wheelhouse)})
+    # google-cloud-storage is not in the offline wheelhouse: pip says so, after verification passed.
+    assert done.returncode == 1 and "google-cloud-storage" in done.stdout
+    assert f"Successfully installed kinetic-nb-{kinetic_nb.__version__}" in done.stdout
+
+
+# -- the whole path, pods played by FakeKubelet --------------------------------------------------
+
+
+@pytest.fixture
+def prebuilt_cluster(monkeypatch, tmp_path, wheelhouse):
+    api = FakeKubernetes()
+    monkeypatch.setattr(k8s, "connect", lambda settings: api)
+    monkeypatch.delenv("KINETIC_IMAGE", raising=False)
+    monkeypatch.setenv("KINETIC_NAMESPACE", NAMESPACE)
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("kinetic_probe_requirement\n")
+    monkeypatch.setenv("KINETIC_REQUIREMENTS", str(requirements))
+    kubelets: list[FakeKubelet] = []
+
+    def start_pods() -> FakeKubelet:
+        owner = workload(api.objects.values())
+        (tmp_path / "pods").mkdir(exist_ok=True)
+        kubelet = FakeKubelet(pods_for([owner]), str(tmp_path / "pods"), secrets=api.secret_value,
+                              image_pythonpath=None, scratch_dir=str(tmp_path / "scratch"),
+                              extra_env=offline_pip(wheelhouse))
+        kubelets.append(kubelet)
+        api.pod_source = kubelet.pod_json
+        api.on_delete.append(kubelet.collect_with(owner["kind"], owner["metadata"]["name"]))
+        kubelet.start()
+        return kubelet
+
+    yield api, start_pods
+    for kubelet in kubelets:
+        kubelet.close()
+
+
+def test_a_prebuilt_job_installs_then_runs_and_shows_the_install(prebuilt_cluster, tmp_path):
+    api, start_pods = prebuilt_cluster
+    source = "import kinetic_nb, kinetic_probe_requirement\nkinetic_nb.__file__"
+    handle = kinetic_nb.submit(source, hosts=2, backend="kubernetes", storage=f"file://{tmp_path}/jobs",
+                               quiet=True, keep=True)
+    [job] = [job for job in api.created("Job") if job["metadata"]["name"].endswith("-root") is False]
+    assert job["spec"]["template"]["spec"]["containers"][0]["image"] == environment.stock_image()
+    kubelet = start_pods()
+    wait_for(lambda: (kubelet.step(), handle.backend.exit_summaries(handle.storage, handle.plan,
+                                                                    handle.storage.list()))[1].keys() == {0, 1},
+             timeout=240, what="both hosts to end")
+    assert handle.result(timeout=30).startswith(str(tmp_path / "scratch" / "pod-0" / "environment" / "venv"))
+    for host in handle.hosts():
+        assert host.history[0][0] == "environment install"
+        assert [phase for phase, _ in host.history][1:3] == ["startup", "plan check"]
+        log = handle.logs(host.index)
+        assert f"{bootstrap.PREFIX}Successfully installed" in log
+        assert log.index(bootstrap.PREFIX) == 0  # the install's output comes first in the host's log
+
+
+def test_a_session_installs_its_environment_once(prebuilt_cluster, tmp_path):
+    api, start_pods = prebuilt_cluster
+    started: dict = {}
+    thread = threading.Thread(target=lambda: started.setdefault("session", kinetic_nb.start(
+        hosts=2, backend="kubernetes", storage=f"file://{tmp_path}/sessions", framework="none", quiet=True,
+        echo=False, ready_timeout=240)))
+    thread.start()
+    wait_for(lambda: any(kind != "Secret" and not name.endswith("-root") for kind, name in api.objects),
+             what="the session's workload")
+    kubelet = start_pods()
+    thread.join(timeout=250)
+    session = started["session"]
+    try:
+        for cell in range(3):
+            assert session.run(f"import kinetic_probe_requirement\n{cell}").result(timeout=60) == cell
+        records = [tmp_path / "scratch" / f"pod-{index}" / "environment" / "record.json" for index in (0, 1)]
+        assert all(record.exists() for record in records)
+        assert all(kubelet.runs[index] == 1 for index in (0, 1))  # one container start, so one install
+        assert kubelet.output(0).count(f"{bootstrap.PREFIX}Successfully installed kinetic-nb") == 1
+    finally:
+        session.stop()
+    wait_for(lambda: (kubelet.step(), all(process.poll() is not None for process in kubelet.processes.values()))[1],
+             timeout=60, what="the session's pods to end")
