@@ -83,14 +83,13 @@ class RayHost:
         StorageNotSharedError
             The job's ``file://`` storage is not on this node's filesystem.
         """
-        plan = JobPlan.from_json(plan_json)
-        storage = open_storage(job_uri)
-        path = storage.local_path(protocol.PLAN)
+        path = open_storage(job_uri).local_path(protocol.PLAN)
         where = self.where()
         if path is not None and not os.path.exists(path):
             raise StorageNotSharedError(
                 f"the job's storage {job_uri} is not on node {where['node_id'][:8]} ({where['address']}): "
                 "this cluster's nodes do not share that path; use --storage gs://BUCKET/PREFIX")
+        plan = JobPlan.from_json(plan_json)
         index = resolve_host_index(os.environ)
         index = bundle_index if index is None else index
         host, port = coordinator.rsplit(":", 1)
