@@ -80,15 +80,16 @@ class RayCluster:
             time.sleep(0.5)
 
     def kill_node(self, node_id: str) -> None:
-        """SIGKILL the raylet of worker node ``node_id`` and everything it started, as a machine lost would."""
-        import ray
-
-        node = next(node for node in ray.nodes() if node["NodeID"] == node_id)
-        marker = f"--node_manager_port={node['NodeManagerPort']}"
-        raylets = [process for process in self.processes() if marker in " ".join(_cmdline(process))]
-        assert raylets, f"no raylet for node {node_id}"
-        for raylet in raylets:
-            victims = [raylet, *raylet.children(recursive=True)]
+        """SIGKILL worker node ``node_id``'s raylet, its agents and everything they started, as a machine lost."""
+        markers = (f"--node_id={node_id}", f"--node-id={node_id}")
+        roots = [process for process in self.processes()
+                 if any(marker in " ".join(_cmdline(process)) for marker in markers)]
+        assert roots, f"no process of node {node_id}"
+        for root in roots:
+            try:
+                victims = [root, *root.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                continue
             for process in victims:
                 try:
                     process.send_signal(signal.SIGKILL)

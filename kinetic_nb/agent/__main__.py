@@ -42,6 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.parent is not None:
         processes.die_with_parent(args.parent)  # armed before anything else: nothing outlives the actor
+    # A launcher's blocked signals (a Ray worker blocks SIGINT) are inherited across exec: unblocked here,
+    # every host can be interrupted and stopped as on any backend.
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
     storage = open_storage(args.job)
     key_hex = os.environ.get(KEY_ENV, "")
     key = key_from_environment(os.environ, remove=False)  # the hosts take it from here, and drop it
