@@ -108,8 +108,7 @@ def _backend_flags(func: Any) -> Any:
     """Add every registered backend's flags to a magic, grouped under the backend's name in its help."""
     for backend in reversed([backend_class(name) for name in backend_names()]):
         for flag in reversed(backend.flags):
-            func = argument(flag.flag, dest=flag.dest, default=None, type=flag.type, metavar=flag.metavar,
-                            help=flag.help)(func)
+            func = argument(flag.flag, **flag.argparse_options())(func)
         if backend.flags:
             func = argument_group(f"-b {backend.name}")(func)
     return func

@@ -36,8 +36,7 @@ def session_start_parser(make_parser: Callable[..., MagicArgumentParser]) -> Mag
     )
     for backend in map(backend_class, backend_names()):
         for flag in backend.flags:
-            parser.add_argument(flag.flag, dest=flag.dest, default=None, type=flag.type, metavar=flag.metavar,
-                                help=f"{flag.help} (-b {backend.name})")
+            parser.add_argument(flag.flag, **flag.argparse_options(f" (-b {backend.name})"))
     return parser
 
 

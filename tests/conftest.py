@@ -12,6 +12,7 @@ import psutil
 import pytest
 
 from .fixtures_gcs import gcs_emulator, gcs_root  # noqa: F401 - the fake-gcs-server fixtures, for every test
+from .fixtures_ray import ray_cluster  # noqa: F401 - the 4-node Ray cluster, for every test that asks
 
 #: Every local job process carries one of these: the supervisor and the hosts
 #: it forks share its command line; anything a cell starts inherits the variable.

@@ -18,6 +18,7 @@ HOST_SAFE_THIRD_PARTY = frozenset({"cloudpickle"})
 @pytest.mark.parametrize(
     "module", ["kinetic_nb.runner", "kinetic_nb.runner.execute", "kinetic_nb.runner.__main__",
                "kinetic_nb.agent.__main__", "kinetic_nb.agent.supervisor", "kinetic_nb.agent.watch",
+               "kinetic_nb.agent.ray_host",
                "kinetic_nb.storage", "kinetic_nb.errors"]
 )
 def test_host_side_imports_only_what_it_is_allowed(module):

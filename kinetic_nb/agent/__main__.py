@@ -35,10 +35,17 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--watch", action="store_true", help="only wait until the job has ended")
     parser.add_argument("--log", help="this agent's own output; removed at the end if empty")
     parser.add_argument("--state", help="where to keep this agent's own record (local backend)")
+    parser.add_argument("--parent", type=int, metavar="PID",
+                        help="end with this process (a Ray actor that started this agent): SIGKILL when it dies")
     parser.add_argument("--detach", action="store_true",
                         help="leave the launching process's tree once this agent's record is written, so "
                              "whatever ends that process and its children (a kernel's shutdown) spares the job")
     args = parser.parse_args(argv)
+    if args.parent is not None:
+        processes.die_with_parent(args.parent)  # armed before anything else: nothing outlives the actor
+    # A launcher's blocked signals (a Ray worker blocks SIGINT) are inherited across exec: unblocked here,
+    # every host can be interrupted and stopped as on any backend.
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
     storage = open_storage(args.job)
     key_hex = os.environ.get(KEY_ENV, "")
     key = key_from_environment(os.environ, remove=False)  # the hosts take it from here, and drop it

@@ -1,4 +1,4 @@
-"""Where a job's hosts run: a registry of backends (``local`` processes, ``kubernetes`` pods, ...).
+"""Where a job's hosts run: a registry of backends (``local`` processes, ``kubernetes`` pods, ``ray`` actors, ...).
 
 A backend registers itself with :func:`register`; the magic lists every
 registered backend's flags, grouped by backend, and ``get_backend`` builds one
@@ -27,7 +27,7 @@ def get_backend(name: str, **options: Any) -> Backend:
 
 
 # The built-in backends register themselves on import.
-from kinetic_nb.backends import local as _local, kubernetes as _kubernetes  # noqa: E402,F401,I001
+from kinetic_nb.backends import local as _local, kubernetes as _kubernetes, ray as _ray  # noqa: E402,F401,I001
 
 BACKENDS = backend_names()
 

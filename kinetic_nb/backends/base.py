@@ -67,10 +67,19 @@ class BackendFlag:
     help: str
     metavar: str | None = None
     type: Any = str
+    #: A switch (``--ray-pack``) takes no value: given, its option is True.
+    switch: bool = False
 
     @property
     def dest(self) -> str:
         return self.flag.lstrip("-").replace("-", "_")
+
+    def argparse_options(self, help_suffix: str = "") -> dict[str, Any]:
+        """Keyword arguments for ``add_argument(self.flag, ...)``; an absent flag is None."""
+        if self.switch:
+            return {"dest": self.dest, "default": None, "action": "store_true", "help": self.help + help_suffix}
+        return {"dest": self.dest, "default": None, "type": self.type, "metavar": self.metavar,
+                "help": self.help + help_suffix}
 
 
 class Backend(abc.ABC):

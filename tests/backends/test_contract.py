@@ -2,7 +2,8 @@
 
 Run over ``local`` (real host processes), ``kubernetes`` (the API test double,
 with each pod's real container command, the host agent, run as a local
-process) and ``fake`` (scripted hosts). Assertions are on stored state and on
+process), ``ray`` (actors on the real 4-node Ray cluster of the
+``ray_cluster`` fixture) and ``fake`` (scripted hosts). Assertions are on stored state and on
 the outcome, never on log text.
 """
 
@@ -88,6 +89,23 @@ class KubernetesHarness(LocalHarness):
             kubelet.close()
 
 
+class RayHarness(LocalHarness):
+    """Actors on the session's real 4-node Ray cluster."""
+
+    name = "ray"
+
+    def __init__(self, tmp_path, monkeypatch, cluster):
+        super().__init__(tmp_path, monkeypatch)
+        self.address = cluster.address
+
+    def backend(self) -> Backend:
+        return get_backend("ray", address=self.address)
+
+    def submit(self, source: str, hosts: int, **options):
+        return kinetic_nb.submit(source, hosts=hosts, backend="ray", backend_options={"address": self.address},
+                                 storage=self.storage, quiet=True, **options)
+
+
 class FakeHarness(LocalHarness):
     name = "fake"
 
@@ -100,9 +118,12 @@ class FakeHarness(LocalHarness):
                                  **options)
 
 
-@pytest.fixture(params=[LocalHarness, KubernetesHarness, FakeHarness], ids=lambda harness: harness.name)
+@pytest.fixture(params=[LocalHarness, KubernetesHarness, RayHarness, FakeHarness], ids=lambda harness: harness.name)
 def harness(request, tmp_path, monkeypatch):
-    made = request.param(tmp_path, monkeypatch)
+    if request.param is RayHarness:
+        made = RayHarness(tmp_path, monkeypatch, request.getfixturevalue("ray_cluster"))
+    else:
+        made = request.param(tmp_path, monkeypatch)
     yield made
     made.close()
 

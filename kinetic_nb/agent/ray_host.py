@@ -1,0 +1,149 @@
+"""One host of a job on a Ray cluster: the body of the actor that starts that host's agent.
+
+The ``ray`` backend places one actor per host (``ray.remote(RayHost)``, in a
+placement group); the actor does only what the platform must: it reports
+where it landed, picks the coordinator's port on host 0's node, and starts
+``python -m kinetic_nb.agent --job URI`` as its child with the host's
+environment, the job's key and the ``-e`` values among them (handed over in
+a method call, never in a ``runtime_env``). The agent, the same as on every
+backend, runs and supervises the runner. The agent is tied to the actor's
+life (it gets SIGKILL when the actor's process dies), and the runner to the
+agent's, so a killed actor or a lost node takes its host with it; the
+backend then records that host's end as Ray reports it.
+
+When its agent has ended, the actor ends itself; the last one to end
+removes the job's placement group, so a job leaves nothing in the cluster
+even when no notebook is watching.
+
+Host-safe: ``ray`` is imported only inside the methods, which run only on a
+Ray worker; importing this module loads the standard library and kinetic_nb's
+host side alone.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+
+from kinetic_nb.runner import protocol
+from kinetic_nb.runner.hostenv import host_environment, resolve_host_index
+from kinetic_nb.runner.logs import last_lines
+from kinetic_nb.runner.protocol import JobPlan
+from kinetic_nb.storage import open_storage
+
+#: The variable that tells a host which Ray node it runs on (the tests check spreading with it).
+NODE_ID_ENV = "KINETIC_RAY_NODE_ID"
+#: Lines of the agent's own output kept for a record of an agent that died.
+AGENT_LOG_LINES = 8
+
+
+class StorageNotSharedError(RuntimeError):
+    """The job's ``file://`` storage is not visible on this node."""
+
+
+class RayHost:
+    """What one host's actor does; see the module's docstring."""
+
+    def __init__(self) -> None:
+        self.agent: subprocess.Popen | None = None
+        self.agent_log = ""
+
+    def where(self) -> dict[str, str]:
+        """This actor's node: its id and its address."""
+        import ray
+
+        context = ray.get_runtime_context()
+        return {"node_id": context.get_node_id(), "address": ray.util.get_node_ip_address()}
+
+    def reserve_coordinator(self) -> str:
+        """``address:port`` on this node (host 0's) for the framework's coordinator.
+
+        The port is free when chosen; the hosts start moments later, as the
+        local backend's do.
+        """
+        address = self.where()["address"]
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.bind((address, 0))
+            return f"{address}:{probe.getsockname()[1]}"
+
+    def start(self, job_uri: str, plan_json: bytes, bundle_index: int, coordinator: str,
+              secrets: dict[str, str]) -> dict[str, object]:
+        """Start this host's agent; returns the host's ``index`` and its ``node_id``.
+
+        The index is the bundle's, unless the node says otherwise (a TPU VM's
+        ``TPU_WORKER_ID``, which the runner reads first on every backend).
+
+        Raises
+        ------
+        StorageNotSharedError
+            The job's ``file://`` storage is not on this node's filesystem.
+        """
+        path = open_storage(job_uri).local_path(protocol.PLAN)
+        where = self.where()
+        if path is not None and not os.path.exists(path):
+            raise StorageNotSharedError(
+                f"the job's storage {job_uri} is not on node {where['node_id'][:8]} ({where['address']}): "
+                "this cluster's nodes do not share that path; use --storage gs://BUCKET/PREFIX")
+        plan = JobPlan.from_json(plan_json)
+        index = resolve_host_index(os.environ)
+        index = bundle_index if index is None else index
+        host, port = coordinator.rsplit(":", 1)
+        env = host_environment(plan, index, job_uri, "", {**os.environ, **secrets})
+        env.update({"KINETIC_COORDINATOR_ADDRESS": coordinator, "JAX_COORDINATOR_ADDRESS": coordinator,
+                    "MASTER_ADDR": host, "MASTER_PORT": port, NODE_ID_ENV: where["node_id"]})
+        descriptor, self.agent_log = tempfile.mkstemp(prefix=f"kinetic-{plan.job_id}-{index}-", suffix=".log")
+        actor_pid = os.getpid()
+        with os.fdopen(descriptor, "wb") as log:
+            self.agent = subprocess.Popen(
+                [sys.executable, "-m", "kinetic_nb.agent", "--job", job_uri, "--parent", str(actor_pid)],
+                env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log, close_fds=True,
+                start_new_session=True,  # its own group: a signal to the worker's group spares it
+            )
+        threading.Thread(target=self._end_when_the_agent_ends, args=(job_uri, plan.hosts),
+                         name="kinetic-agent-watch", daemon=True).start()
+        return {"index": index, "node_id": where["node_id"]}
+
+    def agent_ended(self) -> tuple[int | None, list[str]]:
+        """The agent's exit code (None while it runs) and the last lines of its own output."""
+        if self.agent is None or self.agent.poll() is None:
+            return None, []
+        return self.agent.returncode, self._agent_tail()
+
+    def stop(self) -> None:
+        """SIGTERM to the agent: it stops its host and records it as stopped."""
+        if self.agent is not None and self.agent.poll() is None:
+            self.agent.send_signal(signal.SIGTERM)
+
+    def _agent_tail(self) -> list[str]:
+        try:
+            with open(self.agent_log, "rb") as log:
+                return last_lines(log.read()[-16384:].decode(errors="replace"), AGENT_LOG_LINES)
+        except OSError:
+            return []
+
+    def _end_when_the_agent_ends(self, job_uri: str, hosts: int) -> None:
+        """Once the agent has ended: remove the job's placement group if every host has ended (the last
+        actor takes the others with it), else end this actor alone."""
+        import ray
+
+        code = self.agent.wait()
+        if code == 0 and os.path.exists(self.agent_log) and os.path.getsize(self.agent_log) == 0:
+            os.unlink(self.agent_log)
+        storage = open_storage(job_uri)
+        try:
+            every_host_ended = all(storage.exists(protocol.host_exit(index)) for index in range(hosts))
+        except Exception:  # noqa: BLE001 - the client's cleanup removes the group then
+            every_host_ended = False
+        context = ray.get_runtime_context()
+        if every_host_ended and context.get_placement_group_id():
+            from ray.util.placement_group import PlacementGroup
+
+            ray.util.remove_placement_group(PlacementGroup(ray.PlacementGroupID.from_hex(
+                context.get_placement_group_id())))
+        else:
+            ray.kill(context.current_actor, no_restart=True)

@@ -1,0 +1,230 @@
+"""The ray backend on a real 4-node Ray cluster on this machine (the ``ray_cluster`` fixture).
+
+Hosts are actors placed one per node; each runs the same agent and runner as
+every other backend. These tests check what a user relies on: the hosts are
+on different nodes, JAX and torch collectives work across them, the seed's
+outcome rules hold, an actor or node that dies is that host's end, a session
+lives across cells, and nothing of ours is left in the cluster.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import kinetic_nb
+from kinetic_nb.agent.ray_host import RayHost, StorageNotSharedError
+from kinetic_nb.backends import get_backend
+from kinetic_nb.backends.ray import RAY_NAMESPACE, actor_name, connect
+from kinetic_nb.errors import JobFailedError, KineticError
+from kinetic_nb.runner import protocol
+from kinetic_nb.runner.protocol import ExitSummary
+from kinetic_nb.state import JobStatus
+
+#: How long, at most, the tests wait for a job's actors and placement group to be gone after its outcome.
+CLEANUP_WAIT_S = 60.0
+
+NODE_IDS = """
+import os, numpy as np
+node = np.frombuffer(bytes.fromhex(os.environ["KINETIC_RAY_NODE_ID"]), dtype=np.uint8)
+"""
+
+
+def submit(cluster, source: str, hosts: int = 4, **options):
+    backend_options = {"address": cluster.address, **options.pop("backend_options", {})}
+    return kinetic_nb.submit(source, hosts=hosts, backend="ray", backend_options=backend_options, quiet=True,
+                             **options)
+
+
+def our_leftovers(cluster) -> list[str]:
+    """Our actors still alive and our placement groups not removed, as ``ray list`` shows them."""
+    from ray.util.state import list_actors, list_placement_groups
+
+    actors = list_actors(address=cluster.address, filters=[("ray_namespace", "=", RAY_NAMESPACE)], limit=10000)
+    groups = list_placement_groups(address=cluster.address, limit=10000)
+    return ([f"actor {actor.name}: {actor.state}" for actor in actors if actor.state != "DEAD"]
+            + [f"group {group.name}: {group.state}" for group in groups
+               if group.name.startswith(("kn-", "ks-")) and group.state != "REMOVED"])
+
+
+def wait_until_nothing_is_left(cluster) -> None:
+    deadline = time.monotonic() + CLEANUP_WAIT_S
+    while (left := our_leftovers(cluster)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert left == []
+
+
+def exit_record(handle, index: int) -> ExitSummary:
+    return ExitSummary.from_json(handle.storage.read_bytes(protocol.host_exit(index)))
+
+
+def test_four_hosts_on_four_nodes_allgather_with_jax(ray_cluster):
+    cell = NODE_IDS + """
+import jax, jax.numpy as jnp
+from jax.experimental import multihost_utils
+nodes = multihost_utils.process_allgather(node)
+total = multihost_utils.process_allgather(jnp.ones(2) * jax.process_index()).sum()
+(float(total), jax.process_count(), [bytes(row).hex() for row in nodes])
+"""
+    total, processes, nodes = submit(ray_cluster, cell).result(timeout=300)
+    assert (total, processes) == (12.0, 4)
+    assert len(set(nodes)) == 4 and set(nodes) == {node["NodeID"] for node in ray_cluster.alive_nodes()}
+
+
+def test_four_hosts_on_four_nodes_all_reduce_with_torch(ray_cluster):
+    cell = """
+import os, torch, torch.distributed as dist
+value = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(value)
+nodes = [None] * dist.get_world_size()
+dist.all_gather_object(nodes, os.environ["KINETIC_RAY_NODE_ID"])
+(value.item(), sorted(nodes))
+"""
+    total, nodes = submit(ray_cluster, cell).result(timeout=300)
+    assert total == 10.0
+    assert nodes == sorted(node["NodeID"] for node in ray_cluster.alive_nodes())
+
+
+def test_a_worker_failing_after_the_leader_succeeded_fails_the_cell(ray_cluster):
+    cell = ("import os, time\nif os.environ['KINETIC_HOST_INDEX'] == '2':\n    time.sleep(1)\n"
+            "    raise ValueError('shard 2 is corrupt')\n'leader value'")
+    handle = submit(ray_cluster, cell)
+    with pytest.raises(ValueError, match="shard 2 is corrupt") as raised:
+        handle.result(timeout=300)
+    assert any("Reported by host 2" in note for note in raised.value.__notes__)
+    assert handle.status() is JobStatus.FAILED
+
+
+def test_two_failing_hosts_raise_the_lower_ones_and_name_the_other(ray_cluster):
+    cell = "import os\nindex = int(os.environ['KINETIC_HOST_INDEX'])\nif index in (1, 3):\n    raise KeyError(index)"
+    with pytest.raises(KeyError) as raised:
+        submit(ray_cluster, cell).result(timeout=300)
+    assert raised.value.args == (1,)
+    assert any("Reported by host 1" in note and "3" in note.split("Other hosts")[1] for note in raised.value.__notes__)
+
+
+def test_the_leaders_own_failure_is_raised(ray_cluster):
+    cell = "import os\nif os.environ['KINETIC_HOST_INDEX'] == '0':\n    raise RuntimeError('leader broke')\n1"
+    with pytest.raises(RuntimeError, match="leader broke"):
+        submit(ray_cluster, cell).result(timeout=300)
+
+
+def test_a_killed_actor_is_its_hosts_end(ray_cluster):
+    ray = connect(ray_cluster.address)
+    handle = submit(ray_cluster, "import time\ntime.sleep(600)", grace=2)
+    _wait_for_running(handle, 4)
+    ray.kill(ray.get_actor(actor_name(handle.job_id, 1), namespace=RAY_NAMESPACE), no_restart=True)
+    with pytest.raises(JobFailedError, match="host 1"):
+        handle.result(timeout=300)
+    assert exit_record(handle, 1).reason.startswith("actor died: ")
+    assert handle.wait(timeout=300) is JobStatus.FAILED
+
+
+def test_a_killed_worker_node_names_its_host_lost_and_comes_back(ray_cluster):
+    cell = "import os, time\nprint(os.environ['KINETIC_RAY_NODE_ID'], flush=True)\ntime.sleep(600)"
+    handle = submit(ray_cluster, cell, grace=2)
+    _wait_for_running(handle, 4)
+    head = next(node["NodeID"] for node in ray_cluster.alive_nodes() if "node:__internal_head__" in node["Resources"])
+    victim = next(index for index in range(1, 4) if _node_of_host(handle, index) != head)
+    node_id = _node_of_host(handle, victim)
+    ray_cluster.kill_node(node_id)
+    try:
+        with pytest.raises(JobFailedError, match=f"host {victim}"):
+            handle.result(timeout=300)
+        assert exit_record(handle, victim).reason.startswith("node lost: ")
+    finally:
+        ray_cluster.add_node()
+        ray_cluster.wait_for_nodes(4)
+    assert node_id not in {node["NodeID"] for node in ray_cluster.alive_nodes()}
+
+
+def test_cancel_stops_every_host(ray_cluster):
+    handle = submit(ray_cluster, "import time\ntime.sleep(600)")
+    _wait_for_running(handle, 4)
+    handle.cancel("enough")
+    assert handle.wait(timeout=300) is JobStatus.CANCELLED
+    assert [host.state for host in handle.hosts()] == ["stopped"] * 4
+
+
+def test_a_placement_group_that_cannot_be_placed_waits_with_its_reason_then_fails(ray_cluster):
+    handle = submit(ray_cluster, "1", hosts=1, accelerator="gpu-l4x1", backend_options={"pending_timeout_s": 5})
+    deadline = time.monotonic() + 120
+    while not (waiting := [host.message for host in handle.snapshot().hosts if host.message]):
+        assert time.monotonic() < deadline, "no pending reason shown"
+        time.sleep(0.2)
+    assert "placement group" in waiting[0] and "GPU: 1" in waiting[0]
+    with pytest.raises(JobFailedError, match="not placed within 5 s"):
+        handle.result(timeout=300)
+
+
+def test_more_hosts_than_nodes_is_refused_in_one_line(ray_cluster):
+    with pytest.raises(ValueError, match=r"5 hosts need 5 Ray nodes .* --ray-pack") as refused:
+        submit(ray_cluster, "1", hosts=5)
+    assert "\n" not in str(refused.value)
+
+
+def test_no_cluster_is_one_line_that_says_how_to_start_one(monkeypatch):
+    import ray
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **options: (_ for _ in ()).throw(ConnectionError("no cluster")))
+    with pytest.raises(KineticError, match=r"no Ray cluster at auto: start one with `ray start --head`"):
+        get_backend("ray", address="auto").preflight(None)
+
+
+def test_storage_a_node_does_not_share_is_refused_in_one_line(tmp_path):
+    missing = f"file://{tmp_path}/elsewhere/kn-1"
+    with pytest.raises(StorageNotSharedError, match="do not share that path; use --storage gs://"):
+        _HostOnNode().start(missing, b"{}", 0, "127.0.0.2:1", {})
+
+
+def test_a_session_keeps_its_hosts_across_cells_and_survives_a_failure_and_an_interrupt(ray_cluster):
+    session = kinetic_nb.start(hosts=4, backend="ray", framework="jax", idle_timeout=600, echo=False,
+                               backend_options={"address": ray_cluster.address})
+    try:
+        assert session.run("import os\nkept = os.environ['KINETIC_RAY_NODE_ID']\nlen(kept)").result() == 56
+        cell = ("import jax, jax.numpy as jnp\nfrom jax.experimental import multihost_utils\n"
+                "float(multihost_utils.process_allgather(jnp.ones(1) * jax.process_index()).sum())")
+        assert session.run(cell).result() == 6.0
+        assert session.run("len(kept)").result() == 56  # the hosts' namespaces live across cells
+        with pytest.raises(ValueError, match="bad"):
+            session.run("import os\nif os.environ['KINETIC_HOST_INDEX'] == '3':\n    raise ValueError('bad')").result()
+        sleeping = session.run("import time\ntime.sleep(600)")
+        time.sleep(1)
+        sleeping.interrupt()
+        with pytest.raises(KeyboardInterrupt):
+            sleeping.result()
+        assert session.ended() is None
+        assert session.run("len(kept)").result() == 56
+    finally:
+        session.stop()
+    assert session.ended() is not None
+
+
+def test_nothing_of_ours_is_left_in_the_cluster(ray_cluster):
+    assert submit(ray_cluster, "41 + 1").result(timeout=300) == 42
+    wait_until_nothing_is_left(ray_cluster)
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+class _HostOnNode(RayHost):
+    def where(self) -> dict[str, str]:
+        return {"node_id": "ab" * 28, "address": "127.0.0.2"}
+
+
+def _wait_for_running(handle, hosts: int, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while sum(host.state == "running" and host.phase == "execute" for host in handle.snapshot().hosts) < hosts:
+        assert time.monotonic() < deadline, f"hosts not running: {handle.snapshot().hosts}"
+        time.sleep(0.2)
+
+
+def _node_of_host(handle, index: int) -> str:
+    deadline = time.monotonic() + 60
+    while not (text := handle.logs(index).strip()):
+        assert time.monotonic() < deadline, f"host {index} printed nothing"
+        time.sleep(0.2)
+    return text.splitlines()[0].strip()

@@ -1,0 +1,133 @@
+"""A real Ray cluster on this machine: a head and worker nodes, 1 CPU each, on loopback.
+
+Every node is started with ``ray start`` on ``127.0.0.2``: Ray 2.60 replaces
+``127.0.0.1`` (and ``localhost``) with the machine's interface address, and
+only those two spellings, so another loopback address is how the whole
+cluster stays on loopback. Each cluster has its own temporary directory, which
+every one of its processes names on its command line: that is how the cluster
+is stopped (its processes and no one else's, unlike ``ray stop``) and how a
+test proves that none of them survived.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import psutil
+
+#: Loopback, but not a spelling Ray rewrites to the interface address.
+NODE_ADDRESS = "127.0.0.2"
+#: Seconds one ``ray start`` may take on a busy 2-core machine.
+START_TIMEOUT_S = 180.0
+#: A node whose raylet was killed is declared dead after about period x threshold (default 15 s).
+HEALTH_CHECK = '{"health_check_period_ms": 1000, "health_check_failure_threshold": 3}'
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind((NODE_ADDRESS, 0))
+        return probe.getsockname()[1]
+
+
+class RayCluster:
+    """``nodes`` Ray nodes of 1 CPU each on this machine; ``address`` is the head's ``HOST:PORT``."""
+
+    def __init__(self, nodes: int = 4):
+        self.nodes = nodes
+        self.port = _free_port()
+        self.address = f"{NODE_ADDRESS}:{self.port}"
+        self.temp_dir = tempfile.mkdtemp(prefix="kn-ray-")  # short: Ray's socket paths live below it
+        self.env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+        self.env.pop("RAY_ADDRESS", None)
+
+    def _ray(self, *arguments: str) -> None:
+        command = [os.path.join(os.path.dirname(sys.executable), "ray"), "start", "--num-cpus", "1",
+                   "--node-ip-address", NODE_ADDRESS, "--temp-dir", self.temp_dir, "--disable-usage-stats",
+                   *arguments]
+        done = subprocess.run(command, env=self.env, capture_output=True, text=True, timeout=START_TIMEOUT_S,
+                              check=False)
+        if done.returncode:
+            raise RuntimeError(f"{' '.join(command)} failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+
+    def start(self) -> RayCluster:
+        self._ray("--head", "--port", str(self.port), "--include-dashboard", "true", "--dashboard-host",
+                  NODE_ADDRESS, "--system-config", HEALTH_CHECK)
+        for _ in range(self.nodes - 1):
+            self.add_node()
+        return self
+
+    def add_node(self) -> None:
+        """Start one more worker node (a node killed by a test comes back this way)."""
+        self._ray("--address", self.address)
+
+    def alive_nodes(self) -> list[dict]:
+        import ray
+
+        return [node for node in ray.nodes() if node["Alive"]]
+
+    def wait_for_nodes(self, count: int, timeout: float = START_TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self.alive_nodes()) != count:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the cluster has {len(self.alive_nodes())} alive nodes, not {count}")
+            time.sleep(0.5)
+
+    def kill_node(self, node_id: str) -> None:
+        """SIGKILL worker node ``node_id``'s raylet, its agents and everything they started, as a machine lost."""
+        markers = (f"--node_id={node_id}", f"--node-id={node_id}")
+        roots = [process for process in self.processes()
+                 if any(marker in " ".join(_cmdline(process)) for marker in markers)]
+        assert roots, f"no process of node {node_id}"
+        for root in roots:
+            try:
+                victims = [root, *root.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                continue
+            for process in victims:
+                try:
+                    process.send_signal(signal.SIGKILL)
+                except psutil.NoSuchProcess:
+                    pass
+
+    def processes(self) -> list[psutil.Process]:
+        """Every process of this cluster still running: each names the cluster's temporary directory."""
+        found = []
+        for process in psutil.process_iter(["pid", "cmdline"]):
+            try:
+                if self.temp_dir in " ".join(process.info["cmdline"] or ()) and process.status() != "zombie":
+                    found.append(process)
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+        return found
+
+    def stop(self) -> list[str]:
+        """Stop every process of the cluster; returns those that survived a SIGKILL (none, normally)."""
+        import ray
+
+        ray.shutdown()
+        for signum, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 10.0)):
+            for process in self.processes():
+                try:
+                    process.send_signal(signum)
+                except psutil.NoSuchProcess:
+                    pass
+            deadline = time.monotonic() + wait
+            while self.processes() and time.monotonic() < deadline:
+                time.sleep(0.1)
+        survivors = [f"{process.pid}: {' '.join(_cmdline(process))[:200]}" for process in self.processes()]
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+        return survivors
+
+
+def _cmdline(process: psutil.Process) -> list[str]:
+    try:
+        return process.cmdline()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return []
