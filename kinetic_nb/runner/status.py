@@ -29,6 +29,9 @@ class StatusReporter:
         self._status_name = protocol.host_status(host_index)
         self._heartbeat_name = protocol.host_heartbeat(host_index)
         self._lock = threading.Lock()
+        #: Held through a status write, so two writes (the main thread's, a deferred one from the heartbeat
+        #: thread) land in the order they were taken: a slow older write never overwrites a newer one.
+        self._write_lock = threading.Lock()
         self._stop = threading.Event()
         #: Set when the heartbeat thread has something new to wait for: a deferred write, or the stop.
         self._changed = threading.Event()
@@ -116,12 +119,13 @@ class StatusReporter:
         self._write(self._heartbeat_name, b"")
 
     def _write_status(self, only_if_due: bool = False) -> None:
-        with self._lock:
-            if only_if_due and self._due_at is None:
-                return  # written meanwhile
-            self._due_at = None
-            data = self._status.to_json()
-        self._write(self._status_name, data)
+        with self._write_lock:
+            with self._lock:
+                if only_if_due and self._due_at is None:
+                    return  # written meanwhile
+                self._due_at = None
+                data = self._status.to_json()
+            self._write(self._status_name, data)
 
     def _write(self, name: str, data: bytes) -> None:
         try:

@@ -54,3 +54,26 @@ def test_a_quick_phase_reaches_storage_with_the_next_write_only(reporting):
     assert [status.state for status in storage.status_writes] == [HostState.PENDING.value, HostState.IDLE.value]
     assert [phase for phase, _ in storage.status_writes[-1].history][-2:] == [Phase.EXECUTE.value,
                                                                                Phase.TEARDOWN.value]
+
+
+class SlowRunningWrites(CountingStorage):
+    """A storage on which writing a RUNNING status takes a while (a slow request to a bucket)."""
+
+    def write_bytes(self, name: str, data: bytes, *, exclusive: bool = False) -> None:
+        if name == protocol.host_status(0) and HostStatus.from_json(data).state == HostState.RUNNING.value:
+            time.sleep(0.3)
+        super().write_bytes(name, data, exclusive=exclusive)
+
+
+def test_a_slow_deferred_write_never_lands_over_a_newer_status(tmp_path):
+    storage = SlowRunningWrites(str(tmp_path / "job"))
+    reporter = StatusReporter(storage, 0)
+    reporter.start()
+    try:
+        reporter.update(state=HostState.RUNNING, phase=Phase.EXECUTE, record=False, defer_s=0.01)
+        time.sleep(0.1)  # the heartbeat thread is now inside its slow write of RUNNING
+        reporter.update(state=HostState.IDLE, phase=Phase.TEARDOWN)  # the cell is done meanwhile
+        wait_for(lambda: len(storage.status_writes) == 3)
+        assert HostStatus.from_json(storage.read_bytes(protocol.host_status(0))).state == HostState.IDLE.value
+    finally:
+        reporter.stop()
