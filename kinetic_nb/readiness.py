@@ -14,10 +14,18 @@ nodes to see) or fail, with the exact command that fixes a failure:
 - the pods' Kubernetes service account reaches the bucket: its Workload
   Identity Google service account, or the service account's own principal, is
   granted an object role in the bucket's IAM policy (Google's IAM API, through
-  ``google-cloud-storage``).
+  ``google-cloud-storage``);
+- the image mode has what it needs: the ``--requirements`` file has no line
+  only this machine can satisfy; ``prebuilt``: the pods reach the package
+  index, which needs a pod (a warning, with the command that checks it);
+  ``build``: the registry's Artifact Registry repository exists, the Cloud
+  Build API is enabled and this user may create builds (Google's REST APIs,
+  through ``google-auth``), and whether the image for these requirements is
+  built yet.
 
-Not checked here: the image's Python and kinetic_nb versions (that needs a
-pod; every host compares them with the plan's when it starts instead).
+Not checked here: the image's Python and kinetic_nb versions, and whether the
+pods reach the package index (each needs a pod; every host compares the
+versions with the plan's when it starts, and pip's failure is in its log).
 """
 
 from __future__ import annotations
@@ -298,7 +306,8 @@ def _service_account_check(api: KubernetesApi, settings: KubernetesSettings, uri
 
 def doctor(accelerator: str | None = None, storage: str | None = None, *,
            backend_options: Mapping[str, Any] | None = None, api: KubernetesApi | None = None,
-           iam_policy: Callable[[str], Mapping[str, Iterable[str]]] | None = None) -> DoctorReport:
+           iam_policy: Callable[[str], Mapping[str, Iterable[str]]] | None = None,
+           google_session: Any = None) -> DoctorReport:
     """Check that cells can run on the cluster with ``accelerator`` and ``storage``; a table of checks with fixes.
 
     Parameters
@@ -315,6 +324,10 @@ def doctor(accelerator: str | None = None, storage: str | None = None, *,
         Default: :func:`~kinetic_nb.backends.kubernetes.connect`.
     iam_policy : callable, optional
         ``bucket -> {role: members}``; default :func:`bucket_iam_policy` (Google's IAM API).
+    google_session : optional
+        What calls Google's REST APIs for the build mode's checks (Artifact
+        Registry, Cloud Build, Resource Manager); default an ``AuthorizedSession``
+        from Application Default Credentials, made only in the build mode; a test passes a double.
 
     Returns
     -------
@@ -333,6 +346,9 @@ def doctor(accelerator: str | None = None, storage: str | None = None, *,
         api = None
     if api is not None:
         checks += _cluster_checks(api, settings, acc)
+    from kinetic_nb.readiness_image import authorized_session, image_checks  # its rows are Checks: imported here
+
+    checks += image_checks(settings, (lambda: google_session) if google_session is not None else authorized_session)
     if storage:
         checks.append(_storage_check(storage))
         if storage.startswith("gs://") and api is not None and checks[0].status == OK:

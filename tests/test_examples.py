@@ -117,3 +117,9 @@ def test_05_gke_cells_are_valid_ipython_and_name_what_they_need():
             compile(transform(cell.source), "<05_gke>", "exec")
     text = "\n".join(cell.source for cell in notebook.cells)
     assert "-b kubernetes" in text and "docs/gke.md" in text
+    code = [cell.source for cell in notebook.cells if cell.cell_type == "code"]
+    # The prebuilt image mode: no image to build or name; the doctor is the first cell after the setup.
+    assert not re.search(r"KineticMagics\.image|KINETIC_IMAGE|--image", text)
+    assert "%config KineticMagics.requirements" in code[0]
+    assert code[1].startswith("%kinetic doctor -a tpu-v5e-16")
+    assert all(not cell.get("outputs") for cell in notebook.cells if cell.cell_type == "code")

@@ -5,7 +5,10 @@ The Kubernetes checks run through the real ``kubernetes`` client against
 against the real fake-gcs-server the gs:// tests use. The bucket's IAM policy
 comes from Google's IAM API, which cannot run here: those tests pass
 ``iam_policy_double``, a test double of that one client call
-(``readiness.bucket_iam_policy``), named as such.
+(``readiness.bucket_iam_policy``), named as such. The build image mode's
+checks call Artifact Registry, Cloud Build and Resource Manager, which cannot
+run here either: they go through ``RegistryAndCloudBuildDouble``
+(tests/backends/google_api_double.py), the double the build tests use.
 """
 
 from __future__ import annotations
@@ -13,9 +16,14 @@ from __future__ import annotations
 import pytest
 
 from kinetic_nb import readiness as doctor_module
+from kinetic_nb import readiness_image
 from kinetic_nb.accelerators import resolve_accelerator
+from kinetic_nb.backends import k8s_cloud_build as cloud_build
+from kinetic_nb.backends.k8s_environment import host_packages, stock_image
+from kinetic_nb.errors import KineticError
 from kinetic_nb.readiness import doctor, required_permissions
 
+from .backends.google_api_double import RegistryAndCloudBuildDouble
 from .backends.k8s_api_server import RecordingApiServer
 
 NODE_LABELS = {"cloud.google.com/gke-tpu-accelerator": "tpu-v5-lite-podslice",
@@ -56,8 +64,9 @@ def test_a_ready_cluster_and_bucket_pass_every_check(server, gcs_root):
     report = doctor("tpu-v5e-16", gcs_root, backend_options=OPTIONS, api=server.api(), iam_policy=policy)
     assert report.ok, report.table()
     assert [check.name for check in report.checks] == [
-        "cluster reachable", "namespace", "LeaderWorkerSet API", "node pool", "permissions", "storage",
+        "cluster reachable", "namespace", "LeaderWorkerSet API", "node pool", "permissions", "image mode", "storage",
         "pods reach the bucket"]
+    assert by_name(report)["image mode"].detail.startswith("custom: img:1 as it is (it needs kinetic_nb ")
     assert by_name(report)["cluster reachable"].detail == "Kubernetes v1.31.4-gke.1256000"
     assert policy.asked == ["kinetic-tests"]
     # One SelfSubjectAccessReview per verb and resource the backend uses, in the job's namespace.
@@ -172,3 +181,127 @@ def test_the_magic_prints_the_table(server, gcs_root, monkeypatch, capsys):
     assert out.splitlines()[0].split() == ["check", "status", "detail"]
     assert "pods reach the bucket" in out and "fail" not in out
     assert policy.asked == ["kinetic-tests"]
+
+
+# -- the image mode ---------------------------------------------------------------------------------
+
+REGISTRY = "us-docker.pkg.dev/ml-proj/kinetic"
+REPOSITORY = "projects/ml-proj/locations/us/repositories/kinetic"
+PREBUILT = {"namespace": "ml-team", "service_account": "kinetic-runner", "image_mode": "prebuilt"}
+
+
+def build_options(tmp_path, text="jax[tpu]\n", registry=REGISTRY):
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text(text)
+    return {"namespace": "ml-team", "image_mode": "build", "registry": registry, "requirements": str(requirements)}
+
+
+def image_rows(report):
+    names = ("image mode", "requirements", "pods reach the package index", "Google credentials", "registry",
+             "Cloud Build", "image for the requirements")
+    return {check.name: check for check in report.checks if check.name in names}
+
+
+def test_prebuilt_says_the_index_needs_a_pod_and_gives_the_command_that_tries(server):
+    report = doctor("cpu", backend_options=PREBUILT, api=server.api())
+    rows = image_rows(report)
+    assert list(rows) == ["image mode", "pods reach the package index"]
+    assert rows["image mode"].status == "ok" and rows["image mode"].detail.endswith(f"into {stock_image()}")
+    index = rows["pods reach the package index"]
+    assert index.status == "warn" and index.detail.startswith("not checked: the pods pip-install from PyPI")
+    assert index.fix == (
+        f"kubectl run kinetic-index-check -n ml-team --rm -i --restart=Never --image={stock_image()} "
+        """--overrides='{"spec":{"serviceAccountName":"kinetic-runner"}}' -- python3 -m pip download --no-deps """
+        "--dest /tmp/kinetic-index-check cloudpickle")
+    assert report.ok  # a warning: the cluster may well reach PyPI
+
+
+def test_a_requirements_line_only_this_machine_can_satisfy_fails_with_its_line(server, tmp_path):
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("jax[tpu]\n-e ./my_lib\n")
+    report = doctor("cpu", backend_options={**PREBUILT, "requirements": str(requirements)}, api=server.api())
+    check = image_rows(report)["requirements"]
+    assert check.status == "fail" and not report.ok
+    assert check.detail.startswith(f"{requirements}, line 2: '-e ./my_lib' is an editable install of a directory")
+    assert check.fix == f"edit {requirements} as said"
+    requirements.write_text("jax[tpu]\n")
+    assert image_rows(doctor("cpu", backend_options={**PREBUILT, "requirements": str(requirements)},
+                             api=server.api()))["requirements"].status == "ok"
+
+
+def test_a_ready_build_mode_checks_the_repository_cloud_build_and_the_image(server, tmp_path):
+    double = RegistryAndCloudBuildDouble(repositories={REPOSITORY: "DOCKER"})
+    report = doctor("cpu", backend_options=build_options(tmp_path), api=server.api(), google_session=double)
+    rows = image_rows(report)
+    assert list(rows) == ["image mode", "requirements", "registry", "Cloud Build", "image for the requirements"]
+    assert all(check.status == "ok" for check in rows.values()), report.table()
+    image = cloud_build.wanted_image(b"jax[tpu]\n", REGISTRY, stock_image(), host_packages("gs://"))
+    assert rows["image for the requirements"].detail == (
+        f"{image} is not built yet: the first cell builds it (minutes), later ones reuse it")
+    assert [(verb, url) for verb, url, _ in double.calls] == [
+        ("GET", f"https://artifactregistry.googleapis.com/v1/{REPOSITORY}"),
+        ("GET", "https://cloudbuild.googleapis.com/v1/projects/ml-proj/locations/global/builds?pageSize=1"),
+        ("POST", "https://cloudresourcemanager.googleapis.com/v1/projects/ml-proj:testIamPermissions"),
+        ("GET", f"https://us-docker.pkg.dev/v2/ml-proj/kinetic/kinetic-env/manifests/{image.rsplit(':', 1)[1]}"),
+    ]
+    assert double.calls[2][2] == {"permissions": ["cloudbuild.builds.create", "cloudbuild.builds.get"]}
+    built = RegistryAndCloudBuildDouble(repositories={REPOSITORY: "DOCKER"}, images={image})
+    report = doctor("cpu", backend_options=build_options(tmp_path), api=server.api(), google_session=built)
+    assert image_rows(report)["image for the requirements"].detail == f"{image} is built"
+
+
+BUILD_FAILURES = {
+    "no repository": (dict(), "registry",
+                      "gcloud artifacts repositories create kinetic --repository-format=docker --location=us "
+                      "--project=ml-proj"),
+    "not a docker repository": (dict(repositories={REPOSITORY: "MAVEN"}), "registry",
+                                "gcloud artifacts repositories create kinetic-docker --repository-format=docker "
+                                f"--location=us --project=ml-proj and then %env KINETIC_REGISTRY={REGISTRY}-docker"),
+    "Artifact Registry disabled": (dict(disabled={"artifactregistry"}), "registry",
+                                   "gcloud services enable artifactregistry.googleapis.com --project=ml-proj"),
+    "repository not readable": (dict(denied={"artifactregistry"}), "registry",
+                                "gcloud artifacts repositories add-iam-policy-binding kinetic --location=us "
+                                "--project=ml-proj --member=user:$(gcloud config get-value account) "
+                                "--role=roles/artifactregistry.reader"),
+    "Cloud Build disabled": (dict(repositories={REPOSITORY: "DOCKER"}, disabled={"cloudbuild"}), "Cloud Build",
+                             "gcloud services enable cloudbuild.googleapis.com --project=ml-proj"),
+    "Cloud Build denied": (dict(repositories={REPOSITORY: "DOCKER"}, denied={"cloudbuild"}), "Cloud Build",
+                           "gcloud projects add-iam-policy-binding ml-proj --member=user:$(gcloud config get-value "
+                           "account) --role=roles/cloudbuild.builds.editor"),
+    "no permission to build": (dict(repositories={REPOSITORY: "DOCKER"}, permissions={"cloudbuild.builds.get"}),
+                               "Cloud Build", "gcloud projects add-iam-policy-binding ml-proj --member=user:$(gcloud "
+                                              "config get-value account) --role=roles/cloudbuild.builds.editor"),
+}
+
+
+@pytest.mark.parametrize("failure", BUILD_FAILURES)
+def test_each_build_mode_failure_comes_with_its_fix(server, tmp_path, failure):
+    answers, row, fix = BUILD_FAILURES[failure]
+    report = doctor("cpu", backend_options=build_options(tmp_path), api=server.api(),
+                    google_session=RegistryAndCloudBuildDouble(**answers))
+    check = image_rows(report)[row]
+    assert (check.status, check.fix) == ("fail", fix), check
+    assert "\n" not in check.detail and not report.ok
+    assert "image for the requirements" not in image_rows(report) or row != "registry"
+
+
+def test_the_build_mode_without_a_registry_credentials_or_a_google_registry_says_what_to_do(server, tmp_path,
+                                                                                         monkeypatch):
+    options = build_options(tmp_path)
+    missing = doctor("cpu", backend_options={**options, "registry": None}, api=server.api(),
+                     google_session=RegistryAndCloudBuildDouble())
+    assert image_rows(missing)["image mode"].fix == "%env KINETIC_REGISTRY=REGION-docker.pkg.dev/PROJECT_ID/kinetic"
+
+    def no_credentials():
+        raise KineticError("the build image mode needs Google credentials: run "
+                           "`gcloud auth application-default login`")
+    monkeypatch.setattr(readiness_image, "authorized_session", no_credentials)
+    check = image_rows(doctor("cpu", backend_options=options, api=server.api()))["Google credentials"]
+    assert (check.status, check.fix) == ("fail", "gcloud auth application-default login")
+
+    gcr = doctor("cpu", backend_options=build_options(tmp_path, registry="gcr.io/ml-proj"), api=server.api(),
+                 google_session=RegistryAndCloudBuildDouble())
+    assert image_rows(gcr)["registry"].status == "warn"
+    elsewhere = doctor("cpu", backend_options=build_options(tmp_path, registry="docker.io/me"), api=server.api(),
+                       google_session=RegistryAndCloudBuildDouble())
+    assert image_rows(elsewhere)["registry"].status == "fail"

@@ -29,11 +29,14 @@ from typing import Any
 
 from kinetic_nb.errors import KineticError
 
-__all__ = ["IMAGE_NAME", "build_request", "ensure_image", "image_exists", "image_reference", "image_tag"]
+__all__ = ["IMAGE_NAME", "authorized_session", "build_location", "build_request", "builds_url", "ensure_image",
+           "image_exists", "image_reference", "image_tag", "repository_path", "wanted_image"]
 
 #: The repository the build mode's images go to, within the user's registry.
 IMAGE_NAME = "kinetic-env"
 CLOUD_BUILD_API = "https://cloudbuild.googleapis.com/v1"
+#: Where the doctor looks the registry's repository up (an Artifact Registry repository is an API resource).
+ARTIFACT_REGISTRY_API = "https://artifactregistry.googleapis.com/v1"
 #: Cloud Build's own Docker builder.
 DOCKER_BUILDER = "gcr.io/cloud-builders/docker"
 #: A build's limit: installing jax[tpu] or torch and pushing takes minutes, not hours.
@@ -44,7 +47,7 @@ POLL_INTERVAL_S = 10.0
 MANIFEST_TYPES = ", ".join([
     "application/vnd.docker.distribution.manifest.v2+json", "application/vnd.docker.distribution.manifest.list.v2+json",
     "application/vnd.oci.image.manifest.v1+json", "application/vnd.oci.image.index.v1+json"])
-_ARTIFACT_REGISTRY = re.compile(r"^(?P<region>[a-z0-9-]+)-docker\.pkg\.dev/(?P<project>[^/]+)/[^/]+$")
+_ARTIFACT_REGISTRY = re.compile(r"^(?P<region>[a-z0-9-]+)-docker\.pkg\.dev/(?P<project>[^/]+)/(?P<repository>[^/]+)$")
 _CONTAINER_REGISTRY = re.compile(r"^([a-z]+\.)?gcr\.io/(?P<project>[^/]+)$")
 
 
@@ -58,7 +61,13 @@ def image_reference(registry: str, tag: str) -> str:
     return f"{registry.rstrip('/')}/{IMAGE_NAME}:{tag}"
 
 
-def _project_and_location(registry: str) -> tuple[str, str]:
+def wanted_image(requirements: bytes, registry: str, base_image: str, packages: list[str]) -> str:
+    """The image the build mode runs for these inputs (there or not yet)."""
+    return image_reference(registry, image_tag(requirements, base_image, packages))
+
+
+def build_location(registry: str) -> tuple[str, str]:
+    """The project and Cloud Build location that build into ``registry``; a one-line ValueError otherwise."""
     registry = registry.rstrip("/")
     match = _ARTIFACT_REGISTRY.match(registry)
     if match:  # a regional repository builds in its region; a multi-region one (us, europe, asia) globally
@@ -69,6 +78,20 @@ def _project_and_location(registry: str) -> tuple[str, str]:
         return match["project"], "global"
     raise ValueError(f"registry {registry!r} is not an Artifact Registry repository "
                      "(REGION-docker.pkg.dev/PROJECT/REPOSITORY) or gcr.io/PROJECT")
+
+
+def builds_url(registry: str) -> str:
+    """Cloud Build's ``builds`` collection in the project and location that build into ``registry``."""
+    project, location = build_location(registry)
+    return f"{CLOUD_BUILD_API}/projects/{project}/locations/{location}/builds"
+
+
+def repository_path(registry: str) -> str | None:
+    """``projects/P/locations/L/repositories/R`` of an Artifact Registry ``registry``; None for gcr.io."""
+    match = _ARTIFACT_REGISTRY.match(registry.rstrip("/"))
+    if match is None:
+        return None
+    return f"projects/{match['project']}/locations/{match['region']}/repositories/{match['repository']}"
 
 
 def dockerfile(base_image: str, packages: list[str]) -> str:
@@ -101,7 +124,8 @@ def image_exists(session: Any, image: str) -> bool:
     raise KineticError(f"could not look up {image} in its registry: HTTP {answer.status_code} {answer.text[:200]}")
 
 
-def _authorized_session() -> Any:
+def authorized_session() -> Any:
+    """An ``AuthorizedSession`` with the notebook's Application Default Credentials, or a one-line KineticError."""
     try:
         import google.auth
         import google.auth.exceptions
@@ -143,23 +167,22 @@ def ensure_image(requirements: bytes, *, registry: str, base_image: str, package
         One line: no credentials, the API's refusal, or a failed build (with its log's address).
     """
     notify = notify or (lambda line: print(line, file=sys.stderr))
-    project, location = _project_and_location(registry)
-    image = image_reference(registry, image_tag(requirements, base_image, packages))
-    session = session if session is not None else _authorized_session()
+    url = builds_url(registry)
+    image = wanted_image(requirements, registry, base_image, packages)
+    session = session if session is not None else authorized_session()
     if image_exists(session, image):
         return image
     notify(f"kinetic_nb: building {image} with Cloud Build (once for these requirements; minutes)")
-    answer = session.post(f"{CLOUD_BUILD_API}/projects/{project}/locations/{location}/builds",
-                          json=build_request(image, requirements, base_image, packages))
+    answer = session.post(url, json=build_request(image, requirements, base_image, packages))
     if answer.status_code != 200:
         raise KineticError(f"Cloud Build refused the build of {image}: HTTP {answer.status_code} "
-                           f"{_message(answer)}")
+                           f"{error_message(answer)}")
     operation = answer.json()
     while not operation.get("done"):
         sleep(POLL_INTERVAL_S)
         answer = session.get(f"{CLOUD_BUILD_API}/{operation['name']}")
         if answer.status_code != 200:
-            raise KineticError(f"could not follow the build of {image}: HTTP {answer.status_code} {_message(answer)}")
+            raise KineticError(f"could not follow the build of {image}: HTTP {answer.status_code} {error_message(answer)}")
         operation = answer.json()
     build = operation.get("response") or operation.get("metadata", {}).get("build", {})
     if operation.get("error") or build.get("status") != "SUCCESS":
@@ -169,7 +192,8 @@ def ensure_image(requirements: bytes, *, registry: str, base_image: str, package
     return image
 
 
-def _message(answer: Any) -> str:
+def error_message(answer: Any) -> str:
+    """A Google API's own message from an error answer, else the start of its body."""
     try:
         return answer.json()["error"]["message"]
     except (ValueError, KeyError, TypeError):

@@ -36,8 +36,7 @@ from kinetic_nb.runner.envelope import write_sealed
 from kinetic_nb.storage import Storage
 from kinetic_nb.storage.defaults import user_directory
 
-__all__ = ["ImageMode", "bootstrap_source", "host_packages", "package_wheel", "requirements_text", "stock_image",
-           "store_environment"]
+__all__ = ["ImageMode", "bootstrap_source", "host_packages", "package_wheel", "stock_image", "store_environment"]
 
 
 class ImageMode(str, enum.Enum):
@@ -150,14 +149,6 @@ def host_packages(storage_uri: str) -> list[str]:
         if (extra is None and name in HOST_DISTRIBUTIONS) or (extra in extras):
             packages.append(spec.strip())
     return packages or [*HOST_DISTRIBUTIONS, *(["google-cloud-storage"] if extras else [])]
-
-
-def requirements_text(path: str | os.PathLike[str]) -> bytes:
-    """The bytes of a requirements file, or a one-line ValueError naming it."""
-    try:
-        return Path(path).expanduser().read_bytes()
-    except OSError as error:
-        raise ValueError(f"cannot read the requirements file {path}: {error.strerror}") from None
 
 
 def store_environment(storage: Storage, key: bytes, *, requirements: bytes | None, wheel: Path | None = None) -> dict:

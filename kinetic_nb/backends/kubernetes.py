@@ -37,7 +37,7 @@ from typing import Any
 
 from kinetic_nb.accelerators import resolve_accelerator
 from kinetic_nb.backends.base import Backend, BackendFlag, JobSecrets, PlatformView, register
-from kinetic_nb.backends.k8s_environment import ImageMode, host_packages, requirements_text, store_environment
+from kinetic_nb.backends.k8s_environment import ImageMode, host_packages, store_environment
 from kinetic_nb.backends.k8s_events import PendingVerdict, pending_verdicts
 from kinetic_nb.backends.k8s_manifests import (
     LWS_GROUP,
@@ -59,6 +59,7 @@ from kinetic_nb.backends.k8s_pods import (
     pod_host_state,
     stuck_pending,
 )
+from kinetic_nb.backends.k8s_requirements import pod_requirements
 from kinetic_nb.backends.k8s_root import root_job, root_name, root_owner_reference
 from kinetic_nb.backends.k8s_settings import DEFAULT_COORDINATOR_PORT, DEFAULT_NAMESPACE, KubernetesSettings
 from kinetic_nb.errors import KineticError, KineticWarning, ObjectExistsError, ObjectNotFoundError
@@ -240,10 +241,11 @@ class KubernetesBackend(Backend):
     # -- the Backend interface -----------------------------------------------------
 
     def preflight(self, plan: JobPlan) -> None:
-        """Read ``--requirements``; in the build image mode, make sure its image exists (Cloud Build
-        makes it once per requirements: minutes the first time, a registry lookup after)."""
+        """Read ``--requirements``, refusing a line a pod cannot satisfy (a path on this machine: see
+        :mod:`~kinetic_nb.backends.k8s_requirements`); in the build image mode, make sure its image
+        exists (Cloud Build makes it once per requirements: minutes the first time, a registry lookup after)."""
         if self.settings.requirements:
-            requirements = requirements_text(self.settings.requirements)
+            requirements = pod_requirements(self.settings.requirements)
             if self.settings.mode is ImageMode.BUILD and self._built_image is None:
                 from kinetic_nb.backends.k8s_cloud_build import ensure_image
 
@@ -299,7 +301,7 @@ class KubernetesBackend(Backend):
                           stacklevel=2)
         settings = self.pod_settings()
         if settings.mode is not ImageMode.CUSTOM:  # before any pod exists: the pods install it first
-            requirements = (requirements_text(settings.requirements)
+            requirements = (pod_requirements(settings.requirements)
                             if settings.requirements and settings.mode is ImageMode.PREBUILT else None)
             store_environment(storage, secrets.key, requirements=requirements)
         root = self._create(root_job(plan, storage.uri, settings))

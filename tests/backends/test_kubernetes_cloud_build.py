@@ -1,4 +1,5 @@
-"""The build image mode against ``RegistryAndCloudBuildDouble``: a double of the HTTP calls, not Google's APIs.
+"""The build image mode against ``RegistryAndCloudBuildDouble`` (``google_api_double.py``): a double of the HTTP
+calls, not Google's APIs.
 
 Cloud Build and Artifact Registry cannot be reached here, so these tests check
 what kinetic_nb sends (URLs, the build request, the polling of the build's
@@ -18,43 +19,11 @@ from kinetic_nb.backends.k8s_settings import KubernetesSettings
 from kinetic_nb.backends.kubernetes import KubernetesBackend
 from kinetic_nb.errors import KineticError
 
+from .google_api_double import RegistryAndCloudBuildDouble
 from .test_kubernetes_manifests import job_plan
 
 REGISTRY = "us-docker.pkg.dev/my-project/kinetic"
 PACKAGES = ["cloudpickle>=2.2", "google-cloud-storage>=3.2"]
-
-
-class Answer:
-    def __init__(self, status_code: int, body: dict | None = None):
-        self.status_code, self._body, self.text = status_code, body or {}, str(body)
-
-    def json(self) -> dict:
-        return self._body
-
-
-class RegistryAndCloudBuildDouble:
-    """Answers as the registry's v2 API and Cloud Build's REST API would; records every call."""
-
-    def __init__(self, *, images: set[str] = frozenset(), outcome: str = "SUCCESS", polls: int = 2):
-        self.images, self.outcome, self.polls_left = set(images), outcome, polls
-        self.calls: list[tuple[str, str, dict]] = []
-
-    def get(self, url: str, headers: dict | None = None) -> Answer:
-        self.calls.append(("GET", url, headers or {}))
-        if "/v2/" in url:
-            host_path, tag = url.split("/manifests/")
-            image = host_path.replace("https://", "").replace("/v2/", "/") + ":" + tag
-            return Answer(200 if image in self.images else 404)
-        self.polls_left -= 1
-        if self.polls_left > 0:
-            return Answer(200, {"name": "operations/build-1", "done": False})
-        return Answer(200, {"name": "operations/build-1", "done": True,
-                            "response": {"status": self.outcome, "logUrl": "https://console/logs/1",
-                                         "statusDetail": "step 0 exited 1" if self.outcome != "SUCCESS" else ""}})
-
-    def post(self, url: str, json: dict) -> Answer:
-        self.calls.append(("POST", url, json))
-        return Answer(200, {"name": "operations/build-1", "done": False})
 
 
 def ensure(double, requirements=b"jax[tpu]\n", **options):
@@ -121,7 +90,7 @@ def test_the_backend_builds_in_preflight_and_its_pods_use_the_built_image(tmp_pa
     requirements = tmp_path / "requirements.txt"
     requirements.write_bytes(b"jax[tpu]\n")
     double = RegistryAndCloudBuildDouble()
-    monkeypatch.setattr(cloud_build, "_authorized_session", lambda: double)
+    monkeypatch.setattr(cloud_build, "authorized_session", lambda: double)
     settings = KubernetesSettings(image_mode="build", requirements=str(requirements), registry=REGISTRY)
     backend = KubernetesBackend(settings)
     plan = job_plan("tpu-v5e-16")

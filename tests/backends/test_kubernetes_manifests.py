@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -47,6 +48,15 @@ SCHEMA_VERSIONS = ("1.30", kubernetes_validate.utils.latest_version())
 JOB_ID = "kn-20261129-234752-3e8d32"
 URI = f"gs://ml-bucket/jobs/{JOB_ID}"
 SETTINGS = KubernetesSettings(namespace="ml-team", image="registry.example/kinetic-jax:1.0", coordinator_port=29500)
+#: Each image mode's settings: ``custom`` runs the image as it is; ``prebuilt`` (the stock image) and
+#: ``build`` (the image Cloud Build made) run the bootstrap first, with its source inline in the command.
+MODE_SETTINGS = {
+    "custom": SETTINGS,
+    "prebuilt": dataclasses.replace(SETTINGS, image=None, image_mode="prebuilt", requirements="requirements.txt"),
+    "build": dataclasses.replace(SETTINGS, image="us-docker.pkg.dev/ml-proj/kinetic/kinetic-env:0123456789abcdef",
+                                 image_mode="build", registry="us-docker.pkg.dev/ml-proj/kinetic",
+                                 requirements="requirements.txt"),
+}
 #: A user's variables, with what the kubelet would otherwise expand: they must arrive as written.
 USER_ENV = {"XLA_FLAGS": "--xla_dump_to=/tmp/dump", "TRICKY": "$(HOME) and a$$b and $PATH"}
 #: What the job's Secret holds: its key and the -e values (never a manifest's literal values).
@@ -317,10 +327,12 @@ def test_no_image_in_the_custom_mode_is_one_line_naming_the_flag_and_the_variabl
 # -- schemas ----------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("mode", MODE_SETTINGS)
 @pytest.mark.parametrize("case", CASES)
-def test_core_objects_and_pod_templates_validate_against_the_kubernetes_schemas(case):
-    _, manifests = manifests_for(case)
-    manifests = [root_for(case, timeout=60.0), root_for(case), *manifests]
+def test_core_objects_and_pod_templates_validate_against_the_kubernetes_schemas(case, mode):
+    settings = MODE_SETTINGS[mode]
+    _, manifests = manifests_for(case, settings=settings)
+    manifests = [root_for(case, timeout=60.0, settings=settings), root_for(case, settings=settings), *manifests]
     for manifest in manifests:
         if manifest["kind"] in ("Job", "Service"):
             validate_core(manifest)
@@ -333,12 +345,25 @@ def test_core_objects_and_pod_templates_validate_against_the_kubernetes_schemas(
         validate_core(pod)
 
 
+@pytest.mark.parametrize("mode", MODE_SETTINGS)
 @pytest.mark.parametrize("release", LWS_RELEASES)
 @pytest.mark.parametrize("accelerator", ["tpu-v5e-16", "tpu-v6e-8"])
-def test_leader_worker_set_conforms_to_every_supported_releases_crd(accelerator, release):
+def test_leader_worker_set_conforms_to_every_supported_releases_crd(accelerator, release, mode):
     """Pod templates included, as core/v1 PodTemplateSpecs, for the oldest and newest Kubernetes we support."""
-    _, [lws] = manifests_for(accelerator)
+    _, [lws] = manifests_for(accelerator, settings=MODE_SETTINGS[mode])
     assert check_custom_resource(lws, load_crd(release), SCHEMA_VERSIONS) == []
+
+
+@pytest.mark.parametrize("mode", ["prebuilt", "build"])
+def test_the_image_modes_that_install_first_run_the_bootstrap_in_every_pod_template(mode):
+    """So the schema tests above do cover the bootstrap's command, volume and variables, not the custom mode twice."""
+    settings = MODE_SETTINGS[mode]
+    for case in CASES:
+        _, manifests = manifests_for(case, settings=settings)
+        for template in templates([root_for(case, settings=settings), *manifests]):
+            [container] = template["spec"]["containers"]
+            assert container["command"][:2] == [km.BOOTSTRAP_PYTHON, "-c"], (case, container["command"][:2])
+            assert container["image"] == settings.require_image()
 
 
 def lws_with(**template_fields) -> dict:

@@ -1,0 +1,153 @@
+"""``--requirements FILE`` as the pods install it: lines only this machine can satisfy are refused in preflight.
+
+Each refusal is one line naming the file, the line number and why; local
+``-r`` includes are inlined (and checked the same way); a file with nothing
+to inline reaches the pods byte for byte.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kinetic_nb.backends.base import JobSecrets
+from kinetic_nb.backends.k8s_environment import REQUIREMENTS_OBJECT
+from kinetic_nb.backends.k8s_requirements import pod_requirements
+from kinetic_nb.backends.k8s_settings import KubernetesSettings
+from kinetic_nb.backends.kubernetes import KubernetesBackend
+from kinetic_nb.runner.envelope import read_sealed
+from kinetic_nb.storage import open_storage
+
+from .k8s_cluster import FakeKubernetes
+from .test_kubernetes_manifests import job_plan
+
+KEY = bytes(range(32))
+
+#: line -> the end of its refusal (after "FILE, line N: 'LINE' ").
+REFUSED = {
+    "-e ./mypkg": "is an editable install of a directory on this machine",
+    "--editable=/home/me/src/lib": "is an editable install of a directory on this machine",
+    "-e file:///home/me/lib": "names a file: URL on this machine",
+    "./pkg": "is a path on this machine",
+    "../sibling/pkg": "is a path on this machine",
+    "/abs/path/to/pkg": "is a path on this machine",
+    "~/src/pkg": "is a path on this machine",
+    "dist/mylib-1.0-py3-none-any.whl": "is a path on this machine",
+    "mylib-1.0.tar.gz": "is a path on this machine",
+    "file:///home/me/mylib": "names a file: URL on this machine",
+    "mylib @ file:///home/me/mylib": "names a file: URL on this machine",
+    "mylib @ ./mylib": "is a direct reference to a path on this machine",
+    "-c constraints.txt": "names a constraints file on this machine",
+    "--constraint=/etc/pins.txt": "names a constraints file on this machine",
+    "--find-links ./wheels": "names a wheel directory on this machine",
+    "--index-url file:///srv/simple": "names a file: URL on this machine",
+}
+#: Lines a pod can install from the network, and pip options it reads on its own.
+ACCEPTED = [
+    "jax[tpu]>=0.4.30 ; python_version >= '3.10'",
+    "numpy==1.26.4 --hash=sha256:0123456789abcdef",
+    "git+https://github.com/google/flax@v0.8.0#egg=flax",
+    "-e git+https://github.com/me/lib.git#egg=lib",
+    "mylib @ https://example.com/mylib-1.0-py3-none-any.whl",
+    "https://example.com/mylib-1.0.tar.gz",
+    "-r https://example.com/base-requirements.txt",
+    "-c https://example.com/constraints.txt",
+    "--find-links https://storage.googleapis.com/jax-releases/libtpu_releases.html",
+    "--extra-index-url https://download.pytorch.org/whl/cpu",
+    "--pre",
+    "# ./a comment naming a path",
+    "torch==2.13.0  # pinned: ./not a path, a comment",
+]
+
+
+@pytest.mark.parametrize("line", REFUSED)
+def test_a_line_a_pod_cannot_satisfy_is_refused_in_one_line_naming_the_file_and_line(tmp_path, line):
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text(f"jax[tpu]\n\n{line}\nnumpy\n")
+    with pytest.raises(ValueError, match=r"requirements\.txt, line 3: ") as caught:
+        pod_requirements(requirements)
+    message = str(caught.value)
+    assert message.startswith(f"{requirements}, line 3: {line!r} {REFUSED[line]}"), message
+    assert "\n" not in message
+
+
+def test_lines_a_pod_can_satisfy_pass_and_reach_the_pods_byte_for_byte(tmp_path):
+    requirements = tmp_path / "requirements.txt"
+    data = ("\n".join(ACCEPTED) + "\r\nscipy \\\n    >=1.11\n").encode()
+    requirements.write_bytes(data)
+    assert pod_requirements(requirements) == data
+
+
+def test_a_continued_line_is_judged_whole_and_named_by_its_first_line(tmp_path):
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("jax\n-e \\\n  ./mypkg\n")
+    with pytest.raises(ValueError, match=r"requirements\.txt, line 2: '-e   ./mypkg' is an editable install"):
+        pod_requirements(requirements)
+
+
+def test_local_includes_are_inlined_relative_to_the_including_file_and_checked_alike(tmp_path):
+    (tmp_path / "deps").mkdir()
+    (tmp_path / "deps" / "base.txt").write_text("numpy\n-r more/extra.txt\n")
+    (tmp_path / "deps" / "more").mkdir()
+    (tmp_path / "deps" / "more" / "extra.txt").write_text("scipy")  # no final newline
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("jax\n-r deps/base.txt\n--requirement=https://example.com/r.txt\nflax\n")
+    text = pod_requirements(requirements).decode()
+    lines = [line for line in text.splitlines() if not line.startswith("#")]
+    assert lines == ["jax", "numpy", "scipy", "--requirement=https://example.com/r.txt", "flax"]
+    assert "# -r deps/base.txt: inlined by kinetic_nb" in text
+
+    (tmp_path / "deps" / "more" / "extra.txt").write_text("scipy\n./vendored/lib\n")
+    with pytest.raises(ValueError, match="is a path on this machine") as caught:
+        pod_requirements(requirements)
+    assert str(caught.value).startswith(f"{tmp_path}/deps/more/extra.txt, line 2: './vendored/lib' is a path on "
+                                        "this machine")
+
+
+def test_an_include_that_cannot_be_read_or_goes_round_in_a_circle_is_named(tmp_path):
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("jax\n-r missing.txt\n")
+    with pytest.raises(ValueError, match="cannot read") as caught:
+        pod_requirements(requirements)
+    assert str(caught.value) == (f"{requirements}, line 2: cannot read the requirements file {tmp_path}/missing.txt: "
+                                 "No such file or directory")
+    (tmp_path / "other.txt").write_text("-r requirements.txt\n")
+    requirements.write_text("-r other.txt\n")
+    with pytest.raises(ValueError, match=r"other\.txt, line 1: '-r requirements\.txt' includes .*requirements\.txt "
+                                         r"again: the includes go round in a circle$"):
+        pod_requirements(requirements)
+
+
+def test_a_missing_or_binary_file_is_one_line(tmp_path):
+    with pytest.raises(ValueError, match=r"^cannot read the requirements file .*nowhere\.txt: No such file"):
+        pod_requirements(tmp_path / "nowhere.txt")
+    (tmp_path / "binary.txt").write_bytes(b"\xff\xfe\x00jax")
+    with pytest.raises(ValueError, match=r"binary\.txt is not UTF-8 text$"):
+        pod_requirements(tmp_path / "binary.txt")
+
+
+@pytest.mark.parametrize("mode", ["prebuilt", "build"])
+def test_preflight_refuses_the_file_before_anything_is_stored_or_built(tmp_path, mode):
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("jax[tpu]\n-e .\n")
+    api = FakeKubernetes()
+    settings = KubernetesSettings(image_mode=mode, requirements=str(requirements),
+                                  registry="us-docker.pkg.dev/p/kinetic" if mode == "build" else None)
+    backend = KubernetesBackend(settings, api=api)
+    with pytest.raises(ValueError, match=r"requirements\.txt, line 2: '-e \.' is an editable install"):
+        backend.preflight(job_plan("cpu-2-hosts"))  # the build mode fails here before any Cloud Build call
+    assert api.calls == []
+
+
+def test_the_pods_get_the_inlined_file(tmp_path):
+    (tmp_path / "base.txt").write_text("numpy\n")
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("-r base.txt\njax\n")
+    settings = KubernetesSettings(image_mode="prebuilt", requirements=str(requirements))
+    backend = KubernetesBackend(settings, api=FakeKubernetes())
+    plan = job_plan("cpu-2-hosts")
+    backend.preflight(plan)
+    storage = open_storage(f"file://{tmp_path}/jobs").child(plan.job_id)
+    with pytest.warns(UserWarning, match="is local to this machine"):
+        backend.launch(storage, plan, JobSecrets(key=KEY, env={}))
+    stored = read_sealed(storage, REQUIREMENTS_OBJECT, KEY).decode()
+    assert [line for line in stored.splitlines() if not line.startswith("#")] == ["numpy", "jax"]
