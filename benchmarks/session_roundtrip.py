@@ -57,6 +57,8 @@ ALLGATHER = """\
 import jax, jax.numpy as jnp
 from jax.experimental import multihost_utils
 float(multihost_utils.process_allgather(jnp.ones(2) * jax.process_index()).sum())"""
+#: No round trip takes this long: one that does is a hang, reported as such rather than waited on for ever.
+HANG_S = 120.0
 #: The one-shot job session start is measured against: the same hosts, JAX initialized, a trivial cell.
 ONE_SHOT = "import jax\njax.process_count()"
 #: On each engine, as the local backend sets up a host: CPU devices, then jax.distributed across the 4.
@@ -148,7 +150,8 @@ def session_start_vs_one_shot(starts: int) -> tuple[float, float]:
         seconds, session = timed(lambda: kinetic_nb.start(hosts=HOSTS, framework="jax", echo=False, quiet=True))
         session.stop()
         session_times.append(seconds)
-        seconds, _ = timed(lambda: kinetic_nb.submit(ONE_SHOT, hosts=HOSTS, framework="jax", quiet=True).result())
+        seconds, _ = timed(lambda: kinetic_nb.submit(ONE_SHOT, hosts=HOSTS, framework="jax", quiet=True)
+                           .result(timeout=HANG_S))
         job_times.append(seconds)
     return statistics.median(session_times), statistics.median(job_times)
 
@@ -165,7 +168,7 @@ def gcs_trivial_cell(stack: contextlib.ExitStack, workdir: Path, runs: int) -> f
     emulator.create_bucket(BUCKET)
     os.environ.update(emulator.environ())  # the hosts inherit it
     session = start_session(stack, framework="none", storage=f"gs://{BUCKET}/kinetic")
-    return median_seconds(runs, lambda: session.run(TRIVIAL).result())
+    return median_seconds(runs, lambda: session.run(TRIVIAL).result(timeout=HANG_S))
 
 
 def main() -> None:
@@ -174,6 +177,7 @@ def main() -> None:
     parser.add_argument("--starts", type=int, default=3, help="session starts and one-shot jobs per median")
     parser.add_argument("--cells", type=int, default=200, help="trivial cells between the two RSS readings")
     args = parser.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)  # each row as it is measured, also into a file
     workdir = Path(tempfile.mkdtemp(prefix="kinetic-bench-"))
     os.environ["KINETIC_STORAGE"] = str(workdir / "jobs")
     print(f"{HOSTS} hosts; ipyparallel {ipyparallel.__version__} engines vs a local kinetic session; "
@@ -184,9 +188,9 @@ def main() -> None:
         view = start_engines(stack, workdir)
         session = start_session(stack, framework="jax")
 
-        row("1. trivial cell round trip", *paired_medians(args.runs, lambda: session.run(TRIVIAL).result(),
+        row("1. trivial cell round trip", *paired_medians(args.runs, lambda: session.run(TRIVIAL).result(timeout=HANG_S),
                                                           lambda: view.execute(TRIVIAL, block=True)), "<= 1.0x")
-        row("2. JAX allgather cell", *paired_medians(args.runs, lambda: session.run(ALLGATHER).result(),
+        row("2. JAX allgather cell", *paired_medians(args.runs, lambda: session.run(ALLGATHER).result(timeout=HANG_S),
                                                      lambda: view.execute(ALLGATHER, block=True)), "<= 1.5x")
 
         started, one_shot = session_start_vs_one_shot(args.starts)
@@ -196,7 +200,7 @@ def main() -> None:
 
         before = hosts_rss(session)
         for _ in range(args.cells):
-            session.run(TRIVIAL).result()
+            session.run(TRIVIAL).result(timeout=HANG_S)
         after = hosts_rss(session)
         growth = max(a / b - 1 for a, b in zip(after, before, strict=True))
         print(f"{'5. host RSS over ' + str(args.cells) + ' trivial cells':<34} "
