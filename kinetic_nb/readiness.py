@@ -30,7 +30,6 @@ versions with the plan's when it starts, and pip's failure is in its log).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import secrets
@@ -54,6 +53,7 @@ from kinetic_nb.backends.kubernetes import (
     connect,
 )
 from kinetic_nb.errors import KineticError
+from kinetic_nb.readiness_report import FAIL, OK, WARN, Check, DoctorReport
 
 logger = logging.getLogger(__name__)
 
@@ -69,58 +69,6 @@ OBJECT_ROLES = frozenset({"roles/storage.objectUser", "roles/storage.objectAdmin
 GRANTED_ROLE = "roles/storage.objectUser"
 #: Where the storage probe is written under the storage root; deleted at once.
 PROBE_PREFIX = ".kinetic-doctor"
-
-OK, WARN, FAIL = "ok", "warn", "fail"
-
-
-@dataclasses.dataclass(frozen=True)
-class Check:
-    """One line of the doctor's table.
-
-    Attributes
-    ----------
-    name : str
-        What was checked.
-    status : str
-        ``ok``, ``warn`` or ``fail``.
-    detail : str
-        What was found, in one line.
-    fix : str
-        The command that fixes a failure (or a warning), else "".
-    """
-
-    name: str
-    status: str
-    detail: str
-    fix: str = ""
-
-
-@dataclasses.dataclass(frozen=True)
-class DoctorReport:
-    """Every check, in order; printed as a table with each failure's fix under it."""
-
-    checks: tuple[Check, ...]
-
-    @property
-    def ok(self) -> bool:
-        """No check failed (warnings allowed)."""
-        return all(check.status != FAIL for check in self.checks)
-
-    def table(self) -> str:
-        width = max([len(check.name) for check in self.checks] + [5])
-        lines = [f"{'check':<{width}}  status  detail"]
-        for check in self.checks:
-            lines.append(f"{check.name:<{width}}  {check.status:<6}  {check.detail}")
-            if check.fix:
-                lines.append(f"{'':<{width}}  {'fix:':<6}  {check.fix}")
-        return "\n".join(lines)
-
-    def __str__(self) -> str:
-        return self.table()
-
-    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
-        printer.text(self.table())
-
 
 def required_permissions(acc: Accelerator) -> list[tuple[str, str, str]]:
     """``(API group, resource, verb)`` for everything the backend does with a job of ``acc``."""

@@ -25,7 +25,7 @@ from kinetic_nb.backends.k8s_environment import ImageMode, host_packages
 from kinetic_nb.backends.k8s_requirements import pod_requirements
 from kinetic_nb.backends.k8s_settings import KubernetesSettings
 from kinetic_nb.errors import KineticError
-from kinetic_nb.readiness import FAIL, OK, WARN, Check
+from kinetic_nb.readiness_report import FAIL, OK, WARN, Check
 
 __all__ = ["authorized_session", "image_checks"]
 

@@ -24,17 +24,12 @@ from kinetic_nb.backends.k8s_manifests import (
     JOB_COMPLETION_INDEX_ANNOTATION,
     LWS_WORKER_INDEX_LABEL,
 )
+from kinetic_nb.backends.k8s_settings import DEFAULT_PENDING_TIMEOUT_S
 from kinetic_nb.runner.protocol import ExitSummary, HostState
 
-__all__ = ["DEFAULT_PENDING_TIMEOUT_S", "PodExitSummary", "PodHostState", "as_api_dict", "host_states", "one_line",
+__all__ = ["PodExitSummary", "PodHostState", "as_api_dict", "host_states", "one_line",
            "pod_exit_summaries", "pod_host_state", "stuck_pending"]
 
-#: A pod Pending longer than this fails its host with the reason it waited. Long
-#: enough for GKE to scale a multi-host TPU node pool up from zero (a whole slice
-#: at once, often ten minutes, more when capacity is tight) and then pull a
-#: multi-gigabyte JAX image. A wait that can never end (a wrong image, no
-#: matching node pool, a quota) fails at once instead: see ``k8s_events``.
-DEFAULT_PENDING_TIMEOUT_S = 45 * 60.0
 #: A reason longer than this is cut: it is shown in one panel line.
 MAX_REASON_CHARS = 300
 #: Last lines of a container's termination message kept as its host's

@@ -14,7 +14,6 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from kinetic_nb.backends.k8s_environment import ImageMode, stock_image
-from kinetic_nb.backends.k8s_pods import DEFAULT_PENDING_TIMEOUT_S
 
 __all__ = ["DEFAULT_COORDINATOR_PORT", "DEFAULT_NAMESPACE", "KubernetesSettings"]
 
@@ -26,6 +25,13 @@ DEFAULT_NAMESPACE = "default"
 DEFAULT_COORDINATOR_PORT = 29500
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+#: A pod Pending longer than this fails its host with the reason it waited. Long
+#: enough for GKE to scale a multi-host TPU node pool up from zero (a whole slice
+#: at once, often ten minutes, more when capacity is tight) and then pull a
+#: multi-gigabyte JAX image. A wait that can never end (a wrong image, no
+#: matching node pool, a quota) fails at once instead: see ``k8s_events``.
+DEFAULT_PENDING_TIMEOUT_S = 45 * 60.0
 
 
 @dataclasses.dataclass(frozen=True)

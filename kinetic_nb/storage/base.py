@@ -107,20 +107,3 @@ class Storage(abc.ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.uri!r})"
-
-
-def open_storage(uri: str) -> Storage:
-    """The storage for ``uri``: ``file://`` or a plain path, or ``gs://bucket/prefix``.
-
-    ``gs://`` needs the ``gcs`` extra (google-cloud-storage), imported only now.
-    """
-    if uri.startswith("file://") or "://" not in uri:
-        from kinetic_nb.storage.local import LocalStorage
-
-        return LocalStorage(uri)
-    if uri.startswith("gs://"):
-        from kinetic_nb.storage.gcs import GcsStorage
-
-        return GcsStorage(uri)
-    scheme = uri.split("://", 1)[0]
-    raise ValueError(f"unsupported storage URI {uri!r}: scheme {scheme}:// is not supported (use file:// or gs://)")
