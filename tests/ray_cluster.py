@@ -28,6 +28,10 @@ NODE_ADDRESS = "127.0.0.2"
 START_TIMEOUT_S = 180.0
 #: A node whose raylet was killed is declared dead after about period x threshold (default 15 s).
 HEALTH_CHECK = '{"health_check_period_ms": 1000, "health_check_failure_threshold": 3}'
+#: How long, at most, a job's actors and placement group may take to be gone after its outcome.
+CLEANUP_WAIT_S = 60.0
+#: How a host's actor process names itself (Ray's process title: ``ray::CLASS`` or ``ray::CLASS.METHOD``).
+HOST_ACTOR_TITLE = "ray::RayHost"
 
 
 def _free_port() -> int:
@@ -68,9 +72,10 @@ class RayCluster:
         self._ray("--address", self.address)
 
     def alive_nodes(self) -> list[dict]:
-        import ray
+        """The cluster's alive nodes, as ``ray.nodes()`` has them (this process connects, as kinetic_nb would)."""
+        from kinetic_nb.backends.ray import connect
 
-        return [node for node in ray.nodes() if node["Alive"]]
+        return [node for node in connect(self.address).nodes() if node["Alive"]]
 
     def wait_for_nodes(self, count: int, timeout: float = START_TIMEOUT_S) -> None:
         deadline = time.monotonic() + timeout
@@ -106,6 +111,39 @@ class RayCluster:
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
         return found
+
+    def kinetic_leftovers(self) -> list[str]:
+        """kinetic_nb's actors still alive, placement groups not removed and host actor processes still running."""
+        from ray.util.state import list_actors, list_placement_groups
+
+        from kinetic_nb.backends.ray import RAY_NAMESPACE
+
+        actors = list_actors(address=self.address, filters=[("ray_namespace", "=", RAY_NAMESPACE)], limit=10000)
+        groups = list_placement_groups(address=self.address, limit=10000)
+        return ([f"actor {actor.name}: {actor.state}" for actor in actors if actor.state != "DEAD"]
+                + [f"group {group.name}: {group.state}" for group in groups
+                   if group.name.startswith(("kn-", "ks-")) and group.state != "REMOVED"]
+                + [f"process {process.pid}: {' '.join(_cmdline(process))[:100]}" for process in self.host_actors()])
+
+    def host_actors(self) -> list[psutil.Process]:
+        """This cluster's processes that are a host's actor (Ray's process title replaced their command line)."""
+        found = {}
+        for process in self.processes():
+            try:
+                children = process.children(recursive=True)
+            except psutil.NoSuchProcess:
+                continue
+            for child in children:
+                if " ".join(_cmdline(child)).startswith(HOST_ACTOR_TITLE):
+                    found[child.pid] = child
+        return list(found.values())
+
+    def wait_until_nothing_is_left(self, timeout: float = CLEANUP_WAIT_S) -> list[str]:
+        """Wait for :meth:`kinetic_leftovers` to be empty; returns what is still left (nothing, normally)."""
+        deadline = time.monotonic() + timeout
+        while (left := self.kinetic_leftovers()) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        return left
 
     def stop(self) -> list[str]:
         """Stop every process of the cluster; returns those that survived a SIGKILL (none, normally)."""
