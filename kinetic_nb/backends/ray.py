@@ -1,7 +1,8 @@
 """The ``ray`` backend: a job's hosts are actors on an existing Ray cluster, one host per node.
 
 ``launch`` creates the job's placement group (one bundle per host,
-``STRICT_SPREAD``; ``PACK`` with ``--ray-pack``) and one actor per bundle
+``STRICT_SPREAD``; ``SPREAD`` and a hundredth of a CPU per host with
+``--ray-pack``) and one actor per bundle
 (:class:`~kinetic_nb.agent.ray_host.RayHost`); host 0's actor picks the
 coordinator's port on its node once placed, and every actor then starts the
 same host agent as every other backend, with the job's key handed over in
@@ -33,7 +34,7 @@ from typing import Any
 from kinetic_nb.accelerators import resolve_accelerator
 from kinetic_nb.agent.ray_host import RayHost
 from kinetic_nb.backends.base import Backend, BackendFlag, JobSecrets, PlatformView, register
-from kinetic_nb.backends.ray_placement import PACK, SPREAD, host_bundles, pending_reason, too_few_nodes, tpu_version
+from kinetic_nb.backends.ray_placement import SHARED, SPREAD, host_bundles, pending_reason, too_few_nodes, tpu_version
 from kinetic_nb.errors import KineticError, ObjectExistsError, ObjectNotFoundError
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.protocol import ExitSummary, JobPlan
@@ -116,7 +117,7 @@ class RayBackend(Backend):
         The cluster (``HOST:PORT``, ``ray://...`` or ``auto``); default
         ``RAY_ADDRESS``, else ``auto``.
     pack : bool
-        Let hosts share nodes (``PACK``) instead of one host per node.
+        Let hosts share nodes (``SPREAD``, a hundredth of a CPU each) instead of one host per node.
     pending_timeout_s : float
         A placement group not placed after this long fails its hosts.
     """
@@ -163,7 +164,7 @@ class RayBackend(Backend):
 
     @property
     def strategy(self) -> str:
-        return PACK if self.pack else SPREAD
+        return SHARED if self.pack else SPREAD
 
     # -- the Backend interface -----------------------------------------------------
 
@@ -185,7 +186,7 @@ class RayBackend(Backend):
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         accelerator = resolve_accelerator(plan.accelerator)
-        bundles = host_bundles(accelerator, plan.hosts)
+        bundles = host_bundles(accelerator, plan.hosts, shared=self.pack)
         group = self._placement_group(ray, plan, accelerator, bundles)
         actor_class = ray.remote(RayHost)
         actors, starts = [], []

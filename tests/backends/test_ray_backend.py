@@ -143,6 +143,14 @@ def test_more_hosts_than_nodes_is_refused_in_one_line(ray_cluster):
     assert "\n" not in str(refused.value)
 
 
+def test_ray_pack_runs_more_hosts_than_the_cluster_has_cpus_spread_over_every_node(ray_cluster):
+    cell = "import os\nprint(os.environ['KINETIC_RAY_NODE_ID'], flush=True)\nint(os.environ['KINETIC_HOST_INDEX'])"
+    handle = submit(ray_cluster, cell, hosts=8, framework="none", backend_options={"pack": True})
+    assert handle.result(timeout=300) == 0  # 8 hosts on 4 nodes of 1 CPU each
+    nodes = [handle.logs(index).split()[0] for index in range(8)]
+    assert sorted(set(nodes)) == sorted(node["NodeID"] for node in ray_cluster.alive_nodes())
+
+
 def test_no_cluster_is_one_line_that_says_how_to_start_one(monkeypatch):
     import ray
 
