@@ -77,12 +77,18 @@ class RayCluster:
             self.start()
             self.wait_for_nodes(self.nodes)
         except BaseException:
-            self.__exit__()
+            self._stop_and_report()
             raise
         return self
 
-    def __exit__(self, *_: object) -> None:
-        """Stop the cluster; name on stderr any of its processes that survived."""
+    def __exit__(self, error_type: type | None, *_: object) -> None:
+        """Wait for kinetic_nb's actors and groups to be gone (a job's cleanup ends just after its outcome),
+        then stop the cluster; name on stderr anything that was left or survived."""
+        if error_type is None and (left := self.wait_until_nothing_is_left()):
+            print(f"left in the Ray cluster: {left}", file=sys.stderr)
+        self._stop_and_report()
+
+    def _stop_and_report(self) -> None:
         survivors = self.stop()
         if survivors:
             print(f"Ray processes that survived the cluster's stop: {survivors}", file=sys.stderr)

@@ -276,7 +276,14 @@ class RayBackend(Backend):
             deadline = time.monotonic() + STOP_WAIT_S
             while time.monotonic() < deadline and not self._every_host_recorded(job):
                 time.sleep(0.1)
-        self._remove(job_id)
+        import ray
+
+        if not ray.is_initialized():  # the program shut Ray down meanwhile: the last actor to end removes the group
+            return
+        try:
+            self._remove(job_id)
+        except Exception as error:  # noqa: BLE001 - a background thread: say it, and leave it to the actors
+            logger.warning("could not remove the placement group of %s: %s", job_id, _first_line(error))
 
     def _every_host_recorded(self, job: _Job) -> bool:
         try:
@@ -373,6 +380,8 @@ class RayBackend(Backend):
             del job.pings[bundle]
             try:
                 code, tail = ray.get(ping)
+            except ray.exceptions.ActorUnavailableError:
+                continue  # not a death: a blip, or a node not yet declared lost (then ActorDiedError): ask again
             except Exception as error:  # noqa: BLE001 - the actor died: its host with it
                 exits[index] = self._store_exit(job, self._death(ray, job, index, error))
                 continue
