@@ -6,20 +6,33 @@ The goal is a trivial cell (no framework) within 1.5x of the floor. JAX and
 torch initialisation are printed separately, as the extra time over the
 trivial cell.
 
-    python benchmarks/launch_overhead.py [--repeat 5] [--hosts 1 2 4 8] [--no-frameworks]
+The Ray column is the same trivial cell with ``-b ray`` on a 4-node Ray
+cluster this script starts on this machine (``tests/ray_cluster.py``: 1 CPU
+a node, one host per node) and stops before it exits, so only host counts
+up to 4 have one; ``--no-ray`` skips it (it needs the ``ray`` extra).
+
+    python benchmarks/launch_overhead.py [--repeat 5] [--hosts 1 2 4 8] [--no-frameworks] [--no-ray]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tests' Ray cluster helper
 
 import kinetic_nb
+
+#: Nodes of the local Ray cluster the Ray column runs on: one host per node, so up to 4 hosts.
+RAY_NODES = 4
 
 
 def floor_seconds(hosts: int) -> float:
@@ -30,10 +43,19 @@ def floor_seconds(hosts: int) -> float:
     return time.perf_counter() - started
 
 
-def cell_seconds(source: str, hosts: int, framework: str) -> float:
+def cell_seconds(source: str, hosts: int, framework: str, **options) -> float:
     started = time.perf_counter()
-    kinetic_nb.submit(source, hosts=hosts, framework=framework).result()
+    kinetic_nb.submit(source, hosts=hosts, framework=framework, **options).result()
     return time.perf_counter() - started
+
+
+def ray_cluster(skip: bool) -> contextlib.AbstractContextManager:
+    """The local Ray cluster the Ray column runs on, started on entry and stopped on exit (None with ``skip``)."""
+    if skip:
+        return contextlib.nullcontext()
+    from tests.ray_cluster import RayCluster
+
+    return RayCluster(RAY_NODES)
 
 
 def median_of(repeat: int, measure, *args) -> float:
@@ -45,17 +67,27 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--hosts", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--no-frameworks", action="store_true", help="skip the JAX and torch rows")
+    parser.add_argument("--no-ray", action="store_true", help="skip the Ray column (no local Ray cluster)")
     args = parser.parse_args()
     os.environ.setdefault("KINETIC_STORAGE", tempfile.mkdtemp(prefix="kinetic-bench-"))
     cell_seconds("None", 1, "none")  # warm the page cache once
 
-    print(f"median of {args.repeat} runs; floor = N parallel `python -c 'import kinetic_nb.runner'`")
-    print(f"{'hosts':>5}  {'floor s':>8}  {'cell s':>8}  {'ratio':>6}  (goal <= 1.50)")
+    print(f"median of {args.repeat} runs; floor = N parallel `python -c 'import kinetic_nb.runner'`; "
+          f"ray = the cell with -b ray on a local {RAY_NODES}-node Ray cluster")
+    print(f"{'hosts':>5}  {'floor s':>8}  {'cell s':>8}  {'ratio':>6}  {'ray s':>8}  {'ray/cell':>8}  (goal <= 1.50)")
     trivial = {}
-    for hosts in args.hosts:
-        floor = median_of(args.repeat, floor_seconds, hosts)
-        trivial[hosts] = median_of(args.repeat, cell_seconds, "None", hosts, "none")
-        print(f"{hosts:>5}  {floor:8.3f}  {trivial[hosts]:8.3f}  {trivial[hosts] / floor:6.2f}")
+    with ray_cluster(args.no_ray) as cluster:
+        on_ray = {"backend": "ray", "backend_options": {"address": cluster.address}} if cluster else None
+        if on_ray:
+            cell_seconds("None", 1, "none", **on_ray)  # the cluster's first job starts its worker pool
+        for hosts in args.hosts:
+            floor = median_of(args.repeat, floor_seconds, hosts)
+            trivial[hosts] = median_of(args.repeat, cell_seconds, "None", hosts, "none")
+            ray = "-"
+            if on_ray and hosts <= RAY_NODES:
+                ray_s = median_of(args.repeat, functools.partial(cell_seconds, "None", hosts, "none", **on_ray))
+                ray = f"{ray_s:8.3f}  {ray_s / trivial[hosts]:8.2f}"
+            print(f"{hosts:>5}  {floor:8.3f}  {trivial[hosts]:8.3f}  {trivial[hosts] / floor:6.2f}  {ray:>8}")
     if args.no_frameworks:
         return
     print("\nframework initialisation (import + distributed init + teardown), over the trivial cell:")

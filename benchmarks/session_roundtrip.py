@@ -7,6 +7,9 @@ goal from issue 13:
 1. trivial cell (``x = 1; x``), median round trip: ``Session.run(...).result()``
    against ``view.execute(..., block=True)``, the two called in turn so that both
    meet the same load; goal <= 1.0x;
+   1b. the same with a 4-host ``-b ray`` session on a local 4-node Ray cluster
+   (``tests/ray_cluster.py``, one host per node), started for this row and
+   stopped after it; no goal, a figure to watch (``--no-ray`` skips it);
 2. JAX allgather cell, the engines initialized once with ``jax.distributed``
    as the hosts are (CPU, 4 processes, coordinator on 127.0.0.1); goal <= 1.5x;
 3. session start against one one-shot job of the same shape, framework
@@ -17,11 +20,11 @@ goal from issue 13:
 5. the hosts' RSS (psutil on the host processes) before and after 200 more
    trivial cells; goal <= 5% growth.
 
-Everything it starts (engines, sessions, the emulator) it stops, also on error.
+Everything it starts (engines, sessions, the emulator, the Ray cluster) it stops, also on error.
 ipyparallel is a benchmark-only dependency, not the package's:
 
     pip install ipyparallel
-    python benchmarks/session_roundtrip.py [--runs 21] [--starts 3] [--cells 200]
+    python benchmarks/session_roundtrip.py [--runs 21] [--starts 3] [--cells 200] [--no-ray]
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tests' emulator helper
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tests' emulator and Ray cluster
 
 try:
     import ipyparallel
@@ -51,6 +54,8 @@ from kinetic_nb.runner.protocol import HostStatus
 from tests.gcs_emulator import GcsEmulator, free_port
 
 HOSTS = 4
+#: Nodes of the local Ray cluster row 1b runs on: one host per node.
+RAY_NODES = HOSTS
 BUCKET = "kinetic-bench"
 TRIVIAL = "x = 1; x"
 ALLGATHER = """\
@@ -171,11 +176,21 @@ def gcs_trivial_cell(stack: contextlib.ExitStack, workdir: Path, runs: int) -> f
     return median_seconds(runs, lambda: session.run(TRIVIAL).result(timeout=HANG_S))
 
 
+def ray_trivial_cells(runs: int, view: ipyparallel.DirectView) -> tuple[float, float]:
+    """Row 1b: a ray session's trivial cell against the engines', in turn, on a Ray cluster started and stopped here."""
+    from tests.ray_cluster import RayCluster
+
+    with RayCluster(RAY_NODES) as cluster, contextlib.ExitStack() as stack:
+        session = start_session(stack, framework="jax", backend="ray", backend_options={"address": cluster.address})
+        return paired_medians(runs, lambda: session.run(TRIVIAL).result(timeout=HANG_S), lambda: view.execute(TRIVIAL, block=True))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=21, help="cells per median (at least 21 for the goals)")
     parser.add_argument("--starts", type=int, default=3, help="session starts and one-shot jobs per median")
     parser.add_argument("--cells", type=int, default=200, help="trivial cells between the two RSS readings")
+    parser.add_argument("--no-ray", action="store_true", help="skip row 1b (a local Ray cluster)")
     args = parser.parse_args()
     sys.stdout.reconfigure(line_buffering=True)  # each row as it is measured, also into a file
     workdir = Path(tempfile.mkdtemp(prefix="kinetic-bench-"))
@@ -190,6 +205,8 @@ def main() -> None:
 
         row("1. trivial cell round trip", *paired_medians(args.runs, lambda: session.run(TRIVIAL).result(timeout=HANG_S),
                                                           lambda: view.execute(TRIVIAL, block=True)), "<= 1.0x")
+        if not args.no_ray:
+            row("1b. trivial cell, ray session", *ray_trivial_cells(args.runs, view), "none (a figure)")
         row("2. JAX allgather cell", *paired_medians(args.runs, lambda: session.run(ALLGATHER).result(timeout=HANG_S),
                                                      lambda: view.execute(ALLGATHER, block=True)), "<= 1.5x")
 

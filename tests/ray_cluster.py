@@ -4,9 +4,11 @@ Every node is started with ``ray start`` on ``127.0.0.2``: Ray 2.60 replaces
 ``127.0.0.1`` (and ``localhost``) with the machine's interface address, and
 only those two spellings, so another loopback address is how the whole
 cluster stays on loopback. Each cluster has its own temporary directory, which
-every one of its processes names on its command line: that is how the cluster
-is stopped (its processes and no one else's, unlike ``ray stop``) and how a
-test proves that none of them survived.
+its processes name on their command line or, those whose command line Ray
+replaced with a title (``ray::DashboardAgent``, a worker's ``ray::IDLE``),
+hold their logs open in: that is how the cluster is stopped (its processes
+and no one else's, unlike ``ray stop``) and how a test proves that none of
+them survived.
 """
 
 from __future__ import annotations
@@ -28,6 +30,12 @@ NODE_ADDRESS = "127.0.0.2"
 START_TIMEOUT_S = 180.0
 #: A node whose raylet was killed is declared dead after about period x threshold (default 15 s).
 HEALTH_CHECK = '{"health_check_period_ms": 1000, "health_check_failure_threshold": 3}'
+#: How Ray titles the processes whose command line it replaces (its agents, workers and actors).
+RAY_TITLE = "ray::"
+#: How long, at most, a job's actors and placement group may take to be gone after its outcome.
+CLEANUP_WAIT_S = 60.0
+#: How a host's actor process names itself (Ray's process title: ``ray::CLASS`` or ``ray::CLASS.METHOD``).
+HOST_ACTOR_TITLE = "ray::RayHost"
 
 
 def _free_port() -> int:
@@ -63,14 +71,37 @@ class RayCluster:
             self.add_node()
         return self
 
+    def __enter__(self) -> RayCluster:
+        """Start the cluster and wait for its nodes (for scripts; the tests use the ``ray_cluster`` fixture)."""
+        try:
+            self.start()
+            self.wait_for_nodes(self.nodes)
+        except BaseException:
+            self._stop_and_report()
+            raise
+        return self
+
+    def __exit__(self, error_type: type | None, *_: object) -> None:
+        """Wait for kinetic_nb's actors and groups to be gone (a job's cleanup ends just after its outcome),
+        then stop the cluster; name on stderr anything that was left or survived."""
+        if error_type is None and (left := self.wait_until_nothing_is_left()):
+            print(f"left in the Ray cluster: {left}", file=sys.stderr)
+        self._stop_and_report()
+
+    def _stop_and_report(self) -> None:
+        survivors = self.stop()
+        if survivors:
+            print(f"Ray processes that survived the cluster's stop: {survivors}", file=sys.stderr)
+
     def add_node(self) -> None:
         """Start one more worker node (a node killed by a test comes back this way)."""
         self._ray("--address", self.address)
 
     def alive_nodes(self) -> list[dict]:
-        import ray
+        """The cluster's alive nodes, as ``ray.nodes()`` has them (this process connects, as kinetic_nb would)."""
+        from kinetic_nb.backends.ray import connect
 
-        return [node for node in ray.nodes() if node["Alive"]]
+        return [node for node in connect(self.address).nodes() if node["Alive"]]
 
     def wait_for_nodes(self, count: int, timeout: float = START_TIMEOUT_S) -> None:
         deadline = time.monotonic() + timeout
@@ -97,15 +128,45 @@ class RayCluster:
                     pass
 
     def processes(self) -> list[psutil.Process]:
-        """Every process of this cluster still running: each names the cluster's temporary directory."""
+        """Every process of this cluster still running: each names the cluster's temporary directory or its
+        address on its command line (Ray's client server), or is titled by Ray and holds a file open below
+        that directory (its logs)."""
         found = []
         for process in psutil.process_iter(["pid", "cmdline"]):
             try:
-                if self.temp_dir in " ".join(process.info["cmdline"] or ()) and process.status() != "zombie":
+                command = " ".join(process.info["cmdline"] or ())
+                ours = (self.temp_dir in command or f"--address={self.address} " in f"{command} "
+                        or (command.startswith(RAY_TITLE)
+                            and any(file.path.startswith(self.temp_dir) for file in process.open_files())))
+                if ours and process.status() != "zombie":
                     found.append(process)
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
         return found
+
+    def kinetic_leftovers(self) -> list[str]:
+        """kinetic_nb's actors still alive, placement groups not removed and host actor processes still running."""
+        from ray.util.state import list_actors, list_placement_groups
+
+        from kinetic_nb.backends.ray import RAY_NAMESPACE
+
+        actors = list_actors(address=self.address, filters=[("ray_namespace", "=", RAY_NAMESPACE)], limit=10000)
+        groups = list_placement_groups(address=self.address, limit=10000)
+        return ([f"actor {actor.name}: {actor.state}" for actor in actors if actor.state != "DEAD"]
+                + [f"group {group.name}: {group.state}" for group in groups
+                   if group.name.startswith(("kn-", "ks-")) and group.state != "REMOVED"]
+                + [f"process {process.pid}: {' '.join(_cmdline(process))[:100]}" for process in self.host_actors()])
+
+    def host_actors(self) -> list[psutil.Process]:
+        """This cluster's processes that are a host's actor (Ray's process title replaced their command line)."""
+        return [process for process in self.processes() if " ".join(_cmdline(process)).startswith(HOST_ACTOR_TITLE)]
+
+    def wait_until_nothing_is_left(self, timeout: float = CLEANUP_WAIT_S) -> list[str]:
+        """Wait for :meth:`kinetic_leftovers` to be empty; returns what is still left (nothing, normally)."""
+        deadline = time.monotonic() + timeout
+        while (left := self.kinetic_leftovers()) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        return left
 
     def stop(self) -> list[str]:
         """Stop every process of the cluster; returns those that survived a SIGKILL (none, normally)."""

@@ -99,8 +99,27 @@ def test_06_sessions(tmp_path):
     assert f"session {session_id} stopped" in cell_text(stop)
 
 
+def test_07_ray(tmp_path, ray_cluster, monkeypatch):
+    """On the 4-node test cluster, found through RAY_ADDRESS as a user's would be; nothing of ours is left after."""
+    monkeypatch.setenv("RAY_ADDRESS", ray_cluster.address)  # the kernel inherits it
+    cells = run("07_ray.ipynb", tmp_path)
+    connect, spread, failing, start, first, second, stop = cells
+    assert errors(cells) == [failing]
+    assert f"Ray cluster: {ray_cluster.address}" in cell_text(connect)
+    nodes = {node["NodeID"][:12] for node in ray_cluster.alive_nodes()}
+    assert set(re.findall(r"host \d runs on Ray node (\w+)", cell_text(spread))) == nodes
+    assert value_of(spread) == "4 hosts on 4 Ray nodes"
+    assert "ValueError: host 2 found a bad shard on Ray node" in cell_text(failing)
+    assert "Reported by host 2" in cell_text(failing)
+    session_id = re.search(r"session (ks-\S+) · ray · cpu · 4 hosts · framework jax", cell_text(start)).group(1)
+    assert re.fullmatch(r"host 0 is process \d+ on Ray node (\w+)", value_of(first)).group(1) in nodes
+    assert value_of(second) == "same process: True; total after 3 allgathers: [0.0, 3.0, 6.0, 9.0]"
+    assert f"session {session_id} stopped" in cell_text(stop)
+    assert ray_cluster.wait_until_nothing_is_left() == []
+
+
 @pytest.mark.parametrize("name", ["01_quickstart.ipynb", "02_jax_data_parallel.ipynb", "03_torch_ddp.ipynb",
-                                  "04_failures.ipynb", "06_sessions.ipynb"])
+                                  "04_failures.ipynb", "06_sessions.ipynb", "07_ray.ipynb"])
 def test_examples_are_committed_without_outputs(name):
     notebook = nbformat.read(EXAMPLES / name, as_version=4)
     assert all(not cell.get("outputs") for cell in notebook.cells if cell.cell_type == "code")

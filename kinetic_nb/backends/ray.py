@@ -1,7 +1,8 @@
 """The ``ray`` backend: a job's hosts are actors on an existing Ray cluster, one host per node.
 
 ``launch`` creates the job's placement group (one bundle per host,
-``STRICT_SPREAD``; ``PACK`` with ``--ray-pack``) and one actor per bundle
+``STRICT_SPREAD``; ``SPREAD`` and a hundredth of a CPU per host with
+``--ray-pack``) and one actor per bundle
 (:class:`~kinetic_nb.agent.ray_host.RayHost`); host 0's actor picks the
 coordinator's port on its node once placed, and every actor then starts the
 same host agent as every other backend, with the job's key handed over in
@@ -33,7 +34,7 @@ from typing import Any
 from kinetic_nb.accelerators import resolve_accelerator
 from kinetic_nb.agent.ray_host import RayHost
 from kinetic_nb.backends.base import Backend, BackendFlag, JobSecrets, PlatformView, register
-from kinetic_nb.backends.ray_placement import PACK, SPREAD, host_bundles, pending_reason, too_few_nodes, tpu_version
+from kinetic_nb.backends.ray_placement import SHARED, SPREAD, host_bundles, pending_reason, too_few_nodes, tpu_version
 from kinetic_nb.errors import KineticError, ObjectExistsError, ObjectNotFoundError
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.protocol import ExitSummary, JobPlan
@@ -116,7 +117,7 @@ class RayBackend(Backend):
         The cluster (``HOST:PORT``, ``ray://...`` or ``auto``); default
         ``RAY_ADDRESS``, else ``auto``.
     pack : bool
-        Let hosts share nodes (``PACK``) instead of one host per node.
+        Let hosts share nodes (``SPREAD``, a hundredth of a CPU each) instead of one host per node.
     pending_timeout_s : float
         A placement group not placed after this long fails its hosts.
     """
@@ -163,7 +164,7 @@ class RayBackend(Backend):
 
     @property
     def strategy(self) -> str:
-        return PACK if self.pack else SPREAD
+        return SHARED if self.pack else SPREAD
 
     # -- the Backend interface -----------------------------------------------------
 
@@ -185,7 +186,7 @@ class RayBackend(Backend):
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         accelerator = resolve_accelerator(plan.accelerator)
-        bundles = host_bundles(accelerator, plan.hosts)
+        bundles = host_bundles(accelerator, plan.hosts, shared=self.pack)
         group = self._placement_group(ray, plan, accelerator, bundles)
         actor_class = ray.remote(RayHost)
         actors, starts = [], []
@@ -275,7 +276,14 @@ class RayBackend(Backend):
             deadline = time.monotonic() + STOP_WAIT_S
             while time.monotonic() < deadline and not self._every_host_recorded(job):
                 time.sleep(0.1)
-        self._remove(job_id)
+        import ray
+
+        if not ray.is_initialized():  # the program shut Ray down meanwhile: the last actor to end removes the group
+            return
+        try:
+            self._remove(job_id)
+        except Exception as error:  # noqa: BLE001 - a background thread: say it, and leave it to the actors
+            logger.warning("could not remove the placement group of %s: %s", job_id, _first_line(error))
 
     def _every_host_recorded(self, job: _Job) -> bool:
         try:
@@ -372,6 +380,8 @@ class RayBackend(Backend):
             del job.pings[bundle]
             try:
                 code, tail = ray.get(ping)
+            except ray.exceptions.ActorUnavailableError:
+                continue  # not a death: a blip, or a node not yet declared lost (then ActorDiedError): ask again
             except Exception as error:  # noqa: BLE001 - the actor died: its host with it
                 exits[index] = self._store_exit(job, self._death(ray, job, index, error))
                 continue

@@ -14,12 +14,16 @@ from kinetic_nb.accelerators import Accelerator
 
 #: One host per node, as on a real slice: each host has a node's network and accelerators to itself.
 SPREAD = "STRICT_SPREAD"
-#: ``--ray-pack``: several hosts may share a node (a cluster with fewer nodes than hosts).
-PACK = "PACK"
+#: ``--ray-pack``: hosts spread over the nodes as evenly as Ray can, so they share a node only when the
+#: cluster has fewer nodes than hosts (Ray's ``PACK`` would crowd them onto one node with others idle).
+SHARED = "SPREAD"
 #: Ray's TPU generation names for the accelerators' families (its pod types are ``{version}-{chips}``).
 TPU_VERSIONS = {"tpu-v5e": "v5litepod", "tpu-v5p": "v5p", "tpu-v6e": "v6e"}
 #: Each host's actor holds one CPU: enough to run the agent, and what makes one bundle a host.
 CPUS_PER_HOST = 1
+#: With ``--ray-pack``, a host's share of a CPU: a hundred hosts fit on one CPU of a node, so a node takes
+#: more hosts than it has CPUs (Ray refuses a bundle of zeros, so it cannot be none).
+SHARED_CPUS_PER_HOST = 0.01
 
 
 def tpu_version(accelerator: Accelerator) -> str | None:
@@ -27,14 +31,14 @@ def tpu_version(accelerator: Accelerator) -> str | None:
     return next((version for prefix, version in TPU_VERSIONS.items() if accelerator.name.startswith(prefix)), None)
 
 
-def host_bundles(accelerator: Accelerator, hosts: int) -> list[dict[str, float]]:
-    """One resource bundle per host: a CPU, and the host's GPUs or TPU chips.
+def host_bundles(accelerator: Accelerator, hosts: int, *, shared: bool = False) -> list[dict[str, float]]:
+    """One resource bundle per host: a CPU (a hundredth of one when ``shared``), and the host's GPUs or TPU chips.
 
     On a TPU slice, host 0's bundle also asks for the slice head's resource
     (``TPU-{pod type}-head``, which Ray puts on worker 0 of each slice), so
     host 0, and with it the coordinator, is the slice's worker 0.
     """
-    bundle: dict[str, float] = {"CPU": CPUS_PER_HOST}
+    bundle: dict[str, float] = {"CPU": SHARED_CPUS_PER_HOST if shared else CPUS_PER_HOST}
     if accelerator.kind == "gpu":
         bundle["GPU"] = accelerator.devices_per_host
     elif accelerator.kind == "tpu":

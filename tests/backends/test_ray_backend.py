@@ -22,9 +22,6 @@ from kinetic_nb.runner import protocol
 from kinetic_nb.runner.protocol import ExitSummary
 from kinetic_nb.state import JobStatus
 
-#: How long, at most, the tests wait for a job's actors and placement group to be gone after its outcome.
-CLEANUP_WAIT_S = 60.0
-
 NODE_IDS = """
 import os, numpy as np
 node = np.frombuffer(bytes.fromhex(os.environ["KINETIC_RAY_NODE_ID"]), dtype=np.uint8)
@@ -35,24 +32,6 @@ def submit(cluster, source: str, hosts: int = 4, **options):
     backend_options = {"address": cluster.address, **options.pop("backend_options", {})}
     return kinetic_nb.submit(source, hosts=hosts, backend="ray", backend_options=backend_options, quiet=True,
                              **options)
-
-
-def our_leftovers(cluster) -> list[str]:
-    """Our actors still alive and our placement groups not removed, as ``ray list`` shows them."""
-    from ray.util.state import list_actors, list_placement_groups
-
-    actors = list_actors(address=cluster.address, filters=[("ray_namespace", "=", RAY_NAMESPACE)], limit=10000)
-    groups = list_placement_groups(address=cluster.address, limit=10000)
-    return ([f"actor {actor.name}: {actor.state}" for actor in actors if actor.state != "DEAD"]
-            + [f"group {group.name}: {group.state}" for group in groups
-               if group.name.startswith(("kn-", "ks-")) and group.state != "REMOVED"])
-
-
-def wait_until_nothing_is_left(cluster) -> None:
-    deadline = time.monotonic() + CLEANUP_WAIT_S
-    while (left := our_leftovers(cluster)) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert left == []
 
 
 def exit_record(handle, index: int) -> ExitSummary:
@@ -164,6 +143,14 @@ def test_more_hosts_than_nodes_is_refused_in_one_line(ray_cluster):
     assert "\n" not in str(refused.value)
 
 
+def test_ray_pack_runs_more_hosts_than_the_cluster_has_cpus_spread_over_every_node(ray_cluster):
+    cell = "import os\nprint(os.environ['KINETIC_RAY_NODE_ID'], flush=True)\nint(os.environ['KINETIC_HOST_INDEX'])"
+    handle = submit(ray_cluster, cell, hosts=8, framework="none", backend_options={"pack": True})
+    assert handle.result(timeout=300) == 0  # 8 hosts on 4 nodes of 1 CPU each
+    nodes = [handle.logs(index).split()[0] for index in range(8)]
+    assert sorted(set(nodes)) == sorted(node["NodeID"] for node in ray_cluster.alive_nodes())
+
+
 def test_no_cluster_is_one_line_that_says_how_to_start_one(monkeypatch):
     import ray
 
@@ -204,7 +191,7 @@ def test_a_session_keeps_its_hosts_across_cells_and_survives_a_failure_and_an_in
 
 def test_nothing_of_ours_is_left_in_the_cluster(ray_cluster):
     assert submit(ray_cluster, "41 + 1").result(timeout=300) == 42
-    wait_until_nothing_is_left(ray_cluster)
+    assert ray_cluster.wait_until_nothing_is_left() == []
 
 
 # -- helpers ----------------------------------------------------------------------------------
