@@ -65,8 +65,11 @@ class RayCluster:
             raise RuntimeError(f"{' '.join(command)} failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
 
     def start(self) -> RayCluster:
+        # Every port the head would take by default (8265, 10001) is chosen free: another cluster on this
+        # machine (a second test run, a user's own) must not stop this one from starting.
         self._ray("--head", "--port", str(self.port), "--include-dashboard", "true", "--dashboard-host",
-                  NODE_ADDRESS, "--system-config", HEALTH_CHECK)
+                  NODE_ADDRESS, "--dashboard-port", str(_free_port()), "--ray-client-server-port", str(_free_port()),
+                  "--system-config", HEALTH_CHECK)
         for _ in range(self.nodes - 1):
             self.add_node()
         return self
