@@ -18,8 +18,9 @@ RAY_TEST_NODES = 4
 
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[RayCluster]:
-    cluster = RayCluster(RAY_TEST_NODES).start()
+    cluster = RayCluster(RAY_TEST_NODES)
     try:
+        cluster.start()  # inside the try: a start that fails half way leaves its head's processes to stop
         import kinetic_nb.backends.ray as ray_backend
 
         ray_backend.connect(cluster.address)
