@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import json
 import logging
 import math
@@ -289,30 +290,32 @@ class JobHandle:
         """
         if self._payload is None:
             snapshot = self._wait_until(lambda snap: snap.decided, timeout, on_snapshot)
-            if not snapshot.status.done:
+            shown = snapshot.status.done  # the wait showed it: the panel's last word already
+            if not shown:
                 # A moment for a lower-indexed host's own failure to land: the choice stays the lowest host's.
                 settle = time.monotonic() + SETTLE_S
                 while not snapshot.status.done and time.monotonic() < settle:
                     time.sleep(0.02)
                     snapshot = self.snapshot()
-                if on_snapshot is not None:
-                    on_snapshot(snapshot)
             if snapshot.lost:
                 self._report_lost_hosts(snapshot.lost)
+            decided = JobStatus.FAILED
             try:
                 self._payload = resolve_outcome(
                     self.storage, self.plan, snapshot.status, self.poller.exits, lambda: self.poller.listing,
                     self.describe_host, lost=snapshot.lost, key=self.key,
                 )
+                decided = JobStatus.SUCCEEDED
             except JobCancelledError:
-                self._record_outcome(JobStatus.CANCELLED)
+                decided = JobStatus.CANCELLED
                 raise
-            except BaseException:
-                self._record_outcome(JobStatus.FAILED)
-                raise
+            finally:
+                if on_snapshot is not None and not shown:
+                    # Decided while a host's end may still be being recorded: the panel's last word is the outcome.
+                    on_snapshot(snapshot if snapshot.status.done else dataclasses.replace(snapshot, status=decided))
+                self._record_outcome(decided)
             self.outputs = dict(self._payload.outputs)
             self.missing_outputs = self._payload.missing_outputs
-            self._record_outcome(JobStatus.SUCCEEDED)
         return self._payload.result
 
     def _report_lost_hosts(self, lost: list[int]) -> None:

@@ -81,6 +81,19 @@ def test_worker_failure_after_leader_success_raises_the_workers_exception():
     assert handle.status() is JobStatus.FAILED
 
 
+def test_the_panels_last_word_is_the_outcome_while_a_host_is_still_ending():
+    # Host 1 fails at once; host 0 is still asleep, stopped only after the grace period: the cell raises
+    # before every host's end is recorded, and the panel's final update must say FAILED, not RUNNING.
+    source = HOST + "import time\nif host == 1:\n    raise ValueError('host 1 gave up')\ntime.sleep(60)"
+    handle = kinetic_nb.submit(source, hosts=2, grace=2)
+    shown = []
+    with pytest.raises(ValueError, match="host 1 gave up"):
+        handle.result(on_snapshot=shown.append)
+    assert shown[-1].status is JobStatus.FAILED
+    assert shown[-1].hosts[0].state in ("running", "ready")  # host 0 had not ended when the cell raised
+    handle.wait(timeout=60)  # the agent stops host 0 once the grace is over
+
+
 def test_two_failing_workers_raise_the_lower_index():
     source = HOST + "if host in (1, 3):\n    raise ValueError(f'broken host {host}')\nhost"
     handle = kinetic_nb.submit(source, hosts=4)
