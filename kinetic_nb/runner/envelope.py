@@ -101,12 +101,15 @@ class _BlockMac:
     A view handed to :meth:`update` must stay unchanged until :meth:`wait`.
     """
 
-    def __init__(self, key: bytes, name: str):
+    def __init__(self, key: bytes, name: str, *, bounded: bool = True):
         self._key = key
         self._prefix = _DOMAIN + name.encode() + b"\0"
         self._partial = bytearray()
         self._tags: list[concurrent.futures.Future[bytes] | bytes] = []
         self.length = 0
+        #: At most _IN_FLIGHT blocks wait to be hashed, when each holds memory of its own (a stream's pieces);
+        #: a pickler's blocks are views of the object being pickled, held anyway, so any number may wait.
+        self._bounded = bounded
 
     def _block_tag(self, index: int, data: Any) -> bytes:
         mac = hmac.new(self._key, self._prefix + index.to_bytes(8, "big"), hashlib.sha256)
@@ -119,9 +122,8 @@ class _BlockMac:
             self._tags.append(self._block_tag(index, data))
         else:
             self._tags.append(_pool().submit(self._block_tag, index, data))
-            # Bounded: at most a few blocks in flight, so a long stream is never held whole.
             pending = [tag for tag in self._tags if isinstance(tag, concurrent.futures.Future) and not tag.done()]
-            if len(pending) > _IN_FLIGHT:
+            if self._bounded and len(pending) > _IN_FLIGHT:
                 pending[0].result()
 
     def update(self, data: Any) -> None:
@@ -229,11 +231,20 @@ def unseal(key: bytes, name: str, data: bytes, *, where: str) -> bytes:
 
 
 class SealingWriter(io.RawIOBase):
-    """A binary file that passes writes on to ``file`` and MACs them in the same pass; ``finish`` adds the trailer."""
+    """A binary file for a pickler: writes go on to ``file`` and are MACed in the same pass.
+
+    A large buffer a pickler hands over is the pickled object's own memory,
+    unchanged while it is pickled, so its blocks go on hashing after ``write``
+    returns (a pickler's own, reused buffer is small and is copied). The
+    object to store is then :meth:`stored`: the body copies out while its
+    last blocks hash, and the trailer follows once they are done. Or
+    :meth:`finish` appends the trailer to ``file`` in place.
+    """
 
     def __init__(self, file: IO[bytes], key: bytes, name: str):
         self._file = file
-        self._mac = _BlockMac(key, name)
+        self._mac = _BlockMac(key, name, bounded=False)
+        self._trailer: bytes | None = None
 
     def writable(self) -> bool:
         return True
@@ -248,11 +259,58 @@ class SealingWriter(io.RawIOBase):
             self._mac.update(piece)
             self._file.write(piece)
             start += len(piece)
-        self._mac.wait()  # the caller may reuse its buffer once write returns
         return len(view)
 
+    def trailer(self) -> bytes:
+        """The trailer line, once every block written so far is hashed."""
+        if self._trailer is None:
+            self._trailer = self._mac.trailer()
+        return self._trailer
+
     def finish(self) -> None:
-        self._file.write(self._mac.trailer())
+        self._file.write(self.trailer())
+
+    def stored(self) -> IO[bytes]:
+        """``file`` from its start, then the trailer: a readable, seekable stream to hand to storage."""
+        # Buffered: a reader asking for n bytes gets n (the body's end is no short read), and can seek.
+        return io.BufferedReader(_BodyThenTrailer(self._file, self))
+
+
+class _BodyThenTrailer(io.RawIOBase):
+    """A sealed object as one stream: a spooled body, then its trailer (asked for when the body is read)."""
+
+    def __init__(self, body: IO[bytes], writer: SealingWriter):
+        self._body = body
+        self._writer = writer
+        self._body_size = body.seek(0, io.SEEK_END)
+        self._position = 0
+        body.seek(0)
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._position
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._position, io.SEEK_END: self._body_size + TRAILER_BYTES}[whence]
+        self._position = max(0, base + offset)
+        self._body.seek(min(self._position, self._body_size))
+        return self._position
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        if self._position < self._body_size:
+            count = self._body.readinto(view[: self._body_size - self._position])
+        else:
+            tail = self._writer.trailer()[self._position - self._body_size:][: len(view)]
+            view[: len(tail)] = tail
+            count = len(tail)
+        self._position += count
+        return count
 
 
 def verify_file(key: bytes, name: str, file: IO[bytes], *, where: str, copy_to: IO[bytes] | None = None) -> int:
@@ -373,9 +431,7 @@ def dump_sealed(storage: Storage, name: str, key: bytes, value: Any, *, exclusiv
     with spool() as spool_file:
         writer = SealingWriter(spool_file, key, name)
         cloudpickle.dump(value, writer)
-        writer.finish()
-        spool_file.seek(0)
-        storage.write_file(name, spool_file, exclusive=exclusive)
+        storage.write_file(name, writer.stored(), exclusive=exclusive)
 
 
 def load_sealed(storage: Storage, name: str, key: bytes) -> Any:

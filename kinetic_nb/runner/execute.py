@@ -231,10 +231,8 @@ class HostRun:
             except Exception as error:
                 self._report_unpicklable(value, outputs, error)
                 raise
-            sealing.finish()
             self._enter(Phase.RESULT_UPLOAD)
-            pickled.seek(0)
-            self.outcome_storage.write_file(protocol.RESULT, pickled, exclusive=True)
+            self.outcome_storage.write_file(protocol.RESULT, sealing.stored(), exclusive=True)
 
     def _report_unpicklable(self, value: Any, outputs: dict[str, Any], error: Exception) -> None:
         """Name what could not be pickled, and ship its repr instead."""

@@ -159,3 +159,22 @@ def test_a_local_file_is_verified_block_by_block_in_place(tmp_path):
     storage.write_bytes("result.pkl", bytes(flipped) + envelope.seal(KEY, "result.pkl", body)[len(body):])
     with storage.open_read("result.pkl") as file, pytest.raises(IntegrityError, match="failed verification"):
         envelope.verify_file(KEY, "result.pkl", file, where="x")
+
+
+def test_the_stored_stream_is_the_body_then_its_trailer_and_rewinds(tmp_path):
+    body = os.urandom(envelope.BLOCK_BYTES + 12345)
+    with open(tmp_path / "spool", "w+b") as spool:
+        writer = envelope.SealingWriter(spool, KEY, "result.pkl")
+        writer.write(body[:10])  # a pickler's header, then its large object's own memory
+        writer.write(body[10:])
+        stored = writer.stored()
+        sealed = envelope.seal(KEY, "result.pkl", body)
+        assert stored.seek(0, io.SEEK_END) == len(sealed)  # a bucket's upload asks for the size first
+        stored.seek(0)
+        pieces = []
+        while piece := stored.read(len(body) - 5):  # every read but the last is whole, across the trailer
+            pieces.append(piece)
+        assert [len(piece) for piece in pieces] == [len(body) - 5, len(sealed) - len(body) + 5]
+        assert b"".join(pieces) == sealed
+        stored.seek(3)  # a retried upload rewinds
+        assert stored.read() == sealed[3:]
