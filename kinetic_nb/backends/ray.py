@@ -23,9 +23,11 @@ cluster (``--ray-address``, else ``RAY_ADDRESS``, else ``auto``: the cluster
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
+import socket
 import threading
 import time
 from collections.abc import Mapping
@@ -49,6 +51,8 @@ RAY_NAMESPACE = "kinetic_nb"
 #: A placement group not placed after this long fails its hosts with the reason (as GKE's pending pods do):
 #: long enough for an autoscaler to add nodes, short enough not to leave a typo waiting.
 DEFAULT_PENDING_TIMEOUT_S = 600.0
+#: How long an explicit cluster address may take to accept a connection before it is called unreachable.
+PROBE_TIMEOUT_S = 3.0
 #: Ray is asked about a job at most this often: the client polls storage several times a second.
 LOOK_INTERVAL_S = 1.0
 #: After a cleanup's stop, the agents get this long to record their hosts before the group is removed.
@@ -72,13 +76,39 @@ def connect(address: str) -> Any:
         raise KineticError("the ray backend needs Ray: pip install 'kinetic_nb[ray]'") from error
     if ray.is_initialized():
         return ray
+    no_cluster = (f"no Ray cluster at {address}: start one with `ray start --head`, or point "
+                  "--ray-address or RAY_ADDRESS at yours")
+    if not _answers(address):  # Ray itself would retry for minutes, then exit the kernel's process
+        raise KineticError(no_cluster)
     try:
         ray.init(address=address, namespace=RAY_NAMESPACE, log_to_driver=False, logging_level=logging.WARNING,
                  configure_logging=False)
-    except (ConnectionError, ValueError, RuntimeError) as error:
-        raise KineticError(f"no Ray cluster at {address}: start one with `ray start --head`, or point "
-                           "--ray-address or RAY_ADDRESS at yours") from error
+    except (ConnectionError, ValueError, RuntimeError, SystemExit) as error:
+        raise KineticError(no_cluster) from error
     return ray
+
+
+def _answers(address: str) -> bool:
+    """Whether anything listens at a ``[ray://]HOST:PORT`` address (``auto`` and other forms: Ray decides).
+
+    Ray replaces a loopback host with this machine's address, so either answering is enough.
+    """
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        return True
+    hosts = [host]
+    if host in ("127.0.0.1", "localhost"):
+        with contextlib.suppress(Exception):
+            from ray.util import get_node_ip_address
+
+            hosts.append(get_node_ip_address())
+    for candidate in hosts:
+        try:
+            socket.create_connection((candidate, int(port)), timeout=PROBE_TIMEOUT_S).close()
+            return True
+        except OSError:
+            continue
+    return False
 
 
 def _first_line(error: BaseException) -> str:

@@ -215,3 +215,17 @@ def _node_of_host(handle, index: int) -> str:
         assert time.monotonic() < deadline, f"host {index} printed nothing"
         time.sleep(0.2)
     return text.splitlines()[0].strip()
+
+
+def test_an_address_where_no_cluster_listens_is_one_line_at_once(monkeypatch):
+    import socket
+
+    import ray
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.2", 0))
+        address = f"127.0.0.2:{probe.getsockname()[1]}"
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **options: pytest.fail("Ray would retry for minutes, then exit"))
+    with pytest.raises(KineticError, match=rf"no Ray cluster at {address}: start one with `ray start --head`"):
+        get_backend("ray", address=address).preflight(None)
