@@ -122,9 +122,11 @@ class _BlockMac:
             self._tags.append(self._block_tag(index, data))
         else:
             self._tags.append(_pool().submit(self._block_tag, index, data))
-            pending = [tag for tag in self._tags if isinstance(tag, concurrent.futures.Future) and not tag.done()]
-            if self._bounded and len(pending) > _IN_FLIGHT:
-                pending[0].result()
+            if self._bounded:  # looked at only when bounded: a long unbounded stream would rescan every block
+                pending = [tag for tag in self._tags[-(_IN_FLIGHT + 1):]
+                           if isinstance(tag, concurrent.futures.Future) and not tag.done()]
+                if len(pending) > _IN_FLIGHT:
+                    pending[0].result()
 
     def update(self, data: Any) -> None:
         view = memoryview(data).cast("B")
