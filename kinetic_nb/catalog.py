@@ -18,7 +18,7 @@ from kinetic_nb.client import JobHandle, print_to_stdout, remove_job_objects
 from kinetic_nb.errors import IntegrityError, ObjectNotFoundError, StorageError, UnsignedJobError
 from kinetic_nb.keys import delete_key, key_path, load_key, read_key_file
 from kinetic_nb.runner import protocol
-from kinetic_nb.runner.envelope import TRAILER_BYTES, is_sealed, unseal
+from kinetic_nb.runner.envelope import JOB, TRAILER_BYTES, is_sealed, read_unsigned_bytes, unseal
 from kinetic_nb.runner.protocol import JobPlan
 from kinetic_nb.storage import Storage, default_root, open_storage
 
@@ -79,8 +79,8 @@ class _Access:
 
 def _access(job_id: str, *, key_file: str | None = None, trust_unsigned: bool = False) -> _Access | None:
     if key_file is not None:
-        return _Access(read_key_file(key_file))
-    key = load_key(job_id)
+        return _Access(read_key_file(key_file, job_id, JOB))
+    key = load_key(job_id, JOB)
     if key is not None:
         return _Access(key)
     return _Access(None, trust_unsigned=True) if trust_unsigned else None
@@ -93,7 +93,7 @@ def _read_record(job: Storage, name: str, access: _Access) -> bytes:
         return unseal(access.key, name, data, where=f"{job.uri}/{name}")
     if is_sealed(data):
         raise IntegrityError(f"{job.uri}/{name} is signed, and this user has no key for it")
-    return data
+    return read_unsigned_bytes(data, where=f"{job.uri}/{name}")
 
 
 def _handle_record(job: Storage, access: _Access) -> dict:

@@ -7,6 +7,7 @@ cell they belong to); its outcome from ``cells/{seq}/`` by the seed's rules.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Callable
@@ -14,11 +15,13 @@ from typing import Any, Protocol
 
 from kinetic_nb import views
 from kinetic_nb.echo import LeaderEcho
-from kinetic_nb.errors import KineticTimeoutError, ObjectExistsError, ObjectNotFoundError
+from kinetic_nb.errors import IntegrityError, KineticTimeoutError, ObjectExistsError, ObjectNotFoundError
 from kinetic_nb.poller import _HostRecords
 from kinetic_nb.results import resolve_outcome
 from kinetic_nb.runner import protocol
+from kinetic_nb.runner.envelope import unseal
 from kinetic_nb.runner.protocol import ExitSummary, HostState, HostStatus, JobPlan, Phase
+from kinetic_nb.runner.records import open_log_chunk, write_record
 from kinetic_nb.runner.session import cell_key
 from kinetic_nb.state import SNAPSHOT_INTERVAL_S, HostSnapshot, JobSnapshot, JobStatus
 
@@ -130,17 +133,27 @@ class CellHandle:
                 self.session.next_chunk[index] += 1
 
     def _absorb(self, index: int, kind: str, name: str, version: str) -> None:
+        storage, key = self.session.storage, self.session.job.key
         try:
-            data = self.session.storage.read_bytes(name)
+            data = storage.read_bytes(name)
         except ObjectNotFoundError:
             return
         self._versions[name] = version
+        try:
+            if kind == "log":
+                chunk = open_log_chunk(key, name, data, where=f"{storage.uri}/{name}")
+            else:
+                body = unseal(key, name, data, where=f"{storage.uri}/{name}") if key is not None else data
+        except IntegrityError:
+            self._records[index].refuse(index, name)
+            return
         if kind == "status":
-            self._statuses[index] = HostStatus.from_json(data)
+            status = HostStatus.from_json(body)
+            if index not in self._statuses or status.revision >= self._statuses[index].revision:  # never go back
+                self._statuses[index] = status
         elif kind == "exit":
-            self._records[index].exit = ExitSummary.from_json(data)
+            self._records[index].exit = ExitSummary.from_json(body)
         else:
-            chunk = protocol.decode_log_chunk_of_cell(data)
             if chunk.cell != self.seq:
                 return
             if chunk.end:
@@ -321,7 +334,8 @@ class CellHandle:
         """``KeyboardInterrupt`` in the cell on every host (the session's agent sends it)."""
         self._interrupted = True
         try:
-            self.session.storage.write_json(protocol.cell_control(self.seq, "interrupt"), {"at": time.time()})
+            write_record(self.session.storage, self.session.job.key, protocol.cell_control(self.seq, "interrupt"),
+                         json.dumps({"at": time.time()}).encode())
         except ObjectExistsError:
             pass
 

@@ -32,9 +32,10 @@ from kinetic_nb.plan import choose_framework, make_plan, new_job_id, prepare_cel
 from kinetic_nb.poller import JobPoller
 from kinetic_nb.results import read_failure, resolve_outcome
 from kinetic_nb.runner import protocol
-from kinetic_nb.runner.envelope import write_sealed
+from kinetic_nb.runner.envelope import JOB, write_sealed
 from kinetic_nb.runner.logs import read_log
 from kinetic_nb.runner.protocol import CancelRequest, FirstFailure, JobPlan, ResultPayload
+from kinetic_nb.runner.records import read_record, unverified_line, write_record
 from kinetic_nb.state import SNAPSHOT_INTERVAL_S, HostSnapshot, HostState, JobSnapshot, JobStatus
 from kinetic_nb.storage import Storage, default_root, open_storage
 
@@ -78,6 +79,8 @@ class JobHandle:
         #: The job's key: every record read is verified under it. None only for a job from before
         #: signing that the caller chose to trust (``attach(..., trust_unsigned=True)``).
         self.key = key
+        #: handle.json's revision: each write counts up from the highest this handle has seen.
+        self._handle_revision = 0
         #: A detached job is never cancelled by an interrupt of whoever waits for it.
         self.detached = detached
         #: Keep every object after a success (by default only handle.json and outputs/ stay).
@@ -134,7 +137,7 @@ class JobHandle:
         """Host ``host``'s stdout and stderr so far."""
         if not 0 <= host < self.plan.hosts:
             raise ValueError(f"host {host} is out of range for a {self.plan.hosts}-host job")
-        text = read_log(self.storage, host)
+        text = read_log(self.storage, host, self.key)
         if not text and self._payload is not None:  # cleaned up after success: the tail the poller kept
             text = "".join(f"{line}\n" for line in self.poller.snapshot().hosts[host].log_tail)
         return text
@@ -322,7 +325,7 @@ class JobHandle:
         """Tell the agents of a lost host, as an agent tells of a failed one: they stop theirs after the grace."""
         record = FirstFailure(host_index=lost[0], at=time.time(), description="was lost (no heartbeat)")
         try:
-            self.storage.write_bytes(protocol.FAILED, record.to_json(), exclusive=True)
+            write_record(self.storage, self.key, protocol.FAILED, record.to_json(), exclusive=True)
         except ObjectExistsError:
             pass  # an agent saw a failure first
         except Exception:  # bookkeeping must not hide the outcome
@@ -393,7 +396,8 @@ class JobHandle:
         """Write the next stacks request and collect the answers of ``hosts`` for ``wait`` seconds at most."""
         asked = [protocol.parse_stacks_request(i.name) for i in self.storage.list(protocol.CONTROL_DIR + "/")]
         seq = max([number for number in asked if number is not None], default=-1) + 1
-        self.storage.write_json(protocol.stacks_request(seq), {"at": time.time(), "hosts": hosts})
+        write_record(self.storage, self.key, protocol.stacks_request(seq),
+                     json.dumps({"at": time.time(), "hosts": hosts}).encode())
         wanted = {protocol.host_stacks(index, seq): index for index in hosts}
         answers: dict[int, str] = {}
         deadline = time.monotonic() + wait
@@ -401,18 +405,25 @@ class JobHandle:
             for info in self.storage.list(protocol.HOSTS_DIR + "/"):
                 index = wanted.get(info.name)
                 if index is not None and index not in answers:
-                    answers[index] = self.storage.read_bytes(info.name).decode(errors="replace")
+                    answers[index] = self._read_shown(info.name, index).decode(errors="replace")
             if len(answers) == len(hosts) or time.monotonic() > deadline:
                 break
             time.sleep(0.05)
         return {index: answers.get(index, f"no answer: host {index} did not answer within {wait:g} s\n")
                 for index in hosts}
 
+    def _read_shown(self, name: str, index: int) -> bytes:
+        """A host's record to show, once it verifies; the line that says it did not, otherwise."""
+        try:
+            return read_record(self.storage, self.key, name) if self.key is not None else self.storage.read_bytes(name)
+        except IntegrityError:
+            return unverified_line(index, name).encode() + b"\n"
+
     def cancel(self, reason: str = "cancelled by the user") -> None:
         """Stop every host; returns once they are gone (or after a bounded wait)."""
         if self.status().done:
             return
-        self.backend.cancel(self.storage, self.plan, reason)
+        self.backend.cancel(self.storage, self.plan, reason, self.key)
         deadline = time.monotonic() + CANCEL_WAIT_S
         while not self.status().done and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -423,7 +434,9 @@ class JobHandle:
         """Store handle.json, signed: what lists the job and lets any kernel of this user attach to it."""
         if self.key is None:
             raise IntegrityError(f"job {self.job_id} has no key here: its record cannot be signed")
-        write_sealed(self.storage, protocol.HANDLE, self.key, json.dumps({**self.to_dict(), **outcome}).encode())
+        self._handle_revision += 1  # readers never go back to a lower one: an older handle replayed is ignored
+        record = {**self.to_dict(), **outcome, "revision": self._handle_revision}
+        write_sealed(self.storage, protocol.HANDLE, self.key, json.dumps(record).encode())
 
     def to_dict(self) -> dict[str, Any]:
         """What handle.json holds: enough to list the job and attach to it from any kernel."""
@@ -583,7 +596,7 @@ def submit(
     root = open_storage(storage or default_root())
     warn_if_shared(root)
     job_storage = root.child(job_id)
-    key = create_key(job_id)  # kept by this user only, before anything of the job is stored
+    key = create_key(job_id, JOB)  # kept by this user only, before anything of the job is stored
     write_sealed(job_storage, protocol.PAYLOAD, key, payload.data, exclusive=True)
     write_sealed(job_storage, protocol.PLAN, key, plan.to_json(), exclusive=True)
     printer = print_to_stdout if echo is True else (echo or None)

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 from kinetic_nb.errors import KineticError
-from kinetic_nb.runner.envelope import KEY_BYTES, new_key, parse_key
+from kinetic_nb.runner.envelope import KEY_BYTES, JobKey, job_key, new_key, parse_key
 from kinetic_nb.storage.defaults import user_directory
 
 __all__ = ["create_key", "delete_key", "key_path", "load_key", "read_key_file"]
@@ -23,31 +23,32 @@ def key_path(job_id: str) -> Path:
     return user_directory("keys") / f"{job_id}.key"
 
 
-def create_key(job_id: str) -> bytes:
-    """A fresh key for ``job_id``, kept in its 0600 file before anything of the job is stored."""
-    key = new_key()
+def create_key(job_id: str, kind: str) -> JobKey:
+    """A fresh secret for ``job_id``, kept in its 0600 file before anything of the job is stored; the key
+    bound to the job's ``kind`` (``envelope.JOB`` or ``envelope.SESSION``) and id."""
+    secret = new_key()
     path = key_path(job_id)
     with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as file:
-        file.write(key.hex() + "\n")
-    return key
+        file.write(secret.hex() + "\n")
+    return job_key(secret, kind, job_id)
 
 
-def read_key_file(path: str | os.PathLike) -> bytes:
-    """A key from a file written by :func:`create_key` (or exported from one); one-line errors."""
+def read_key_file(path: str | os.PathLike, job_id: str, kind: str) -> JobKey:
+    """The key of ``job_id`` (a ``kind``) from a file written by :func:`create_key` (or a copy); one-line errors."""
     try:
         text = Path(path).read_text().strip()
     except OSError as error:
         raise KineticError(f"cannot read the key file {path}: {error.strerror or error}") from None
-    key = parse_key(text)
-    if key is None:
+    secret = parse_key(text)
+    if secret is None:
         raise KineticError(f"{path} holds no kinetic_nb key (expected {KEY_BYTES * 2} hex digits)")
-    return key
+    return job_key(secret, kind, job_id)
 
 
-def load_key(job_id: str) -> bytes | None:
-    """``job_id``'s key from this user's keys, or None when this user does not have it."""
+def load_key(job_id: str, kind: str) -> JobKey | None:
+    """``job_id``'s key (bound to its ``kind`` and id) from this user's keys, or None when this user lacks it."""
     path = key_path(job_id)
-    return read_key_file(path) if path.exists() else None
+    return read_key_file(path, job_id, kind) if path.exists() else None
 
 
 def delete_key(job_id: str) -> None:

@@ -3,7 +3,10 @@
 Each poll is one listing of the job's objects. The listing's versions say which
 objects changed; only those are read: a status that changed, an exit record
 once, a log chunk once (chunks are append-only). When nothing changed, a poll
-costs the listing alone, whatever the number of hosts. The snapshots are the
+costs the listing alone, whatever the number of hosts. Every record is
+verified under the job's key before it is parsed or shown (``runner.records``):
+one that fails is never rendered, and the host's log says "unverified record
+from host i" in its place. The snapshots are the
 view model of ``kinetic_nb.state``; the poller is what feeds it from storage
 and the backend.
 """
@@ -20,11 +23,12 @@ from collections.abc import Callable
 from kinetic_nb.backends import Backend
 from kinetic_nb.backends.base import PlatformView
 from kinetic_nb.echo import LeaderEcho
-from kinetic_nb.errors import ObjectNotFoundError
+from kinetic_nb.errors import IntegrityError, ObjectNotFoundError
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.envelope import unseal
 from kinetic_nb.runner.logs import LogScreen
 from kinetic_nb.runner.protocol import CancelRequest, ExitSummary, HostStatus, JobPlan, Phase
+from kinetic_nb.runner.records import open_log_chunk, unverified_line
 from kinetic_nb.state import (
     HostSnapshot,
     HostState,
@@ -56,11 +60,18 @@ class _HostRecords:
         #: When the host last printed or changed phase (the newest such object's time).
         self.active_at: float | None = None
         self.tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
+        #: The names of this host's records that did not verify (none of their content was used).
+        self.unverified: list[str] = []
         #: The log as a terminal shows it: a progress bar's ``\r`` rewrites its line.
         self.screen = LogScreen()
 
     def add_log(self, stream: str, text: str) -> None:
         self.tail.extend(self.screen.feed(stream, text))
+
+    def refuse(self, index: int, name: str) -> None:
+        """A record that did not verify: remembered by name, and said in the log in its place."""
+        self.unverified.append(name)
+        self.add_log(protocol.STDERR, unverified_line(index, name) + "\n")
 
     def lines(self) -> tuple[str, ...]:
         return (*self.tail, *self.screen.partial())
@@ -99,6 +110,8 @@ class JobPoller:
         #: Why the job was cancelled (``CancelRequest.TIMEOUT`` when its agent stopped it at the plan's timeout).
         self.cancel_request: CancelRequest | None = None
         self._started = False
+        #: handle.json's highest revision read so far: an older one replayed is ignored.
+        self._handle_revision = 0
         self._lock = threading.Lock()  # a background watcher and the caller may poll at once
 
     @property
@@ -127,6 +140,11 @@ class JobPoller:
                                           lost=snapshot.lost)
             return self.snapshot()
 
+    def _verified(self, name: str, data: bytes) -> bytes:
+        """``data`` read as ``name``, once it verifies (``IntegrityError`` otherwise); as it is for a job from
+        before signing that its user chose to trust (``key=None``)."""
+        return unseal(self.key, name, data, where=f"{self.storage.uri}/{name}") if self.key is not None else data
+
     def _cleaned_up_status(self) -> JobStatus | None:
         """A job cleaned up after its outcome keeps only handle.json, which records that outcome."""
         names = {info.name for info in self.listing}
@@ -135,19 +153,26 @@ class JobPoller:
         data = self._read(protocol.HANDLE)
         if data is None:
             return None
-        body = unseal(self.key, protocol.HANDLE, data, where=f"{self.storage.uri}/{protocol.HANDLE}") \
-            if self.key is not None else data
-        recorded = json.loads(body).get("status")
+        record = json.loads(self._verified(protocol.HANDLE, data))
+        revision = int(record.get("revision", 0))
+        if revision < self._handle_revision:
+            return None  # an older handle replayed over the newest: never go back
+        self._handle_revision = revision
+        recorded = record.get("status")
         return JobStatus(recorded) if recorded else None
 
     def _absorb(self, listing: list[ObjectInfo]) -> None:
         ended: list[ObjectInfo] = []
         for info in listing:
             if info.name == protocol.CANCEL:
-                if not self._cancelled:
+                if not self._cancelled and self._versions.get(info.name) != info.version:
+                    self._versions[info.name] = info.version
                     data = self._read(info.name)
-                    self.cancel_request = CancelRequest.from_json(data) if data else None
-                self._cancelled = True
+                    try:
+                        self.cancel_request = CancelRequest.from_json(self._verified(info.name, data)) if data else None
+                        self._cancelled = data is not None
+                    except IntegrityError as error:  # a forged cancel: the hosts' agents ignore it too
+                        logger.warning("ignored: %s", error)
                 continue
             parsed = protocol.parse_host_object(info.name)
             if parsed is None or parsed[0] >= self.plan.hosts:
@@ -170,21 +195,31 @@ class JobPoller:
             if data is None:
                 continue
             self._versions[info.name] = info.version
+            try:
+                if kind == "status":
+                    status = HostStatus.from_json(self._verified(info.name, data))
+                    if records.status is None or status.revision >= records.status.revision:  # never go back
+                        records.status = status
+                else:
+                    segments = open_log_chunk(self.key, info.name, data, where=f"{self.storage.uri}/{info.name}")
+                    for stream, text in segments.segments:
+                        records.add_log(stream, text)
+                        if index == protocol.LEADER_INDEX and self._echo is not None:
+                            self._echo.feed(stream, text)
+            except IntegrityError:
+                records.refuse(index, info.name)
+                continue
             records.active_at = max(records.active_at or 0.0, info.updated)
-            if kind == "status":
-                records.status = HostStatus.from_json(data)
-            else:
-                for stream, text in protocol.decode_log_chunk(data):
-                    records.add_log(stream, text)
-                    if index == protocol.LEADER_INDEX and self._echo is not None:
-                        self._echo.feed(stream, text)
         for info in ended:
             data = self._read(info.name)
             if data is not None:
                 index = protocol.parse_host_object(info.name)[0]
-                self.records[index].exit = ExitSummary.from_json(data)
+                try:
+                    self.records[index].exit = ExitSummary.from_json(self._verified(info.name, data))
+                except IntegrityError:
+                    self.records[index].refuse(index, info.name)
         # What only the platform sees: a pod evicted, an agent that died (the backend keeps its own pace).
-        self.platform = self.backend.observe(self.storage, self.plan, listing, self.exits)
+        self.platform = self.backend.observe(self.storage, self.plan, listing, self.exits, self.key)
         for index, summary in self.platform.exits.items():
             if index < self.plan.hosts and self.records[index].exit is None:
                 self.records[index].exit = summary

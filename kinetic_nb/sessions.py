@@ -39,8 +39,9 @@ from kinetic_nb.errors import (
 from kinetic_nb.keys import create_key, load_key
 from kinetic_nb.plan import choose_framework, make_plan, new_job_id, prepare_cell, resolve_slice
 from kinetic_nb.runner import protocol
-from kinetic_nb.runner.envelope import read_sealed, write_sealed
-from kinetic_nb.runner.protocol import CancelRequest, HostState, HostStatus, JobPlan
+from kinetic_nb.runner.envelope import SESSION, read_sealed, write_sealed
+from kinetic_nb.runner.protocol import CancelRequest, HostState, JobPlan
+from kinetic_nb.runner.records import read_exit, read_host_status, read_record, write_record
 from kinetic_nb.runner.session import CELL_FRAMEWORK, cell_key
 from kinetic_nb.runner.wakeup import Wakeup, client_wakeup_path, wake, wakeup_path
 from kinetic_nb.storage import Storage, default_root, open_storage
@@ -104,10 +105,11 @@ class Session:
         (the stop request, then each host's exit record), never a listing.
         """
         try:
-            return CancelRequest.from_json(self.storage.read_bytes(protocol.CANCEL)).reason
-        except ObjectNotFoundError:
+            return CancelRequest.from_json(read_record(self.storage, self.job.key, protocol.CANCEL)).reason
+        except (ObjectNotFoundError, IntegrityError):  # none, or a forged one: the agents ignore it too
             pass
-        if self._ended_hosts or any(self.storage.exists(protocol.host_exit(i)) for i in range(self.plan.hosts)):
+        if self._ended_hosts or any(read_exit(self.storage, self.job.key, i) is not None
+                                    for i in range(self.plan.hosts)):
             self._ended_hosts = True
             return "its hosts have ended"
         return None
@@ -117,10 +119,8 @@ class Session:
 
     def held_names(self) -> list[str]:
         """The names the leader's namespace holds after its last cell."""
-        try:
-            return list(HostStatus.from_json(self.storage.read_bytes(protocol.host_status(0))).names)
-        except ObjectNotFoundError:
-            return []
+        status = read_host_status(self.storage, self.job.key, protocol.LEADER_INDEX)
+        return list(status.names) if status is not None else []
 
     def summary(self) -> str:
         """Hosts, their states, uptime, cells run and the idle countdown, as text."""
@@ -185,7 +185,8 @@ class Session:
         if self.storage.local_path() is not None:  # the hosts are on this machine: wake them now
             for index in range(self.plan.hosts):
                 wake(wakeup_path(self.session_id, index))
-        self.storage.write_json(protocol.cell_control(seq, "submitted"), {"at": time.time()})
+        write_record(self.storage, self.job.key, protocol.cell_control(seq, "submitted"),
+                     json.dumps({"at": time.time()}).encode())
         return seq
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -262,7 +263,7 @@ def start(*, hosts: int | None = None, accelerator: str | None = None, backend: 
     root = _root(storage)
     warn_if_shared(root)
     session_storage = root.child(session_id)
-    key = create_key(session_id)
+    key = create_key(session_id, SESSION)
     write_sealed(session_storage, protocol.PLAN, key, plan.to_json(), exclusive=True)
     job = JobHandle(session_storage, plan, chosen, key=key, detached=True)
     job.write_record(kind="session")
@@ -305,7 +306,7 @@ def _start_from(job: JobHandle, *, echo: Any) -> Session:
 def attach_session(session_id: str, *, storage: str | None = None, echo: Any = True) -> Session:
     """A running session from any kernel of the same user: its hosts and their state as they are."""
     session_storage = _root(storage).child(session_id)
-    key = load_key(session_id)
+    key = load_key(session_id, SESSION)
     if key is None:
         raise IntegrityError(f"session {session_id} is not yours: this user has no key for it")
     try:

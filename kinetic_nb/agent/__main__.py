@@ -17,7 +17,7 @@ from kinetic_nb.agent.supervisor import Agent
 from kinetic_nb.agent.watch import wait_for_job_end
 from kinetic_nb.errors import IntegrityError
 from kinetic_nb.runner import protocol
-from kinetic_nb.runner.envelope import KEY_ENV, key_from_environment, read_sealed, write_sealed
+from kinetic_nb.runner.envelope import KEY_ENV, JobKey, key_from_environment, key_from_text, read_sealed, write_sealed
 from kinetic_nb.runner.environment import installed_environment
 from kinetic_nb.runner.execute import exception_type_name
 from kinetic_nb.runner.hostenv import host_environment, resolve_host_index
@@ -37,6 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--state", help="where to keep this agent's own record (local backend)")
     parser.add_argument("--parent", type=int, metavar="PID",
                         help="end with this process (a Ray actor that started this agent): SIGKILL when it dies")
+    parser.add_argument("--key-stdin", action="store_true",
+                        help="read the job's key (hex, one line) from standard input, never from the environment, "
+                             "so neither this agent's environment nor its hosts' holds it")
     parser.add_argument("--detach", action="store_true",
                         help="leave the launching process's tree once this agent's record is written, so "
                              "whatever ends that process and its children (a kernel's shutdown) spares the job")
@@ -47,11 +50,14 @@ def main(argv: list[str] | None = None) -> int:
     # every host can be interrupted and stopped as on any backend.
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
     storage = open_storage(args.job)
-    key_hex = os.environ.get(KEY_ENV, "")
-    key = key_from_environment(os.environ, remove=False)  # the hosts take it from here, and drop it
+    try:
+        key = _read_key(args.key_stdin)
+    except IntegrityError as error:
+        print(f"kinetic agent: {error}; refusing a job it cannot verify", file=sys.stderr)
+        return 2
     if key is None:
-        print(f"kinetic agent: no job key in the environment ({KEY_ENV}); refusing a job it cannot verify",
-              file=sys.stderr)
+        print(f"kinetic agent: no job key on standard input (--key-stdin) or in the environment ({KEY_ENV}); "
+              "refusing a job it cannot verify", file=sys.stderr)
         return 2
     if args.watch:
         return wait_for_job_end(storage, key)
@@ -91,8 +97,9 @@ def main(argv: list[str] | None = None) -> int:
         def environment(index: int, output_dir: str) -> dict[str, str]:
             return {**os.environ, "KINETIC_OUTPUT_DIR": output_dir}
     processes.adopt_orphans()
-    agent = Agent(storage, plan, indices, environment, on_storage_error=lambda text: keep_state(storage_error=text),
-                  redactor=host_secrets(key_hex, plan.env_names))
+    agent = Agent(storage, plan, indices, environment, key=key,
+                  on_storage_error=lambda text: keep_state(storage_error=text),
+                  redactor=host_secrets(key.hex(), plan.env_names))
     signal.signal(signal.SIGTERM, agent.stop_on_signal)  # a pod's deletion: record the hosts as stopped
     agent.start_hosts()
     install = None if args.all_hosts else installed_environment()
@@ -106,6 +113,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.log and os.path.exists(args.log) and os.path.getsize(args.log) == 0:
         os.unlink(args.log)  # nothing went wrong: nothing to keep
     return 0
+
+
+def _read_key(from_stdin: bool) -> JobKey | None:
+    """The job's key: from standard input (the local backend's pipe, Ray's), or taken out of the environment
+    (a pod's, from the job's Secret); either way the hosts forked from here get it in memory only."""
+    if from_stdin:
+        return key_from_text(sys.stdin.readline(), where="standard input")
+    return key_from_environment(os.environ)
 
 
 def refuse(storage, key: bytes, error: BaseException) -> None:

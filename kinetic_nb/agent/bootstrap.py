@@ -40,8 +40,8 @@ DIRECTORY_ENV = "KINETIC_ENVIRONMENT_DIR"
 #: Set for COMMAND: the path of the install's record (``kinetic_nb.runner.environment`` reads it).
 RECORD_ENV = "KINETIC_ENVIRONMENT_RECORD"
 INSTALL_OBJECT = "environment/install.json"
-DOMAIN = b"kinetic-nb/envelope/v1\0"
-TRAILER_PREFIX = b"\n#kinetic-hmac-sha256:"
+DOMAIN = b"kinetic-nb/envelope/v2\0"
+TRAILER_PREFIX = b"\n#kinetic-mac-v2:"
 TRAILER_BYTES = len(TRAILER_PREFIX) + 64 + 1
 BLOCK_BYTES = 8 * 1024 * 1024
 #: How the container's output marks this script's lines.

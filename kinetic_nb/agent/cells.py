@@ -16,9 +16,9 @@ import sys
 import time
 from typing import Any, Protocol
 
-from kinetic_nb.errors import ObjectNotFoundError
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.protocol import CancelRequest, HostState, HostStatus, JobPlan
+from kinetic_nb.runner.records import read_host_status
 from kinetic_nb.storage import Storage
 
 
@@ -26,11 +26,14 @@ class Agent(Protocol):
     """What the cell watch uses of its agent (``agent.supervisor.Agent``)."""
 
     storage: Storage
+    key: bytes
     plan: JobPlan
     hosts: dict[int, Any]
     cancelled: bool
 
     def stop_all(self) -> None: ...
+
+    def verified(self, name: str) -> bool: ...
 
     def write_record(self, name: str, data: bytes, *, exclusive: bool = False) -> bool: ...
 
@@ -48,7 +51,7 @@ class CellWatch:
     def look(self, names: list[str]) -> None:
         for name in names:
             parsed = protocol.parse_cell_control(name)
-            if parsed is None or name in self._cell_events:
+            if parsed is None or name in self._cell_events or not self.agent.verified(name):
                 continue
             self._cell_events.add(name)
             seq, what = parsed
@@ -74,8 +77,8 @@ class CellWatch:
         statuses: dict[int, HostStatus | None] = {}
         for index in self.agent.hosts:
             try:
-                statuses[index] = HostStatus.from_json(self.agent.storage.read_bytes(protocol.host_status(index)))
-            except (ObjectNotFoundError, ValueError, TypeError, OSError):
+                statuses[index] = read_host_status(self.agent.storage, self.agent.key, index)
+            except OSError:
                 statuses[index] = None
         return statuses
 

@@ -31,6 +31,7 @@ import tempfile
 import threading
 
 from kinetic_nb.runner import protocol
+from kinetic_nb.runner.envelope import KEY_ENV
 from kinetic_nb.runner.hostenv import host_environment, resolve_host_index
 from kinetic_nb.runner.logs import last_lines
 from kinetic_nb.runner.protocol import JobPlan
@@ -93,17 +94,21 @@ class RayHost:
         index = resolve_host_index(os.environ)
         index = bundle_index if index is None else index
         host, port = coordinator.rsplit(":", 1)
-        env = host_environment(plan, index, job_uri, "", {**os.environ, **secrets})
+        key_hex = secrets.get(KEY_ENV, "")  # to the agent through a pipe: never in an environment
+        env = host_environment(plan, index, job_uri, "", {**os.environ, **{name: value for name, value in
+                                                                           secrets.items() if name != KEY_ENV}})
         env.update({"KINETIC_COORDINATOR_ADDRESS": coordinator, "JAX_COORDINATOR_ADDRESS": coordinator,
                     "MASTER_ADDR": host, "MASTER_PORT": port, NODE_ID_ENV: where["node_id"]})
         descriptor, self.agent_log = tempfile.mkstemp(prefix=f"kinetic-{plan.job_id}-{index}-", suffix=".log")
         actor_pid = os.getpid()
         with os.fdopen(descriptor, "wb") as log:
             self.agent = subprocess.Popen(
-                [sys.executable, "-m", "kinetic_nb.agent", "--job", job_uri, "--parent", str(actor_pid)],
-                env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log, close_fds=True,
+                [sys.executable, "-m", "kinetic_nb.agent", "--job", job_uri, "--parent", str(actor_pid), "--key-stdin"],
+                env=env, stdin=subprocess.PIPE, stdout=log, stderr=log, close_fds=True,
                 start_new_session=True,  # its own group: a signal to the worker's group spares it
             )
+            self.agent.stdin.write(key_hex.encode() + b"\n")
+            self.agent.stdin.close()
         threading.Thread(target=self._end_when_the_agent_ends, args=(job_uri, plan.hosts),
                          name="kinetic-agent-watch", daemon=True).start()
         return {"index": index, "node_id": where["node_id"]}

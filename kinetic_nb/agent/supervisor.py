@@ -41,11 +41,12 @@ from collections.abc import Callable
 
 from kinetic_nb.agent import processes
 from kinetic_nb.agent.cells import CellWatch
-from kinetic_nb.errors import ObjectExistsError, ObjectNotFoundError
+from kinetic_nb.errors import IntegrityError, ObjectExistsError, ObjectNotFoundError
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.execute import run_host  # imported once here, not in every forked host
 from kinetic_nb.runner.logs import LogChunkWriter
-from kinetic_nb.runner.protocol import CancelRequest, ExitSummary, FirstFailure, HostState, HostStatus, JobPlan
+from kinetic_nb.runner.protocol import CancelRequest, ExitSummary, FirstFailure, JobPlan
+from kinetic_nb.runner.records import read_record, recorded_success, write_record
 from kinetic_nb.runner.redact import Redactor
 from kinetic_nb.runner.stacks import STACKS_FILE_ENV, STACKS_SIGNAL
 from kinetic_nb.runner.wakeup import remove_session_sockets, wake_clients, wakeup_path
@@ -119,6 +120,9 @@ class _Host:
 class Agent:
     """Supervises hosts ``indices`` of the job ``plan`` stored in ``storage``.
 
+    ``key`` (the job's key, bound to it) seals every record the agent writes and
+    verifies every control record before the agent acts on it; the hosts it
+    forks inherit it in memory, never through their environment.
     ``environment(index, output_dir)`` gives a host's environment;
     ``on_storage_error(text)`` hears the first storage error (the local
     backend keeps it beside the job, where a client finds it even when the
@@ -126,10 +130,11 @@ class Agent:
     """
 
     def __init__(self, storage: Storage, plan: JobPlan, indices: list[int],
-                 environment: Callable[[int, str], dict[str, str]], *,
+                 environment: Callable[[int, str], dict[str, str]], *, key: bytes,
                  on_storage_error: Callable[[str], None] | None = None, redactor: Redactor | None = None):
         self.pid = os.getpid()
         self.storage = storage
+        self.key = key
         self.plan = plan
         self.indices = indices
         self.environment = environment
@@ -177,7 +182,7 @@ class Agent:
             on_cell_end = (functools.partial(wake_clients, self.plan.job_id)
                            if self.plan.session and index == protocol.LEADER_INDEX and self.storage.local_path()
                            else None)
-            log = LogChunkWriter(self.storage, index, on_error=self._storage_failed, redactor=self.redactor,
+            log = LogChunkWriter(self.storage, index, self.key, on_error=self._storage_failed, redactor=self.redactor,
                                  on_cell_end=on_cell_end)
             host = self.hosts[index] = _Host(index, pid, pipes, log, stacks_path)
             for fd in pipes:
@@ -209,7 +214,7 @@ class Agent:
             os.environ.clear()
             os.environ.update(env)
             sys.argv = ["python -m kinetic_nb.runner", "--job", self.storage.uri]
-            code = run_host(self.storage.uri)
+            code = run_host(self.storage.uri, self.key)
         except BaseException:  # noqa: BLE001
             traceback.print_exc()
         finally:
@@ -334,15 +339,16 @@ class Agent:
         except Exception as error:  # noqa: BLE001 - the hosts are still supervised
             self._storage_failed(protocol.CONTROL_DIR, error)
             return
-        if protocol.CANCEL in names and not self.cancelled:
+        if protocol.CANCEL in names and not self.cancelled and self.verified(protocol.CANCEL):
             self.cancelled = True
             self.stop_all()
-        if protocol.FAILED in names and self.first_failure_at is None:
+        if protocol.FAILED in names and self.first_failure_at is None and self.verified(protocol.FAILED):
             self.first_failure_at = now
         requests = sorted(seq for name in names if (seq := protocol.parse_stacks_request(name)) is not None)
         if requests and requests[-1] > self._answered_stacks:
             self._answered_stacks = requests[-1]
-            self.dump_stacks(requests[-1])
+            if self.verified(protocol.stacks_request(requests[-1])):
+                self.dump_stacks(requests[-1])
         if self.cells is not None:
             self.cells.look(names)
 
@@ -419,12 +425,27 @@ class Agent:
     # -- records ----------------------------------------------------------------------------
 
     def write_record(self, name: str, data: bytes, *, exclusive: bool = False) -> bool:
+        """Store a record, sealed; False when it exists already (``exclusive``) or could not be stored."""
         try:
-            self.storage.write_bytes(name, data, exclusive=exclusive)
+            write_record(self.storage, self.key, name, data, exclusive=exclusive)
             return True
         except ObjectExistsError:
             return False
         except Exception as error:  # noqa: BLE001 - the hosts must still be supervised; the error is recorded
+            self._storage_failed(name, error)
+            return False
+
+    def verified(self, name: str) -> bool:
+        """Whether the control record ``name`` was written by this job (a forged one is logged, never acted on)."""
+        try:
+            read_record(self.storage, self.key, name)
+            return True
+        except ObjectNotFoundError:
+            return False
+        except IntegrityError as error:
+            print(f"kinetic agent: ignored: {error}", file=sys.stderr, flush=True)
+            return False
+        except Exception as error:  # noqa: BLE001 - the hosts must still be supervised
             self._storage_failed(name, error)
             return False
 
@@ -456,10 +477,9 @@ class Agent:
 
     def _recorded_success(self, index: int) -> bool:
         try:
-            status = HostStatus.from_json(self.storage.read_bytes(protocol.host_status(index)))
-        except (ObjectNotFoundError, ValueError, TypeError, OSError):
+            return recorded_success(self.storage, self.key, index)
+        except OSError:
             return False
-        return status.state == HostState.SUCCEEDED.value
 
     @staticmethod
     def _kill_group(host: _Host, signum: int) -> None:

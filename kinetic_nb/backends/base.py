@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.envelope import KEY_ENV
 from kinetic_nb.runner.protocol import CancelRequest, ExitSummary, JobPlan
+from kinetic_nb.runner.records import write_record
 from kinetic_nb.storage import ObjectInfo, Storage
 
 
@@ -128,14 +129,18 @@ class Backend(abc.ABC):
         ``secrets`` reach the hosts' agents out of band, never through storage.
         """
 
-    def cancel(self, storage: Storage, plan: JobPlan, reason: str) -> None:
-        """Ask every host's agent to stop its hosts (``control/cancel.json``)."""
-        storage.write_bytes(protocol.CANCEL, CancelRequest(reason=reason, at=time.time()).to_json())
+    def cancel(self, storage: Storage, plan: JobPlan, reason: str, key: bytes | None) -> None:
+        """Ask every host's agent to stop its hosts (``control/cancel.json``, sealed under the job's ``key``)."""
+        write_record(storage, key, protocol.CANCEL, CancelRequest(reason=reason, at=time.time()).to_json())
 
     @abc.abstractmethod
     def observe(self, storage: Storage, plan: JobPlan, listing: list[ObjectInfo],
-                recorded: Mapping[int, ExitSummary]) -> PlatformView:
-        """What the platform sees of the hosts; ``recorded`` are the exit records already read from storage."""
+                recorded: Mapping[int, ExitSummary], key: bytes | None) -> PlatformView:
+        """What the platform sees of the hosts; ``recorded`` are the exit records already read from storage.
+
+        What a backend stores or reads of the job's records goes through
+        ``runner.records`` under the job's ``key`` (None: a job from before
+        signing, which the user chose to trust)."""
 
     def cleanup(self, plan: JobPlan) -> None:  # noqa: B027 - a hook: a local job leaves nothing to remove
         """Remove what the platform still holds for the job once its outcome is recorded; never raises."""

@@ -62,10 +62,11 @@ from kinetic_nb.backends.k8s_pods import (
 from kinetic_nb.backends.k8s_requirements import pod_requirements
 from kinetic_nb.backends.k8s_root import root_job, root_name, root_owner_reference
 from kinetic_nb.backends.k8s_settings import DEFAULT_COORDINATOR_PORT, DEFAULT_NAMESPACE, KubernetesSettings
-from kinetic_nb.errors import KineticError, KineticWarning, ObjectExistsError, ObjectNotFoundError
+from kinetic_nb.errors import KineticError, KineticWarning
 from kinetic_nb.runner import protocol
-from kinetic_nb.runner.envelope import KEY_ENV
-from kinetic_nb.runner.protocol import ExitSummary, HostState, HostStatus, JobPlan
+from kinetic_nb.runner.envelope import KEY_ENV, key_from_text
+from kinetic_nb.runner.protocol import ExitSummary, HostState, JobPlan
+from kinetic_nb.runner.records import read_exit, recorded_success, store_exit
 from kinetic_nb.storage import ObjectInfo, Storage
 
 logger = logging.getLogger(__name__)
@@ -316,9 +317,9 @@ class KubernetesBackend(Backend):
             raise
         self._launched_at[plan.job_id] = self._clock()
 
-    def cancel(self, storage: Storage, plan: JobPlan, reason: str) -> None:
+    def cancel(self, storage: Storage, plan: JobPlan, reason: str, key: bytes | None) -> None:
         """Record ``cancel.json``, then delete the job's root Job: everything it owns, pods included, goes with it."""
-        super().cancel(storage, plan, reason)
+        super().cancel(storage, plan, reason, key)
         self._cancelled.add(plan.job_id)
         self._delete(plan.job_id, CANCEL_PROPAGATION)
 
@@ -326,7 +327,8 @@ class KubernetesBackend(Backend):
         """Delete whatever is left of the job on the cluster (after its outcome is recorded); never raises."""
         self._delete(plan.job_id, CLEANUP_PROPAGATION, quiet=True)
 
-    def exit_summaries(self, storage: Storage, plan: JobPlan, listing: list[ObjectInfo]) -> dict[int, ExitSummary]:
+    def exit_summaries(self, storage: Storage, plan: JobPlan, listing: list[ObjectInfo],
+                       key: bytes | None) -> dict[int, ExitSummary]:
         """The stored ``exit.json`` records, completed from the pods for hosts that have none.
 
         A host whose pod ended, was stuck Pending past the bound, or is gone
@@ -345,11 +347,9 @@ class KubernetesBackend(Backend):
             if (plan.job_id, index) in self._exits:
                 summaries[index] = self._exits[plan.job_id, index]
             elif name in names:
-                try:
-                    summaries[index] = self._exits[plan.job_id, index] = ExitSummary.from_json(
-                        storage.read_bytes(name))
-                except ObjectNotFoundError:
-                    pass
+                stored = read_exit(storage, key, index)  # one that does not verify is as good as none
+                if stored is not None:
+                    summaries[index] = self._exits[plan.job_id, index] = stored
         if len(summaries) == plan.hosts:
             return summaries
         try:
@@ -364,19 +364,19 @@ class KubernetesBackend(Backend):
             plan.hosts, states, summaries, now=self._clock(),
             launched_at=self._launched_at.get(plan.job_id, plan_info.updated if plan_info else None),
             cancelled=protocol.CANCEL in names or plan.job_id in self._cancelled,
-            recorded_success=lambda index: _recorded_success(storage, index),
+            recorded_success=lambda index: recorded_success(storage, key, index),
             pending_timeout_s=self.settings.pending_timeout_s,
             pending_failures={index: verdict.failure for index, verdict in verdicts.items() if verdict.failure},
             waiting={index: verdict.waiting for index, verdict in verdicts.items()},
         )
         for index, summary in found.items():
-            summaries[index] = self._store_exit(storage, plan.job_id, summary)
+            summaries[index] = self._exits[plan.job_id, index] = store_exit(storage, key, summary)
         return summaries
 
     def observe(self, storage: Storage, plan: JobPlan, listing: list[ObjectInfo],
-                recorded: Mapping[int, ExitSummary]) -> PlatformView:
+                recorded: Mapping[int, ExitSummary], key: bytes | None) -> PlatformView:
         """Pod ends for hosts with no record of their own, and why pods that have not started are waiting."""
-        summaries = self.exit_summaries(storage, plan, listing)
+        summaries = self.exit_summaries(storage, plan, listing, key)
         exits = {index: summary for index, summary in summaries.items() if index not in recorded}
         waiting: dict[int, str] = {}
         if len(summaries) < plan.hosts:
@@ -404,7 +404,7 @@ class KubernetesBackend(Backend):
             logger.info("no Secret for %s: %s", job_id, api_message(error))
             return None
         encoded = (secret.get("data") or {}).get(KEY_ENV)
-        return bytes.fromhex(base64.b64decode(encoded).decode()) if encoded else None
+        return key_from_text(base64.b64decode(encoded).decode(), where=f"the Secret of {job_id}") if encoded else None
 
     def options(self) -> dict[str, object]:
         return {key: value for key, value in dataclasses.asdict(self.settings).items() if value is not None}
@@ -547,26 +547,4 @@ class KubernetesBackend(Backend):
             raise KineticError(message)
         logger.warning("%s", message)
 
-    def _store_exit(self, storage: Storage, job_id: str, summary: PodExitSummary) -> ExitSummary:
-        """Store ``summary`` as the host's exit record, unless one appeared meanwhile (then that one)."""
-        name = protocol.host_exit(summary.host_index)
-        try:
-            storage.write_bytes(name, summary.to_json(), exclusive=True)
-            self._exits[job_id, summary.host_index] = summary
-        except ObjectExistsError:
-            try:
-                stored = self._exits[job_id, summary.host_index] = ExitSummary.from_json(storage.read_bytes(name))
-                return stored
-            except ObjectNotFoundError:
-                return summary
-        except Exception:  # a record that could not be stored is still returned
-            logger.warning("could not store %s", name, exc_info=True)
-        return summary
 
-
-def _recorded_success(storage: Storage, index: int) -> bool:
-    try:
-        status = HostStatus.from_json(storage.read_bytes(protocol.host_status(index)))
-    except (ObjectNotFoundError, ValueError, TypeError):
-        return False
-    return status.state == HostState.SUCCEEDED.value

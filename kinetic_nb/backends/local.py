@@ -22,10 +22,10 @@ from collections.abc import Mapping
 from kinetic_nb.agent.local_state import AgentState
 from kinetic_nb.agent.processes import host_count_problem
 from kinetic_nb.backends.base import Backend, JobSecrets, PlatformView, register
-from kinetic_nb.errors import ObjectNotFoundError
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.logs import last_lines
-from kinetic_nb.runner.protocol import ExitSummary, HostState, HostStatus, JobPlan
+from kinetic_nb.runner.protocol import ExitSummary, JobPlan
+from kinetic_nb.runner.records import recorded_success
 from kinetic_nb.storage import ObjectInfo, Storage
 from kinetic_nb.storage.defaults import user_directory
 
@@ -97,22 +97,24 @@ class LocalBackend(Backend):
         try:
             launcher = self._agents[plan.job_id] = subprocess.Popen(
                 [sys.executable, "-m", "kinetic_nb.agent", "--job", storage.uri, "--all-hosts", "--detach",
-                 "--log", log_path, "--state", state_path],
-                env={**os.environ, **secrets.environment()},  # the key and -e values: never on a command line
-                stdin=subprocess.DEVNULL,
+                 "--key-stdin", "--log", log_path, "--state", state_path],
+                env={**os.environ, **secrets.env},  # -e values: never on a command line
+                stdin=subprocess.PIPE,  # the key: never in an environment, where /proc/PID/environ shows it
                 stdout=log,
                 stderr=log,
                 start_new_session=True,  # not in the kernel's process group: an interrupt must not reach it
                 close_fds=True,
                 cwd=os.getcwd(),
             )
+            launcher.stdin.write(secrets.key.hex().encode() + b"\n")
+            launcher.stdin.close()
         finally:
             log.close()
         # The launcher exits once the agent has written its record: reap it then, whether or not anyone polls.
         threading.Thread(target=launcher.wait, name=f"kinetic-launcher-{plan.job_id}", daemon=True).start()
 
     def observe(self, storage: Storage, plan: JobPlan, listing: list[ObjectInfo],
-                recorded: Mapping[int, ExitSummary]) -> PlatformView:
+                recorded: Mapping[int, ExitSummary], key: bytes | None) -> PlatformView:
         """A dead agent's hosts as ended (with the tail of its log), and its storage error."""
         if len(recorded) >= plan.hosts:
             self._launcher_code(plan.job_id)  # reap the launcher
@@ -128,7 +130,7 @@ class LocalBackend(Backend):
         # Looked up one by one: an exit record may have landed after the poll's listing.
         missing = [index for index in range(plan.hosts)
                    if index not in recorded and not storage.exists(protocol.host_exit(index))]
-        exits = {index: ExitSummary(index, None, recorded_success=_recorded_success(storage, index),
+        exits = {index: ExitSummary(index, None, recorded_success=recorded_success(storage, key, index),
                                     ended_at=time.time(), reason=reason, stderr_tail=tail,
                                     storage_error=state.storage_error if state else "")
                  for index in missing}
@@ -170,10 +172,3 @@ def _log_tail(path: str) -> list[str]:
     except OSError:
         return []
 
-
-def _recorded_success(storage: Storage, index: int) -> bool:
-    try:
-        status = HostStatus.from_json(storage.read_bytes(protocol.host_status(index)))
-    except (ObjectNotFoundError, ValueError, TypeError, OSError):
-        return False
-    return status.state == HostState.SUCCEEDED.value

@@ -37,9 +37,10 @@ from kinetic_nb.accelerators import resolve_accelerator
 from kinetic_nb.agent.ray_host import RayHost
 from kinetic_nb.backends.base import Backend, BackendFlag, JobSecrets, PlatformView, register
 from kinetic_nb.backends.ray_placement import SHARED, SPREAD, host_bundles, pending_reason, too_few_nodes, tpu_version
-from kinetic_nb.errors import KineticError, ObjectExistsError, ObjectNotFoundError
+from kinetic_nb.errors import KineticError
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.protocol import ExitSummary, JobPlan
+from kinetic_nb.runner.records import store_exit
 from kinetic_nb.storage import ObjectInfo, Storage
 
 logger = logging.getLogger(__name__)
@@ -238,9 +239,9 @@ class RayBackend(Backend):
         with self._lock:
             self._jobs[plan.job_id] = _Job(storage, group, bundles, self.strategy, actors, starts, time.time())
 
-    def cancel(self, storage: Storage, plan: JobPlan, reason: str) -> None:
+    def cancel(self, storage: Storage, plan: JobPlan, reason: str, key: bytes | None) -> None:
         """Record ``cancel.json`` (the agents stop their hosts); hosts never started are recorded as stopped."""
-        super().cancel(storage, plan, reason)
+        super().cancel(storage, plan, reason, key)
         job = self._job(plan)
         if job is None:
             return
@@ -248,12 +249,12 @@ class RayBackend(Backend):
         if len(ready) < len(job.starts):  # someone's agent never started: nobody else records it
             for index in range(plan.hosts):
                 if index not in job.started.values():
-                    self._store_exit(job, ExitSummary(index, None, stopped=True, ended_at=time.time(),
-                                                      reason="cancelled before its actor started"))
+                    store_exit(storage, key, ExitSummary(index, None, stopped=True, ended_at=time.time(),
+                                                         reason="cancelled before its actor started"))
             self._remove(plan.job_id)
 
     def observe(self, storage: Storage, plan: JobPlan, listing: list[ObjectInfo],
-                recorded: Mapping[int, ExitSummary]) -> PlatformView:
+                recorded: Mapping[int, ExitSummary], key: bytes | None) -> PlatformView:
         """Pending placement, and the ends of hosts whose actor, node or agent died without a record."""
         if len(recorded) >= plan.hosts:
             return PlatformView()
@@ -264,7 +265,7 @@ class RayBackend(Backend):
         if now - job.looked_at >= LOOK_INTERVAL_S:
             job.looked_at = now
             try:
-                job.view = self._look(job, plan)
+                job.view = self._look(job, plan, key)
             except Exception as error:  # noqa: BLE001 - polling must survive a flaky cluster
                 logger.warning("could not ask Ray about %s: %s", plan.job_id, _first_line(error))
         exits = {index: summary for index, summary in job.view.exits.items() if index not in recorded}
@@ -369,8 +370,8 @@ class RayBackend(Backend):
             index += 1
         return found
 
-    def _look(self, job: _Job, plan: JobPlan) -> PlatformView:
-        ray = self.ray
+    def _look(self, job: _Job, plan: JobPlan, key: bytes | None) -> PlatformView:
+        ray, storage = self.ray, job.storage
         exits: dict[int, ExitSummary] = dict(job.view.exits)
         waiting: dict[int, str] = {}
         pending = [bundle for bundle in range(len(job.starts)) if bundle not in job.started]
@@ -385,14 +386,14 @@ class RayBackend(Backend):
                     job.nodes[started["index"]] = started["node_id"]
                     job.placed = True
                 except Exception as error:  # noqa: BLE001 - the actor's own failure is the host's end
-                    exits[bundle] = self._store_exit(job, self._death(ray, job, bundle, error))
+                    exits[bundle] = store_exit(storage, key, self._death(ray, job, bundle, error))
                     job.started[bundle] = bundle
         if not job.placed and job.group is not None:
             reason = self._placement_waits(ray, job)
             if reason:
                 if time.time() - job.launched_at > self.pending_timeout_s:
                     for index in range(plan.hosts):
-                        exits[index] = self._store_exit(job, ExitSummary(
+                        exits[index] = store_exit(storage, key, ExitSummary(
                             index, None, ended_at=time.time(),
                             reason=f"not placed within {self.pending_timeout_s:g} s: {reason}"))
                     self._remove(plan.job_id)
@@ -413,10 +414,10 @@ class RayBackend(Backend):
             except ray.exceptions.ActorUnavailableError:
                 continue  # not a death: a blip, or a node not yet declared lost (then ActorDiedError): ask again
             except Exception as error:  # noqa: BLE001 - the actor died: its host with it
-                exits[index] = self._store_exit(job, self._death(ray, job, index, error))
+                exits[index] = store_exit(storage, key, self._death(ray, job, index, error))
                 continue
             if code is not None and not job.storage.exists(protocol.host_exit(index)):
-                exits[index] = self._store_exit(job, ExitSummary(
+                exits[index] = store_exit(storage, key, ExitSummary(
                     index, None, ended_at=time.time(), stderr_tail=tuple(tail),
                     reason=f"the host's agent exited with code {code} without recording it"))
         return PlatformView(exits=exits, waiting=waiting)
@@ -441,19 +442,6 @@ class RayBackend(Backend):
             reason = _first_line(getattr(error, "cause", None) or error)
         return ExitSummary(index, None, ended_at=time.time(), reason=reason)
 
-    def _store_exit(self, job: _Job, summary: ExitSummary) -> ExitSummary:
-        """Store ``summary`` as the host's exit record, unless one landed meanwhile (then that one)."""
-        name = protocol.host_exit(summary.host_index)
-        try:
-            job.storage.write_bytes(name, summary.to_json(), exclusive=True)
-        except ObjectExistsError:
-            try:
-                return ExitSummary.from_json(job.storage.read_bytes(name))
-            except ObjectNotFoundError:
-                return summary
-        except Exception:
-            logger.warning("could not store %s", name, exc_info=True)
-        return summary
 
 
 def actor_name(job_id: str, index: int) -> str:

@@ -32,6 +32,7 @@ from kinetic_nb.runner import protocol
 from kinetic_nb.runner.envelope import load_sealed, write_sealed
 from kinetic_nb.runner.execute import exception_type_name, run_cell
 from kinetic_nb.runner.protocol import ExitSummary, HostState, HostStatus, JobPlan, Phase, ResultPayload
+from kinetic_nb.runner.records import store_exit, write_record
 from kinetic_nb.storage import ObjectInfo, Storage
 
 __all__ = ["FakeBackend", "HostScript", "register_fake"]
@@ -112,16 +113,14 @@ class FakeBackend(Backend):
         for index in range(plan.hosts):
             self._play(storage, plan, index, script.get(index))
 
-    def cancel(self, storage: Storage, plan: JobPlan, reason: str) -> None:
-        super().cancel(storage, plan, reason)
+    def cancel(self, storage: Storage, plan: JobPlan, reason: str, key: bytes | None) -> None:
+        super().cancel(storage, plan, reason, key)
         self.cancelled.append(plan.job_id)
         for index in range(plan.hosts):  # what every agent would do: stop the hosts still running
-            if not storage.exists(protocol.host_exit(index)):
-                storage.write_bytes(protocol.host_exit(index), ExitSummary(
-                    index, None, "SIGTERM", stopped=True, ended_at=time.time()).to_json())
+            store_exit(storage, key, ExitSummary(index, None, "SIGTERM", stopped=True, ended_at=time.time()))
 
     def observe(self, storage: Storage, plan: JobPlan, listing: list[ObjectInfo],
-                recorded: Mapping[int, ExitSummary]) -> PlatformView:
+                recorded: Mapping[int, ExitSummary], key: bytes | None) -> PlatformView:
         exits = {index: summary for index, summary in self.platform_exits.items() if index not in recorded}
         return PlatformView(exits=exits, waiting=dict(self.waiting), problem=self.problem)
 
@@ -153,11 +152,11 @@ class FakeBackend(Backend):
         status = HostStatus(index, state.value, script.phase if script.action == "fail" else Phase.EXECUTE.value,
                             now, now, os.getpid(), "fake-host", message=message, traceback=traceback_text,
                             history=[[Phase.STARTUP.value, now], [Phase.EXECUTE.value, now]])
-        storage.write_bytes(protocol.host_status(index), status.to_json())
+        write_record(storage, self._key, protocol.host_status(index), status.to_json())
         storage.write_bytes(protocol.host_heartbeat(index), b"")
         if script.output:
-            storage.write_bytes(protocol.host_log_chunk(index, 0),
-                                protocol.encode_log_chunk([(protocol.STDOUT, script.output)]))
+            write_record(storage, self._key, protocol.host_log_chunk(index, 0),
+                         protocol.encode_log_chunk([(protocol.STDOUT, script.output)]))
         if script.action == "run":
             return
         if script.action == "succeed" and index == protocol.LEADER_INDEX:
@@ -172,7 +171,7 @@ class FakeBackend(Backend):
         exit_code = {"succeed": 0, "fail": 1, "die": None}[script.action]
         summary = ExitSummary(index, exit_code, script.signal if script.action == "die" else None,
                               recorded_success=script.action == "succeed", ended_at=now)
-        storage.write_bytes(protocol.host_exit(index), summary.to_json())
+        write_record(storage, self._key, protocol.host_exit(index), summary.to_json())
 
 
 def register_fake() -> type[FakeBackend]:

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import time
 
-from kinetic_nb.errors import HostStoppedError, KineticTimeoutError, ObjectNotFoundError
+from kinetic_nb.errors import HostStoppedError, IntegrityError, KineticTimeoutError, ObjectNotFoundError
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.protocol import ExitSummary, HostState, HostStatus, JobPlan, LeaderReady, Phase
+from kinetic_nb.runner.records import read_record, write_record
 from kinetic_nb.storage import Storage
 
 #: First and longest pause between two looks at storage while waiting.
@@ -33,10 +34,11 @@ def _polls(deadline: float):
 
 
 class _HostWatcher:
-    """Reads the hosts' records from one listing, skipping objects it has already read."""
+    """Reads the hosts' records from one listing, skipping objects it has already read (and any that does not verify)."""
 
-    def __init__(self, storage: Storage):
+    def __init__(self, storage: Storage, key: bytes):
         self._storage = storage
+        self._key = key
         self._seen: dict[str, str] = {}
         self.statuses: dict[int, HostStatus] = {}
         self.failed: dict[int, str] = {}  # host -> phase it failed in
@@ -52,12 +54,14 @@ class _HostWatcher:
         changed.sort(key=lambda item: item[0][1] != "status")
         for (host, kind, _), info in changed:
             try:
-                data = self._storage.read_bytes(info.name)
-            except ObjectNotFoundError:
+                data = read_record(self._storage, self._key, info.name)
+            except (ObjectNotFoundError, IntegrityError):
                 continue
             self._seen[info.name] = info.version
             if kind == "status":
                 status = HostStatus.from_json(data)
+                if host in self.statuses and status.revision < self.statuses[host].revision:
+                    continue  # an older status replayed: never go back
                 self.statuses[host] = status
                 if status.state == HostState.FAILED.value:
                     self.failed.setdefault(host, status.phase)
@@ -78,51 +82,57 @@ class _HostWatcher:
         return host, self.failed[host]
 
 
-def wait_as_leader(storage: Storage, plan: JobPlan) -> None:
+def wait_as_leader(storage: Storage, plan: JobPlan, key: bytes) -> None:
     """Wait until every host is ready, then tell the workers to go.
 
     Raises ``HostStoppedError`` (after telling the workers to abort) when a
     host fails first, and ``KineticTimeoutError`` when hosts never get ready.
     """
-    watcher = _HostWatcher(storage)
+    watcher = _HostWatcher(storage, key)
     for _ in _polls(time.monotonic() + plan.barrier_timeout_s):
         watcher.refresh()
         failure = watcher.first_failure()
         if failure is not None:
             host, phase = failure
-            storage.write_bytes(protocol.LEADER_READY, LeaderReady(False, host, phase).to_json())
+            write_verdict(storage, key, LeaderReady(False, host, phase))
             raise HostStoppedError(protocol.stopped_message(host, phase))
         if len(watcher.ready()) == plan.hosts:
-            storage.write_bytes(protocol.LEADER_READY, LeaderReady(True).to_json())
+            write_verdict(storage, key, LeaderReady(True))
             return
     missing = sorted(set(range(plan.hosts)) - watcher.ready())
-    storage.write_bytes(protocol.LEADER_READY, LeaderReady(False, missing[0], Phase.STARTUP.value).to_json())
+    write_verdict(storage, key, LeaderReady(False, missing[0], Phase.STARTUP.value))
     raise KineticTimeoutError(
         f"start barrier: hosts {', '.join(map(str, missing))} were not ready after {plan.barrier_timeout_s:g} s"
     )
 
 
-def leader_said_go(storage: Storage) -> bool:
-    """Whether the leader's verdict in ``storage`` is go (False while there is none); ``HostStoppedError`` if abort."""
+def write_verdict(storage: Storage, key: bytes, verdict: LeaderReady) -> None:
+    """The leader's verdict at a barrier (the job's start, or a session's cell), sealed."""
+    write_record(storage, key, protocol.LEADER_READY, verdict.to_json())
+
+
+def leader_said_go(storage: Storage, key: bytes) -> bool:
+    """Whether the leader's verdict in ``storage`` is go (False while there is none, or none that verifies);
+    ``HostStoppedError`` if abort."""
     try:
-        verdict = LeaderReady.from_json(storage.read_bytes(protocol.LEADER_READY))
-    except ObjectNotFoundError:
+        verdict = LeaderReady.from_json(read_record(storage, key, protocol.LEADER_READY))
+    except (ObjectNotFoundError, IntegrityError):
         return False
     if not verdict.go:
         raise HostStoppedError(protocol.stopped_message(verdict.failed_host, verdict.failed_phase))
     return True
 
 
-def wait_as_worker(storage: Storage, plan: JobPlan) -> None:
+def wait_as_worker(storage: Storage, plan: JobPlan, key: bytes) -> None:
     """Wait for the leader's verdict; raise ``HostStoppedError`` if it says abort.
 
     A worker also watches the leader itself, so a leader that dies before it
     writes a verdict does not leave the worker waiting.
     """
-    watcher = _HostWatcher(storage)
+    watcher = _HostWatcher(storage, key)
     # The leader gives up after barrier_timeout_s; leave it time to say so.
     for _ in _polls(time.monotonic() + plan.barrier_timeout_s + 30):
-        if leader_said_go(storage):
+        if leader_said_go(storage, key):
             return
         watcher.refresh(f"{protocol.HOSTS_DIR}/{protocol.LEADER_INDEX}/")
         if protocol.LEADER_INDEX in watcher.failed:

@@ -5,14 +5,19 @@ hosts' result payloads) and every record that steers a host or the client
 (``plan.json``, ``handle.json``) is stored as its exact bytes followed by one
 fixed-size trailer line::
 
-    <body>\\n#kinetic-hmac-sha256:<64 hex digits>\\n
+    <body>\\n#kinetic-mac-v2:<64 hex digits>\\n
 
 The MAC (HMAC-SHA256 over fixed blocks, bound in order by a final HMAC; see
 ``_BlockMac``) covers a domain tag, the object's name, its length and every
-byte, so a record that is genuine for one object cannot be moved onto another. The key is 32 random
-bytes per job that never enter storage: the client keeps it in a 0600 file,
-the hosts get it in their environment (:data:`KEY_ENV`), which the runner
-empties before user code runs.
+byte, under a key bound to the job's kind and id (:func:`job_key`), so a record
+that is genuine for one object, one job or one session cannot be moved onto
+another. The secret is 32 random bytes per job that never enter storage: the
+client keeps it in a 0600 file, and hands the bound key to the hosts' agent out
+of band (a pipe locally, a Secret on GKE). In memory a key is a
+:class:`JobKey`, whose repr is masked, so no traceback prints it.
+
+Objects signed by an older kinetic_nb (``#kinetic-hmac-sha256:`` trailers,
+whose MAC did not bind the job) are refused in one line: nothing of them is read.
 
 A reader verifies before it unpickles or acts: streaming, in one pass over the
 object (a copy to a temporary file only when the object cannot be re-read),
@@ -44,9 +49,15 @@ KEY_ENV = "KINETIC_JOB_KEY"
 #: 256 bits: HMAC-SHA256's own strength.
 KEY_BYTES = 32
 #: Bound into every MAC: a MAC made for anything else never verifies here.
-_DOMAIN = b"kinetic-nb/envelope/v1\0"
-TRAILER_PREFIX = b"\n#kinetic-hmac-sha256:"
+_DOMAIN = b"kinetic-nb/envelope/v2\0"
+TRAILER_PREFIX = b"\n#kinetic-mac-v2:"
 TRAILER_BYTES = len(TRAILER_PREFIX) + 64 + 1
+#: The trailer of kinetic_nb's first signed format, whose key was not bound to the job: recognised, to be refused.
+OLD_TRAILER_PREFIX = b"\n#kinetic-hmac-sha256:"
+OLD_TRAILER_BYTES = len(OLD_TRAILER_PREFIX) + 64 + 1
+#: The two kinds of job a key is bound to: a one-shot job (``kn-...``) and a session (``ks-...``).
+JOB = "job"
+SESSION = "session"
 #: Read in pieces this large: big enough for few system calls, small enough to hold.
 _CHUNK_BYTES = 8 * 1024 * 1024
 #: The MAC's block: each is hashed on its own, in parallel; the object's tag binds them in order.
@@ -59,26 +70,61 @@ _IN_FLIGHT = 4
 SPOOL_IN_MEMORY_BYTES = 1024 * 1024
 
 
+class JobKey(bytes):
+    """A key in memory: the bytes themselves, with a masked repr.
+
+    Locals and arguments are printed by verbose tracebacks (``%xmode
+    Verbose``), debuggers and logs; a ``JobKey`` shows as ``JobKey(***)`` there.
+    Only :meth:`hex` (for the hosts' out-of-band channel) spells it out.
+    """
+
+    def __repr__(self) -> str:
+        return "JobKey(***)"
+
+    __str__ = __repr__
+
+    def __reduce__(self) -> Any:
+        raise TypeError("a job's key is never pickled: it travels only out of band")
+
+
 def new_key() -> bytes:
-    """A fresh random key for one job (or session)."""
+    """A fresh random secret for one job (or session); :func:`job_key` binds it to the job."""
     return secrets.token_bytes(KEY_BYTES)
 
 
-def derived_key(key: bytes, purpose: str) -> bytes:
+def job_key(secret: bytes, kind: str, job_id: str) -> JobKey:
+    """The key every MAC of job ``job_id`` is made with: ``secret`` bound to the job's kind and id.
+
+    ``kind`` is :data:`JOB` or :data:`SESSION`, as the caller knows it (never
+    read from storage): a job's records copied under ``sessions/`` (or another
+    job's directory) are then verified under another key, and fail.
+    """
+    if kind not in (JOB, SESSION):
+        raise ValueError(f"a key is bound to a {JOB} or a {SESSION}, not {kind!r}")
+    return JobKey(hmac.new(secret, b"kinetic-nb/job\0" + kind.encode() + b"\0" + job_id.encode(),
+                           hashlib.sha256).digest())
+
+
+def derived_key(key: bytes, purpose: str) -> JobKey:
     """A key for one part of a job (a session's cell: ``"cells/000003"``), so its records cannot be
     replayed onto another part under the same names."""
-    return hmac.new(key, b"kinetic-nb/derive\0" + purpose.encode(), hashlib.sha256).digest()
+    return JobKey(hmac.new(key, b"kinetic-nb/derive\0" + purpose.encode(), hashlib.sha256).digest())
 
 
-def key_from_environment(environ: dict[str, str] | os._Environ = os.environ, *, remove: bool = True) -> bytes | None:
+def key_from_text(text: str, *, where: str) -> JobKey:
+    """A (bound) key from the hex its agent was given; ``IntegrityError`` naming ``where`` if it is not one."""
+    key = parse_key(text)
+    if key is None:
+        raise IntegrityError(f"{where} holds no kinetic_nb key ({KEY_BYTES * 2} hex digits)")
+    return JobKey(key)
+
+
+def key_from_environment(environ: dict[str, str] | os._Environ = os.environ, *, remove: bool = True) -> JobKey | None:
     """The job's key from :data:`KEY_ENV` (removed from ``environ`` by default), or None when there is none."""
     raw = environ.pop(KEY_ENV, None) if remove else environ.get(KEY_ENV)
     if not raw:
         return None
-    key = parse_key(raw)
-    if key is None:
-        raise IntegrityError(f"{KEY_ENV} is not a kinetic_nb key ({KEY_BYTES * 2} hex digits)")
-    return key
+    return key_from_text(raw, where=KEY_ENV)
 
 
 def parse_key(text: str) -> bytes | None:
@@ -222,10 +268,18 @@ def is_sealed(data: bytes) -> bool:
     return len(data) >= TRAILER_BYTES and data[-TRAILER_BYTES:].startswith(TRAILER_PREFIX)
 
 
+def _unsigned_error(tail: bytes, where: str) -> IntegrityError:
+    """Why an object whose last bytes are ``tail`` carries no signature of this format, in one line."""
+    if len(tail) >= OLD_TRAILER_BYTES and tail[-OLD_TRAILER_BYTES:].startswith(OLD_TRAILER_PREFIX):
+        return IntegrityError(f"{where} is signed in kinetic_nb's old format, which did not bind the signature "
+                              "to its job: it is refused, not read")
+    return IntegrityError(f"{where} carries no signature: it was not written by this job's hosts")
+
+
 def unseal(key: bytes, name: str, data: bytes, *, where: str) -> bytes:
     """The body of ``data`` once its trailer verifies; ``IntegrityError`` naming ``where`` otherwise."""
     if not is_sealed(data):
-        raise IntegrityError(f"{where} carries no signature: it was not written by this job's hosts")
+        raise _unsigned_error(data[-OLD_TRAILER_BYTES:], where)
     body, trailer = data[:-TRAILER_BYTES], data[-TRAILER_BYTES:]
     if not hmac.compare_digest(trailer, _trailer_of(key, name, body)):
         raise IntegrityError(f"{where} failed verification: it was not written by this job's hosts")
@@ -342,10 +396,20 @@ def verify_file(key: bytes, name: str, file: IO[bytes], *, where: str, copy_to: 
         held = _verify_stream(mac, file, copy_to)
     expected = mac.trailer()
     if not held.startswith(TRAILER_PREFIX) or len(held) != TRAILER_BYTES:
-        raise IntegrityError(f"{where} carries no signature: it was not written by this job's hosts")
+        raise _unsigned_error(_last_bytes(file, OLD_TRAILER_BYTES, held), where)
     if not hmac.compare_digest(held, expected):
         raise IntegrityError(f"{where} failed verification: it was not written by this job's hosts")
     return mac.length
+
+
+def _last_bytes(file: IO[bytes], count: int, held: bytes) -> bytes:
+    """The last ``count`` bytes of ``file`` where it can seek back to them, else the ``held`` tail."""
+    try:
+        end = file.seek(0, io.SEEK_END)
+        file.seek(max(0, end - count))
+        return file.read(count)
+    except (AttributeError, OSError, ValueError):
+        return held
 
 
 def _descriptor(file: IO[bytes]) -> int | None:
@@ -456,12 +520,11 @@ def load_sealed(storage: Storage, name: str, key: bytes) -> Any:
 
 
 def load_payload(storage: Storage, name: str, key: bytes | None) -> Any:
-    """:func:`load_sealed` under ``key``; with ``key=None`` (a job from before signing, which the caller
-    chose to trust) the object is unpickled as it is."""
+    """:func:`load_sealed` under ``key``; with ``key=None`` (a job from before signing, which its own user
+    chose to trust) the object is unpickled as it is, unless it carries a signature of either format."""
     if key is not None:
         return load_sealed(storage, name, key)
-    with storage.open_read(name) as file:
-        return cloudpickle.load(file)
+    return cloudpickle.loads(read_unsigned(storage, name))
 
 
 def _seekable(file: IO[bytes]) -> bool:
@@ -471,12 +534,22 @@ def _seekable(file: IO[bytes]) -> bool:
         return False
 
 
+def read_unsigned_bytes(data: bytes, *, where: str) -> bytes:
+    """``data`` of an object from before signing existed (its user opted in to trusting it); one that carries a
+    signature is refused: a signed object is read only under its key, and the old format not at all."""
+    if is_sealed(data):
+        raise IntegrityError(f"{where} is signed: it is read only under its job's key")
+    tail = data[-OLD_TRAILER_BYTES:]
+    if tail.startswith(OLD_TRAILER_PREFIX) and len(tail) == OLD_TRAILER_BYTES:
+        raise _unsigned_error(tail, where)
+    return data
+
+
 def read_unsigned(storage: Storage, name: str) -> bytes:
-    """The body of an object from before signing existed (the caller opted in to trusting it)."""
-    data = storage.read_bytes(name)
-    return data[:-TRAILER_BYTES] if is_sealed(data) else data
+    """The bytes of an object from before signing existed (its user opted in to trusting it)."""
+    return read_unsigned_bytes(storage.read_bytes(name), where=f"{storage.uri}/{name}")
 
 
-__all__ = ["KEY_BYTES", "KEY_ENV", "SealingWriter", "dump_sealed",
-           "is_sealed", "key_from_environment", "load_sealed", "new_key", "read_sealed", "read_unsigned", "seal",
-           "unseal", "verify_file", "write_sealed"]
+__all__ = ["JOB", "KEY_BYTES", "KEY_ENV", "SESSION", "JobKey", "SealingWriter", "derived_key", "dump_sealed",
+           "is_sealed", "job_key", "key_from_environment", "key_from_text", "load_sealed", "new_key", "read_sealed",
+           "read_unsigned", "seal", "unseal", "verify_file", "write_sealed"]

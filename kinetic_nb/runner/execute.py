@@ -38,17 +38,21 @@ __all__ = ["HostRun", "cell_traceback", "exception_type_name", "run_cell", "run_
 _MAX_REPR = 2000
 
 
-def run_host(job_uri: str) -> int:
+def run_host(job_uri: str, key: bytes | None = None) -> int:
     """Run this host's part of the job at ``job_uri``; return the process exit code.
 
     The host's agent collects this process's output and records how it ended.
+    ``key`` is the job's key, handed over in memory by the agent that forked
+    this host; without it, the key is taken out of the environment
+    (``python -m kinetic_nb.runner``) before any user code runs.
     """
     for stream in (sys.stdout, sys.stderr):
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(line_buffering=True)
     enable_stack_dumps()
-    key_hex = os.environ.get(KEY_ENV)
-    key = key_from_environment(os.environ)  # out of the environment before any user code runs
+    from_environment = key_from_environment(os.environ)  # out of the environment before any user code runs
+    key = key if key is not None else from_environment
+    key_hex = key.hex() if key is not None else None
     storage = open_storage(job_uri)
     host_index = resolve_host_index(os.environ)
     return HostRun(storage, host_index, key, key_hex=key_hex).run()
@@ -122,7 +126,7 @@ class HostRun:
         self.index_was_given = host_index is not None
         self.host_index = host_index if host_index is not None else protocol.LEADER_INDEX
         self.is_leader = self.host_index == protocol.LEADER_INDEX
-        self.status = StatusReporter(storage, self.host_index)
+        self.status = StatusReporter(storage, self.host_index, key)
         self.filename = "<kinetic cell>"
         self.plan: JobPlan | None = None
         self.phase = Phase.STARTUP
@@ -150,9 +154,9 @@ class HostRun:
             cell = self._load_payload(plan)
             self._enter(Phase.START_BARRIER, HostState.READY)
             if self.is_leader:
-                barrier.wait_as_leader(self.storage, plan)
+                barrier.wait_as_leader(self.storage, plan, self.key)
             else:
-                barrier.wait_as_worker(self.storage, plan)
+                barrier.wait_as_worker(self.storage, plan, self.key)
             self._enter(Phase.DISTRIBUTED_INIT, HostState.RUNNING)
             frameworks.initialize(plan, self.host_index)
             self._enter(Phase.EXECUTE)
@@ -178,9 +182,9 @@ class HostRun:
 
         self._enter(Phase.START_BARRIER, HostState.READY)
         if self.is_leader:
-            barrier.wait_as_leader(self.storage, plan)
+            barrier.wait_as_leader(self.storage, plan, self.key)
         else:
-            barrier.wait_as_worker(self.storage, plan)
+            barrier.wait_as_worker(self.storage, plan, self.key)
         return SessionLoop(self).serve()
 
     def _check_plan(self) -> JobPlan:

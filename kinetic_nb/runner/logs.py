@@ -23,7 +23,9 @@ import re
 import time
 from collections.abc import Callable
 
+from kinetic_nb.errors import IntegrityError, ObjectNotFoundError
 from kinetic_nb.runner import protocol
+from kinetic_nb.runner.records import read_log_chunk, unverified_line, write_record
 from kinetic_nb.runner.redact import Redactor
 from kinetic_nb.storage import Storage
 
@@ -164,10 +166,11 @@ class LogChunkWriter:
     (the host goes on; its agent records the storage error).
     """
 
-    def __init__(self, storage: Storage, host_index: int, *,
+    def __init__(self, storage: Storage, host_index: int, key: bytes | None, *,
                  on_error: Callable[[str, BaseException], None] | None = None, redactor: Redactor | None = None,
                  on_cell_end: Callable[[], None] | None = None):
         self._storage = storage
+        self._key = key
         self._host_index = host_index
         self._on_error = on_error
         #: Called once a session cell's last chunk is stored (the notebook waiting on the cell looks now).
@@ -249,7 +252,7 @@ class LogChunkWriter:
             return
         name = protocol.host_log_chunk(self._host_index, self._seq)
         try:
-            self._storage.write_bytes(name, protocol.encode_log_chunk(segments, self.cell, end=cell_end))
+            write_record(self._storage, self._key, name, protocol.encode_log_chunk(segments, self.cell, end=cell_end))
             self._seq += 1
             if cell_end and self._on_cell_end is not None:
                 self._on_cell_end()
@@ -259,11 +262,17 @@ class LogChunkWriter:
                 self._on_error(name, error)
 
 
-def read_log_segments(storage: Storage, host_index: int) -> list[tuple[str, str]]:
-    """A host's whole log as ``(stream, text)`` segments, its chunks in order."""
+def read_log_segments(storage: Storage, host_index: int, key: bytes) -> list[tuple[str, str]]:
+    """A host's whole log as ``(stream, text)`` segments, its chunks in order; a chunk that does not
+    verify under ``key`` is replaced by one stderr line that says so, and nothing of it is shown."""
     segments: list[tuple[str, str]] = []
     for info in storage.list(protocol.host_log_prefix(host_index)):
-        segments += protocol.decode_log_chunk(storage.read_bytes(info.name))
+        try:
+            segments += read_log_chunk(storage, key, info.name).segments
+        except IntegrityError:
+            segments.append((protocol.STDERR, unverified_line(host_index, info.name) + "\n"))
+        except ObjectNotFoundError:
+            continue
     return segments
 
 
@@ -277,9 +286,9 @@ def render_log(segments: list[tuple[str, str]]) -> str:
     return text + "\n".join(screen.partial())
 
 
-def read_log(storage: Storage, host_index: int) -> str:
+def read_log(storage: Storage, host_index: int, key: bytes) -> str:
     """A host's whole log as a terminal shows it, stdout and stderr interleaved by line."""
-    return render_log(read_log_segments(storage, host_index))
+    return render_log(read_log_segments(storage, host_index, key))
 
 
 def last_lines(text: str, count: int = 10) -> list[str]:

@@ -8,7 +8,7 @@ A job lives under ``{storage root}/{job_id}/``::
 
     plan.json                    client, once, before any host starts
     payload.pkl                  client, once
-    (plan.json, payload.pkl, handle.json and every result payload carry an HMAC under the job's key: runner.envelope)
+    (every object but the empty heartbeat and ready markers carries an HMAC under the job's key: runner.envelope)
     hosts/{i}/status.json        host i, whenever its state or phase changes
     hosts/{i}/heartbeat          host i, rewritten (empty) every few seconds while it lives
     hosts/{i}/log/{seq:06d}.json host i's stdout and stderr, append-only chunks of [stream, text] segments
@@ -36,7 +36,7 @@ from typing import Any, ClassVar
 
 #: Bumped whenever an object name, a payload key or a record's shape changes
 #: incompatibly; a host refuses a plan with another version.
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 
 PLAN = "plan.json"
 PAYLOAD = "payload.pkl"
@@ -340,6 +340,9 @@ class HostStatus:
     cell_failed: bool = False
     #: A session's host: the names its namespace holds after its last cell (what the notebook need not ship).
     names: list = dataclasses.field(default_factory=list)
+    #: Counts the host's writes of this record: a reader never goes back to a lower one, so an older
+    #: signed status replayed over the newest is ignored.
+    revision: int = 0
 
     def to_json(self) -> bytes:
         return _to_json(self)

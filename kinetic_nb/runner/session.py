@@ -33,9 +33,10 @@ from typing import Any, Protocol
 
 from kinetic_nb.errors import HostStoppedError, KineticTimeoutError
 from kinetic_nb.runner import envelope, frameworks, protocol
-from kinetic_nb.runner.barrier import leader_said_go
+from kinetic_nb.runner.barrier import leader_said_go, write_verdict
 from kinetic_nb.runner.cell import execute_cell, load_notebook_values
 from kinetic_nb.runner.protocol import FirstFailure, HostState, LeaderReady, Phase
+from kinetic_nb.runner.records import write_record
 from kinetic_nb.runner.wakeup import open_wakeup, wake, wake_clients, wakeup_path
 from kinetic_nb.storage import Storage
 
@@ -220,11 +221,10 @@ class SessionLoop:
                 names = {info.name for info in cell_storage.list()}
                 failed = sorted(i for i in range(1, self.plan.hosts) if protocol.worker_result(i) in names)
                 if failed:
-                    cell_storage.write_bytes(protocol.LEADER_READY, LeaderReady(False, failed[0], "payload load")
-                                             .to_json())
+                    write_verdict(cell_storage, run.outcome_key, LeaderReady(False, failed[0], "payload load"))
                     raise HostStoppedError(protocol.stopped_message(failed[0], Phase.PAYLOAD_LOAD.value))
                 if all(protocol.cell_ready(i) in names for i in range(self.plan.hosts)):
-                    cell_storage.write_bytes(protocol.LEADER_READY, LeaderReady(True).to_json())
+                    write_verdict(cell_storage, run.outcome_key, LeaderReady(True))
                     if self.wakeup is not None:
                         for index in range(1, self.plan.hosts):
                             wake(wakeup_path(self.plan.job_id, index))
@@ -233,7 +233,7 @@ class SessionLoop:
                 # The leader's outcome existing while its verdict did not, a moment ago: either it failed to
                 # load the cell, or it said go and ran a quick cell meanwhile. Its verdict, read after, tells.
                 leader_done = cell_storage.exists(protocol.RESULT)
-                if leader_said_go(cell_storage):
+                if leader_said_go(cell_storage, run.outcome_key):
                     return
                 if leader_done:  # an outcome and no verdict: the leader failed before the barrier
                     raise HostStoppedError(protocol.stopped_message(protocol.LEADER_INDEX, Phase.PAYLOAD_LOAD.value))
@@ -246,7 +246,8 @@ class SessionLoop:
         record = FirstFailure(host_index=self.run.host_index, at=time.time(),
                               description=f"{type(error).__name__} in cell {seq}")
         with contextlib.suppress(Exception):  # the agent also sees the host's status
-            self.storage.write_bytes(protocol.cell_control(seq, "failed"), record.to_json(), exclusive=True)
+            write_record(self.storage, self.run.key, protocol.cell_control(seq, "failed"), record.to_json(),
+                         exclusive=True)
 
 
 @contextlib.contextmanager

@@ -12,6 +12,7 @@ from typing import Any
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.environment import installed_environment
 from kinetic_nb.runner.protocol import HostState, HostStatus, Phase
+from kinetic_nb.runner.records import write_record
 from kinetic_nb.storage import Storage
 
 logger = logging.getLogger(__name__)
@@ -22,10 +23,11 @@ HEARTBEAT_INTERVAL_S = 2.0
 
 
 class StatusReporter:
-    """Keeps ``hosts/{i}/status.json`` current, and beats ``hosts/{i}/heartbeat`` from a thread."""
+    """Keeps ``hosts/{i}/status.json`` current (sealed under ``key``), and beats ``hosts/{i}/heartbeat`` from a thread."""
 
-    def __init__(self, storage: Storage, host_index: int):
+    def __init__(self, storage: Storage, host_index: int, key: bytes | None):
         self._storage = storage
+        self._key = key
         self._status_name = protocol.host_status(host_index)
         self._heartbeat_name = protocol.host_heartbeat(host_index)
         self._lock = threading.Lock()
@@ -124,11 +126,15 @@ class StatusReporter:
                 if only_if_due and self._due_at is None:
                     return  # written meanwhile
                 self._due_at = None
+                self._status = dataclasses.replace(self._status, revision=self._status.revision + 1)
                 data = self._status.to_json()
             self._write(self._status_name, data)
 
     def _write(self, name: str, data: bytes) -> None:
         try:
-            self._storage.write_bytes(name, data)
+            if data:
+                write_record(self._storage, self._key, name, data)
+            else:  # the heartbeat: empty, read by its time alone
+                self._storage.write_bytes(name, data)
         except Exception:  # a record must never take the host down
             logger.warning("could not write %s", name, exc_info=True)

@@ -17,7 +17,7 @@ KEY = bytes(range(32))
 
 def test_seal_and_unseal_round_trip():
     sealed = envelope.seal(KEY, "plan.json", b'{"hosts": 4}')
-    assert sealed.startswith(b'{"hosts": 4}\n#kinetic-hmac-sha256:')  # still readable as text
+    assert sealed.startswith(b'{"hosts": 4}\n#kinetic-mac-v2:')  # still readable as text
     assert envelope.unseal(KEY, "plan.json", sealed, where="x") == b'{"hosts": 4}'
 
 
@@ -45,7 +45,7 @@ def test_the_key_travels_as_hex_and_leaves_the_environment():
     assert envelope.key_from_environment(environ) == KEY
     assert envelope.KEY_ENV not in environ
     for bad in ("zz", KEY.hex()[:-2]):  # not hex; hex but a byte short
-        with pytest.raises(IntegrityError, match="is not a kinetic_nb key"):
+        with pytest.raises(IntegrityError, match="holds no kinetic_nb key"):
             envelope.key_from_environment({envelope.KEY_ENV: bad})
 
 

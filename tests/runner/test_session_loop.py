@@ -8,7 +8,10 @@ import pytest
 
 from kinetic_nb.errors import KineticTimeoutError
 from kinetic_nb.runner import session
+from kinetic_nb.runner.envelope import new_key
 from kinetic_nb.storage import LocalStorage
+
+KEY = new_key()
 
 
 def test_a_cell_barrier_waits_for_a_cell_not_for_the_start_window(tmp_path, monkeypatch):
@@ -17,7 +20,7 @@ def test_a_cell_barrier_waits_for_a_cell_not_for_the_start_window(tmp_path, monk
     monkeypatch.setattr(session, "CELL_BARRIER_TIMEOUT_S", 0.2)
     storage = LocalStorage(str(tmp_path / "session"))
     plan = types.SimpleNamespace(job_id="kn-test", hosts=2, barrier_timeout_s=3000.0)
-    run = types.SimpleNamespace(storage=storage, plan=plan, host_index=1, is_leader=False)
+    run = types.SimpleNamespace(storage=storage, plan=plan, host_index=1, is_leader=False, key=KEY, outcome_key=KEY)
     loop = session.SessionLoop.__new__(session.SessionLoop)
     loop.run, loop.storage, loop.plan, loop.wakeup, loop._max_look = run, storage, plan, None, 0.02
     with pytest.raises(KineticTimeoutError, match=r"not every host loaded the cell within 0.2 s"):

@@ -7,9 +7,14 @@ import time
 import pytest
 
 from kinetic_nb.runner import protocol
+from kinetic_nb.runner.envelope import new_key, unseal
 from kinetic_nb.runner.protocol import HostState, HostStatus, Phase
+from kinetic_nb.runner.records import read_host_status
 from kinetic_nb.runner.status import StatusReporter
 from kinetic_nb.storage import LocalStorage
+
+#: The job's key every status is sealed under.
+KEY = new_key()
 
 
 class CountingStorage(LocalStorage):
@@ -19,7 +24,7 @@ class CountingStorage(LocalStorage):
 
     def write_bytes(self, name: str, data: bytes, *, exclusive: bool = False) -> None:
         if name == protocol.host_status(0):
-            self.status_writes.append(HostStatus.from_json(data))
+            self.status_writes.append(HostStatus.from_json(unseal(KEY, name, data, where=name)))
         super().write_bytes(name, data, exclusive=exclusive)
 
 
@@ -33,7 +38,7 @@ def wait_for(condition, timeout: float = 10.0) -> None:
 @pytest.fixture
 def reporting(tmp_path):
     storage = CountingStorage(str(tmp_path / "job"))
-    reporter = StatusReporter(storage, 0)
+    reporter = StatusReporter(storage, 0, KEY)
     reporter.start()
     yield storage, reporter
     reporter.stop()
@@ -60,20 +65,20 @@ class SlowRunningWrites(CountingStorage):
     """A storage on which writing a RUNNING status takes a while (a slow request to a bucket)."""
 
     def write_bytes(self, name: str, data: bytes, *, exclusive: bool = False) -> None:
-        if name == protocol.host_status(0) and HostStatus.from_json(data).state == HostState.RUNNING.value:
+        if name == protocol.host_status(0) and HostStatus.from_json(unseal(KEY, name, data, where=name)).state == HostState.RUNNING.value:
             time.sleep(0.3)
         super().write_bytes(name, data, exclusive=exclusive)
 
 
 def test_a_slow_deferred_write_never_lands_over_a_newer_status(tmp_path):
     storage = SlowRunningWrites(str(tmp_path / "job"))
-    reporter = StatusReporter(storage, 0)
+    reporter = StatusReporter(storage, 0, KEY)
     reporter.start()
     try:
         reporter.update(state=HostState.RUNNING, phase=Phase.EXECUTE, record=False, defer_s=0.01)
         time.sleep(0.1)  # the heartbeat thread is now inside its slow write of RUNNING
         reporter.update(state=HostState.IDLE, phase=Phase.TEARDOWN)  # the cell is done meanwhile
         wait_for(lambda: len(storage.status_writes) == 3)
-        assert HostStatus.from_json(storage.read_bytes(protocol.host_status(0))).state == HostState.IDLE.value
+        assert read_host_status(storage, KEY, 0).state == HostState.IDLE.value
     finally:
         reporter.stop()
