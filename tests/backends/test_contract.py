@@ -19,7 +19,8 @@ from kinetic_nb.backends import Backend, PlatformView, get_backend
 from kinetic_nb.backends import kubernetes as k8s
 from kinetic_nb.backends.testing import FakeBackend, HostScript
 from kinetic_nb.runner import protocol
-from kinetic_nb.runner.protocol import CancelRequest, ExitSummary
+from kinetic_nb.runner.protocol import CancelRequest
+from kinetic_nb.runner.records import read_exit, read_record
 from kinetic_nb.state import JobStatus
 
 from .k8s_cluster import FakeKubelet, FakeKubernetes, pods_for, workload
@@ -138,7 +139,7 @@ def test_a_cell_gives_the_leaders_value_and_every_host_an_exit_record(harness):
     assert handle.result(timeout=120) == 42
     assert handle.status() is JobStatus.SUCCEEDED
     for index in range(2):
-        assert ExitSummary.from_json(handle.storage.read_bytes(protocol.host_exit(index))).recorded_success
+        assert read_exit(handle.storage, handle.key, index).recorded_success
 
 
 def test_a_failing_cell_raises_the_hosts_own_exception(harness):
@@ -152,7 +153,7 @@ def test_cancel_stops_every_host_and_says_why(harness):
     handle = harness.submit(LONG, hosts=2)
     handle.cancel("by the contract")
     assert handle.wait(timeout=120) is JobStatus.CANCELLED
-    assert CancelRequest.from_json(handle.storage.read_bytes(protocol.CANCEL)).reason == "by the contract"
+    assert CancelRequest.from_json(read_record(handle.storage, handle.key, protocol.CANCEL)).reason == "by the contract"
     assert [host.state for host in handle.hosts()] == ["stopped", "stopped"]
 
 
@@ -160,7 +161,7 @@ def test_observe_adds_nothing_to_a_job_whose_hosts_recorded_their_ends(harness):
     handle = harness.submit(TRIVIAL, hosts=2, keep=True)
     handle.result(timeout=120)
     recorded = handle.poller.exits
-    view = handle.backend.observe(handle.storage, handle.plan, handle.storage.list(), recorded)
+    view = handle.backend.observe(handle.storage, handle.plan, handle.storage.list(), recorded, handle.key)
     assert isinstance(view, PlatformView) and dict(view.exits) == {} and view.problem == ""
 
 

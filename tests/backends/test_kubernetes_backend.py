@@ -27,6 +27,7 @@ from kinetic_nb.backends.kubernetes import KubernetesBackend, KubernetesSettings
 from kinetic_nb.errors import KineticError, KineticWarning
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.protocol import ExitSummary, HostStatus
+from kinetic_nb.runner.records import read_exit, read_record, write_record
 from kinetic_nb.storage import open_storage
 
 from .k8s_cluster import FakeKubelet, FakeKubernetes, api_exception, pods_for
@@ -241,8 +242,8 @@ def deletions(api) -> list[tuple[str, dict]]:
 @pytest.mark.parametrize("case", ["tpu-v5e-16", "cpu-3-hosts"])
 def test_cancel_records_it_and_deletes_the_root_in_the_foreground_which_takes_everything(api, job_storage, case):
     backend, plan = launched(api, job_storage, case)
-    backend.cancel(job_storage, plan, "interrupted")
-    assert json.loads(job_storage.read_bytes(protocol.CANCEL))["reason"] == "interrupted"
+    backend.cancel(job_storage, plan, "interrupted", SECRETS.key)
+    assert json.loads(read_record(job_storage, SECRETS.key, protocol.CANCEL))["reason"] == "interrupted"
     assert api.objects == {}  # the garbage collector took the rest
     [(call, options)] = deletions(api)
     assert (call, options["name"], options["namespace"]) == ("delete Job", ROOT, "ml-team")
@@ -261,7 +262,7 @@ def test_cleanup_deletes_the_root_in_the_background_and_quietly(api, job_storage
         backend.cleanup(plan)
     assert "etcd is sad" in caplog.text
     with pytest.raises(KineticError, match=f"could not delete all of job .*Job {ROOT}: etcd is sad"):
-        backend.cancel(job_storage, plan, "by the user")
+        backend.cancel(job_storage, plan, "by the user", SECRETS.key)
 
 
 def made_before_roots(api, job_storage, case):
@@ -277,7 +278,7 @@ def made_before_roots(api, job_storage, case):
 @pytest.mark.parametrize("case", ["tpu-v5e-16", "cpu-3-hosts"])
 def test_a_job_without_a_root_is_deleted_by_its_label(api, job_storage, case):
     backend, plan = made_before_roots(api, job_storage, case)
-    backend.cancel(job_storage, plan, "by the user")
+    backend.cancel(job_storage, plan, "by the user", SECRETS.key)
     assert api.objects == {}
     calls = deletions(api)
     assert calls[0][0] == "delete Job" and calls[0][1]["name"] == ROOT  # tried first: not found
@@ -288,7 +289,7 @@ def test_a_job_without_a_root_is_deleted_by_its_label(api, job_storage, case):
 def test_a_cluster_without_the_leader_worker_set_api_can_still_cancel_a_job_without_a_root(api, job_storage):
     backend, plan = made_before_roots(api, job_storage, "tpu-v5e-8")
     api.custom.delete_collection_namespaced_custom_object = _raise(api_exception(404, "Not Found", "no such API"))
-    backend.cancel(job_storage, plan, "by the user")
+    backend.cancel(job_storage, plan, "by the user", SECRETS.key)
     assert api.objects == {}
 
 
@@ -355,15 +356,15 @@ def _raise(error):
 def test_exit_summaries_read_stored_records_and_fill_in_from_pods(api, job_storage):
     backend, plan = launched(api, job_storage, clock=Clock(CREATED + 60))
     leader = ExitSummary(host_index=0, exit_code=0, recorded_success=True, ended_at=CREATED + 50)
-    job_storage.write_bytes(protocol.host_exit(0), leader.to_json())
+    write_record(job_storage, SECRETS.key, protocol.host_exit(0), leader.to_json())
     api.pod_source = lambda: [BY_CASE["running"], BY_CASE["parked-after-exit-1"], BY_CASE["unschedulable"],
                               BY_CASE["crashloop-after-oom"]]
-    summaries = backend.exit_summaries(job_storage, plan, job_storage.list())
+    summaries = backend.exit_summaries(job_storage, plan, job_storage.list(), SECRETS.key)
     assert set(summaries) == {0, 1, 3}  # host 2 is Pending, not yet past the bound
     assert summaries[0] == leader
     assert summaries[1].exit_code == 1 and summaries[1].failed
     assert summaries[3].describe() == "was killed by SIGKILL (OOMKilled)"
-    stored = ExitSummary.from_json(job_storage.read_bytes(protocol.host_exit(3)))  # what the barrier reads
+    stored = read_exit(job_storage, SECRETS.key, 3)  # what the barrier reads
     assert (stored.signal, stored.exit_code, stored.failed) == ("SIGKILL", None, True)
     assert [call for call, _ in api.calls].count("list pods") == 1
     [(_, options)] = [entry for entry in api.calls if entry[0] == "list pods"]
@@ -374,24 +375,24 @@ def test_a_pod_stuck_pending_fails_the_job_with_the_schedulers_reason(api, job_s
     clock = Clock(CREATED + 60)
     backend, plan = launched(api, job_storage, clock=clock)
     api.pod_source = lambda: [BY_CASE["running"], BY_CASE["unschedulable"]]
-    assert backend.exit_summaries(job_storage, plan, job_storage.list()) == {}
+    assert backend.exit_summaries(job_storage, plan, job_storage.list(), SECRETS.key) == {}
     clock.now = CREATED + SETTINGS.pending_timeout_s + 1
     assert set(backend.stuck_hosts(plan)) == {2}
-    summaries = backend.exit_summaries(job_storage, plan, job_storage.list())
+    summaries = backend.exit_summaries(job_storage, plan, job_storage.list(), SECRETS.key)
     assert summaries[2].failed
     assert "never started: its pod was Pending for more than 2700 s: Unschedulable: 0/4 nodes are available" in (
         summaries[2].describe())
     assert summaries[1].stopped and summaries[3].stopped  # no pods, and the job has failed
-    assert ExitSummary.from_json(job_storage.read_bytes(protocol.host_exit(2))).failed
+    assert read_exit(job_storage, SECRETS.key, 2).failed
 
 
 def test_a_success_recorded_by_the_host_comes_with_its_pods_exit(api, job_storage):
     backend, plan = launched(api, job_storage, "tpu-v5e-8", clock=Clock(CREATED + 60))
     status = HostStatus(host_index=0, state="succeeded", phase="teardown", started_at=CREATED, updated_at=CREATED,
                         pid=1, hostname="pod")
-    job_storage.write_bytes(protocol.host_status(0), status.to_json())
+    write_record(job_storage, SECRETS.key, protocol.host_status(0), status.to_json())
     api.pod_source = lambda: [BY_CASE["succeeded"]]
-    [summary] = backend.exit_summaries(job_storage, plan, job_storage.list()).values()
+    [summary] = backend.exit_summaries(job_storage, plan, job_storage.list(), SECRETS.key).values()
     assert summary.recorded_success and summary.exit_code == 0 and not summary.failed
 
 
@@ -401,25 +402,25 @@ def test_polling_costs_one_pod_listing_per_interval_and_one_read_per_record(api,
     job_storage.write_bytes(protocol.PLAN, plan.to_json())
     api.pod_source = lambda: [BY_CASE["running"]]
     for _ in range(5):
-        backend.exit_summaries(job_storage, plan, job_storage.list())
+        backend.exit_summaries(job_storage, plan, job_storage.list(), SECRETS.key)
     assert [call for call, _ in api.calls].count("list pods") == 1
     for index in range(plan.hosts):
-        job_storage.write_bytes(protocol.host_exit(index), ExitSummary(host_index=index, exit_code=0).to_json())
+        write_record(job_storage, SECRETS.key, protocol.host_exit(index), ExitSummary(host_index=index, exit_code=0).to_json())
     reads = []
     read_bytes = job_storage.read_bytes
     monkeypatch.setattr(job_storage, "read_bytes", lambda name: reads.append(name) or read_bytes(name))
     for _ in range(5):
-        assert len(backend.exit_summaries(job_storage, plan, job_storage.list())) == plan.hosts
+        assert len(backend.exit_summaries(job_storage, plan, job_storage.list(), SECRETS.key)) == plan.hosts
     assert sorted(reads) == sorted(protocol.host_exit(index) for index in range(plan.hosts))  # each once
     assert [call for call, _ in api.calls].count("list pods") == 1  # every host has a record: no listing
 
 
 def test_an_api_error_while_polling_is_logged_and_leaves_the_records(api, job_storage, caplog):
     backend, plan = launched(api, job_storage)
-    job_storage.write_bytes(protocol.host_exit(0), ExitSummary(host_index=0, exit_code=1).to_json())
+    write_record(job_storage, SECRETS.key, protocol.host_exit(0), ExitSummary(host_index=0, exit_code=1).to_json())
     api.core.list_namespaced_pod = _raise(api_exception(503, "Service Unavailable", "the API server is restarting"))
     with caplog.at_level(logging.WARNING):
-        summaries = backend.exit_summaries(job_storage, plan, job_storage.list())
+        summaries = backend.exit_summaries(job_storage, plan, job_storage.list(), SECRETS.key)
     assert set(summaries) == {0}
     assert "the API server is restarting" in caplog.text
 
@@ -449,13 +450,13 @@ def test_a_host_waiting_for_a_scale_up_says_so_in_the_panel_and_keeps_waiting(jo
     backend, plan = launched(api, job_storage, clock=clock)
     api.pod_source = lambda: [BY_CASE["running"], BY_CASE["unschedulable"]]
     api.event_source = lambda: scenario("scale-up-triggered")
-    view = backend.observe(job_storage, plan, job_storage.list(), {})
+    view = backend.observe(job_storage, plan, job_storage.list(), {}, SECRETS.key)
     assert view.waiting == {2: "waiting for TPU nodes: scale-up triggered"}
     assert view.exits == {}
     [(_, options)] = [entry for entry in api.calls if entry[0] == "list events"]
     assert (options["namespace"], options["field_selector"]) == ("ml-team", "involvedObject.kind=Pod")
     clock.now = CREATED + SETTINGS.pending_timeout_s + 1
-    summaries = backend.exit_summaries(job_storage, plan, job_storage.list())
+    summaries = backend.exit_summaries(job_storage, plan, job_storage.list(), SECRETS.key)
     assert summaries[2].describe() == ("never started: its pod was Pending for more than 2700 s: "
                                        "waiting for TPU nodes: scale-up triggered")
 
@@ -471,11 +472,11 @@ def test_a_wait_that_can_never_end_fails_the_host_at_once_with_the_reason(api, j
     backend, plan = launched(api, job_storage, clock=Clock(CREATED + 60))  # far within the pending limit
     api.pod_source = lambda: [BY_CASE[pod]]
     api.event_source = lambda: scenario(events)
-    summaries = backend.exit_summaries(job_storage, plan, job_storage.list())
+    summaries = backend.exit_summaries(job_storage, plan, job_storage.list(), SECRETS.key)
     index = BY_CASE[pod]["metadata"]["labels"].get("leaderworkerset.sigs.k8s.io/worker-index") or "0"
     summary = summaries[int(index)]
     assert summary.failed and summary.describe().startswith(f"never started: {reason}")
-    stored = ExitSummary.from_json(job_storage.read_bytes(protocol.host_exit(int(index))))
+    stored = read_exit(job_storage, SECRETS.key, int(index))
     assert stored.failed  # what the other hosts' start barrier reads: they stop instead of waiting
 
 
@@ -486,11 +487,11 @@ def test_events_are_listed_only_while_a_host_is_pending_and_at_most_once_per_int
     plan = job_plan("tpu-v5e-16")
     api.pod_source = lambda: [BY_CASE["running"], BY_CASE["unschedulable"]]
     for _ in range(3):
-        backend.observe(job_storage, plan, job_storage.list(), {})
+        backend.observe(job_storage, plan, job_storage.list(), {}, SECRETS.key)
     assert [call for call, _ in api.calls].count("list events") == 1
     api.pod_source = lambda: [BY_CASE["running"]]
     fresh = KubernetesBackend(SETTINGS, api=api, pod_list_interval_s=0.0, event_list_interval_s=0.0)
-    fresh.observe(job_storage, plan, job_storage.list(), {})
+    fresh.observe(job_storage, plan, job_storage.list(), {}, SECRETS.key)
     assert [call for call, _ in api.calls].count("list events") == 1  # nobody Pending: no listing
 
 
@@ -499,7 +500,7 @@ def test_events_that_cannot_be_listed_leave_the_pods_own_reasons(api, job_storag
     api.pod_source = lambda: [BY_CASE["unschedulable"], BY_CASE["image-pull-backoff"]]
     api.core.list_namespaced_event = _raise(api_exception(403, "Forbidden", 'events is forbidden: User "me"'))
     with caplog.at_level(logging.WARNING):
-        view = backend.observe(job_storage, plan, job_storage.list(), {})
+        view = backend.observe(job_storage, plan, job_storage.list(), {}, SECRETS.key)
     assert "events is forbidden" in caplog.text
     assert view.waiting[2].startswith("Unschedulable: 0/4 nodes are available")
     assert view.exits[0].describe().startswith("never started: ImagePullBackOff")  # the pod's status is enough

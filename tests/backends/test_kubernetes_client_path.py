@@ -39,6 +39,7 @@ from kinetic_nb.backends.k8s_pods import host_states
 from kinetic_nb.errors import JobFailedError, KineticWarning
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.envelope import read_sealed
+from kinetic_nb.runner.records import read_host_status, read_record
 
 from .k8s_cluster import FakeKubelet, FakeKubernetes, is_root, pods_for, wait_for, workload
 
@@ -76,7 +77,7 @@ def settle(handle, kubelet: FakeKubelet, timeout: float = 90.0) -> dict:
     deadline = time.monotonic() + timeout
     while True:
         kubelet.step()
-        summaries = handle.backend.exit_summaries(handle.storage, handle.plan, handle.storage.list())
+        summaries = handle.backend.exit_summaries(handle.storage, handle.plan, handle.storage.list(), handle.key)
         if len(summaries) == handle.plan.hosts:
             return summaries
         if time.monotonic() > deadline:
@@ -154,10 +155,8 @@ def test_an_oom_killed_host_fails_the_cell_with_the_pods_reason(cluster, tmp_pat
     kubelet = start_pods(api, kubelets, tmp_path)
 
     def in_cell(index: int) -> bool:
-        try:
-            return json.loads(handle.storage.read_bytes(protocol.host_status(index)))["phase"] == "execute"
-        except FileNotFoundError:
-            return False
+        status = read_host_status(handle.storage, handle.key, index)
+        return status is not None and status.phase == "execute"
 
     wait_for(lambda: in_cell(1), what="host 1 to run the cell")
     kubelet.kill(1, "OOMKilled")  # the node runs out of memory: no payload, no exit record from the host
@@ -195,10 +194,10 @@ def test_cancel_deletes_the_workload_and_stops_the_hosts(cluster, tmp_path):
              what="both hosts to start")
     # What handle.cancel() calls. handle.cancel() would then wait for the hosts' ends, which here come only
     # as the kubelet is stepped: settle() below steps it while asking the backend, as the poller does.
-    handle.backend.cancel(handle.storage, handle.plan, "by the test")  # deletes the root: the LWS and pods go too
+    handle.backend.cancel(handle.storage, handle.plan, "by the test", handle.key)  # deletes the root: the LWS and pods go too
     assert api.objects == {}
     assert all(process.poll() is not None for process in kubelet.processes.values())
-    assert json.loads(handle.storage.read_bytes(protocol.CANCEL))["reason"] == "by the test"
+    assert json.loads(read_record(handle.storage, handle.key, protocol.CANCEL))["reason"] == "by the test"
     summaries = settle(handle, kubelet)
     assert all(summary.stopped for summary in summaries.values())
     assert str(handle.status()) == "CANCELLED"

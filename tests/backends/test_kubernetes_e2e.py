@@ -54,7 +54,7 @@ def run_to_the_end(handle, timeout: float = JOB_TIMEOUT_S):
     """Wait for the outcome, asking the backend for exit records on the way, then remove the job's objects."""
     deadline = time.monotonic() + timeout
     try:
-        while len(handle.backend.exit_summaries(handle.storage, handle.plan, handle.storage.list())) < handle.plan.hosts:
+        while len(handle.backend.exit_summaries(handle.storage, handle.plan, handle.storage.list(), handle.key)) < handle.plan.hosts:
             if time.monotonic() > deadline:
                 raise AssertionError(f"job {handle.job_id} did not end in {timeout:g} s:\n{handle.summary()}")
             time.sleep(5)

@@ -217,7 +217,7 @@ def test_a_prebuilt_job_installs_then_runs_and_shows_the_install(prebuilt_cluste
     assert job["spec"]["template"]["spec"]["containers"][0]["image"] == environment.stock_image()
     kubelet = start_pods()
     wait_for(lambda: (kubelet.step(), handle.backend.exit_summaries(handle.storage, handle.plan,
-                                                                    handle.storage.list()))[1].keys() == {0, 1},
+                                                                    handle.storage.list(), handle.key))[1].keys() == {0, 1},
              timeout=240, what="both hosts to end")
     assert handle.result(timeout=30).startswith(str(tmp_path / "scratch" / "pod-0" / "environment" / "venv"))
     for host in handle.hosts():

@@ -142,7 +142,7 @@ def test_a_second_launch_conflicts_and_leaves_the_first_ones_objects(server, job
 
 def test_cancel_deletes_the_root_in_the_foreground_and_cleanup_in_the_background(server, job_storage):
     backend, plan = launch(server, job_storage)
-    backend.cancel(job_storage, plan, "by the user")
+    backend.cancel(job_storage, plan, "by the user", SECRETS.key)
     [delete] = server.sent("DELETE")
     assert (delete.path, delete.query) == (f"/apis/batch/v1/namespaces/ml-team/jobs/{ROOT}",
                                           {"propagationPolicy": ["Foreground"]})
@@ -163,7 +163,7 @@ def test_polling_lists_pods_by_label_and_pod_events_by_field_through_the_client(
         "running", "unschedulable")]
     server.events = [event for event in events
                      if event["metadata"]["annotations"]["test.kinetic-nb/scenario"] == "scale-up-triggered"]
-    view = backend.observe(job_storage, plan, job_storage.list(), {})
+    view = backend.observe(job_storage, plan, job_storage.list(), {}, SECRETS.key)
     assert view.waiting == {2: "waiting for TPU nodes: scale-up triggered"}
     listings = {(request.path, json.dumps(request.query)) for request in server.sent("GET")}
     assert listings == {

@@ -18,8 +18,8 @@ from kinetic_nb.agent.ray_host import RayHost, StorageNotSharedError
 from kinetic_nb.backends import get_backend
 from kinetic_nb.backends.ray import RAY_NAMESPACE, actor_name, connect
 from kinetic_nb.errors import JobFailedError, KineticError
-from kinetic_nb.runner import protocol
 from kinetic_nb.runner.protocol import ExitSummary
+from kinetic_nb.runner.records import read_exit
 from kinetic_nb.state import JobStatus
 
 NODE_IDS = """
@@ -35,7 +35,7 @@ def submit(cluster, source: str, hosts: int = 4, **options):
 
 
 def exit_record(handle, index: int) -> ExitSummary:
-    return ExitSummary.from_json(handle.storage.read_bytes(protocol.host_exit(index)))
+    return read_exit(handle.storage, handle.key, index)
 
 
 def test_four_hosts_on_four_nodes_allgather_with_jax(ray_cluster):

@@ -6,7 +6,6 @@ No test here asserts a time tighter than a hang guard: the figures are in
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -20,9 +19,12 @@ import kinetic_nb
 from kinetic_nb.agent.local_state import AgentState
 from kinetic_nb.backends.local import agent_files
 from kinetic_nb.errors import JobFailedError, KineticTimeoutError
+from kinetic_nb.keys import load_key
 from kinetic_nb.results import JobStatus
 from kinetic_nb.runner import protocol
+from kinetic_nb.runner.envelope import JOB
 from kinetic_nb.runner.protocol import CancelRequest, ExitSummary, FirstFailure
+from kinetic_nb.runner.records import read_exit, read_host_status, read_record
 from kinetic_nb.storage import Storage, open_storage
 
 HOST = "import os\nhost = int(os.environ['KINETIC_HOST_INDEX'])\n"
@@ -40,12 +42,12 @@ def wait_for(predicate, what: str, guard: float = HANG_GUARD_S):
     raise AssertionError(f"{what} did not happen within {guard:g} s")
 
 
-def stored_exits(storage: Storage, hosts: int) -> dict[int, ExitSummary] | None:
+def stored_exits(storage: Storage, hosts: int, key: bytes) -> dict[int, ExitSummary] | None:
     """Every host's exit record, read straight from storage as a second kernel would, or None."""
     names = {info.name for info in storage.list()}
     if not all(protocol.host_exit(i) in names for i in range(hosts)):
         return None
-    return {i: ExitSummary.from_json(storage.read_bytes(protocol.host_exit(i))) for i in range(hosts)}
+    return {i: read_exit(storage, key, i) for i in range(hosts)}
 
 
 def test_the_agent_stops_a_job_at_its_timeout_with_its_kernel_gone(storage_root):
@@ -61,8 +63,9 @@ def test_the_agent_stops_a_job_at_its_timeout_with_its_kernel_gone(storage_root)
     kernel.kill()  # the kernel that submitted the job dies 2 s in; nobody waits for the job
     kernel.wait()
     storage = open_storage(uri)
-    exits = wait_for(lambda: stored_exits(storage, 2), "every host ending")
-    assert CancelRequest.from_json(storage.read_bytes(protocol.CANCEL)).reason == CancelRequest.TIMEOUT
+    key = load_key(uri.rsplit("/", 1)[1], JOB)  # this user's key, as a second kernel finds it
+    exits = wait_for(lambda: stored_exits(storage, 2, key), "every host ending")
+    assert CancelRequest.from_json(read_record(storage, key, protocol.CANCEL)).reason == CancelRequest.TIMEOUT
     assert all(summary.stopped for summary in exits.values())
     job = kinetic_nb.attach(uri.rsplit("/", 1)[1], storage=storage_root)
     with pytest.raises(KineticTimeoutError, match="ran past its timeout of 4 s"):
@@ -73,8 +76,8 @@ def test_the_agent_stops_a_job_at_its_timeout_with_its_kernel_gone(storage_root)
 def test_grace_is_enforced_with_no_client_waiting():
     source = HOST + "import time\nif host == 1:\n    raise ValueError('host 1 broke')\ntime.sleep(600)"
     job = kinetic_nb.submit(source, hosts=3, grace=1)
-    exits = wait_for(lambda: stored_exits(job.storage, 3), "every host ending")  # job.result() is never called
-    first = FirstFailure.from_json(job.storage.read_bytes(protocol.FAILED))
+    exits = wait_for(lambda: stored_exits(job.storage, 3, job.key), "every host ending")  # job.result() is never called
+    first = FirstFailure.from_json(read_record(job.storage, job.key, protocol.FAILED))
     assert first.host_index == 1 and "exited with code 1" in first.description
     assert exits[1].failed and "ValueError: host 1 broke" in "\n".join(exits[1].stderr_tail)
     assert exits[0].stopped and exits[2].stopped
@@ -106,7 +109,7 @@ def test_stacks_of_a_host_that_cannot_answer_say_so():
     source = HOST + "import signal, time\nprint('ready', flush=True)\ntime.sleep(600)"
     job = kinetic_nb.submit(source, hosts=2)
     wait_for(lambda: all(h.last_line == "ready" for h in job.hosts()), "both hosts printing")
-    pid = json.loads(job.storage.read_bytes(protocol.host_status(1)))["pid"]
+    pid = read_host_status(job.storage, job.key, 1).pid
     os.kill(pid, signal.SIGSTOP)  # a stopped process runs no signal handler at all
     try:
         stacks = job.stacks()

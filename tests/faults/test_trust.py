@@ -151,12 +151,13 @@ def test_no_secret_in_any_stored_byte_or_log(monkeypatch, storage_root):
     with pytest.raises(RuntimeError) as info:
         handle.result()
     assert SECRET not in str(info.value)  # redacted where it was written, on the host
-    key_hex = load_key(handle.job_id).hex()
+    key_hex = load_key(handle.job_id, envelope.JOB).hex()  # the bound key the hosts hold
+    secret_hex = key_path(handle.job_id).read_text().strip()  # the secret it is bound from
     stored = b"".join(pathlib.Path(path).read_bytes()
                       for path in pathlib.Path(handle.storage.local_path()).rglob("*") if path.is_file())
     stored += pathlib.Path(agent_files(handle.job_id)[0]).read_bytes() if os.path.exists(
         agent_files(handle.job_id)[0]) else b""
-    for secret in (SECRET, key_hex, "kernel-only-credential-1234"):
+    for secret in (SECRET, key_hex, secret_hex, "kernel-only-credential-1234"):
         assert secret.encode() not in stored
     assert "the password is ***" in handle.logs(0) and "and the key is None" in handle.logs(0)
     assert json.loads(envelope.read_sealed(handle.storage, protocol.PLAN, handle.key))["env_names"] == ["DB_PASSWORD"]
