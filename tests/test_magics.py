@@ -26,7 +26,7 @@ def run_cell(shell, code):
         ("--framework tensorflow", "argument --framework: invalid choice: 'tensorflow'"),
         ("-a tpu-v5e-12", "unknown accelerator 'tpu-v5e-12'"),
         ("-a tpu-v5e-16 -n 2", "2 hosts do not match tpu-v5e-16, which has 4 hosts"),
-        ("-e NOVALUE", "-e/--env expects KEY=VALUE, got 'NOVALUE'"),
+        ("-e NOVALUE", "-e/--env expects KEY=VALUE, got 7 characters with no KEY= before them"),  # may be the secret
         ("-o 1x", "-o/--out expects variable names, got '1x'"),
         ("--timeout -1", "--timeout must be a positive number of seconds, got -1"),
         ("--timeout nan", "--timeout must be a positive number of seconds, got nan"),
@@ -35,6 +35,7 @@ def run_cell(shell, code):
         ("-o never_set", "-o/--out never_set: the cell never assigns it nor reads it from the notebook"),
         ("\n!pip install x", "line 2 uses `!pip`: %%kinetic cells run as plain Python on the hosts; use subprocess"),
         ("--bogus", "unrecognized arguments: --bogus"),
+        ("--en X=1", "unrecognized arguments: --en X=1"),  # never an abbreviation of --env
         ("-b slurm", "argument -b/--backend: invalid choice: 'slurm'"),
         ("--namespace ml", "--namespace is for -b kubernetes, and this cell runs on -b local"),
         ("-n 10000", "10000 hosts is more than the local backend runs"),
