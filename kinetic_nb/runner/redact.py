@@ -47,8 +47,22 @@ class SecretValue(str):
         return SecretValue, (str(self),)
 
 
+def _escaped(text: str) -> set[str]:
+    """``text`` as one level of escaping shows it: repr and JSON bodies, ASCII escapes, doubled backslashes."""
+    both_quoted = repr(text + _BOTH_QUOTES)[1:-1]
+    return {
+        repr(text)[1:-1],
+        both_quoted[: len(both_quoted) - len(repr(_BOTH_QUOTES)[1:-1])],
+        ascii(text)[1:-1],
+        json.dumps(text)[1:-1],
+        json.dumps(text, ensure_ascii=False)[1:-1],
+        text.encode("unicode_escape").decode("ascii"),
+        text.replace("\\", "\\\\"),
+    }
+
+
 def secret_forms(value: str) -> set[str]:
-    """Every form ``value`` takes in text: itself, its repr and JSON bodies, its escapes, doubled backslashes.
+    """Every form ``value`` takes in text: itself, and it escaped once and twice (a repr of a repr, JSON of a repr).
 
     Parameters
     ----------
@@ -61,17 +75,8 @@ def secret_forms(value: str) -> set[str]:
         The distinct forms, ``value`` among them.
     """
     plain = str(value)  # a SecretValue's repr is the mask, not its value
-    both_quoted = repr(plain + _BOTH_QUOTES)[1:-1]
-    forms = {
-        plain,
-        repr(plain)[1:-1],
-        both_quoted[: len(both_quoted) - len(repr(_BOTH_QUOTES)[1:-1])],
-        ascii(plain)[1:-1],
-        json.dumps(plain)[1:-1],
-        json.dumps(plain, ensure_ascii=False)[1:-1],
-        plain.encode("unicode_escape").decode("ascii"),
-    }
-    return forms | {form.replace("\\", "\\\\") for form in forms}
+    once = {plain} | _escaped(plain)
+    return once | {twice for form in once for twice in _escaped(form)}
 
 
 class Redactor:
