@@ -155,3 +155,17 @@ def test_remote_exception_is_raised_in_the_shell(shell):
     rendered = "\n".join(result.error_in_exec._render_traceback_())
     assert "kinetic In[" in rendered and "raise ValueError('nope')" in rendered
     assert "Reported by host 1" in rendered
+
+
+def test_env_values_are_masked_in_every_spelling_the_parser_takes():
+    from IPython.core.magic_arguments import MagicArgumentParser
+
+    from kinetic_nb.magics import refuse_abbreviations, without_env_values
+
+    parser = refuse_abbreviations(MagicArgumentParser(prog="%test", add_help=False))
+    parser.add_argument("-q", action="store_true")
+    parser.add_argument("-e", "--env", action="append", default=[])
+    line = "-qeA=sec-1 -q -e B=sec-2 -eC=sec-3 --env=D=sec-4 --env E=sec-5 -e=F=sec-6 -qe G=sec-7"
+    masked = without_env_values(line, parser)
+    assert "sec-" not in masked
+    assert sorted(parser.parse_argstring(masked).env) == [f"{name}=***" for name in "ABCDEFG"]
