@@ -36,6 +36,7 @@ from kinetic_nb.runner.envelope import JOB, write_sealed
 from kinetic_nb.runner.logs import read_log
 from kinetic_nb.runner.protocol import CancelRequest, FirstFailure, JobPlan, ResultPayload
 from kinetic_nb.runner.records import read_record, unverified_line, write_record
+from kinetic_nb.runner.redact import SecretValue
 from kinetic_nb.state import SNAPSHOT_INTERVAL_S, HostSnapshot, HostState, JobSnapshot, JobStatus
 from kinetic_nb.storage import Storage, default_root, open_storage
 
@@ -539,7 +540,9 @@ def submit(
     out : iterable of str
         Leader variables to bring back in ``JobHandle.outputs``.
     env : mapping, optional
-        Extra environment variables for every host.
+        Extra environment variables for every host. Their values are secrets:
+        held as ``SecretValue`` (masked in every repr), redacted from the hosts'
+        logs and reports in every form, never stored.
     timeout : float, optional
         Seconds before the job is stopped and ``KineticTimeoutError`` raised.
     storage : str, optional
@@ -565,6 +568,7 @@ def submit(
     """
     namespace = {} if namespace is None else namespace
     out = list(out)
+    env = {name: SecretValue(value) for name, value in (env or {}).items()}  # masked in any traceback from here on
     if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout:g}")
     if grace is not None and not (math.isfinite(grace) and grace >= 0):
@@ -586,7 +590,7 @@ def submit(
         coordinator_address=chosen_backend.coordinator_address(job_id),
         simulated=chosen_backend.simulates_accelerators,
         timeout=timeout,
-        env_names=sorted(env or {}),
+        env_names=sorted(env),
         grace=grace,
         start_window=chosen_backend.start_window_s(),
     )
@@ -602,7 +606,7 @@ def submit(
     printer = print_to_stdout if echo is True else (echo or None)
     handle = JobHandle(job_storage, plan, chosen_backend, key=key, echo=printer, detached=detach, keep=keep)
     handle.write_record()
-    chosen_backend.launch(job_storage, plan, JobSecrets(key=key, env=dict(env or {})))
+    chosen_backend.launch(job_storage, plan, JobSecrets(key=key, env=env))
     global _last_handle
     _last_handle = handle
     if detach:

@@ -21,6 +21,7 @@ from IPython.core.magic_arguments import (
     magic_arguments,
     parse_argstring,
 )
+from IPython.utils.process import arg_split
 from traitlets import Float, Unicode
 
 from kinetic_nb import catalog
@@ -29,6 +30,7 @@ from kinetic_nb.cell_handle import CellHandle
 from kinetic_nb.client import JobHandle, submit
 from kinetic_nb.display import live_view
 from kinetic_nb.errors import CaptureError, IntegrityError, KineticError, ObjectNotFoundError, UnknownAcceleratorError
+from kinetic_nb.runner.redact import MASK, SecretValue
 from kinetic_nb.session_magics import (
     check_cell_fits_session,
     doctor_parser,
@@ -50,33 +52,65 @@ def _names(values: list[str]) -> list[str]:
     return names
 
 
-def _environment(values: list[str]) -> dict[str, str]:
+def _environment(values: list[str]) -> dict[str, SecretValue]:
     env = {}
     for value in values:
         key, sep, setting = value.partition("=")
         if not sep or not key.strip():
-            raise UsageError(f"-e/--env expects KEY=VALUE, got {value!r}")
-        env[key.strip()] = setting
+            # The value is not shown: without its name, it may be the secret itself.
+            raise UsageError(f"-e/--env expects KEY=VALUE, got {len(value)} characters with no KEY= before them")
+        env[key.strip()] = SecretValue(setting)
     return env
 
 
-def without_env_values(line: str) -> str:
-    """The magic line with each ``-e KEY=VALUE`` as ``-e KEY=***``: values are secrets, names are not."""
-    words, out, expecting = shlex.split(line), [], False
-    for word in words:
-        if expecting or (word.startswith(("--env=", "-e")) and word not in ("-e",)):
-            prefix = "" if expecting else ("--env=" if word.startswith("--env=") else "-e")
-            name = word[len(prefix):].split("=", 1)[0]
-            out.append(f"{prefix}{name}=***")
-            expecting = False
-            continue
-        expecting = word in ("-e", "--env")
-        out.append(word)
-    return shlex.join(out)
+#: What the stored magic line says when its ``-e`` values could not be told apart from the rest of it.
+_HIDDEN_OPTIONS = "(options not kept: a -e value could not be masked in them)"
+
+
+def without_env_values(line: str, parser: MagicArgumentParser) -> str:
+    """The magic line with each ``-e KEY=VALUE`` as ``-e KEY=***``: values are secrets, names are not.
+
+    Every spelling the parser takes is masked (``-e K=V``, ``-eK=V``,
+    ``-e=K=V``, ``--env K=V``, ``--env=K=V``, ``-e`` at the end of a group
+    of short switches): a word that ends with a parsed ``K=V`` has its value
+    replaced. The result is parsed again, and if any ``-e`` value survived
+    it, no option is kept at all.
+
+    Parameters
+    ----------
+    line : str
+        The magic's line, as the user wrote it.
+    parser : MagicArgumentParser
+        The parser that reads ``line``; its ``-e`` values are ``env``.
+    """
+    try:
+        entries = [str(entry).partition("=") for entry in getattr(parser.parse_argstring(line), "env", [])]
+        words = arg_split(line, strict=True)  # as the parser splits it
+        for name, _, value in entries:
+            if value:
+                words = [word[: -len(value)] + MASK if word.endswith(f"{name}={value}") else word for word in words]
+        masked = " ".join(words)
+        if all(str(entry).endswith(f"={MASK}") or str(entry).endswith("=")
+               for entry in getattr(parser.parse_argstring(masked), "env", [])):
+            return masked
+    except UsageError:
+        pass
+    return _HIDDEN_OPTIONS
+
+
+def refuse_abbreviations(parser: MagicArgumentParser) -> MagicArgumentParser:
+    """``parser``, taking each long option only when spelled out: ``--en X=1`` is an error, never ``--env``.
+
+    An abbreviation would slip past everything that looks for an option by
+    its name (the masking of ``-e`` values above). ``MagicArgumentParser``
+    does not take ``allow_abbrev``, so it is set after construction.
+    """
+    parser.allow_abbrev = False
+    return parser
 
 
 def _parser(prog: str, *arguments: tuple[tuple, dict]) -> MagicArgumentParser:
-    parser = MagicArgumentParser(prog=prog, add_help=False)
+    parser = refuse_abbreviations(MagicArgumentParser(prog=prog, add_help=False))
     parser.add_argument("--storage", default=None, metavar="URI", help="The storage root (default: per-user).")
     for args, kwargs in arguments:
         parser.add_argument(*args, **kwargs)
@@ -168,7 +202,7 @@ class KineticMagics(Magics):
               help="What to initialize before the cell; auto decides by the cell's imports.")
     @argument("-o", "--out", action="append", default=[], metavar="NAME[,NAME]",
               help="Copy these leader variables into the notebook.")
-    @argument("-e", "--env", action="append", default=[], metavar="KEY=VALUE",
+    @argument("-e", "--env", action="append", default=[], metavar="KEY=VALUE", type=SecretValue,
               help="Set an environment variable on every host (repeatable).")
     @argument("--timeout", type=float, default=None, metavar="S", help="Stop the job after S seconds.")
     @argument("--grace", type=float, default=None, metavar="S",
@@ -208,6 +242,10 @@ class KineticMagics(Magics):
             ...
         """
         args = parse_argstring(self.kinetic_cell, line)
+        # The magic line stays, as a comment, so line numbers in syntax errors
+        # and tracebacks are the ones the user sees in the cell; -e values never
+        # travel, and this frame's own `line` (which %xmode Verbose prints) no longer holds them.
+        line = without_env_values(line, self.kinetic_cell.parser)
         if args.timeout is not None and not (math.isfinite(args.timeout) and args.timeout > 0):
             raise UsageError(f"--timeout must be a positive number of seconds, got {args.timeout:g}")
         if args.grace is not None and not (math.isfinite(args.grace) and args.grace >= 0):
@@ -215,9 +253,7 @@ class KineticMagics(Magics):
         if args.hosts is not None and args.hosts < 1:
             raise UsageError(f"-n/--hosts must be at least 1, got {args.hosts}")
         out = _names(args.out)
-        # The magic line stays, as a comment, so line numbers in syntax errors
-        # and tracebacks are the ones the user sees in the cell; -e values never travel.
-        source = f"# %%kinetic {without_env_values(line)}\n{cell}"
+        source = f"# %%kinetic {line}\n{cell}"
         if self.session is not None and not args.once:
             check_cell_fits_session(self.session, args, self._backend_options(args), _environment(args.env))
             try:
@@ -308,6 +344,8 @@ class KineticMagics(Magics):
             raise UsageError(f"%kinetic expects a subcommand{given and ', not' + given}: {', '.join(SUBCOMMANDS)}")
         command, rest = words[0], words[1:]
         args = _LINE_PARSERS[command].parse_argstring(shlex.join(rest))
+        line = f"{command} {without_env_values(shlex.join(rest), _LINE_PARSERS[command])}"  # what Verbose may print
+        del words, rest
         try:
             return getattr(self, f"_line_{command}")(args)
         except (ObjectNotFoundError, IntegrityError) as error:
@@ -385,6 +423,11 @@ class KineticMagics(Magics):
     def _line_gc(self, args: Any) -> None:
         removed = catalog.gc(args.older_than, storage=args.storage)
         print(f"removed {len(removed)} job{'s' if len(removed) != 1 else ''}" + (": " + ", ".join(removed) if removed else ""))
+
+
+for _magic in vars(KineticMagics).values():
+    if hasattr(_magic, "parser"):  # each @magic_arguments() parser: IPython builds it, this refuses abbreviations
+        refuse_abbreviations(_magic.parser)
 
 
 def show_kinetic_error(shell: Any, etype: type, value: BaseException, tb: Any, tb_offset: int | None = None

@@ -15,6 +15,7 @@ from IPython.core.magic_arguments import MagicArgumentParser
 from kinetic_nb import sessions
 from kinetic_nb.backends import backend_class, backend_names
 from kinetic_nb.plan import resolve_slice
+from kinetic_nb.runner.redact import SecretValue
 from kinetic_nb.sessions import Session
 
 
@@ -27,7 +28,7 @@ def session_start_parser(make_parser: Callable[..., MagicArgumentParser]) -> Mag
         (("-b", "--backend"), dict(default="local", choices=list(backend_names()), help="Where the hosts run.")),
         (("--framework",), dict(default="auto", choices=["auto", "jax", "torch", "none"],
                                 help="Initialize it once at start; auto: when the first cell imports one.")),
-        (("-e", "--env"), dict(action="append", default=[], metavar="KEY=VALUE",
+        (("-e", "--env"), dict(action="append", default=[], metavar="KEY=VALUE", type=SecretValue,
                                help="An environment variable for every host (repeatable).")),
         (("--grace", ), dict(type=float, default=None, metavar="S",
                              help="After a failed or interrupted cell, the hosts get S seconds to be back.")),

@@ -26,7 +26,7 @@ def run_cell(shell, code):
         ("--framework tensorflow", "argument --framework: invalid choice: 'tensorflow'"),
         ("-a tpu-v5e-12", "unknown accelerator 'tpu-v5e-12'"),
         ("-a tpu-v5e-16 -n 2", "2 hosts do not match tpu-v5e-16, which has 4 hosts"),
-        ("-e NOVALUE", "-e/--env expects KEY=VALUE, got 'NOVALUE'"),
+        ("-e NOVALUE", "-e/--env expects KEY=VALUE, got 7 characters with no KEY= before them"),  # may be the secret
         ("-o 1x", "-o/--out expects variable names, got '1x'"),
         ("--timeout -1", "--timeout must be a positive number of seconds, got -1"),
         ("--timeout nan", "--timeout must be a positive number of seconds, got nan"),
@@ -35,6 +35,7 @@ def run_cell(shell, code):
         ("-o never_set", "-o/--out never_set: the cell never assigns it nor reads it from the notebook"),
         ("\n!pip install x", "line 2 uses `!pip`: %%kinetic cells run as plain Python on the hosts; use subprocess"),
         ("--bogus", "unrecognized arguments: --bogus"),
+        ("--en X=1", "unrecognized arguments: --en X=1"),  # never an abbreviation of --env
         ("-b slurm", "argument -b/--backend: invalid choice: 'slurm'"),
         ("--namespace ml", "--namespace is for -b kubernetes, and this cell runs on -b local"),
         ("-n 10000", "10000 hosts is more than the local backend runs"),
@@ -154,3 +155,17 @@ def test_remote_exception_is_raised_in_the_shell(shell):
     rendered = "\n".join(result.error_in_exec._render_traceback_())
     assert "kinetic In[" in rendered and "raise ValueError('nope')" in rendered
     assert "Reported by host 1" in rendered
+
+
+def test_env_values_are_masked_in_every_spelling_the_parser_takes():
+    from IPython.core.magic_arguments import MagicArgumentParser
+
+    from kinetic_nb.magics import refuse_abbreviations, without_env_values
+
+    parser = refuse_abbreviations(MagicArgumentParser(prog="%test", add_help=False))
+    parser.add_argument("-q", action="store_true")
+    parser.add_argument("-e", "--env", action="append", default=[])
+    line = "-qeA=sec-1 -q -e B=sec-2 -eC=sec-3 --env=D=sec-4 --env E=sec-5 -e=F=sec-6 -qe G=sec-7"
+    masked = without_env_values(line, parser)
+    assert "sec-" not in masked
+    assert sorted(parser.parse_argstring(masked).env) == [f"{name}=***" for name in "ABCDEFG"]

@@ -12,6 +12,7 @@ from kinetic_nb.runner import protocol
 from kinetic_nb.runner.envelope import KEY_ENV
 from kinetic_nb.runner.protocol import CancelRequest, ExitSummary, JobPlan
 from kinetic_nb.runner.records import write_record
+from kinetic_nb.runner.redact import SecretValue
 from kinetic_nb.storage import ObjectInfo, Storage
 
 
@@ -41,15 +42,20 @@ class JobSecrets:
 
     A backend hands them over out of band (a process's environment, a
     Kubernetes Secret), never through storage, a manifest's literal values, a
-    Ray ``runtime_env`` or anything a dashboard shows.
+    Ray ``runtime_env`` or anything a dashboard shows. The ``-e`` values are
+    held as :class:`~kinetic_nb.runner.redact.SecretValue` (whatever they were
+    given as), so no traceback prints them.
     """
 
     key: bytes
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "env", {name: SecretValue(value) for name, value in self.env.items()})
+
     def environment(self) -> dict[str, str]:
-        """The variables that carry them: :data:`KEY_ENV` (hex) and each ``-e`` name."""
-        return {**self.env, KEY_ENV: self.key.hex()}
+        """The variables that carry them: :data:`KEY_ENV` (hex) and each ``-e`` name, every value masked in a repr."""
+        return {**self.env, KEY_ENV: SecretValue(self.key.hex())}
 
     def __repr__(self) -> str:
         return f"JobSecrets(key=<{len(self.key)} bytes>, env=<{', '.join(sorted(self.env))}>)"
