@@ -188,8 +188,8 @@ def attach(job_id: str, *, storage: str | None = None, echo: bool = False, key_f
             raise ObjectNotFoundError(f"no job {job_id} in {root.uri}")
         if not trust_unsigned and _unsigned_and_own(job):
             raise UnsignedJobError(f"job {job_id} was stored before records were signed, so nothing in it can be "
-                                   "verified; attach(..., trust_unsigned=True) (--trust-unsigned) unpickles this "
-                                   "job's stored result: only for a job you ran yourself before signing existed")
+                                   "verified: --trust-unsigned (trust_unsigned=True) unpickles this job's stored "
+                                   "result, only for a job you ran yourself before signing existed")
         raise _not_yours(job_id, job, trust_unsigned=trust_unsigned)
     try:
         return _handle_for(job, _handle_record(job, access), access, echo=echo)

@@ -13,6 +13,7 @@ one line), never for the whole listing.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import math
 import os
 import re
@@ -58,7 +59,9 @@ def _read_local_file(path: str, where: str) -> bytes:
         descriptor = os.open(path, _OPEN_FLAGS)
     except (FileNotFoundError, NotADirectoryError):
         raise ObjectNotFoundError(f"{where} does not exist") from None
-    except OSError as error:  # ELOOP: a link in the record's place
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise StorageError(f"{where} is a symbolic link, and a record is never read through one") from None
         raise StorageError(f"cannot read {where}: {error.strerror or error}") from None
     try:
         info = os.fstat(descriptor)
