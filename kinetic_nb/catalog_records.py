@@ -32,8 +32,10 @@ RECORD_MAX_BYTES = 64 * 1024
 #: The last time a listing can show as a date in any time zone (9999-12-31 00:00 UTC: ``datetime`` stops at
 #: year 9999); a time past it, or before 1970, is not a submission time.
 _LATEST_TIME_S = 253402214400.0
-#: What a control character (``unicodedata.category`` ``C*``: newlines, escapes, bidi overrides) is shown as.
+#: What a control character (``unicodedata.category`` ``C*``: newlines, escapes, bidi overrides) or a line or
+#: paragraph separator (``Zl``, ``Zp``: ``str.splitlines`` and terminals break lines there too) is shown as.
 _REPLACEMENT = "?"
+_UNPRINTED_CATEGORIES = ("C", "Zl", "Zp")
 #: Opens a record without waiting on a FIFO or device, and without following a link planted in its place.
 _OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 
@@ -49,9 +51,11 @@ def printable(text: str) -> str:
     Returns
     -------
     str
-        The same text, each character whose Unicode category starts with ``C`` replaced by ``?``.
+        The same text, each character whose Unicode category starts with ``C`` (or is ``Zl``, ``Zp``)
+        replaced by ``?``.
     """
-    return "".join(_REPLACEMENT if unicodedata.category(char).startswith("C") else char for char in text)
+    return "".join(_REPLACEMENT if unicodedata.category(char).startswith(_UNPRINTED_CATEGORIES) else char
+                   for char in text)
 
 
 def _read_local_file(path: str, where: str) -> bytes:
