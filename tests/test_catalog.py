@@ -208,3 +208,18 @@ def test_ids_are_matched_whole(tmp_path):
         "kn-20250101-120000-a1b2c3"]
     with pytest.raises(ValueError, match="is not a job id"):
         jobs.attach("kn-20250101-120000-a1b2c3\n", storage=f"file://{tmp_path}")
+
+
+def test_on_gs_a_handle_over_the_cap_is_skipped_by_its_listed_size_unread(gcs_root):
+    big, small = "kn-20990101-000000-b16b16", "kn-20980101-000000-5a11"
+    root = open_storage(gcs_root)
+    root.child(big).write_bytes("handle.json", b" " * (RECORD_MAX_BYTES + 1))
+    root.child(small).write_bytes("handle.json", json.dumps(GOOD_HANDLE).encode())
+    listed = {record.job_id: record for record in jobs.jobs(storage=gcs_root)}
+    assert listed[big].status.startswith("UNREADABLE: ") and "over the" in listed[big].status
+    assert listed[small].status == jobs.NOT_YOURS and listed[small].hosts == 2
+    big_job = root.child(big)
+    before = sum(big_job.requests.values())
+    with pytest.raises(StorageError, match="over the"):
+        read_record_bytes(big_job, "handle.json", listed_size=RECORD_MAX_BYTES + 1)
+    assert sum(big_job.requests.values()) == before  # refused by its listed size: not even asked for
