@@ -26,6 +26,7 @@ from traitlets import Float, Unicode
 
 from kinetic_nb import catalog
 from kinetic_nb.backends import backend_class, backend_names
+from kinetic_nb.catalog_records import printable
 from kinetic_nb.cell_handle import CellHandle
 from kinetic_nb.client import JobHandle, submit
 from kinetic_nb.display import live_view
@@ -378,8 +379,8 @@ class KineticMagics(Magics):
         if not found:
             print("no kinetic sessions yet")
         for record in found:
-            print(f"{record['session_id']:<26}  {record['hosts']:>5}  {record['accelerator']:<12}  "
-                  f"{record['cells']:>5} cells  {record['state']}")
+            print(printable(f"{record['session_id']:<26}  {record['hosts']:>5}  {record['accelerator']:<12}  "
+                            f"{record['cells']:>5} cells  {record['state']}"))
 
     def _line_jobs(self, args: Any) -> None:
         records = catalog.jobs(storage=args.storage, limit=args.limit)
@@ -387,9 +388,11 @@ class KineticMagics(Magics):
             print("no kinetic jobs yet")
             return
         print(f"{'job':<26}  {'submitted':<19}  {'hosts':>5}  {'accelerator':<12}  state")
-        for record in records:
-            when = datetime.datetime.fromtimestamp(record.submitted_at).strftime("%Y-%m-%d %H:%M:%S")
-            print(f"{record.job_id:<26}  {when:<19}  {record.hosts:>5}  {record.accelerator:<12}  {record.status}")
+        for record in records:  # each field checked by jobs(); no control character can start a row of its own
+            when = (datetime.datetime.fromtimestamp(record.submitted_at).strftime("%Y-%m-%d %H:%M:%S")
+                    if record.submitted_at else "-")
+            print(printable(f"{record.job_id:<26}  {when:<19}  {record.hosts:>5}  {record.accelerator:<12}  "
+                            f"{record.status}"))
 
     def _line_attach(self, args: Any) -> Any:
         if args.job_id.startswith("ks-"):  # a session: this notebook's cells run on it from now on

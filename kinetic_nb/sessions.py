@@ -19,6 +19,8 @@ from __future__ import annotations
 import atexit
 import json
 import logging
+import os
+import re
 import sys
 import threading
 import time
@@ -27,6 +29,7 @@ from typing import Any
 
 from kinetic_nb.accelerators import local_notice
 from kinetic_nb.backends import Backend, JobSecrets, get_backend
+from kinetic_nb.catalog_records import listed_ids, owned_here, printable
 from kinetic_nb.cell_handle import CellHandle
 from kinetic_nb.client import JobHandle, print_to_stdout, warn_if_shared
 from kinetic_nb.errors import (
@@ -52,6 +55,8 @@ __all__ = ["Session", "SessionEndedError", "attach_session", "sessions", "start"
 
 #: A session with no cell for this long stops itself (a forgotten TPU slice costs money).
 DEFAULT_IDLE_TIMEOUT_S = 3600.0
+#: A session id, matched whole (``fullmatch``): ASCII digits only, and nothing after it (not even a newline).
+_SESSION_ID = re.compile(r"ks-[0-9]{8}-[0-9]{6}-[0-9a-f]+")
 #: First and longest pause between two polls of a cell: a trivial cell's round trip is what a session is for.
 FIRST_POLL_S = 0.001
 MAX_POLL_S = 0.1
@@ -305,7 +310,13 @@ def _start_from(job: JobHandle, *, echo: Any) -> Session:
 
 def attach_session(session_id: str, *, storage: str | None = None, echo: Any = True) -> Session:
     """A running session from any kernel of the same user: its hosts and their state as they are."""
+    if not _SESSION_ID.fullmatch(session_id):
+        raise ValueError(f"{printable(repr(session_id))} is not a session id (they look like "
+                         "ks-20250101-120000-a1b2c3; %kinetic sessions lists them)")
     session_storage = _root(storage).child(session_id)
+    local = session_storage.local_path()
+    if local and os.path.lexists(local) and not owned_here(session_storage):
+        raise IntegrityError(f"session {session_id} is not yours: its directory belongs to another user")
     key = load_key(session_id, SESSION)
     if key is None:
         raise IntegrityError(f"session {session_id} is not yours: this user has no key for it")
@@ -325,20 +336,31 @@ def attach_session(session_id: str, *, storage: str | None = None, echo: Any = T
 
 
 def sessions(*, storage: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
-    """This user's ``limit`` most recent sessions under ``storage``, newest first: id, hosts, accelerator, state."""
+    """This user's ``limit`` most recent sessions under ``storage``, newest first: id, hosts, accelerator, state.
+
+    Only this user's are listed (a key here and, on ``file://``, a directory this user owns); one whose
+    records cannot be read is listed with the state ``UNREADABLE: <reason>``, and never stops the others.
+    """
     root = _root(storage)
-    ids = sorted({info.name.split("/", 1)[0] for info in root.list() if info.name.endswith("/" + protocol.HANDLE)},
-                 reverse=True)
-    found = []
-    for session_id in ids:
+    found: list[dict[str, Any]] = []
+    for session_id, _ in listed_ids(root, _SESSION_ID, protocol.HANDLE):
         if len(found) >= limit:
             break
+        if owned_here(root.child(session_id)) is False or load_key(session_id, SESSION) is None:
+            continue  # another user's, or planted: not listed
         try:
             session = attach_session(session_id, storage=storage, echo=False)
-        except (IntegrityError, ObjectNotFoundError):
-            continue
-        ended = session.ended()
-        found.append({"session_id": session_id, "hosts": session.plan.hosts, "accelerator": session.plan.accelerator,
-                      "state": "up" if ended is None else f"ended: {ended}", "cells": session.cells_run})
+            ended = session.ended()
+            found.append({"session_id": session_id, "hosts": session.plan.hosts,
+                          "accelerator": printable(session.plan.accelerator),
+                          "state": "up" if ended is None else printable(f"ended: {ended}"),
+                          "cells": session.cells_run})
+        except ObjectNotFoundError:
+            continue  # gone while it was listed
+        except (KineticError, OSError, ValueError, TypeError, LookupError) as error:
+            logger.debug("session %s cannot be listed", session_id, exc_info=True)
+            reason = printable(str(error).splitlines()[0] if str(error) else type(error).__name__)
+            found.append({"session_id": session_id, "hosts": 0, "accelerator": "", "cells": 0,
+                          "state": f"UNREADABLE: {reason}"})
     return found
 

@@ -11,8 +11,11 @@ from IPython.core.interactiveshell import InteractiveShell
 import kinetic_nb
 from kinetic_nb import catalog as jobs
 from kinetic_nb.backends.local import agent_files
+from kinetic_nb.catalog_records import RECORD_MAX_BYTES, listed_fields, printable, read_record_bytes
+from kinetic_nb.errors import ObjectNotFoundError, StorageError
 from kinetic_nb.runner.envelope import read_sealed
 from kinetic_nb.state import JobStatus
+from kinetic_nb.storage import open_storage
 
 
 def record_of(handle) -> dict:
@@ -142,3 +145,81 @@ def test_a_cancelled_job_is_listed_as_cancelled(storage_root):
     assert record_of(handle)["status"] == "CANCELLED"
     [record] = [r for r in jobs.jobs(storage=storage_root) if r.job_id == handle.job_id]
     assert record.status == "CANCELLED"
+
+
+GOOD_HANDLE = {"backend": "local", "hosts": 2, "accelerator": "cpu", "submitted_at": 1.7e9, "status": "SUCCEEDED"}
+
+
+def test_listed_fields_of_a_good_handle():
+    fields = listed_fields({**GOOD_HANDLE, "accelerator": "tpu\nv5e\x1b[2K\u202e"})
+    assert (fields.backend, fields.hosts, fields.submitted_at, fields.status) == ("local", 2, 1.7e9, "SUCCEEDED")
+    assert fields.accelerator == "tpu?v5e?[2K?"  # every control character (category C*) replaced
+    assert listed_fields({}).hosts == 0 and listed_fields({}).submitted_at == 0.0
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("hosts", "many"), ("hosts", -1), ("hosts", 2.5), ("hosts", True), ("submitted_at", 1e300),
+    ("submitted_at", float("inf")), ("submitted_at", float("nan")), ("submitted_at", -5.0),
+    ("submitted_at", "2099-01-01"), ("backend", 3), ("accelerator", None), ("status", ["SUCCEEDED"]),
+])
+def test_listed_fields_refuse_a_wrong_type_or_range_in_one_line_naming_the_field(field, value):
+    with pytest.raises(StorageError, match=field) as info:
+        listed_fields({**GOOD_HANDLE, field: value})
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("record", [[1, 2], "text", 7, None])
+def test_listed_fields_refuse_what_is_not_an_object(record):
+    with pytest.raises(StorageError, match="not an object"):
+        listed_fields(record)
+
+
+def test_printable_replaces_every_control_character():
+    assert printable("a\nb\rc\td\x00e\x7ff\u200bg\u2028h") == "a?b?c?d?e?f?g?h"
+    assert printable("plain text, café, 日本") == "plain text, café, 日本"
+
+
+@pytest.mark.parametrize("plant", [
+    pytest.param(lambda path: os.mkfifo(path), id="fifo"),
+    pytest.param(lambda path: os.symlink("/dev/zero", path), id="link"),
+    pytest.param(lambda path: os.mkdir(path), id="directory"),
+    pytest.param(lambda path: path.write_bytes(b" " * (RECORD_MAX_BYTES + 1)), id="too-large"),
+])
+def test_a_record_that_is_not_a_small_regular_file_is_refused_unread(tmp_path, plant):
+    plant(tmp_path / "handle.json")
+    with pytest.raises(StorageError) as info:
+        read_record_bytes(open_storage(f"file://{tmp_path}"), "handle.json")
+    assert "\n" not in str(info.value) and not isinstance(info.value, ObjectNotFoundError)
+
+
+def test_a_record_is_read_whole_up_to_the_cap(tmp_path):
+    storage = open_storage(f"file://{tmp_path}")
+    (tmp_path / "handle.json").write_bytes(b"x" * RECORD_MAX_BYTES)
+    assert read_record_bytes(storage, "handle.json") == b"x" * RECORD_MAX_BYTES
+    with pytest.raises(ObjectNotFoundError):
+        read_record_bytes(storage, "plan.json")
+
+
+def test_ids_are_matched_whole(tmp_path):
+    for name in ("kn-20250101-120000-a1b2c3", "kn-20250101-120000-a1b2c3\n", "kn-20250101-120000-a1b2c3 x",
+                 "kn-\uff12\uff10\uff12\uff150101-120000-a1b2c3", "kn-20250101-120000-A1B2C3"):
+        (tmp_path / name).mkdir()
+    assert [job_id for job_id, _ in jobs._job_ids(open_storage(f"file://{tmp_path}"))] == [
+        "kn-20250101-120000-a1b2c3"]
+    with pytest.raises(ValueError, match="is not a job id"):
+        jobs.attach("kn-20250101-120000-a1b2c3\n", storage=f"file://{tmp_path}")
+
+
+def test_on_gs_a_handle_over_the_cap_is_skipped_by_its_listed_size_unread(gcs_root):
+    big, small = "kn-20990101-000000-b16b16", "kn-20980101-000000-5a11"
+    root = open_storage(gcs_root)
+    root.child(big).write_bytes("handle.json", b" " * (RECORD_MAX_BYTES + 1))
+    root.child(small).write_bytes("handle.json", json.dumps(GOOD_HANDLE).encode())
+    listed = {record.job_id: record for record in jobs.jobs(storage=gcs_root)}
+    assert listed[big].status.startswith("UNREADABLE: ") and "over the" in listed[big].status
+    assert listed[small].status == jobs.NOT_YOURS and listed[small].hosts == 2
+    big_job = root.child(big)
+    before = sum(big_job.requests.values())
+    with pytest.raises(StorageError, match="over the"):
+        read_record_bytes(big_job, "handle.json", listed_size=RECORD_MAX_BYTES + 1)
+    assert sum(big_job.requests.values()) == before  # refused by its listed size: not even asked for
