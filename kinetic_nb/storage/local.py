@@ -221,6 +221,11 @@ class LocalStorage(Storage):
         return "file://" + "/".join((self._anchor.path, *self._prefix))
 
     @property
+    def named_root(self) -> str:
+        """The directory named as this storage's root, before this user's ``uid-UID/`` step in a shared one."""
+        return self._anchor.named
+
+    @property
     def root(self) -> Path:
         """This storage's directory (the plain path: see :meth:`local_path` for one safe to open)."""
         return Path(self.uri[len("file://"):])
