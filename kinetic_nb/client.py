@@ -38,7 +38,7 @@ from kinetic_nb.runner.protocol import CancelRequest, FirstFailure, JobPlan, Res
 from kinetic_nb.runner.records import read_record, unverified_line, write_record
 from kinetic_nb.runner.redact import SecretValue
 from kinetic_nb.state import SNAPSHOT_INTERVAL_S, HostSnapshot, HostState, JobSnapshot, JobStatus
-from kinetic_nb.storage import Storage, default_root, open_storage
+from kinetic_nb.storage import LocalStorage, Storage, default_root, open_storage
 
 logger = logging.getLogger(__name__)
 
@@ -476,7 +476,7 @@ def remove_job_objects(storage: Storage, keep: Iterable[str] = ()) -> None:
 
 def warn_if_shared(root: Storage) -> None:
     """One line when a local storage root is writable by others: they could plant or remove jobs there."""
-    path = root.local_path()
+    path = root.named_root if isinstance(root, LocalStorage) else root.local_path()  # not its uid-UID/ below
     try:
         mode = os.stat(path).st_mode if path else 0
     except OSError:

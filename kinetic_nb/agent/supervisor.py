@@ -50,7 +50,7 @@ from kinetic_nb.runner.records import read_record, recorded_success, write_recor
 from kinetic_nb.runner.redact import Redactor
 from kinetic_nb.runner.stacks import STACKS_FILE_ENV, STACKS_SIGNAL
 from kinetic_nb.runner.wakeup import remove_session_sockets, wake_clients, wakeup_path
-from kinetic_nb.storage import Storage
+from kinetic_nb.storage import LocalStorage, Storage
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +71,8 @@ STACKS_SETTLED_S = 0.05
 STDERR_TAIL_LINES = 20
 #: Loop timeout: how late, at worst, a due action (grace, timeout) is taken.
 TICK_S = 0.1
+#: What hosts create (outputs, checkpoints, scratch files) is this user's only, whatever the kernel's umask.
+HOST_UMASK = 0o077
 
 
 def describe_storage_error(name: str, error: BaseException) -> str:
@@ -160,11 +162,13 @@ class Agent:
 
     def start_hosts(self) -> None:
         # Hosts write their files to a local directory: the job's own outputs/
-        # on file://, else a scratch directory published to outputs/ at the end.
-        output_dir = self.storage.local_path(protocol.OUTPUTS_DIR)
-        if output_dir is None:
+        # on file://, made 0700 through the storage and named by a path no other
+        # user can redirect; else a 0700 scratch directory published to outputs/ at the end.
+        if isinstance(self.storage, LocalStorage):
+            self.storage.make_directory(protocol.OUTPUTS_DIR)
+            output_dir = self.storage.local_path(protocol.OUTPUTS_DIR)
+        else:
             output_dir = self.scratch_outputs = tempfile.mkdtemp(prefix=f"kinetic-{self.plan.job_id}-outputs-")
-        os.makedirs(output_dir, exist_ok=True)
         sys.stdout.flush()
         sys.stderr.flush()
         for index in self.indices:
@@ -198,6 +202,7 @@ class Agent:
         code = protocol.EXIT_FAILED
         try:
             os.setpgid(0, 0)
+            os.umask(HOST_UMASK)
             signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the agent's own handler is not the host's
             processes.die_with_parent(self.pid)
             for other in self.hosts.values():

@@ -80,3 +80,86 @@ def test_no_permission_is_one_line_too(storage, monkeypatch):
     monkeypatch.setattr(os, "scandir", refuse)
     with pytest.raises(StorageError, match=r"cannot list file://.*: Permission denied"):
         storage.list()
+
+
+def test_a_link_in_place_of_an_object_or_a_directory_is_never_followed(storage, tmp_path):
+    precious = tmp_path / "precious.txt"
+    precious.write_bytes(b"keep me")
+    storage.write_bytes("hosts/0/status.json", b"{}")
+    os.symlink(precious, storage.local_path("hosts/0/heartbeat"))
+    os.symlink(tmp_path, storage.local_path("cells"))
+    with pytest.raises(StorageError, match=r"cannot write .*hosts/0/heartbeat: Too many levels of symbolic links"):
+        storage.write_bytes("hosts/0/heartbeat", b"")
+    with pytest.raises(StorageError, match=r"cannot read .*hosts/0/heartbeat"):
+        storage.read_bytes("hosts/0/heartbeat")
+    with pytest.raises(StorageError, match=r"cannot write .*cells/000002/ready-1"):
+        storage.write_bytes("cells/000002/ready-1", b"")
+    storage.write_bytes("hosts/0/heartbeat2", b"x")  # beside the link: a plain object
+    assert precious.read_bytes() == b"keep me" and not (tmp_path / "000002").exists()
+    assert [info.name for info in storage.list()] == ["hosts/0/heartbeat2", "hosts/0/status.json"]
+    assert not storage.exists("hosts/0/heartbeat")
+
+
+def test_a_directory_renamed_away_keeps_every_write_in_it(storage, tmp_path):
+    storage.write_bytes("a/b.txt", b"one")
+    os.rename(storage.local_path(), tmp_path / "moved")
+    os.makedirs(tmp_path / "root" / "a", mode=0o777)
+    storage.write_bytes("a/c.txt", b"two")
+    assert (tmp_path / "moved" / "a" / "c.txt").read_bytes() == b"two"
+    assert os.listdir(tmp_path / "root" / "a") == []
+    assert storage.read_bytes("a/b.txt") == b"one"
+
+
+def test_a_fifo_in_place_of_an_object_is_refused_at_once(storage):
+    storage.write_bytes("x", b"1")
+    os.mkfifo(storage.local_path("handle.json"))
+    with pytest.raises(StorageError, match=r"handle\.json is not a regular file"):
+        storage.read_bytes("handle.json")
+    assert [info.name for info in storage.list()] == ["x"]
+
+
+@pytest.mark.parametrize("umask", [0o000, 0o022, 0o077])
+def test_directories_are_0700_and_files_0600_whatever_the_umask(storage, tmp_path, umask):
+    source = tmp_path / "source.bin"
+    source.write_bytes(b"s")
+    source.chmod(0o644)
+    before = os.umask(umask)
+    try:
+        storage.write_bytes("a/b/value.bin", b"v")
+        storage.write_bytes("a/marker", b"")
+        storage.write_file("c/from-path.bin", source)
+        storage.write_file("c/from-file.bin", io.BytesIO(b"f"))
+        storage.make_directory("outputs/sub")
+    finally:
+        os.umask(before)
+    root = storage.local_path()
+    modes = {os.path.relpath(os.path.join(directory, name), root): stat.S_IMODE(os.lstat(os.path.join(directory, name)).st_mode)
+             for directory, names, files in os.walk(root) for name in [*names, *files]}
+    assert modes == {"a": 0o700, "a/b": 0o700, "a/b/value.bin": 0o600, "a/marker": 0o600, "c": 0o700,
+                     "c/from-path.bin": 0o600, "c/from-file.bin": 0o600, "outputs": 0o700, "outputs/sub": 0o700}
+    assert stat.S_IMODE(os.stat(root).st_mode) == 0o700
+
+
+def test_a_shared_root_keeps_this_users_objects_in_a_directory_of_their_own(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    storage = LocalStorage(str(shared))
+    job = storage.child("kn-1")
+    job.write_bytes("plan.json", b"{}")
+    mine = shared / f"uid-{os.geteuid()}"
+    assert job.uri == f"file://{mine}/kn-1" and (mine / "kn-1" / "plan.json").read_bytes() == b"{}"
+    assert stat.S_IMODE(mine.stat().st_mode) == 0o700
+    assert LocalStorage(job.uri).read_bytes("plan.json") == b"{}"  # a host opens its job's own directory
+    # Other users may rename directories above the job: a path through the held descriptor, never the plain one.
+    assert job.local_path("outputs") == f"/proc/{os.getpid()}/fd/{job._anchor.fd}/kn-1/outputs"
+
+
+def test_a_user_directory_others_may_write_is_refused_in_one_line(tmp_path):
+    shared = tmp_path / "shared"
+    mine = shared / f"uid-{os.geteuid()}"
+    mine.mkdir(parents=True)
+    shared.chmod(0o777)
+    mine.chmod(0o777)
+    with pytest.raises(StorageError, match=rf"^{mine} may be written by other users \(mode 777\): run chmod 700"):
+        LocalStorage(str(shared)).write_bytes("x", b"1")
