@@ -431,7 +431,7 @@ def secret_manifest(plan: JobPlan, settings: KubernetesSettings, secrets: JobSec
     metadata = object_metadata(plan, settings, name=secret_name(plan.job_id))
     metadata["ownerReferences"] = [owner]
     return {"apiVersion": "v1", "kind": "Secret", "metadata": metadata, "type": "Opaque",
-            "stringData": secrets.environment()}
+            "stringData": {name: str(value) for name, value in secrets.environment().items()}}  # plain text for the API
 
 
 def literal_env(variables: Mapping[str, str]) -> list[dict[str, str]]:
