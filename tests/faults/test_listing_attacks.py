@@ -1,10 +1,19 @@
 """Listing a shared root, tested as the attacks were found: the attacker plants, the victim lists and attaches.
 
-Each attack runs as two real unprivileged users (``two_users``): the attacker
-writes into a 0777 root, the victim runs ``jobs()``, ``%kinetic jobs`` and
-``attach`` there in a child that is killed (and the test failed) if it does not
-return in time, under an address-space limit so that a listing that reads
-without bound fails with ``MemoryError`` instead of taking the machine.
+Each attack runs as two real unprivileged users (``two_users``): the victim
+runs ``jobs()``, ``%kinetic jobs`` and ``attach`` in a child that is killed (and
+the test failed) if it does not return in time, under an address-space limit
+so that a listing that reads without bound fails with ``MemoryError`` instead
+of taking the machine.
+
+A shared ``file://`` root keeps each user's jobs in ``ROOT/uid-UID/``, a 0700
+directory of that user's own (``tests/faults/test_shared_root.py``), so what the
+attacker plants in the shared root itself never reaches the victim's listing
+(``test_what_the_attacker_plants_in_the_shared_root_is_never_listed``). Who can
+still plant where a victim lists is a bucket's other writers, which have no uid:
+so each attack below is planted into the victim's own listing directory by the
+test (root), as the attacker's, owned by the attacker's uid, as such a writer
+would leave it, and the reader must survive it all the same.
 """
 
 from __future__ import annotations
@@ -45,6 +54,23 @@ PLAN = {"hosts": 1, "accelerator": "cpu", "devices_per_host": 1, "framework": "n
 def handle_of(job_id: str, **fields) -> bytes:
     return json.dumps({"job_id": job_id, "backend": "local", "hosts": 1, "accelerator": "cpu",
                        "submitted_at": 4070908800.0, "status": "SUCCEEDED", **fields}).encode()
+
+
+def plant_as_attacker(two_users, job_id: str, files: dict, *, directory_mode: int = 0o755) -> None:  # noqa: F811
+    """Into the victim's listing directory (``uid-UID/`` of the shared root): a job of the attacker's, owned by her."""
+    listing = victim_directory(two_users)
+    plant(str(listing), job_id, files, directory_mode=directory_mode)
+    for path in [listing / job_id, *(listing / job_id).rglob("*")] if directory_mode & 0o100 else [listing / job_id]:
+        os.lchown(path, two_users.attacker.uid, two_users.attacker.uid)
+
+
+def victim_directory(two_users) -> pathlib.Path:  # noqa: F811
+    """Where the victim's storage keeps her jobs in the shared root: ``uid-UID/``, hers, 0700."""
+    directory = two_users.shared / f"uid-{two_users.victim.uid}"
+    if not directory.exists():
+        directory.mkdir(mode=0o700)
+        os.chown(directory, two_users.victim.uid, two_users.victim.uid)
+    return directory
 
 
 def plant(shared: str, job_id: str, files: dict, *, directory_mode: int = 0o755) -> None:
@@ -101,19 +127,25 @@ def status_row(rows: list[str], job_id: str) -> str:
 @pytest.fixture
 def shared_root(two_users):  # noqa: F811
     """The 0777 root, with one ordinary planted job beside each attack: the listing must still show it."""
-    two_users.attacker.run(plant, str(two_users.shared), OTHER_ID, {protocol.HANDLE: handle_of(OTHER_ID)})
+    plant_as_attacker(two_users, OTHER_ID, {protocol.HANDLE: handle_of(OTHER_ID)})
     return f"file://{two_users.shared}"
 
 
+def test_what_the_attacker_plants_in_the_shared_root_is_never_listed(two_users, shared_root):  # noqa: F811
+    plant_as_attacker(two_users, PLANTED_ID, {protocol.HANDLE: os.mkfifo})
+    listed, rows = victim_lists(two_users, shared_root)
+    assert PLANTED_ID not in listed and set(listed) == {OTHER_ID} and len(rows) == 1
+
+
 def test_a_fifo_named_handle_json_does_not_hang_the_listing(two_users, shared_root):  # noqa: F811
-    two_users.attacker.run(plant, str(two_users.shared), PLANTED_ID, {protocol.HANDLE: os.mkfifo})
+    plant_as_attacker(two_users, PLANTED_ID, {protocol.HANDLE: os.mkfifo})
     listed, rows = victim_lists(two_users, shared_root)
     assert listed[PLANTED_ID].status.startswith("UNREADABLE: ") and "not a regular file" in listed[PLANTED_ID].status
     assert listed[OTHER_ID].status == catalog.NOT_YOURS and len(rows) == 2
 
 
 def test_a_link_to_dev_zero_is_not_followed(two_users, shared_root):  # noqa: F811
-    two_users.attacker.run(plant, str(two_users.shared), PLANTED_ID,
+    plant_as_attacker(two_users, PLANTED_ID,
                            {protocol.HANDLE: lambda path: os.symlink("/dev/zero", path)})
     listed, rows = victim_lists(two_users, shared_root)
     assert "symbolic link" in listed[PLANTED_ID].status and listed[OTHER_ID].status == catalog.NOT_YOURS
@@ -126,7 +158,7 @@ def test_a_sparse_gigabyte_is_not_read(two_users, shared_root):  # noqa: F811
             file.truncate(1 << 30)
         path.chmod(0o644)
 
-    two_users.attacker.run(plant, str(two_users.shared), PLANTED_ID, {protocol.HANDLE: sparse})
+    plant_as_attacker(two_users, PLANTED_ID, {protocol.HANDLE: sparse})
     records, _, error, added = two_users.victim.run(list_and_print, shared_root, timeout=LIST_TIMEOUT_S)
     assert error is None and added < LISTING_MEMORY_BYTES
     listed = {record.job_id: record for record in records}
@@ -134,7 +166,7 @@ def test_a_sparse_gigabyte_is_not_read(two_users, shared_root):  # noqa: F811
 
 
 def test_an_unreadable_entry_is_one_row_and_the_rest_is_listed(two_users, shared_root):  # noqa: F811
-    two_users.attacker.run(plant, str(two_users.shared), PLANTED_ID, {protocol.HANDLE: handle_of(PLANTED_ID)},
+    plant_as_attacker(two_users, PLANTED_ID, {protocol.HANDLE: handle_of(PLANTED_ID)},
                            directory_mode=0o700)
     listed, rows = victim_lists(two_users, shared_root)
     assert "Permission denied" in listed[PLANTED_ID].status and listed[PLANTED_ID].status.startswith("UNREADABLE: ")
@@ -145,7 +177,7 @@ def test_an_unreadable_entry_is_one_row_and_the_rest_is_listed(two_users, shared
                                               ("submitted_at", float("nan")), ("accelerator", ["tpu"]),
                                               ("status", {"x": 1})])
 def test_a_field_of_the_wrong_type_or_range_is_one_row(two_users, shared_root, field, value):  # noqa: F811
-    two_users.attacker.run(plant, str(two_users.shared), PLANTED_ID,
+    plant_as_attacker(two_users, PLANTED_ID,
                            {protocol.HANDLE: handle_of(PLANTED_ID, **{field: value})})
     listed, rows = victim_lists(two_users, shared_root)
     assert listed[PLANTED_ID].status.startswith("UNREADABLE: ") and field in listed[PLANTED_ID].status
@@ -154,7 +186,7 @@ def test_a_field_of_the_wrong_type_or_range_is_one_row(two_users, shared_root, f
 
 def test_a_newline_in_a_field_draws_no_row_of_its_own(two_users, shared_root):  # noqa: F811
     fake = f"cpu\n{'kn-20990101-000000-fa4e00':<26}  2099-01-01 00:00:00      1  cpu           SUCCEEDED"
-    two_users.attacker.run(plant, str(two_users.shared), PLANTED_ID,
+    plant_as_attacker(two_users, PLANTED_ID,
                            {protocol.HANDLE: handle_of(PLANTED_ID, accelerator=fake, backend="local\r\x1b[2K")})
     listed, rows = victim_lists(two_users, shared_root)  # no control character in any row
     assert len(rows) == 2 and not any(row.startswith("kn-20990101-000000-fa4e00") for row in rows)
@@ -171,7 +203,7 @@ def attach_refused(root: str, job_id: str) -> str:
 
 def test_an_id_ending_in_a_newline_is_no_id(two_users, shared_root):  # noqa: F811
     newline_id = PLANTED_ID + "\n"
-    two_users.attacker.run(plant, str(two_users.shared), newline_id, {protocol.HANDLE: handle_of(newline_id)})
+    plant_as_attacker(two_users, newline_id, {protocol.HANDLE: handle_of(newline_id)})
     listed, rows = victim_lists(two_users, shared_root)
     assert list(listed) == [OTHER_ID] and len(rows) == 1
     assert "is not a job id" in two_users.victim.run(attach_refused, shared_root, newline_id)
@@ -211,7 +243,9 @@ def attach_every_way(root: str, job_id: str) -> dict[str, str]:
 
 def test_a_planted_unsigned_job_is_not_yours_and_never_unpickled(two_users, shared_root):  # noqa: F811
     marker = two_users.shared / "planted-code-ran"
-    two_users.attacker.run(plant_unsigned_job, str(two_users.shared), str(marker))
+    plant_unsigned_job(str(victim_directory(two_users)), str(marker))
+    for path in [victim_directory(two_users) / PLANTED_ID, *(victim_directory(two_users) / PLANTED_ID).rglob("*")]:
+        os.lchown(path, two_users.attacker.uid, two_users.attacker.uid)
     listed, rows = victim_lists(two_users, shared_root)
     assert listed[PLANTED_ID].status == catalog.NOT_YOURS and status_row(rows, PLANTED_ID).endswith(catalog.NOT_YOURS)
     answers = two_users.victim.run(attach_every_way, shared_root, PLANTED_ID)
