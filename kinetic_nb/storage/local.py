@@ -58,8 +58,8 @@ def _open_directory(parent: int, name: str, create: bool) -> int | None:
     """A descriptor of directory ``name`` in ``parent`` (made 0700 if missing and ``create``), else None."""
     try:
         return os.open(name, _DIRECTORY_FLAGS, dir_fd=parent)
-    except FileNotFoundError:
-        if not create:
+    except (FileNotFoundError, NotADirectoryError):
+        if not create:  # nothing below it exists (a file where a directory would be holds no object either)
             return None
     try:
         os.mkdir(name, DIRECTORY_MODE, dir_fd=parent)

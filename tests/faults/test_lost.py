@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -11,6 +10,7 @@ import pytest
 
 import kinetic_nb
 from kinetic_nb.errors import JobFailedError
+from kinetic_nb.runner.records import read_host_status
 from kinetic_nb.state import LOST_AFTER_S, JobStatus
 
 
@@ -19,7 +19,7 @@ def test_a_frozen_host_is_lost():
     deadline = time.monotonic() + 30
     while not all(h.last_line == "working" for h in handle.hosts()) and time.monotonic() < deadline:
         time.sleep(0.1)
-    pid = json.loads(handle.storage.read_bytes("hosts/1/status.json"))["pid"]
+    pid = read_host_status(handle.storage, handle.key, 1).pid
     os.kill(pid, signal.SIGSTOP)  # alive but silent, as a host behind a dead network link is
     frozen_at = time.monotonic()
     try:
