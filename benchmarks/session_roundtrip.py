@@ -49,8 +49,7 @@ except ImportError:
 import psutil
 
 import kinetic_nb
-from kinetic_nb.runner import protocol
-from kinetic_nb.runner.protocol import HostStatus
+from kinetic_nb.runner.records import read_host_status
 from tests.gcs_emulator import GcsEmulator, free_port
 
 HOSTS = 4
@@ -163,7 +162,7 @@ def session_start_vs_one_shot(starts: int) -> tuple[float, float]:
 
 def hosts_rss(session: kinetic_nb.Session) -> list[int]:
     """Each host process's resident set size in bytes (their pids from the hosts' status records)."""
-    pids = [HostStatus.from_json(session.storage.read_bytes(protocol.host_status(i))).pid for i in range(HOSTS)]
+    pids = [read_host_status(session.storage, session.job.key, i).pid for i in range(HOSTS)]
     return [psutil.Process(pid).memory_info().rss for pid in pids]
 
 
