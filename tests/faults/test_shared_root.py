@@ -123,6 +123,17 @@ def _attack_between(users: TwoUsers, reached: str, attack, *args) -> tuple[threa
     return thread, outcome
 
 
+def _swap_while_victim_runs(users: TwoUsers, victim_side, reached: str, links: dict[str, str]) -> tuple:
+    """The victim's side, with the attacker's swap once she has reached ``reached``: (her value, what was swapped)."""
+    shared, home = str(users.shared), str(users.victim.home)
+    thread, attack = _attack_between(users, reached, _swap, shared, home, links)
+    value = users.victim.run(victim_side, shared, home, timeout=2 * STEP_TIMEOUT_S)
+    thread.join(STEP_TIMEOUT_S)
+    if "error" in attack:
+        raise attack["error"]
+    return value, attack["value"]
+
+
 def _victim_session(shared: str, home: str) -> object:
     """As the victim: a session's cell 1, then (after the swap) cell 2, which writes a checkpoint."""
     _own_environment()
@@ -151,12 +162,7 @@ def test_a_session_directory_swapped_between_two_cells_is_never_written_through(
         two_users.shared.chmod(0o1777)
     two_users.attacker.run(lambda: (os.umask(0), os.mkdir(os.path.join(shared, "sessions"), 0o777)))
     links = {"hosts/0/heartbeat": "~/precious.txt", "cells/000002/ready-1": "~/precious2.txt"}
-    thread, attack = _attack_between(two_users, "cell-1-done", _swap, shared, str(two_users.victim.home), links)
-    value = two_users.victim.run(_victim_session, shared, str(two_users.victim.home), timeout=2 * STEP_TIMEOUT_S)
-    thread.join(STEP_TIMEOUT_S)
-    if "error" in attack:
-        raise attack["error"]
-    swapped = attack["value"]
+    value, swapped = _swap_while_victim_runs(two_users, _victim_session, "cell-1-done", links)
     assert sticky or swapped  # a sticky root: nothing on the way to the victim's session may be renamed
     assert value == 2 or str(value).startswith("failed: ")
     assert {path: path.read_bytes() for path in precious} == precious
@@ -183,14 +189,8 @@ def _victim_job(shared: str, home: str) -> object:
 
 def test_a_running_jobs_directory_swapped_in_a_non_sticky_root_is_never_written_through(two_users):
     precious = _plant_precious(two_users)
-    shared = str(two_users.shared)
     links = {"hosts/0/heartbeat": "~/precious.txt", "hosts/1/heartbeat": "~/precious2.txt"}
-    thread, attack = _attack_between(two_users, "submitted", _swap, shared, str(two_users.victim.home), links)
-    value = two_users.victim.run(_victim_job, shared, str(two_users.victim.home), timeout=2 * STEP_TIMEOUT_S)
-    thread.join(STEP_TIMEOUT_S)
-    if "error" in attack:
-        raise attack["error"]
-    swapped = attack["value"]
+    value, swapped = _swap_while_victim_runs(two_users, _victim_job, "submitted", links)
     assert swapped
     assert value == "done" or str(value).startswith("failed: ")
     assert {path: path.read_bytes() for path in precious} == precious
