@@ -28,6 +28,11 @@ CHECKPOINT = b"model weights only the victim may read"
 STEP_TIMEOUT_S = 120.0
 
 
+def _own_environment() -> None:
+    """Root's test root ($KINETIC_STORAGE, set by a fixture of another test) is not the victim's to reach."""
+    os.environ.pop("KINETIC_STORAGE", None)
+
+
 def _plant_precious(users: TwoUsers) -> dict[Path, bytes]:
     """Two 0600 files in the victim's home, what the planted links point at."""
     files = {}
@@ -40,7 +45,7 @@ def _plant_precious(users: TwoUsers) -> dict[Path, bytes]:
     return files
 
 
-def _swap(shared: str, target: str, victim_home: str, links: dict[str, str]) -> str:
+def _swap(target: str, shared: str, victim_home: str, links: dict[str, str]) -> str:
     """As the attacker: rename the deepest directory on the way to ``target`` she may, and build her own in its
     place down to ``target``: 0777 directories, ``links`` (name below target -> where), links back to the
     victim's signed records, and a 0777 ``outputs/``. Returns what was renamed."""
@@ -90,33 +95,48 @@ def _attacker_reads_nothing(users: TwoUsers) -> None:
     assert users.attacker.run(look, str(users.shared)) == []
 
 
-def _in_step(users: TwoUsers, victim_side, *args) -> tuple[threading.Thread, dict]:
-    """Run the victim's side in a thread (it waits for the test's go between its two halves)."""
+def _attack_between(users: TwoUsers, reached: str, attack, *args) -> tuple[threading.Thread, dict]:
+    """In a thread: once the victim has written ``reached`` in her home, run ``attack(path it names, *args)`` as
+    the attacker, then tell the victim to go on. The victim's heavy side forks from the main thread: a fork from
+    a thread while other threads hold locks could deadlock it."""
     outcome: dict = {}
+    home = users.victim.home
 
     def side() -> None:
         try:
-            outcome["value"] = users.victim.run(victim_side, *args, timeout=2 * STEP_TIMEOUT_S)
+            deadline = time.monotonic() + STEP_TIMEOUT_S
+            while not (home / reached).exists():
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"the victim never reached {reached}")
+                time.sleep(0.05)
+            try:
+                outcome["value"] = users.attacker.run(attack, (home / reached).read_text(), *args)
+            except PermissionError:
+                outcome["value"] = None  # nothing on the way could be renamed
         except BaseException as error:  # re-raised by the test
             outcome["error"] = error
+        finally:
+            (home / "go").write_text("go")
 
     thread = threading.Thread(target=side, daemon=True)
     thread.start()
     return thread, outcome
 
 
-def _wait_for(path: Path, thread: threading.Thread, outcome: dict) -> str:
-    deadline = time.monotonic() + STEP_TIMEOUT_S
-    while not path.exists():
-        if not thread.is_alive() or time.monotonic() > deadline:
-            thread.join(1)
-            raise outcome.get("error") or AssertionError(f"the victim never reached {path.name}")
-        time.sleep(0.05)
-    return path.read_text()
+def _swap_while_victim_runs(users: TwoUsers, victim_side, reached: str, links: dict[str, str]) -> tuple:
+    """The victim's side, with the attacker's swap once she has reached ``reached``: (her value, what was swapped)."""
+    shared, home = str(users.shared), str(users.victim.home)
+    thread, attack = _attack_between(users, reached, _swap, shared, home, links)
+    value = users.victim.run(victim_side, shared, home, timeout=2 * STEP_TIMEOUT_S)
+    thread.join(STEP_TIMEOUT_S)
+    if "error" in attack:
+        raise attack["error"]
+    return value, attack["value"]
 
 
 def _victim_session(shared: str, home: str) -> object:
     """As the victim: a session's cell 1, then (after the swap) cell 2, which writes a checkpoint."""
+    _own_environment()
     session = kinetic_nb.start(hosts=2, framework="none", storage=shared, idle_timeout=600, grace=2, echo=False)
     try:
         assert session.run("x = 1\nx").result() == 1
@@ -141,19 +161,10 @@ def test_a_session_directory_swapped_between_two_cells_is_never_written_through(
     if sticky:  # the attacker's own 0777 sessions/ was enough: no sticky bit protects what lies in it
         two_users.shared.chmod(0o1777)
     two_users.attacker.run(lambda: (os.umask(0), os.mkdir(os.path.join(shared, "sessions"), 0o777)))
-    thread, outcome = _in_step(two_users, _victim_session, shared, str(two_users.victim.home))
-    session_path = _wait_for(two_users.victim.home / "cell-1-done", thread, outcome)
     links = {"hosts/0/heartbeat": "~/precious.txt", "cells/000002/ready-1": "~/precious2.txt"}
-    try:
-        swapped = two_users.attacker.run(_swap, shared, session_path, str(two_users.victim.home), links)
-    except PermissionError:  # a sticky root: nothing on the way to the victim's session may be renamed
-        assert sticky
-        swapped = None
-    (two_users.victim.home / "go").write_text("go")
-    thread.join(2 * STEP_TIMEOUT_S)
-    if "error" in outcome:
-        raise outcome["error"]
-    assert outcome["value"] in (2,) or str(outcome["value"]).startswith("failed: ")
+    value, swapped = _swap_while_victim_runs(two_users, _victim_session, "cell-1-done", links)
+    assert sticky or swapped  # a sticky root: nothing on the way to the victim's session may be renamed
+    assert value == 2 or str(value).startswith("failed: ")
     assert {path: path.read_bytes() for path in precious} == precious
     if swapped:
         _attackers_tree_untouched(two_users, swapped)
@@ -162,6 +173,7 @@ def test_a_session_directory_swapped_between_two_cells_is_never_written_through(
 
 def _victim_job(shared: str, home: str) -> object:
     """As the victim: a one-shot job whose cell waits for the swap, then writes a checkpoint."""
+    _own_environment()
     source = ("import os, time\n"
               f"while not os.path.exists({os.path.join(home, 'go')!r}):\n    time.sleep(0.05)\n"
               "time.sleep(2.5)\n"  # a heartbeat or two after the swap
@@ -177,16 +189,10 @@ def _victim_job(shared: str, home: str) -> object:
 
 def test_a_running_jobs_directory_swapped_in_a_non_sticky_root_is_never_written_through(two_users):
     precious = _plant_precious(two_users)
-    shared = str(two_users.shared)
-    thread, outcome = _in_step(two_users, _victim_job, shared, str(two_users.victim.home))
-    job_path = _wait_for(two_users.victim.home / "submitted", thread, outcome)
-    swapped = two_users.attacker.run(_swap, shared, job_path, str(two_users.victim.home),
-                                     {"hosts/0/heartbeat": "~/precious.txt", "hosts/1/heartbeat": "~/precious2.txt"})
-    (two_users.victim.home / "go").write_text("go")
-    thread.join(2 * STEP_TIMEOUT_S)
-    if "error" in outcome:
-        raise outcome["error"]
-    assert outcome["value"] == "done" or str(outcome["value"]).startswith("failed: ")
+    links = {"hosts/0/heartbeat": "~/precious.txt", "hosts/1/heartbeat": "~/precious2.txt"}
+    value, swapped = _swap_while_victim_runs(two_users, _victim_job, "submitted", links)
+    assert swapped
+    assert value == "done" or str(value).startswith("failed: ")
     assert {path: path.read_bytes() for path in precious} == precious
     _attackers_tree_untouched(two_users, swapped)
     _attacker_reads_nothing(two_users)
@@ -194,6 +200,7 @@ def test_a_running_jobs_directory_swapped_in_a_non_sticky_root_is_never_written_
 
 def _job_with_a_lax_umask(shared: str) -> dict[str, tuple[int, bool]]:
     """As the victim, under umask 000: a job whose cell writes a file and a directory into its outputs."""
+    _own_environment()
     os.umask(0)
     source = ("import os\nout = os.environ['KINETIC_OUTPUT_DIR']\nos.makedirs(os.path.join(out, 'sub'), exist_ok=True)\n"
               "open(os.path.join(out, 'sub', 'weights.bin'), 'wb').write(b'w')\n"
@@ -218,6 +225,7 @@ def test_outputs_and_everything_hosts_create_are_private_whatever_the_umask(two_
 
 
 def _start_and_run(shared: str) -> object:
+    _own_environment()
     session = kinetic_nb.start(hosts=1, framework="none", storage=shared, idle_timeout=600, echo=False)
     try:
         return session.run("21 * 2").result()
