@@ -244,6 +244,16 @@ def _read_buffer() -> memoryview:
     return buffer
 
 
+def _forget_the_pool() -> None:
+    """In a forked child: the parent's hashing threads are not there, so a pool that thinks it has them would
+    never run a block (every verify of a file would hang); the child makes its own on first use."""
+    global _pool_instance
+    _pool_instance = None
+
+
+os.register_at_fork(after_in_child=_forget_the_pool)
+
+
 def _pool() -> concurrent.futures.ThreadPoolExecutor:
     global _pool_instance
     if _pool_instance is None:

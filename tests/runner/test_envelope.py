@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import signal
 
 import cloudpickle
 import pytest
@@ -178,3 +179,16 @@ def test_the_stored_stream_is_the_body_then_its_trailer_and_rewinds(tmp_path):
         assert b"".join(pieces) == sealed
         stored.seek(3)  # a retried upload rewinds
         assert stored.read() == sealed[3:]
+
+
+def test_a_forked_child_verifies_files_though_its_parent_hashed_some(tmp_path):
+    """The hashing pool's threads do not survive a fork: a child that used the parent's pool hung for ever."""
+    storage = LocalStorage(str(tmp_path))
+    envelope.dump_sealed(storage, "result.pkl", KEY, b"x" * 4096)
+    assert envelope.load_sealed(storage, "result.pkl", KEY) == b"x" * 4096  # the parent's pool is up now
+    pid = os.fork()
+    if pid == 0:  # the child: verify again, or be killed by the alarm
+        signal.alarm(20)
+        os._exit(0 if envelope.load_sealed(storage, "result.pkl", KEY) == b"x" * 4096 else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
