@@ -132,7 +132,7 @@ def shared_root(two_users):  # noqa: F811
 
 
 def test_what_the_attacker_plants_in_the_shared_root_is_never_listed(two_users, shared_root):  # noqa: F811
-    plant_as_attacker(two_users, PLANTED_ID, {protocol.HANDLE: os.mkfifo})
+    two_users.attacker.run(plant, str(two_users.shared), PLANTED_ID, {protocol.HANDLE: os.mkfifo})
     listed, rows = victim_lists(two_users, shared_root)
     assert PLANTED_ID not in listed and set(listed) == {OTHER_ID} and len(rows) == 1
 
