@@ -19,9 +19,8 @@ from kinetic_nb.errors import IntegrityError, KineticTimeoutError, ObjectExistsE
 from kinetic_nb.poller import _HostRecords
 from kinetic_nb.results import resolve_outcome
 from kinetic_nb.runner import protocol
-from kinetic_nb.runner.envelope import unseal
 from kinetic_nb.runner.protocol import ExitSummary, HostState, HostStatus, JobPlan, Phase
-from kinetic_nb.runner.records import open_log_chunk, write_record
+from kinetic_nb.runner.records import open_log_chunk, open_record, write_record
 from kinetic_nb.runner.session import cell_key
 from kinetic_nb.state import SNAPSHOT_INTERVAL_S, HostSnapshot, JobSnapshot, JobStatus
 
@@ -143,7 +142,7 @@ class CellHandle:
             if kind == "log":
                 chunk = open_log_chunk(key, name, data, where=f"{storage.uri}/{name}")
             else:
-                body = unseal(key, name, data, where=f"{storage.uri}/{name}") if key is not None else data
+                body = open_record(key, name, data, where=f"{storage.uri}/{name}")
         except IntegrityError:
             self._records[index].refuse(index, name)
             return

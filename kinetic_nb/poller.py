@@ -25,10 +25,9 @@ from kinetic_nb.backends.base import PlatformView
 from kinetic_nb.echo import LeaderEcho
 from kinetic_nb.errors import IntegrityError, ObjectNotFoundError
 from kinetic_nb.runner import protocol
-from kinetic_nb.runner.envelope import unseal
 from kinetic_nb.runner.logs import LogScreen
 from kinetic_nb.runner.protocol import CancelRequest, ExitSummary, HostStatus, JobPlan, Phase
-from kinetic_nb.runner.records import open_log_chunk, unverified_line
+from kinetic_nb.runner.records import open_log_chunk, open_record, unverified_line
 from kinetic_nb.state import (
     HostSnapshot,
     HostState,
@@ -143,7 +142,7 @@ class JobPoller:
     def _verified(self, name: str, data: bytes) -> bytes:
         """``data`` read as ``name``, once it verifies (``IntegrityError`` otherwise); as it is for a job from
         before signing that its user chose to trust (``key=None``)."""
-        return unseal(self.key, name, data, where=f"{self.storage.uri}/{name}") if self.key is not None else data
+        return open_record(self.key, name, data, where=f"{self.storage.uri}/{name}")
 
     def _cleaned_up_status(self) -> JobStatus | None:
         """A job cleaned up after its outcome keeps only handle.json, which records that outcome."""

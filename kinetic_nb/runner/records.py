@@ -12,13 +12,17 @@ Host-safe: the standard library and the runner only.
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from kinetic_nb.errors import IntegrityError, ObjectExistsError, ObjectNotFoundError
 from kinetic_nb.runner import protocol
-from kinetic_nb.runner.envelope import read_sealed, unseal, write_sealed
+from kinetic_nb.runner.envelope import unseal, write_sealed
 from kinetic_nb.runner.protocol import ExitSummary, HostState, HostStatus, LogChunk
 from kinetic_nb.storage import Storage
 
-__all__ = ["open_log_chunk", "read_exit", "read_host_status", "read_log_chunk", "read_record", "recorded_success", "store_exit",
+_Record = TypeVar("_Record", HostStatus, ExitSummary)
+
+__all__ = ["open_log_chunk", "open_record", "read_exit", "read_host_status", "read_log_chunk", "read_record", "recorded_success", "store_exit",
            "unverified_line", "write_record"]
 
 
@@ -39,12 +43,18 @@ def read_record(storage: Storage, key: bytes | None, name: str) -> bytes:
 
     ``key=None`` reads a job from before signing, which its own user chose to trust: as it is.
     """
-    return read_sealed(storage, name, key) if key is not None else storage.read_bytes(name)
+    return open_record(key, name, storage.read_bytes(name), where=f"{storage.uri}/{name}")
+
+
+def open_record(key: bytes | None, name: str, data: bytes, *, where: str) -> bytes:
+    """The body of ``data``, read as ``name``, once it verifies under ``key`` (``IntegrityError`` naming ``where``
+    otherwise); as it is for a job from before signing that its own user chose to trust (``key=None``)."""
+    return unseal(key, name, data, where=where) if key is not None else data
 
 
 def open_log_chunk(key: bytes | None, name: str, data: bytes, *, where: str) -> LogChunk:
     """A log chunk's segments once ``data`` verifies as ``name``: the one way a chunk is decoded for showing."""
-    return protocol.decode_log_chunk_of_cell(unseal(key, name, data, where=where) if key is not None else data)
+    return protocol.decode_log_chunk_of_cell(open_record(key, name, data, where=where))
 
 
 def read_log_chunk(storage: Storage, key: bytes | None, name: str) -> LogChunk:
@@ -57,12 +67,17 @@ def unverified_line(host_index: int, name: str) -> str:
     return f"[kinetic_nb] unverified record from host {host_index} ({name}): not shown"
 
 
-def read_host_status(storage: Storage, key: bytes | None, index: int) -> HostStatus | None:
-    """Host ``index``'s verified status, or None when it has none (or none that verifies)."""
+def _read_verified(storage: Storage, key: bytes | None, name: str, record: type[_Record]) -> _Record | None:
+    """The verified record ``name``, or None when there is none (or none that verifies, or none that parses)."""
     try:
-        return HostStatus.from_json(read_record(storage, key, protocol.host_status(index)))
+        return record.from_json(read_record(storage, key, name))
     except (ObjectNotFoundError, IntegrityError, ValueError, TypeError):
         return None
+
+
+def read_host_status(storage: Storage, key: bytes | None, index: int) -> HostStatus | None:
+    """Host ``index``'s verified status, or None when it has none (or none that verifies)."""
+    return _read_verified(storage, key, protocol.host_status(index), HostStatus)
 
 
 def recorded_success(storage: Storage, key: bytes | None, index: int) -> bool:
@@ -73,10 +88,7 @@ def recorded_success(storage: Storage, key: bytes | None, index: int) -> bool:
 
 def read_exit(storage: Storage, key: bytes | None, index: int) -> ExitSummary | None:
     """Host ``index``'s verified exit record, or None when it has none (or none that verifies)."""
-    try:
-        return ExitSummary.from_json(read_record(storage, key, protocol.host_exit(index)))
-    except (ObjectNotFoundError, IntegrityError, ValueError, TypeError):
-        return None
+    return _read_verified(storage, key, protocol.host_exit(index), ExitSummary)
 
 
 def store_exit(storage: Storage, key: bytes | None, summary: ExitSummary) -> ExitSummary:
@@ -89,8 +101,5 @@ def store_exit(storage: Storage, key: bytes | None, summary: ExitSummary) -> Exi
     try:
         write_record(storage, key, name, summary.to_json(), exclusive=True)
     except ObjectExistsError:
-        try:
-            return ExitSummary.from_json(read_record(storage, key, name))
-        except (ObjectNotFoundError, IntegrityError, ValueError, TypeError):
-            return summary
+        return read_exit(storage, key, summary.host_index) or summary
     return summary
