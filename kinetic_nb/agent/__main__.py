@@ -17,7 +17,7 @@ from kinetic_nb.agent.supervisor import Agent
 from kinetic_nb.agent.watch import wait_for_job_end
 from kinetic_nb.errors import IntegrityError
 from kinetic_nb.runner import protocol
-from kinetic_nb.runner.envelope import KEY_ENV, JobKey, key_from_environment, key_from_text, read_sealed, write_sealed
+from kinetic_nb.runner.envelope import KEY_FILE_ENV, JobKey, key_from_file, key_from_text, read_sealed, write_sealed
 from kinetic_nb.runner.environment import installed_environment
 from kinetic_nb.runner.execute import exception_type_name
 from kinetic_nb.runner.hostenv import host_environment, resolve_host_index
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kinetic agent: {error}; refusing a job it cannot verify", file=sys.stderr)
         return 2
     if key is None:
-        print(f"kinetic agent: no job key on standard input (--key-stdin) or in the environment ({KEY_ENV}); "
+        print(f"kinetic agent: no job key on standard input (--key-stdin) or in a file named by {KEY_FILE_ENV}; "
               "refusing a job it cannot verify", file=sys.stderr)
         return 2
     if args.watch:
@@ -116,11 +116,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _read_key(from_stdin: bool) -> JobKey | None:
-    """The job's key: from standard input (the local backend's pipe, Ray's), or taken out of the environment
-    (a pod's, from the job's Secret); either way the hosts forked from here get it in memory only."""
+    """The job's key: from standard input (the local backend's pipe, Ray's), or from the file that
+    :data:`KEY_FILE_ENV` names (a pod's, the job's Secret mounted), never from the environment; either way
+    the hosts forked from here get it in memory only, and the file's name is not passed on to them."""
     if from_stdin:
+        os.environ.pop(KEY_FILE_ENV, None)
         return key_from_text(sys.stdin.readline(), where="standard input")
-    return key_from_environment(os.environ)
+    return key_from_file(os.environ)
 
 
 def refuse(storage, key: bytes, error: BaseException) -> None:

@@ -7,7 +7,7 @@ storage (``$KINETIC_JOB_URI``: ``file://`` or ``gs://``, the latter over the
 JSON API with the pod's own token from the metadata server, or through
 ``$STORAGE_EMULATOR_HOST``), verifies it and each object it names (the
 notebook's kinetic_nb wheel, the user's requirements) under the job's key
-(``$KINETIC_JOB_KEY``, from the job's Secret) before anything is installed, then
+(in the file ``$KINETIC_JOB_KEY_FILE`` names: the job's Secret, mounted) before anything is installed, then
 installs them into a virtual environment under ``$KINETIC_ENVIRONMENT_DIR``
 (the pod's scratch volume, so a restarted container finds it installed) and
 ``exec``\\s COMMAND with that environment's ``bin`` first on ``PATH``.
@@ -32,7 +32,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-KEY_ENV = "KINETIC_JOB_KEY"
+KEY_FILE_ENV = "KINETIC_JOB_KEY_FILE"
 KEY_BYTES = 32
 JOB_URI_ENV = "KINETIC_JOB_URI"
 #: Where the environment is installed (default: a fresh directory under /tmp).
@@ -160,12 +160,13 @@ def main(argv):
         print("kinetic_nb: the environment bootstrap needs a command to run after it", file=sys.stderr)
         return 2
     try:
-        key = bytes.fromhex(os.environ.get(KEY_ENV, ""))
+        with open(os.environ[KEY_FILE_ENV], "rb") as file:
+            key = bytes.fromhex(file.read(4 * KEY_BYTES).decode("ascii", errors="replace").strip())
         job_uri = os.environ[JOB_URI_ENV]
         if len(key) != KEY_BYTES:
             raise ValueError
-    except (KeyError, ValueError):
-        print(f"kinetic_nb: no job key or job URI in the environment ({KEY_ENV}, {JOB_URI_ENV})", file=sys.stderr)
+    except (KeyError, ValueError, OSError):
+        print(f"kinetic_nb: no job key file or job URI ({KEY_FILE_ENV}, {JOB_URI_ENV})", file=sys.stderr)
         return 2
     directory = os.environ.get(DIRECTORY_ENV) or os.path.join("/tmp", "kinetic-environment")
     os.makedirs(directory, exist_ok=True)

@@ -2,7 +2,10 @@
 
 A cluster runs this as the job's root object (a small Job that owns the
 workload): when it returns, the root completes and the cluster removes it and,
-through owner references, everything the job holds, with no client.
+through owner references, everything the job holds, with no client. So an
+exit or cancel record counts only once it verifies under the job's key: one
+that anyone who may write to the bucket forged would otherwise free the slice
+under a running job.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from kinetic_nb.errors import IntegrityError, ObjectNotFoundError
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.envelope import read_sealed
 from kinetic_nb.runner.protocol import JobPlan
+from kinetic_nb.runner.records import read_record
 from kinetic_nb.storage import Storage
 
 logger = logging.getLogger(__name__)
@@ -29,19 +33,45 @@ MAX_LOOK_S = 15.0
 SILENT_HOST_S = 300.0
 
 
-def job_has_ended(storage: Storage, plan: JobPlan, now: float | None = None) -> bool:
-    """Whether every host has an exit record or a long-silent heartbeat, a cancel was requested,
-    or the job was cleaned up (one listing)."""
+def job_has_ended(storage: Storage, plan: JobPlan, key: bytes, now: float | None = None, *,
+                  seen: dict[str, bool] | None = None) -> bool:
+    """Whether every host has a verified exit record or a long-silent heartbeat, a verified cancel was
+    requested, or the job was cleaned up (one listing, and one read of each record not yet verified).
+
+    ``seen`` carries what earlier looks found from one look to the next: a
+    record that verified (written once, it is not read again) or that did not.
+    """
     now = time.time() if now is None else now
+    seen = {} if seen is None else seen
     listing = {info.name: info for info in storage.list()}
-    if protocol.CANCEL in listing or protocol.PLAN not in listing:
+    if protocol.PLAN not in listing:
+        return True
+    if protocol.CANCEL in listing and _verifies(storage, key, protocol.CANCEL, seen):
         return True
     for index in range(plan.hosts):
-        if protocol.host_exit(index) in listing:
+        name = protocol.host_exit(index)
+        if name in listing and _verifies(storage, key, name, seen):
             continue
         heartbeat = listing.get(protocol.host_heartbeat(index))
         if heartbeat is None or now - heartbeat.updated < SILENT_HOST_S:
             return False  # not started yet (still scheduling), or alive
+    return True
+
+
+def _verifies(storage: Storage, key: bytes, name: str, seen: dict[str, bool]) -> bool:
+    """Whether record ``name`` verifies under ``key``; a refusal is logged once."""
+    if seen.get(name):
+        return True
+    try:
+        read_record(storage, key, name)
+    except ObjectNotFoundError:
+        return False
+    except IntegrityError as error:
+        if name not in seen:
+            logger.warning("ignoring %s: %s", name, error)
+        seen[name] = False
+        return False
+    seen[name] = True
     return True
 
 
@@ -52,12 +82,13 @@ def wait_for_job_end(storage: Storage, key: bytes, *, sleep: Callable[[float], N
     the root, and with it a healthy job.
     """
     plan = None
+    seen: dict[str, bool] = {}
     pause = FIRST_LOOK_S
     while True:
         try:
             if plan is None:
                 plan = JobPlan.from_json(read_sealed(storage, protocol.PLAN, key))
-            if job_has_ended(storage, plan):
+            if job_has_ended(storage, plan, key, seen=seen):
                 return 0
         except ObjectNotFoundError:
             return 0  # collected, or cleaned up after its outcome

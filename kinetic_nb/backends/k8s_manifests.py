@@ -35,7 +35,7 @@ from kinetic_nb.accelerators import (
     resolve_accelerator,
 )
 from kinetic_nb.agent import bootstrap
-from kinetic_nb.runner.envelope import KEY_ENV
+from kinetic_nb.runner.envelope import KEY_ENV, KEY_FILE_ENV
 from kinetic_nb.runner.frameworks import COORDINATOR_ENV
 from kinetic_nb.runner.hostenv import index_variables, job_variables
 from kinetic_nb.runner.protocol import JobPlan
@@ -99,6 +99,13 @@ HOST_REQUESTS = {"cpu": "1", "memory": "4Gi"}
 #: a host that never got as far as uploading a log (no ``kinetic_nb`` in the
 #: image, a bucket it may not read) reach the cell's error through the pod.
 TERMINATION_MESSAGE_POLICY = "FallbackToLogsOnError"
+#: The job's key reaches a pod as a file of the job's Secret, mounted read-only (the agent and the
+#: bootstrap read the file that ``KINETIC_JOB_KEY_FILE`` names), never as a variable: nothing the
+#: container's processes inherit holds it. Readable by any uid, since images run as users of their own;
+#: only this job's processes share the pod.
+KEY_VOLUME = "kinetic-key"
+KEY_DIR = "/var/run/kinetic/key"
+KEY_FILE = f"{KEY_DIR}/key"
 #: An emptyDir for the cell's scratch files and ``KINETIC_OUTPUT_DIR``.
 SCRATCH_VOLUME = "kinetic-scratch"
 SCRATCH_DIR = "/kinetic"
@@ -362,6 +369,7 @@ def _pod_template(plan: JobPlan, acc: Accelerator, job_uri: str, settings: Kuber
         "containers": [container],
         "volumes": volumes,
     }
+    with_key_file(spec, plan)
     node_selector = {**accelerator_node_selector(acc), **settings.node_selector}
     if node_selector:
         spec["nodeSelector"] = node_selector
@@ -420,9 +428,20 @@ def secret_name(job_id: str) -> str:
 
 
 def secret_env(plan: JobPlan) -> list[dict[str, Any]]:
-    """``env`` entries that take the job's key and each ``-e`` value from the job's Secret."""
-    return [{"name": name, "valueFrom": {"secretKeyRef": {"name": secret_name(plan.job_id), "key": name}}}
-            for name in (KEY_ENV, *plan.env_names)]
+    """``env`` entries that name the job's key file and take each ``-e`` value from the job's Secret."""
+    return [_value(KEY_FILE_ENV, KEY_FILE)] + [
+        {"name": name, "valueFrom": {"secretKeyRef": {"name": secret_name(plan.job_id), "key": name}}}
+        for name in plan.env_names]
+
+
+def with_key_file(pod: dict[str, Any], plan: JobPlan) -> dict[str, Any]:
+    """``pod`` (a pod spec) with the job's key, from its Secret, mounted read-only in its one container."""
+    pod.setdefault("volumes", []).append({"name": KEY_VOLUME, "secret": {
+        "secretName": secret_name(plan.job_id), "items": [{"key": KEY_ENV, "path": KEY_FILE.rsplit("/", 1)[1]}],
+        "defaultMode": 0o444}})
+    [container] = pod["containers"]
+    container.setdefault("volumeMounts", []).append({"name": KEY_VOLUME, "mountPath": KEY_DIR, "readOnly": True})
+    return pod
 
 
 def secret_manifest(plan: JobPlan, settings: KubernetesSettings, secrets: JobSecrets,
@@ -489,5 +508,5 @@ def host_environment(plan: JobPlan, acc: Accelerator, job_uri: str, settings: Ku
     env += [_reference(name, "$(KINETIC_HOST_INDEX)") for name in index_variables(0) if name != "KINETIC_HOST_INDEX"]
     if settings.mode.value != "custom":  # the prebuilt and build image modes install into the scratch volume
         env.append(_value(bootstrap.DIRECTORY_ENV, ENVIRONMENT_DIR))
-    env += secret_env(plan)  # the job's key and the user's own -e values, last: they win
+    env += secret_env(plan)  # the job's key file and the user's own -e values, last: they win
     return env

@@ -30,6 +30,7 @@ from kinetic_nb.backends.k8s_manifests import (
     pod_metadata,
     resource_name,
     secret_env,
+    with_key_file,
 )
 from kinetic_nb.runner.protocol import JobPlan
 
@@ -125,8 +126,8 @@ def root_job(plan: JobPlan, job_uri: str, settings: KubernetesSettings) -> dict[
         # In the prebuilt and build image modes the watcher installs kinetic_nb first, not the requirements.
         "command": installing_first(settings, "python", "-m", AGENT_MODULE, "--job", job_uri, "--watch",
                                     requirements=False),
-        # The key (to verify the plan) and the user's own variables last, as on the hosts: they may say how
-        # storage is reached.
+        # The key's file (to verify the plan and the records it counts) and the user's own variables last,
+        # as on the hosts: they may say how storage is reached.
         "env": literal_env({"KINETIC_JOB_ID": plan.job_id, "KINETIC_JOB_URI": job_uri, "PYTHONUNBUFFERED": "1"})
         + secret_env(plan),
         "resources": {part: dict(values) for part, values in ROOT_RESOURCES.items()},
@@ -137,6 +138,7 @@ def root_job(plan: JobPlan, job_uri: str, settings: KubernetesSettings) -> dict[
         "enableServiceLinks": False,
         "containers": [container],
     }
+    with_key_file(pod, plan)
     if settings.service_account:
         pod["serviceAccountName"] = settings.service_account
     return {

@@ -44,8 +44,11 @@ import cloudpickle
 from kinetic_nb.errors import IntegrityError
 from kinetic_nb.storage import Storage
 
-#: The environment variable that carries a job's key (hex) to its agent and hosts.
+#: The variable that carries a job's key (hex) to a host started by hand (``python -m kinetic_nb.runner``),
+#: and the name of the key in a GKE job's Secret. An agent never takes its key from its environment.
 KEY_ENV = "KINETIC_JOB_KEY"
+#: The variable that names the file holding a job's key (hex): a GKE pod's mounted Secret.
+KEY_FILE_ENV = "KINETIC_JOB_KEY_FILE"
 #: 256 bits: HMAC-SHA256's own strength.
 KEY_BYTES = 32
 #: Bound into every MAC: a MAC made for anything else never verifies here.
@@ -125,6 +128,20 @@ def key_from_environment(environ: dict[str, str] | os._Environ = os.environ, *, 
     if not raw:
         return None
     return key_from_text(raw, where=KEY_ENV)
+
+
+def key_from_file(environ: dict[str, str] | os._Environ = os.environ) -> JobKey | None:
+    """The job's key from the file :data:`KEY_FILE_ENV` names (the name removed from ``environ``), or None when
+    none is named; ``IntegrityError`` naming the file when it cannot be read or holds no key."""
+    path = environ.pop(KEY_FILE_ENV, None)
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as file:
+            text = file.read(4 * KEY_BYTES).decode("ascii", errors="replace")
+    except OSError as error:
+        raise IntegrityError(f"cannot read the job's key file {path}: {error.strerror}") from None
+    return key_from_text(text, where=f"the job's key file {path}")
 
 
 def parse_key(text: str) -> bytes | None:
@@ -560,6 +577,6 @@ def read_unsigned(storage: Storage, name: str) -> bytes:
     return read_unsigned_bytes(storage.read_bytes(name), where=f"{storage.uri}/{name}")
 
 
-__all__ = ["JOB", "KEY_BYTES", "KEY_ENV", "SESSION", "JobKey", "SealingWriter", "derived_key", "dump_sealed",
-           "is_sealed", "job_key", "key_from_environment", "key_from_text", "load_sealed", "new_key", "read_sealed",
-           "read_unsigned", "seal", "unseal", "verify_file", "write_sealed"]
+__all__ = ["JOB", "KEY_BYTES", "KEY_ENV", "KEY_FILE_ENV", "SESSION", "JobKey", "SealingWriter", "derived_key",
+           "dump_sealed", "is_sealed", "job_key", "key_from_environment", "key_from_file", "key_from_text",
+           "load_sealed", "new_key", "read_sealed", "read_unsigned", "seal", "unseal", "verify_file", "write_sealed"]

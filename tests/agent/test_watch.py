@@ -5,10 +5,13 @@ from __future__ import annotations
 import os
 import time
 
+import pytest
+
 from kinetic_nb.agent.watch import SILENT_HOST_S, job_has_ended, wait_for_job_end
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.envelope import write_sealed
 from kinetic_nb.runner.protocol import CancelRequest, ExitSummary, JobPlan
+from kinetic_nb.runner.records import write_record
 from kinetic_nb.storage import LocalStorage
 
 KEY = bytes(range(32))
@@ -25,29 +28,64 @@ def make_job(tmp_path, hosts=2) -> tuple[LocalStorage, JobPlan]:
 
 def test_a_job_ends_when_every_host_has_an_exit_record(tmp_path):
     storage, plan = make_job(tmp_path)
-    assert not job_has_ended(storage, plan)  # nothing started yet: pods may still be scheduling
-    storage.write_bytes(protocol.host_exit(0), ExitSummary(0, 0).to_json())
+    assert not job_has_ended(storage, plan, KEY)  # nothing started yet: pods may still be scheduling
+    write_record(storage, KEY, protocol.host_exit(0), ExitSummary(0, 0).to_json())
     storage.write_bytes(protocol.host_heartbeat(1), b"")
-    assert not job_has_ended(storage, plan)
-    storage.write_bytes(protocol.host_exit(1), ExitSummary(1, 1).to_json())
-    assert job_has_ended(storage, plan)
+    assert not job_has_ended(storage, plan, KEY)
+    write_record(storage, KEY, protocol.host_exit(1), ExitSummary(1, 1).to_json())
+    assert job_has_ended(storage, plan, KEY)
 
 
 def test_a_cancel_or_a_cleanup_ends_it(tmp_path):
     storage, plan = make_job(tmp_path)
-    storage.write_bytes(protocol.CANCEL, CancelRequest("by the test", 0.0).to_json())
-    assert job_has_ended(storage, plan)
+    write_record(storage, KEY, protocol.CANCEL, CancelRequest("by the test", 0.0).to_json())
+    assert job_has_ended(storage, plan, KEY)
     storage, plan = make_job(tmp_path / "other")
     storage.delete(protocol.PLAN)
-    assert job_has_ended(storage, plan)
+    assert job_has_ended(storage, plan, KEY)
 
 
 def test_a_host_silent_for_long_counts_as_ended(tmp_path):
     storage, plan = make_job(tmp_path)
-    storage.write_bytes(protocol.host_exit(0), ExitSummary(0, 0).to_json())
+    write_record(storage, KEY, protocol.host_exit(0), ExitSummary(0, 0).to_json())
     storage.write_bytes(protocol.host_heartbeat(1), b"")  # its pod was OOMKilled whole: no exit record, ever
-    assert not job_has_ended(storage, plan)
-    assert job_has_ended(storage, plan, now=time.time() + SILENT_HOST_S + 1)
+    assert not job_has_ended(storage, plan, KEY)
+    assert job_has_ended(storage, plan, KEY, now=time.time() + SILENT_HOST_S + 1)
+
+
+@pytest.mark.parametrize("forgery", ["unsigned", "another key's", "another record's"])
+def test_forged_exit_and_cancel_records_do_not_end_the_job(tmp_path, forgery, caplog):
+    """Anyone who may write to the bucket cannot free the slice under a running job: the watcher, whose end
+    deletes the workload, counts only records that verify under the job's key."""
+    storage, plan = make_job(tmp_path)
+    for index in range(plan.hosts):
+        storage.write_bytes(protocol.host_heartbeat(index), b"")  # both hosts alive
+    forged = {
+        "unsigned": lambda name, body: storage.write_bytes(name, body),
+        "another key's": lambda name, body: write_record(storage, bytes(32), name, body),
+        # a verified record of this job, put where the watcher looks (a host's status as an exit record)
+        "another record's": lambda name, body: storage.write_bytes(
+            name, _sealed_as(storage, protocol.host_status(0), body)),
+    }[forgery]
+    for index in range(plan.hosts):
+        forged(protocol.host_exit(index), ExitSummary(index, 0).to_json())
+    forged(protocol.CANCEL, CancelRequest("forged", 0.0).to_json())
+    seen: dict[str, bool] = {}
+    with caplog.at_level("WARNING"):
+        assert not job_has_ended(storage, plan, KEY, seen=seen)
+        assert not job_has_ended(storage, plan, KEY, seen=seen)
+    assert seen == {protocol.CANCEL: False, protocol.host_exit(0): False}  # host 1 is alive: not read
+    assert len([r for r in caplog.records if "ignoring" in r.message]) == 2  # once each, not every look
+    # The hosts' own records still end it, once the forged ones are gone (a real host's write is exclusive).
+    for index in range(plan.hosts):
+        storage.delete(protocol.host_exit(index))
+        write_record(storage, KEY, protocol.host_exit(index), ExitSummary(index, 0).to_json())
+    assert job_has_ended(storage, plan, KEY, seen=seen)
+
+
+def _sealed_as(storage, name, body):
+    write_record(storage, KEY, name, body)
+    return storage.read_bytes(name)
 
 
 class FlakyStorage(LocalStorage):
@@ -64,7 +102,7 @@ class FlakyStorage(LocalStorage):
 
 def test_storage_errors_are_retried_not_fatal(tmp_path):
     storage, _ = make_job(tmp_path)
-    storage.write_bytes(protocol.CANCEL, CancelRequest("by the test", 0.0).to_json())
+    write_record(storage, KEY, protocol.CANCEL, CancelRequest("by the test", 0.0).to_json())
     flaky = FlakyStorage(storage.uri, failures=3)
     pauses = []
     assert wait_for_job_end(flaky, KEY, sleep=pauses.append) == 0
@@ -78,8 +116,6 @@ def test_a_job_whose_plan_is_gone_has_ended(tmp_path):
 
 
 def test_a_plan_that_does_not_verify_is_not_watched(tmp_path):
-    import pytest
-
     from kinetic_nb.errors import IntegrityError
 
     storage, _ = make_job(tmp_path)

@@ -157,6 +157,26 @@ def container_environment(pod: dict[str, Any], container: dict[str, Any] | None 
     return resolved
 
 
+def secret_files(pod: dict[str, Any], container: dict[str, Any] | None = None, *,
+                 secrets: Any) -> dict[str, str]:
+    """The files the kubelet puts in the container from Secret volumes: their paths in the container and texts.
+
+    ``secrets(name, key)`` gives each item's value (``KeyError`` for a missing
+    Secret or key: the kubelet refuses to start such a container).
+    """
+    container = container or pod["spec"]["containers"][0]
+    volumes = {volume["name"]: volume for volume in pod["spec"].get("volumes", [])}
+    files: dict[str, str] = {}
+    for mount in container.get("volumeMounts", []):
+        source = volumes[mount["name"]].get("secret")  # KeyError: a mount of no volume, which the API refuses
+        if source is None:
+            continue
+        assert mount.get("readOnly") is True, mount  # a Secret is never written through its mount
+        for item in source["items"]:  # only what is named: the -e values stay out of the key's directory
+            files[f"{mount['mountPath']}/{item['path']}"] = secrets(source["secretName"], item["key"])
+    return files
+
+
 def container_command(pod: dict[str, Any], environment: dict[str, str]) -> list[str]:
     container = pod["spec"]["containers"][0]
     return [expand(word, environment) for word in [*container.get("command", []), *container.get("args", [])]]
@@ -507,14 +527,34 @@ class FakeKubelet:
                 value = value.replace(dns_name_, address)
             if self.scratch_dir and value.startswith(km.SCRATCH_DIR + "/"):
                 value = os.path.join(self.scratch_dir, f"pod-{index}", value[len(km.SCRATCH_DIR) + 1:])
+            if value.startswith(km.KEY_DIR + "/"):
+                value = self.volume_path(index, value)
             env[name] = value
         return env
+
+    def volume_path(self, index: int, path: str) -> str:
+        """Where pod ``index``'s file ``path`` (in a Secret volume) lies on this machine."""
+        return os.path.join(self.log_dir, f"pod-{index}-volumes", path.lstrip("/"))
+
+    def _mount_secrets(self, index: int) -> None:
+        """Write the pod's Secret volumes' files, read-only, as the kubelet does before it starts a container."""
+        if self.secrets is None:
+            return
+        for path, text in secret_files(self.pods[index], secrets=self.secrets).items():
+            local = self.volume_path(index, path)
+            os.makedirs(os.path.dirname(local), exist_ok=True)
+            if os.path.exists(local):
+                os.chmod(local, 0o600)
+            with open(local, "w") as file:
+                file.write(text)
+            os.chmod(local, 0o444)
 
     def start(self, index: int | None = None) -> None:
         for position in ([index] if index is not None else range(len(self.pods))):
             self._run(position)
 
     def _run(self, index: int) -> None:
+        self._mount_secrets(index)
         env = self.environment(index)
         command = container_command(self.pods[index], env)
         base = {"PATH": f"{os.path.dirname(sys.executable)}:{os.environ.get('PATH', '/usr/bin:/bin')}",

@@ -91,7 +91,7 @@ def test_a_tpu_slice_runs_as_a_leader_worker_set(cluster, tmp_path):
     source = ("import os\n"
               "print('hello from host', os.environ['TPU_WORKER_ID'])\n"
               "{'host': int(os.environ['TPU_WORKER_ID']), 'hosts': int(os.environ['KINETIC_NUM_HOSTS']),\n"
-              " 'coordinator': os.environ['KINETIC_COORDINATOR_ADDRESS']}")
+              " 'coordinator': os.environ['KINETIC_COORDINATOR_ADDRESS'], 'environment': dict(os.environ)}")
     handle = kinetic_nb.submit(source, accelerator="tpu-v5e-16", backend="kubernetes",
                                storage=f"file://{tmp_path}/jobs", quiet=True, keep=True)
     assert handle.backend.name == "kubernetes"
@@ -115,7 +115,12 @@ def test_a_tpu_slice_runs_as_a_leader_worker_set(cluster, tmp_path):
     pods = handle.backend.pods(handle.plan, fresh=True)  # not the listing cached before the containers ended
     assert {host.state for host in host_states(pods).values()} == {"succeeded"}
 
-    assert handle.result(timeout=30) == {"host": 0, "hosts": 4, "coordinator": f"{name}-0.{name}.{NAMESPACE}:{k8s.DEFAULT_COORDINATOR_PORT}"}
+    result = handle.result(timeout=30)
+    environment = result.pop("environment")
+    assert result == {"host": 0, "hosts": 4, "coordinator": f"{name}-0.{name}.{NAMESPACE}:{k8s.DEFAULT_COORDINATOR_PORT}"}
+    # The agents read the key from the mounted Secret: the cell's environment holds neither it nor its file's name.
+    assert "KINETIC_JOB_KEY" not in environment and "KINETIC_JOB_KEY_FILE" not in environment
+    assert handle.key.hex() not in repr(environment)
     assert [host.state for host in handle.hosts()] == ["succeeded"] * 4
     for index in range(4):  # each host's agent uploaded its runner's output
         assert f"hello from host {index}" in handle.logs(index)

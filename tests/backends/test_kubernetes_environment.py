@@ -72,7 +72,10 @@ def offline_pip(wheelhouse: pathlib.Path) -> dict[str, str]:
 def run_bootstrap(job_uri: str, directory: pathlib.Path, *command: str, extra: dict[str, str] | None = None,
                   options: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     """The bootstrap as a pod runs it: ``python3 -c TEXT -- COMMAND``, with no kinetic_nb on its path."""
-    env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp"), bootstrap.KEY_ENV: KEY.hex(),
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    key_file = directory.parent / "job-key"  # the pod's mounted Secret
+    key_file.write_text(KEY.hex())
+    env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp"), bootstrap.KEY_FILE_ENV: str(key_file),
            bootstrap.JOB_URI_ENV: job_uri, bootstrap.DIRECTORY_ENV: str(directory), **(extra or {})}
     return subprocess.run([sys.executable, "-c", environment.bootstrap_source(), *options, "--", *command],
                           env=env, capture_output=True, text=True, timeout=240, cwd=directory.anchor)
@@ -83,8 +86,8 @@ def run_bootstrap(job_uri: str, directory: pathlib.Path, *command: str, extra: d
 
 def test_the_bootstraps_verifier_is_the_envelopes():
     assert (bootstrap.DOMAIN, bootstrap.TRAILER_PREFIX, bootstrap.TRAILER_BYTES, bootstrap.BLOCK_BYTES,
-            bootstrap.KEY_ENV, bootstrap.KEY_BYTES) == (
-        envelope._DOMAIN, envelope.TRAILER_PREFIX, envelope.TRAILER_BYTES, envelope.BLOCK_BYTES, envelope.KEY_ENV,
+            bootstrap.KEY_FILE_ENV, bootstrap.KEY_BYTES) == (
+        envelope._DOMAIN, envelope.TRAILER_PREFIX, envelope.TRAILER_BYTES, envelope.BLOCK_BYTES, envelope.KEY_FILE_ENV,
         envelope.KEY_BYTES)
     assert bootstrap.INSTALL_OBJECT == protocol.ENVIRONMENT_INSTALL
     for body in (b"", b"x", os.urandom(envelope.BLOCK_BYTES + 12345)):  # none, one piece, more than one block

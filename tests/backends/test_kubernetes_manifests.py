@@ -40,7 +40,7 @@ from kinetic_nb.runner.hostenv import resolve_host_index
 from kinetic_nb.runner.protocol import JobPlan
 
 from .crd_schema import LWS_RELEASES, check_custom_resource, load_crd
-from .k8s_cluster import container_command, container_environment, dns_name, pods_for, to_client_object
+from .k8s_cluster import container_command, container_environment, dns_name, pods_for, secret_files, to_client_object
 
 #: The oldest Kubernetes we support (Indexed Jobs label their pods with the completion
 #: index from 1.28; GKE's oldest supported minor is newer still), and the newest schema shipped.
@@ -265,7 +265,10 @@ def test_the_root_is_a_small_job_that_watches_once_and_is_deleted_soon_after_it_
     assert container["image"] == SETTINGS.image
     env = container_environment(spec["template"], container, secrets=secret_value)
     assert (env["KINETIC_JOB_ID"], env["KINETIC_JOB_URI"]) == (JOB_ID, URI)
-    assert env["KINETIC_JOB_KEY"] == SECRETS.key.hex()  # to verify the plan it watches
+    # The key, to verify the plan it watches and the records it counts: a mounted file, not a variable.
+    assert "KINETIC_JOB_KEY" not in env
+    files = secret_files(spec["template"], container, secrets=secret_value)
+    assert files == {env["KINETIC_JOB_KEY_FILE"]: SECRETS.key.hex()}
     # Small, and no accelerator: the watcher only reads storage.
     assert container["resources"]["requests"] == {"cpu": "50m", "memory": "256Mi"}
     assert set(container["resources"]["limits"]) == {"memory"}
@@ -476,7 +479,9 @@ def test_every_host_resolves_its_own_index_and_meets_the_others_at_host_0(case):
         assert "KINETIC_LOG_UPLOAD" not in env  # the agent uploads the runner's output
         for name, value in USER_ENV.items():
             assert env[name] == value  # from the Secret, exactly as given (a Secret's value is never expanded)
-        assert env["KINETIC_JOB_KEY"] == SECRETS.key.hex()
+        # The key is a file of the mounted Secret, which holds nothing else; no variable holds it.
+        assert "KINETIC_JOB_KEY" not in env and SECRETS.key.hex() not in env.values()
+        assert secret_files(pod, secrets=secret_value) == {env["KINETIC_JOB_KEY_FILE"]: SECRETS.key.hex()}
         assert not any("$(" in value and name not in USER_ENV for name, value in env.items()), env
         assert container_command(pod, env) == ["/bin/sh", "-c", km.HOST_SCRIPT, km.HOST_SCRIPT_NAME,
                                                "python", "-m", "kinetic_nb.agent", "--job", URI]

@@ -50,6 +50,20 @@ def test_the_key_travels_as_hex_and_leaves_the_environment():
             envelope.key_from_environment({envelope.KEY_ENV: bad})
 
 
+def test_a_pods_key_comes_from_the_file_its_variable_names(tmp_path):
+    path = tmp_path / "key"
+    path.write_text(KEY.hex() + "\n")
+    environ = {envelope.KEY_FILE_ENV: str(path), "OTHER": "1"}
+    assert envelope.key_from_file(environ) == KEY
+    assert environ == {"OTHER": "1"}  # the name is not passed on to the hosts
+    assert envelope.key_from_file({}) is None
+    with pytest.raises(IntegrityError, match=f"cannot read the job's key file {tmp_path}/none: No such file"):
+        envelope.key_from_file({envelope.KEY_FILE_ENV: str(tmp_path / "none")})
+    path.write_text("not a key")
+    with pytest.raises(IntegrityError, match=f"the job's key file {path} holds no kinetic_nb key"):
+        envelope.key_from_file({envelope.KEY_FILE_ENV: str(path)})
+
+
 @pytest.mark.parametrize("chunk", [1, 7, envelope.TRAILER_BYTES, envelope.TRAILER_BYTES + 1, 1 << 20])
 def test_streamed_verification_whatever_the_read_sizes(chunk, monkeypatch):
     monkeypatch.setattr(envelope, "_CHUNK_BYTES", chunk)
