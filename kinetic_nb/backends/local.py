@@ -11,6 +11,7 @@ the agent died or could not write the job.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
 import subprocess
@@ -28,6 +29,8 @@ from kinetic_nb.runner.protocol import ExitSummary, JobPlan
 from kinetic_nb.runner.records import recorded_success
 from kinetic_nb.storage import ObjectInfo, Storage
 from kinetic_nb.storage.defaults import user_directory
+
+logger = logging.getLogger(__name__)
 
 #: An agent that has not written its record this long after the job was
 #: stored never started (an import error, a missing interpreter): its log says why.
@@ -106,8 +109,11 @@ class LocalBackend(Backend):
                 close_fds=True,
                 cwd=os.getcwd(),
             )
-            launcher.stdin.write(secrets.key.hex().encode() + b"\n")
-            launcher.stdin.close()
+            try:
+                launcher.stdin.write(secrets.key.hex().encode() + b"\n")
+                launcher.stdin.close()
+            except BrokenPipeError:  # it died before reading the key: the poller reports its death and log
+                logger.info("the agent of %s ended before it read its key", plan.job_id)
         finally:
             log.close()
         # The launcher exits once the agent has written its record: reap it then, whether or not anyone polls.
