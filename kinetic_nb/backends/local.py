@@ -11,6 +11,7 @@ the agent died or could not write the job.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
 import subprocess
@@ -29,6 +30,8 @@ from kinetic_nb.runner.records import recorded_success
 from kinetic_nb.storage import ObjectInfo, Storage
 from kinetic_nb.storage.defaults import user_directory
 
+logger = logging.getLogger(__name__)
+
 #: An agent that has not written its record this long after the job was
 #: stored never started (an import error, a missing interpreter): its log says why.
 AGENT_START_TIMEOUT_S = 15.0
@@ -40,6 +43,19 @@ def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def platform_problem(platform: str) -> str:
+    """Why the local backend cannot run hosts on ``platform`` (``sys.platform``), or "".
+
+    The host agent needs Linux: it reads ``/proc`` to find its hosts and their
+    descendants, and uses ``prctl`` so that nothing outlives it. Elsewhere it
+    could neither stop what a cell starts nor tell a dead agent from a live one.
+    """
+    if platform.startswith("linux"):
+        return ""
+    return (f"the local backend runs hosts on Linux only (its agent uses /proc and prctl), not {platform}: "
+            "run the notebook in a Linux container or VM, or use -b ray or -b kubernetes")
 
 
 def agent_files(job_id: str) -> tuple[str, str]:
@@ -79,7 +95,7 @@ class LocalBackend(Backend):
         self._launcher_codes: dict[str, int] = {}
 
     def preflight(self, plan: JobPlan) -> None:
-        problem = host_count_problem(plan.hosts)
+        problem = platform_problem(sys.platform) or host_count_problem(plan.hosts)
         if problem:
             raise ValueError(problem)
 
@@ -106,8 +122,11 @@ class LocalBackend(Backend):
                 close_fds=True,
                 cwd=os.getcwd(),
             )
-            launcher.stdin.write(secrets.key.hex().encode() + b"\n")
-            launcher.stdin.close()
+            try:
+                launcher.stdin.write(secrets.key.hex().encode() + b"\n")
+                launcher.stdin.close()
+            except BrokenPipeError:  # it died before reading the key: the poller reports its death and log
+                logger.info("the agent of %s ended before it read its key", plan.job_id)
         finally:
             log.close()
         # The launcher exits once the agent has written its record: reap it then, whether or not anyone polls.
