@@ -4,7 +4,7 @@
    a real fake-gcs-server. No host process runs: the records a finished job
    leaves (plan, every host's failure payload as the runner builds it,
    ``hosts/{i}/exit.json`` and ``status.json``) are written straight into the
-   emulator, then ``kinetic_nb.results.resolve_outcome`` decides through a
+   emulator, then ``kinetic_nb.client.outcome.resolve_outcome`` decides through a
    storage wrapper that counts payload downloads and listings. Goals: exactly
    one payload download per outcome, and the time at N = 256 under 2x the time
    at N = 4.
@@ -47,8 +47,8 @@ import cloudpickle
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tests' emulator helper
 
+from kinetic_nb.client.outcome import resolve_outcome
 from kinetic_nb.errors import ObjectNotFoundError
-from kinetic_nb.results import resolve_outcome
 from kinetic_nb.runner import envelope, protocol
 from kinetic_nb.runner.protocol import ExitSummary, HostState, HostStatus, JobPlan, ResultPayload
 from kinetic_nb.state import JobStatus

@@ -23,8 +23,8 @@ import tempfile
 import time
 
 from kinetic_nb.backends.local import LocalBackend
-from kinetic_nb.display.panel import HostPanel
-from kinetic_nb.poller import JobPoller
+from kinetic_nb.client.poller import JobPoller
+from kinetic_nb.notebook.display.panel import HostPanel
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.protocol import HostStatus, JobPlan
 from kinetic_nb.storage import LocalStorage

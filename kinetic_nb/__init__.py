@@ -14,22 +14,22 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "submit": "kinetic_nb.client",
-    "last_job": "kinetic_nb.client",
-    "JobHandle": "kinetic_nb.client",
+    "submit": "kinetic_nb.client.launch",
+    "last_job": "kinetic_nb.client.launch",
+    "JobHandle": "kinetic_nb.client.job_handle",
     "HostSnapshot": "kinetic_nb.state",
     "JobSnapshot": "kinetic_nb.state",
     "JobStatus": "kinetic_nb.state",
     "resolve_accelerator": "kinetic_nb.accelerators",
-    "attach": "kinetic_nb.catalog",
-    "jobs": "kinetic_nb.catalog",
-    "gc": "kinetic_nb.catalog",
+    "attach": "kinetic_nb.client.catalog",
+    "jobs": "kinetic_nb.client.catalog",
+    "gc": "kinetic_nb.client.catalog",
     "accelerator_names": "kinetic_nb.accelerators",
-    "start": "kinetic_nb.sessions",
-    "sessions": "kinetic_nb.sessions",
-    "attach_session": "kinetic_nb.sessions",
-    "Session": "kinetic_nb.sessions",
-    "doctor": "kinetic_nb.readiness",
+    "start": "kinetic_nb.client.sessions",
+    "sessions": "kinetic_nb.client.sessions",
+    "attach_session": "kinetic_nb.client.sessions",
+    "Session": "kinetic_nb.client.sessions",
+    "doctor": "kinetic_nb.backends.kubernetes.doctor",
 }
 __all__ = [
     "HostSnapshot",
@@ -54,10 +54,11 @@ __all__ = [
 
 if TYPE_CHECKING:
     from kinetic_nb.accelerators import accelerator_names, resolve_accelerator
-    from kinetic_nb.catalog import attach, gc, jobs
-    from kinetic_nb.client import JobHandle, last_job, submit
-    from kinetic_nb.readiness import doctor
-    from kinetic_nb.sessions import Session, attach_session, sessions, start
+    from kinetic_nb.backends.kubernetes.doctor import doctor
+    from kinetic_nb.client.catalog import attach, gc, jobs
+    from kinetic_nb.client.job_handle import JobHandle
+    from kinetic_nb.client.launch import last_job, submit
+    from kinetic_nb.client.sessions import Session, attach_session, sessions, start
     from kinetic_nb.state import HostSnapshot, JobSnapshot, JobStatus
 
 
@@ -65,16 +66,20 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'kinetic_nb' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+    # The face wires the client to the display: a handle the API returns is shown by the display's views.
+    importlib.import_module("kinetic_nb.notebook.display")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # looked up once; no submodule of this package bears an exported name
+    return value
 
 
 def load_ipython_extension(ipython: Any) -> None:
     """``%load_ext kinetic_nb``: register ``%%kinetic``, and show kinetic_nb's errors as one line.
 
-    The magic imports ``kinetic_nb.display``, which registers the views a
-    ``JobHandle`` is shown by (``kinetic_nb.views``).
+    The magic imports ``kinetic_nb.notebook.display``, which registers the views a
+    ``JobHandle`` is shown by (``kinetic_nb.views``), as the first use of the API does.
     """
-    from kinetic_nb.magics import KineticMagics, show_kinetic_errors_briefly
+    from kinetic_nb.notebook.magics import KineticMagics, show_kinetic_errors_briefly
 
     ipython.register_magics(KineticMagics)
     show_kinetic_errors_briefly(ipython)

@@ -1,8 +1,8 @@
 """The pure view model of a job: its status, each host's state, snapshots of both.
 
 Everything here is a value or a pure function of values: no backend, no
-storage, no IO. The poller (``kinetic_nb.poller``) produces these snapshots
-from a job's stored records; the display (``kinetic_nb.display``) and the
+storage, no IO. The poller (``kinetic_nb.client.poller``) produces these snapshots
+from a job's stored records; the display (``kinetic_nb.notebook.display``) and the
 client read them. A host's state is one word of ``HostState``, the wire
 vocabulary of ``runner/protocol.py``, re-exported here so there is only one.
 
@@ -21,7 +21,7 @@ from collections.abc import Collection, Mapping
 from typing import Protocol
 
 from kinetic_nb.runner import protocol
-from kinetic_nb.runner.environment import LOG_PREFIX as ENVIRONMENT_LOG_PREFIX
+from kinetic_nb.runner.environment_install import LOG_PREFIX as ENVIRONMENT_LOG_PREFIX
 from kinetic_nb.runner.protocol import ExitSummary, HostState, HostStatus, JobPlan
 from kinetic_nb.runner.status import HEARTBEAT_INTERVAL_S
 

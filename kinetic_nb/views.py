@@ -2,13 +2,13 @@
 
 The client never imports the display (DESIGN, "Dependency rule"): a
 ``JobHandle`` asks this registry by name instead, ``views.render("text",
-snapshot)``, and ``kinetic_nb.display`` fills the registry when it is imported
-(``display/__init__.py`` calls ``register`` for each of its views). The magic
-and ``load_ipython_extension`` import the display, so in a notebook it is
-registered before any handle exists; anywhere else (a script, a test) the
-first ``render`` imports the display by its module name, here and only here.
+snapshot)``, and ``kinetic_nb.notebook.display`` fills the registry when it is
+imported (its ``__init__`` calls ``register`` for each of its views). The
+package root wires the two together: ``load_ipython_extension`` and the first
+use of the public API (``kinetic_nb.submit``, ``start``, ``attach``, ...)
+import the display, so a handle is shown however it was made.
 
-The views ``kinetic_nb.display`` registers:
+The views ``kinetic_nb.notebook.display`` registers:
 
 ``text``      ``JobSnapshot -> str``: the plain-text table (``JobHandle.summary``)
 ``html``      ``JobSnapshot -> str``: the static HTML snapshot (``_repr_html_``)
@@ -21,17 +21,13 @@ display (a test's, a future one) can register into it too.
 
 from __future__ import annotations
 
-import importlib
 import logging
 from collections.abc import Callable
 from typing import Any
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DISPLAY_MODULE", "register", "render"]
-
-#: The module that registers the package's views when it is imported.
-DISPLAY_MODULE = "kinetic_nb.display"
+__all__ = ["register", "render"]
 
 _views: dict[str, Callable[..., Any]] = {}
 
@@ -50,7 +46,7 @@ def register(name: str, view: Callable[..., Any]) -> None:
 
 
 def render(name: str, *args: Any, **kwargs: Any) -> Any:
-    """Call the view registered as ``name``, importing the display first if nothing registered it.
+    """Call the view registered as ``name``.
 
     Parameters
     ----------
@@ -67,12 +63,10 @@ def render(name: str, *args: Any, **kwargs: Any) -> Any:
     Raises
     ------
     LookupError
-        When no view of that name is registered, even after importing the display.
+        When no view of that name is registered (nothing imported the display).
     """
     view = _views.get(name)
     if view is None:
-        importlib.import_module(DISPLAY_MODULE)  # registers its views as it is imported
-        view = _views.get(name)
-    if view is None:
-        raise LookupError(f"no view {name!r} is registered (known: {', '.join(sorted(_views)) or 'none'})")
+        raise LookupError(f"no view {name!r} is registered (known: {', '.join(sorted(_views)) or 'none'}): "
+                          "import kinetic_nb.notebook.display, as kinetic_nb's public API does")
     return view(*args, **kwargs)

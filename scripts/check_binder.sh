@@ -11,7 +11,7 @@ python3 -m venv "$venv"
 "$venv/bin/python" -m pip install --quiet -r binder/requirements.txt
 PATH="$venv/bin:$PATH" bash binder/postBuild >/dev/null
 KERAS_BACKEND=jax "$venv/bin/python" -c "
-import kinetic_nb, kinetic_nb.magics, jax, torch, keras, matplotlib, ipywidgets
+import kinetic_nb, kinetic_nb.notebook.magics, jax, torch, keras, matplotlib, ipywidgets
 assert torch.version.cuda is None and torch.__version__.endswith('+cpu'), f'torch {torch.__version__} is not the CPU-only build'
 print('binder environment ok: kinetic_nb', kinetic_nb.__version__, '| jax', jax.__version__, '| torch', torch.__version__)
 "

@@ -21,7 +21,7 @@ def ray_cluster() -> Iterator[RayCluster]:
     cluster = RayCluster(RAY_TEST_NODES)
     try:
         cluster.start()  # inside the try: a start that fails half way leaves its head's processes to stop
-        import kinetic_nb.backends.ray as ray_backend
+        import kinetic_nb.backends.ray.backend as ray_backend
 
         ray_backend.connect(cluster.address)
         cluster.wait_for_nodes(RAY_TEST_NODES)

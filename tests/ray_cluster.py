@@ -102,7 +102,7 @@ class RayCluster:
 
     def alive_nodes(self) -> list[dict]:
         """The cluster's alive nodes, as ``ray.nodes()`` has them (this process connects, as kinetic_nb would)."""
-        from kinetic_nb.backends.ray import connect
+        from kinetic_nb.backends.ray.backend import connect
 
         return [node for node in connect(self.address).nodes() if node["Alive"]]
 
@@ -151,7 +151,7 @@ class RayCluster:
         """kinetic_nb's actors still alive, placement groups not removed and host actor processes still running."""
         from ray.util.state import list_actors, list_placement_groups
 
-        from kinetic_nb.backends.ray import RAY_NAMESPACE
+        from kinetic_nb.backends.ray.backend import RAY_NAMESPACE
 
         actors = list_actors(address=self.address, filters=[("ray_namespace", "=", RAY_NAMESPACE)], limit=10000)
         groups = list_placement_groups(address=self.address, limit=10000)

@@ -1,4 +1,4 @@
-"""What -o can bring back (kinetic_nb.bindings): names the cell may bind, checked before any host starts."""
+"""What -o can bring back (kinetic_nb.shipping.bindings): names the cell may bind, checked before any host starts."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import ast
 
 import pytest
 
-from kinetic_nb.bindings import check_out_names, global_bindings
 from kinetic_nb.errors import CaptureError, UnboundOutputError
+from kinetic_nb.shipping.bindings import check_out_names, global_bindings
 
 CELL = """
 import os.path, numpy as np

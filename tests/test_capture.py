@@ -19,19 +19,19 @@ from typing import Any
 import cloudpickle
 import pytest
 
-from kinetic_nb.capture import (
+from kinetic_nb.errors import CaptureError, CellSyntaxError, UnpicklableValueError
+from kinetic_nb.shipping.capture import (
     imported_modules,
     module_roots,
     names_read_from_notebook,
     parse_cell,
     pickle_namespace,
 )
-from kinetic_nb.errors import CaptureError, CellSyntaxError, UnpicklableValueError
 
 CELL = "<kinetic-cell>"
 REPOSITORY_ROOT = Path(__file__).resolve().parents[1]
 IMPORT_BOTH_AND_REPORT_IPYTHON = (
-    "import sys, kinetic_nb.accelerators, kinetic_nb.capture; print('IPython' in sys.modules)"
+    "import sys, kinetic_nb.accelerators, kinetic_nb.shipping.capture; print('IPython' in sys.modules)"
 )
 
 
@@ -324,7 +324,7 @@ def test_a_real_ipython_namespace_yields_only_the_users_variables():
     script = """
         import json
         from IPython.core.interactiveshell import InteractiveShell
-        from kinetic_nb.capture import names_read_from_notebook, parse_cell
+        from kinetic_nb.shipping.capture import names_read_from_notebook, parse_cell
 
         shell = InteractiveShell.instance()
         for cell in ["x = 41", "x + 1", "import json", "!true", "def f():\\n    return x"]:

@@ -9,9 +9,9 @@ import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
 import kinetic_nb
-from kinetic_nb import catalog as jobs
 from kinetic_nb.backends.local import agent_files
-from kinetic_nb.catalog_records import RECORD_MAX_BYTES, listed_fields, printable, read_record_bytes
+from kinetic_nb.client import catalog as jobs
+from kinetic_nb.client.catalog_records import RECORD_MAX_BYTES, listed_fields, printable, read_record_bytes
 from kinetic_nb.errors import ObjectNotFoundError, StorageError
 from kinetic_nb.runner.envelope import read_sealed
 from kinetic_nb.state import JobStatus

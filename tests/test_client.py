@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
 import time
 
 import pytest
@@ -299,3 +300,13 @@ def test_a_leader_value_the_notebook_cannot_unpickle_is_named_not_missing():
     with pytest.raises(UnreadableResultError, match="cannot be unpickled here: ValueError") as info:
         handle.result()
     assert "missing" not in str(info.value)
+
+
+def test_the_local_backend_refuses_a_platform_other_than_linux_in_one_line(monkeypatch, tmp_path):
+    """Its agent needs /proc and prctl: elsewhere it could not stop what a cell starts (README, "Platforms")."""
+    monkeypatch.setattr(sys, "platform", "darwin")
+    with pytest.raises(ValueError, match=r"^the local backend runs hosts on Linux only \(its agent uses /proc and "
+                                         r"prctl\), not darwin: run the notebook in a Linux container or VM, or use "
+                                         r"-b ray or -b kubernetes$"):
+        kinetic_nb.submit("1", hosts=2, storage=f"file://{tmp_path}")
+    assert list(tmp_path.rglob("*.json")) == []  # refused before anything was stored

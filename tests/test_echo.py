@@ -1,10 +1,10 @@
-"""The leader's output on its way to the cell (kinetic_nb.echo): chatter out, whatever the chunk boundaries."""
+"""The leader's output on its way to the cell (kinetic_nb.client.echo): chatter out, whatever the chunk boundaries."""
 
 from __future__ import annotations
 
 import pytest
 
-from kinetic_nb.echo import LeaderEcho
+from kinetic_nb.client.echo import LeaderEcho
 from kinetic_nb.runner import protocol
 
 GLOO = "[Gloo] Rank 0 is connected to 3 peer ranks. Expected number of connected peer ranks is : 3\n"

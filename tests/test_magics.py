@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import pathlib
+
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
+
+import kinetic_nb
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +70,7 @@ def test_help_lists_the_flags(shell):
 def test_the_pods_service_account_comes_from_the_flag_else_the_environment_else_config(shell, monkeypatch):
     from IPython.core.magic_arguments import parse_argstring
 
-    from kinetic_nb.backends.kubernetes import KubernetesBackend
+    from kinetic_nb.backends.kubernetes.backend import KubernetesBackend
 
     magics = shell.magics_manager.registry["KineticMagics"]
     cell = shell.find_cell_magic("kinetic").__func__
@@ -88,7 +92,7 @@ def test_the_pods_service_account_comes_from_the_flag_else_the_environment_else_
 def test_the_pending_limit_comes_from_the_flag_else_the_environment_else_config(shell, monkeypatch):
     from IPython.core.magic_arguments import parse_argstring
 
-    from kinetic_nb.backends.kubernetes import KubernetesBackend
+    from kinetic_nb.backends.kubernetes.backend import KubernetesBackend
 
     magics = shell.magics_manager.registry["KineticMagics"]
     cell = shell.find_cell_magic("kinetic").__func__
@@ -112,7 +116,7 @@ def test_a_registered_backend_brings_its_flags(monkeypatch):
 
     from kinetic_nb.backends import base
     from kinetic_nb.backends.testing import register_fake
-    from kinetic_nb.magics import _backend_flags
+    from kinetic_nb.notebook.magics import _backend_flags
 
     monkeypatch.setattr(base, "_REGISTRY", dict(base._REGISTRY))  # registered for this test only
     register_fake()
@@ -133,10 +137,15 @@ def test_syntax_error_names_the_cell_line(shell):
     assert "line 3" in str(result.error_in_exec)  # the cell's own numbering, %%kinetic being line 1
 
 
-def test_unpicklable_notebook_value_is_named_before_any_host_starts(shell):
+def test_unpicklable_notebook_value_is_named_before_any_host_starts(shell, storage_root):
     run_cell(shell, "import threading\nlock = threading.Lock()")
+    root = pathlib.Path(storage_root.removeprefix("file://"))
+    stored_before, last_before = sorted(root.rglob("*")), kinetic_nb.last_job()
     result = run_cell(shell, "%%kinetic -n 2\nlock\n")
-    assert "'lock'" in str(result.error_in_exec) and "lock" in str(result.error_in_exec)
+    assert type(result.error_in_exec).__name__ == "UsageError"
+    assert str(result.error_in_exec).startswith("cannot ship variable 'lock' (a _thread.lock) to the hosts"), result.error_in_exec
+    # Nothing was stored, no job was submitted: no host could have started.
+    assert sorted(root.rglob("*")) == stored_before and kinetic_nb.last_job() is last_before
 
 
 def test_value_becomes_out_and_out_variables_land(shell):
@@ -160,7 +169,7 @@ def test_remote_exception_is_raised_in_the_shell(shell):
 def test_env_values_are_masked_in_every_spelling_the_parser_takes():
     from IPython.core.magic_arguments import MagicArgumentParser
 
-    from kinetic_nb.magics import refuse_abbreviations, without_env_values
+    from kinetic_nb.notebook.magics import refuse_abbreviations, without_env_values
 
     parser = refuse_abbreviations(MagicArgumentParser(prog="%test", add_help=False))
     parser.add_argument("-q", action="store_true")

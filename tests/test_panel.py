@@ -7,7 +7,7 @@ import io
 import pytest
 
 from kinetic_nb import views
-from kinetic_nb.display.panel import (
+from kinetic_nb.notebook.display.panel import (
     GRID_ABOVE,
     HostPanel,
     TextStatus,

@@ -1,4 +1,4 @@
-"""The one poller (kinetic_nb.poller): one listing per poll, and no reads when nothing changed."""
+"""The one poller (kinetic_nb.client.poller): one listing per poll, and no reads when nothing changed."""
 
 from __future__ import annotations
 

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import pytest
 
-from kinetic_nb import readiness as doctor_module
-from kinetic_nb import readiness_image
 from kinetic_nb.accelerators import resolve_accelerator
-from kinetic_nb.backends import k8s_cloud_build as cloud_build
-from kinetic_nb.backends.k8s_environment import host_packages, stock_image
+from kinetic_nb.backends.kubernetes import cloud_build
+from kinetic_nb.backends.kubernetes import doctor as doctor_module
+from kinetic_nb.backends.kubernetes import doctor_image as readiness_image
+from kinetic_nb.backends.kubernetes.doctor import doctor, required_permissions
+from kinetic_nb.backends.kubernetes.image_modes import host_packages, stock_image
 from kinetic_nb.errors import KineticError
-from kinetic_nb.readiness import doctor, required_permissions
 
 from .backends.google_api_double import RegistryAndCloudBuildDouble
 from .backends.k8s_api_server import RecordingApiServer

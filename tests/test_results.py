@@ -5,8 +5,8 @@ from __future__ import annotations
 import cloudpickle
 import pytest
 
+from kinetic_nb.client.outcome import resolve_outcome
 from kinetic_nb.errors import HostExitError, HostStoppedError, JobCancelledError, JobFailedError, KineticWarning
-from kinetic_nb.results import resolve_outcome
 from kinetic_nb.runner import envelope, protocol
 from kinetic_nb.runner.protocol import ExitSummary, JobPlan, ResultPayload
 from kinetic_nb.state import JobStatus, job_status

@@ -14,8 +14,8 @@ import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
 import kinetic_nb
-from kinetic_nb.errors import JobFailedError, KineticError, KineticTimeoutError
-from kinetic_nb.sessions import SessionEndedError
+from kinetic_nb.client.sessions import SessionEndedError
+from kinetic_nb.errors import HostExitError, JobFailedError, KineticTimeoutError
 
 from .faults.helpers import kernel
 from .faults.test_reattach import run
@@ -87,7 +87,7 @@ def test_a_worker_failure_leaves_the_session_up_and_the_namespace_as_the_cell_le
 
 
 def test_a_system_exit_fails_the_cell_not_the_host(session):
-    with pytest.raises((SystemExit, KineticError)):  # how a host's SystemExit is raised is issue 15's
+    with pytest.raises(HostExitError, match=r"^the cell on host 0 exited with SystemExit\(3\)"):  # as a one-shot cell's
         session.run(HOST + "import sys\nif host == 0:\n    sys.exit(3)\n1").result()
     assert session.run("'still up'").result() == "still up"
 

@@ -17,10 +17,11 @@ from kinetic_nb.agent.supervisor import Agent
 from kinetic_nb.agent.watch import wait_for_job_end
 from kinetic_nb.errors import IntegrityError
 from kinetic_nb.runner import protocol
-from kinetic_nb.runner.envelope import KEY_FILE_ENV, JobKey, key_from_file, key_from_text, read_sealed, write_sealed
-from kinetic_nb.runner.environment import installed_environment
+from kinetic_nb.runner.envelope import read_sealed, write_sealed
+from kinetic_nb.runner.environment_install import installed_environment
 from kinetic_nb.runner.execute import exception_type_name
-from kinetic_nb.runner.hostenv import host_environment, resolve_host_index
+from kinetic_nb.runner.host_variables import host_environment, resolve_host_index
+from kinetic_nb.runner.job_keys import KEY_FILE_ENV, JobKey, key_from_file, key_from_text
 from kinetic_nb.runner.protocol import JobPlan, Phase, ResultPayload
 from kinetic_nb.runner.redact import host_secrets
 from kinetic_nb.storage import open_storage

@@ -37,7 +37,7 @@ KEY_BYTES = 32
 JOB_URI_ENV = "KINETIC_JOB_URI"
 #: Where the environment is installed (default: a fresh directory under /tmp).
 DIRECTORY_ENV = "KINETIC_ENVIRONMENT_DIR"
-#: Set for COMMAND: the path of the install's record (``kinetic_nb.runner.environment`` reads it).
+#: Set for COMMAND: the path of the install's record (``kinetic_nb.runner.environment_install`` reads it).
 RECORD_ENV = "KINETIC_ENVIRONMENT_RECORD"
 INSTALL_OBJECT = "environment/install.json"
 DOMAIN = b"kinetic-nb/envelope/v2\0"

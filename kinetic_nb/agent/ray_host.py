@@ -31,8 +31,8 @@ import tempfile
 import threading
 
 from kinetic_nb.runner import protocol
-from kinetic_nb.runner.envelope import KEY_ENV
-from kinetic_nb.runner.hostenv import host_environment, resolve_host_index
+from kinetic_nb.runner.host_variables import host_environment, resolve_host_index
+from kinetic_nb.runner.job_keys import KEY_ENV
 from kinetic_nb.runner.logs import last_lines
 from kinetic_nb.runner.protocol import JobPlan
 from kinetic_nb.storage import open_storage

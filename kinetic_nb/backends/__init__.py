@@ -27,7 +27,9 @@ def get_backend(name: str, **options: Any) -> Backend:
 
 
 # The built-in backends register themselves on import.
-from kinetic_nb.backends import local as _local, kubernetes as _kubernetes, ray as _ray  # noqa: E402,F401,I001
+from kinetic_nb.backends import local as _local  # noqa: E402, F401
+from kinetic_nb.backends.kubernetes import backend as _kubernetes  # noqa: E402, F401
+from kinetic_nb.backends.ray import backend as _ray  # noqa: E402, F401
 
 BACKENDS = backend_names()
 

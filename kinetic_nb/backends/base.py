@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from kinetic_nb.runner import protocol
-from kinetic_nb.runner.envelope import KEY_ENV
+from kinetic_nb.runner.job_keys import KEY_ENV
 from kinetic_nb.runner.protocol import CancelRequest, ExitSummary, JobPlan
 from kinetic_nb.runner.records import write_record
 from kinetic_nb.runner.redact import SecretValue
@@ -65,8 +65,8 @@ class JobSecrets:
 class BackendFlag:
     """A flag a backend adds to ``%%kinetic``: ``--namespace NS`` sets its option ``namespace``.
 
-    When the magic has a ``%config KineticMagics.<option>`` trait, its value
-    is passed to ``from_options`` as that option's default (``config``).
+    A flag declared a ``setting`` is also a ``%config KineticMagics.<option>``
+    value, passed to ``from_options`` as that option's default (``config``).
     """
 
     flag: str
@@ -76,6 +76,8 @@ class BackendFlag:
     type: Any = str
     #: A switch (``--ray-pack``) takes no value: given, its option is True.
     switch: bool = False
+    #: Also a ``%config KineticMagics.<option>`` setting: a notebook's default for the flag.
+    setting: bool = False
 
     @property
     def dest(self) -> str:
@@ -157,6 +159,14 @@ class Backend(abc.ABC):
     def options(self) -> dict[str, object]:
         """The settings that recreate this backend from any kernel (stored in ``handle.json``)."""
         return {}
+
+    #: Whether :meth:`doctor` checks something for this backend (``%kinetic doctor -b NAME``).
+    has_doctor: ClassVar[bool] = False
+
+    @classmethod
+    def doctor(cls, accelerator: str | None, storage: str | None, options: Mapping[str, Any]) -> Any:
+        """Whether this notebook is ready to run cells here: a report whose ``table()`` is printed."""
+        raise ValueError(f"the {cls.name} backend has no doctor")
 
     def job_key(self, job_id: str) -> bytes | None:
         """The job's key as the platform keeps it (a cluster's Secret), for a reattach from another machine.

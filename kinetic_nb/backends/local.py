@@ -45,6 +45,19 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
+def platform_problem(platform: str) -> str:
+    """Why the local backend cannot run hosts on ``platform`` (``sys.platform``), or "".
+
+    The host agent needs Linux: it reads ``/proc`` to find its hosts and their
+    descendants, and uses ``prctl`` so that nothing outlives it. Elsewhere it
+    could neither stop what a cell starts nor tell a dead agent from a live one.
+    """
+    if platform.startswith("linux"):
+        return ""
+    return (f"the local backend runs hosts on Linux only (its agent uses /proc and prctl), not {platform}: "
+            "run the notebook in a Linux container or VM, or use -b ray or -b kubernetes")
+
+
 def agent_files(job_id: str) -> tuple[str, str]:
     """The paths of a local job's agent log and agent record (per user, outside the job's storage)."""
     directory = user_directory("agents")
@@ -82,7 +95,7 @@ class LocalBackend(Backend):
         self._launcher_codes: dict[str, int] = {}
 
     def preflight(self, plan: JobPlan) -> None:
-        problem = host_count_problem(plan.hosts)
+        problem = platform_problem(sys.platform) or host_count_problem(plan.hosts)
         if problem:
             raise ValueError(problem)
 

@@ -20,7 +20,8 @@ from typing import Any
 import cloudpickle
 
 from kinetic_nb.errors import HostExitError
-from kinetic_nb.runner import display, protocol
+from kinetic_nb.runner import host_display as display
+from kinetic_nb.runner import protocol
 
 __all__ = ["ends_with_semicolon", "execute_cell", "load_notebook_values", "run_cell"]
 

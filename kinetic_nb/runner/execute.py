@@ -22,8 +22,8 @@ import cloudpickle
 from kinetic_nb.errors import HostStoppedError, PlanError, RemoteHostError, ResultSerializationError
 from kinetic_nb.runner import barrier, envelope, frameworks, protocol, versions
 from kinetic_nb.runner.cell import execute_cell, load_notebook_values, run_cell
-from kinetic_nb.runner.envelope import KEY_ENV, key_from_environment
-from kinetic_nb.runner.hostenv import HOST_INDEX_VARIABLES, resolve_host_index
+from kinetic_nb.runner.host_variables import HOST_INDEX_VARIABLES, resolve_host_index
+from kinetic_nb.runner.job_keys import KEY_ENV, key_from_environment
 from kinetic_nb.runner.protocol import HostState, JobPlan, Phase, ResultPayload
 from kinetic_nb.runner.redact import Redactor, host_secrets
 from kinetic_nb.runner.stacks import enable_stack_dumps
@@ -178,7 +178,7 @@ class HostRun:
 
     def _serve_session(self, plan: JobPlan) -> int:
         """A session: start together, then serve cells until the session stops (see ``runner.session``)."""
-        from kinetic_nb.runner.session import SessionLoop
+        from kinetic_nb.runner.session_loop import SessionLoop
 
         self._enter(Phase.START_BARRIER, HostState.READY)
         if self.is_leader:

@@ -15,7 +15,7 @@ from matplotlib._pylab_helpers import Gcf
 from matplotlib.backend_bases import FigureManagerBase
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-from kinetic_nb.runner.display import publish_display_data
+from kinetic_nb.runner.host_display import publish_display_data
 
 FigureCanvas = FigureCanvasAgg
 FigureManager = FigureManagerBase

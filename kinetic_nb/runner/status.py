@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from kinetic_nb.runner import protocol
-from kinetic_nb.runner.environment import installed_environment
+from kinetic_nb.runner.environment_install import installed_environment
 from kinetic_nb.runner.protocol import HostState, HostStatus, Phase
 from kinetic_nb.runner.records import write_record
 from kinetic_nb.storage import Storage

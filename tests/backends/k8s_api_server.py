@@ -37,7 +37,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from kinetic_nb.backends import k8s_manifests as km
+from kinetic_nb.backends.kubernetes import manifests as km
 
 #: (group/version prefix, plural) -> kind, for the collections the backend creates in.
 COLLECTIONS = {
@@ -122,10 +122,10 @@ class RecordingApiServer:
         self._thread.join(timeout=10)
 
     def api(self) -> Any:
-        """The backend's :class:`~kinetic_nb.backends.kubernetes.KubernetesApi` of real clients talking to this server."""
+        """The backend's :class:`~kinetic_nb.backends.kubernetes.backend.KubernetesApi` of real clients talking to this server."""
         from kubernetes import client
 
-        from kinetic_nb.backends.kubernetes import KubernetesApi
+        from kinetic_nb.backends.kubernetes.api import KubernetesApi
 
         configuration = client.Configuration()
         configuration.host = self.url

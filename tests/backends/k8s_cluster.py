@@ -60,8 +60,8 @@ from collections.abc import Iterable
 from types import SimpleNamespace
 from typing import Any
 
-from kinetic_nb.backends import k8s_manifests as km
-from kinetic_nb.backends import k8s_root
+from kinetic_nb.backends.kubernetes import manifests as km
+from kinetic_nb.backends.kubernetes import root as k8s_root
 
 LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
 LWS_GROUP_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/group-index"

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
+import psutil
 import pytest
 
 import kinetic_nb
 from kinetic_nb.backends import Backend, PlatformView, get_backend
-from kinetic_nb.backends import kubernetes as k8s
+from kinetic_nb.backends.kubernetes import backend as k8s
 from kinetic_nb.backends.testing import FakeBackend, HostScript
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.protocol import CancelRequest
@@ -28,6 +30,8 @@ from .k8s_cluster import FakeKubelet, FakeKubernetes, pods_for, workload
 pytestmark = pytest.mark.filterwarnings("ignore:job storage file.*is local to this machine:kinetic_nb.errors.KineticWarning")
 
 TRIVIAL = "41 + 1"
+#: How long a local job's agent may take to exit after the outcome is in.
+REMAINS_WAIT_S = 10.0
 FAILING = "raise KeyError('no such shard')"
 LONG = "import time\ntime.sleep(600)"
 
@@ -43,6 +47,17 @@ class LocalHarness:
 
     def submit(self, source: str, hosts: int, **options):
         return kinetic_nb.submit(source, hosts=hosts, storage=self.storage, quiet=True, **options)
+
+    def remains(self, handle) -> list[str]:
+        """What the platform still holds of the job: here, its agent's and hosts' processes (waited for a while)."""
+        deadline = time.monotonic() + REMAINS_WAIT_S
+        while True:
+            left = [f"{process.pid}: {' '.join(process.info['cmdline'] or ())}"
+                    for process in psutil.process_iter(["pid", "cmdline"])
+                    if handle.storage.uri in " ".join(process.info["cmdline"] or ())]
+            if not left or time.monotonic() > deadline:
+                return left
+            time.sleep(0.1)
 
     def close(self) -> None:
         pass
@@ -80,6 +95,10 @@ class KubernetesHarness(LocalHarness):
         threading.Thread(target=self._step, args=(kubelet,), daemon=True).start()
         return handle
 
+    def remains(self, handle) -> list[str]:
+        """The job's objects the API server still holds (the root, the workload, the Secret, the Service)."""
+        return [f"{kind} {name}" for kind, name in self.api.objects if handle.job_id in name]
+
     def _step(self, kubelet: FakeKubelet) -> None:
         while not self.stop.wait(0.05):
             kubelet.step()
@@ -97,7 +116,12 @@ class RayHarness(LocalHarness):
 
     def __init__(self, tmp_path, monkeypatch, cluster):
         super().__init__(tmp_path, monkeypatch)
+        self.cluster = cluster
         self.address = cluster.address
+
+    def remains(self, handle) -> list[str]:
+        """The job's placement groups and actors still in the cluster (the backend removes them in a thread)."""
+        return self.cluster.wait_until_nothing_is_left()
 
     def backend(self) -> Backend:
         return get_backend("ray", address=self.address)
@@ -109,6 +133,10 @@ class RayHarness(LocalHarness):
 
 class FakeHarness(LocalHarness):
     name = "fake"
+
+    def remains(self, handle) -> list[str]:
+        """The scripted platform holds a job until its cleanup."""
+        return [] if handle.job_id in handle.backend.cleaned else [f"{handle.job_id}: not cleaned up"]
 
     def backend(self) -> Backend:
         return FakeBackend()
@@ -172,11 +200,13 @@ def test_options_recreate_the_backend_from_any_kernel(harness):
     assert again.options() == backend.options() and again.name == backend.name
 
 
-def test_cleanup_can_be_called_twice_and_never_raises(harness):
-    handle = harness.submit(TRIVIAL, hosts=1)
-    handle.result(timeout=120)
+def test_once_the_outcome_is_in_the_platform_holds_nothing_and_cleanup_can_be_called_again(harness):
+    handle = harness.submit(TRIVIAL, hosts=2)
+    assert handle.result(timeout=120) == 42  # recording the outcome cleans up
+    assert harness.remains(handle) == []
+    handle.backend.cleanup(handle.plan)  # again, twice: nothing to remove, and it does not raise
     handle.backend.cleanup(handle.plan)
-    handle.backend.cleanup(handle.plan)
+    assert harness.remains(handle) == []
 
 
 def test_a_session_on_the_kubernetes_double_over_fake_gcs_server(tmp_path, monkeypatch, gcs_root):

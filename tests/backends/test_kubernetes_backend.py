@@ -20,10 +20,10 @@ import sys
 import pytest
 
 from kinetic_nb.backends import get_backend
-from kinetic_nb.backends import kubernetes as k8s
-from kinetic_nb.backends.k8s_manifests import secret_name
-from kinetic_nb.backends.k8s_root import root_name
-from kinetic_nb.backends.kubernetes import KubernetesBackend, KubernetesSettings
+from kinetic_nb.backends.kubernetes import backend as k8s
+from kinetic_nb.backends.kubernetes.backend import KubernetesBackend, KubernetesSettings
+from kinetic_nb.backends.kubernetes.manifests import secret_name
+from kinetic_nb.backends.kubernetes.root import root_name
 from kinetic_nb.errors import KineticError, KineticWarning
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.protocol import ExitSummary, HostStatus
@@ -139,7 +139,7 @@ def test_get_backend_reads_the_environment(monkeypatch):
 
 
 def test_importing_the_backends_does_not_import_the_kubernetes_client():
-    code = ("import sys, kinetic_nb.backends, kinetic_nb.backends.kubernetes; "
+    code = ("import sys, kinetic_nb.backends, kinetic_nb.backends.kubernetes.backend; "
             "print('kubernetes' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
     assert result.stdout.strip() == "False"

@@ -34,8 +34,8 @@ import time
 import pytest
 
 import kinetic_nb
-from kinetic_nb.backends import kubernetes as k8s
-from kinetic_nb.backends.k8s_pods import host_states
+from kinetic_nb.backends.kubernetes import backend as k8s
+from kinetic_nb.backends.kubernetes.pods import host_states
 from kinetic_nb.errors import JobFailedError, KineticWarning
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.envelope import read_sealed
@@ -225,7 +225,7 @@ def test_local_storage_is_warned_about(cluster, tmp_path):
 
 def test_attach_from_another_kernel_finds_the_jobs_namespace(cluster, tmp_path, monkeypatch):
     """handle.json records where a cluster job lives; attach() uses it, whatever this kernel's settings."""
-    from kinetic_nb import catalog
+    from kinetic_nb.client import catalog
 
     _api, _kubelets = cluster  # the fake API server the submit creates its objects in
     handle = kinetic_nb.submit("1", accelerator="tpu-v5e-16", backend="kubernetes", storage=f"file://{tmp_path}/jobs",
@@ -243,7 +243,7 @@ def test_the_start_barrier_and_the_frameworks_init_wait_as_long_as_a_pod_may_be_
                                                                                         monkeypatch, pending):
     """GPU Indexed Job pods can be scheduled one by one: a host that started first must not give up on the
     others while the backend still waits for their nodes."""
-    from kinetic_nb.plan import DEFAULT_BARRIER_TIMEOUT_S
+    from kinetic_nb.client.plan import DEFAULT_BARRIER_TIMEOUT_S
     from kinetic_nb.runner.frameworks import jax_arguments
 
     if pending:

@@ -14,9 +14,9 @@ import base64
 
 import pytest
 
-from kinetic_nb.backends import k8s_cloud_build as cloud_build
-from kinetic_nb.backends.k8s_settings import KubernetesSettings
-from kinetic_nb.backends.kubernetes import KubernetesBackend
+from kinetic_nb.backends.kubernetes import cloud_build
+from kinetic_nb.backends.kubernetes.backend import KubernetesBackend
+from kinetic_nb.backends.kubernetes.settings import KubernetesSettings
 from kinetic_nb.errors import KineticError
 
 from .google_api_double import RegistryAndCloudBuildDouble

@@ -27,9 +27,9 @@ import pytest
 
 import kinetic_nb
 from kinetic_nb.agent import bootstrap
-from kinetic_nb.backends import k8s_environment as environment
-from kinetic_nb.backends import kubernetes as k8s
-from kinetic_nb.runner import envelope, protocol
+from kinetic_nb.backends.kubernetes import backend as k8s
+from kinetic_nb.backends.kubernetes import image_modes as environment
+from kinetic_nb.runner import envelope, job_keys, protocol
 from kinetic_nb.storage import open_storage
 
 from .k8s_cluster import FakeKubelet, FakeKubernetes, pods_for, wait_for, workload
@@ -87,8 +87,8 @@ def run_bootstrap(job_uri: str, directory: pathlib.Path, *command: str, extra: d
 def test_the_bootstraps_verifier_is_the_envelopes():
     assert (bootstrap.DOMAIN, bootstrap.TRAILER_PREFIX, bootstrap.TRAILER_BYTES, bootstrap.BLOCK_BYTES,
             bootstrap.KEY_FILE_ENV, bootstrap.KEY_BYTES) == (
-        envelope._DOMAIN, envelope.TRAILER_PREFIX, envelope.TRAILER_BYTES, envelope.BLOCK_BYTES, envelope.KEY_FILE_ENV,
-        envelope.KEY_BYTES)
+        envelope._DOMAIN, envelope.TRAILER_PREFIX, envelope.TRAILER_BYTES, envelope.BLOCK_BYTES, job_keys.KEY_FILE_ENV,
+        job_keys.KEY_BYTES)
     assert bootstrap.INSTALL_OBJECT == protocol.ENVIRONMENT_INSTALL
     for body in (b"", b"x", os.urandom(envelope.BLOCK_BYTES + 12345)):  # none, one piece, more than one block
         assert bootstrap.unseal(KEY, "environment/a.whl", envelope.seal(KEY, "environment/a.whl", body)) == body

@@ -21,8 +21,8 @@ import pathlib
 import pytest
 import yaml
 
-from kinetic_nb.backends import k8s_manifests as km
-from kinetic_nb.backends import k8s_root
+from kinetic_nb.backends.kubernetes import manifests as km
+from kinetic_nb.backends.kubernetes import root as k8s_root
 
 from .test_kubernetes_manifests import OWNER, SECRETS, SETTINGS, URI, job_plan
 

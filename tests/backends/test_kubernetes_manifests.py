@@ -29,14 +29,14 @@ from unittest import mock
 import kubernetes_validate
 import pytest
 
-from kinetic_nb.backends import k8s_manifests as km
-from kinetic_nb.backends import k8s_root
 from kinetic_nb.backends.base import JobSecrets
-from kinetic_nb.backends.k8s_pods import host_states
-from kinetic_nb.backends.kubernetes import KubernetesBackend, KubernetesSettings
-from kinetic_nb.plan import make_plan, resolve_slice
+from kinetic_nb.backends.kubernetes import manifests as km
+from kinetic_nb.backends.kubernetes import root as k8s_root
+from kinetic_nb.backends.kubernetes.backend import KubernetesBackend, KubernetesSettings
+from kinetic_nb.backends.kubernetes.pods import host_states
+from kinetic_nb.client.plan import make_plan, resolve_slice
 from kinetic_nb.runner import frameworks
-from kinetic_nb.runner.hostenv import resolve_host_index
+from kinetic_nb.runner.host_variables import resolve_host_index
 from kinetic_nb.runner.protocol import JobPlan
 
 from .crd_schema import LWS_RELEASES, check_custom_resource, load_crd
@@ -379,18 +379,29 @@ def lws_with(**template_fields) -> dict:
 def test_recreate_group_after_start_is_accepted_from_v0_9_only(release):
     """kubernetes-sigs/lws#757 made it a restartPolicy value in v0.9; v0.8 had it only as an annotation."""
     errors = check_custom_resource(lws_with(restartPolicy="RecreateGroupAfterStart"), load_crd(release))
-    if release >= "v0.9":
+    if release_number(release) >= (0, 9):
         assert errors == []
     else:
         assert errors == [".spec.leaderWorkerTemplate.restartPolicy: 'RecreateGroupAfterStart' is not one of "
                           "['Default', 'RecreateGroupOnPodRestart', 'None']"]
 
 
+def release_number(release: str) -> tuple[int, ...]:
+    """``v0.10.1`` as (0, 10, 1): releases compare as numbers (as text, v0.10 would come before v0.9)."""
+    return tuple(int(part) for part in release.lstrip("v").split("."))
+
+
+def test_releases_compare_as_numbers():
+    assert release_number("v0.10") > release_number("v0.9") > release_number("v0.8.1")
+
+
 @pytest.mark.parametrize("release", LWS_RELEASES)
-def test_none_and_the_deprecated_default_are_accepted_by_every_supported_release(release):
-    """None came in v0.5 (kubernetes-sigs/lws#214), the oldest release kinetic_nb supports; Default stays, deprecated."""
-    for policy in ("None", "Default", "RecreateGroupOnPodRestart"):
-        assert check_custom_resource(lws_with(restartPolicy=policy), load_crd(release)) == []
+def test_the_projects_restart_policy_is_accepted_by_every_supported_release(release):
+    """The manifest as built, its restartPolicy untouched: None (a failed group is not recreated: the cell
+    reports it), which came in v0.5 (kubernetes-sigs/lws#214), the oldest release kinetic_nb supports."""
+    _, [lws] = manifests_for("tpu-v5e-16")
+    assert lws["spec"]["leaderWorkerTemplate"]["restartPolicy"] == "None"
+    assert check_custom_resource(lws, load_crd(release)) == []
 
 
 @pytest.mark.parametrize("template", ["leaderTemplate", "workerTemplate"])

@@ -15,8 +15,8 @@ import pathlib
 import kubernetes_validate
 import pytest
 
-from kinetic_nb.backends.k8s_events import pending_verdicts
-from kinetic_nb.backends.k8s_pods import host_states, pod_exit_summaries
+from kinetic_nb.backends.kubernetes.events import pending_verdicts
+from kinetic_nb.backends.kubernetes.pods import host_states, pod_exit_summaries
 
 from .k8s_cluster import to_client_object
 

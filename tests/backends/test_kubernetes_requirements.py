@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 
 from kinetic_nb.backends.base import JobSecrets
-from kinetic_nb.backends.k8s_environment import REQUIREMENTS_OBJECT
-from kinetic_nb.backends.k8s_requirements import pod_requirements
-from kinetic_nb.backends.k8s_settings import KubernetesSettings
-from kinetic_nb.backends.kubernetes import KubernetesBackend
+from kinetic_nb.backends.kubernetes.backend import KubernetesBackend
+from kinetic_nb.backends.kubernetes.image_modes import REQUIREMENTS_OBJECT
+from kinetic_nb.backends.kubernetes.requirements import pod_requirements
+from kinetic_nb.backends.kubernetes.settings import KubernetesSettings
 from kinetic_nb.runner.envelope import read_sealed
 from kinetic_nb.storage import open_storage
 

@@ -14,7 +14,7 @@ import pathlib
 import kubernetes_validate
 import pytest
 
-from kinetic_nb.backends.k8s_pods import (
+from kinetic_nb.backends.kubernetes.pods import (
     PodExitSummary,
     PodHostState,
     host_states,

@@ -15,9 +15,9 @@ import pathlib
 
 import pytest
 
-from kinetic_nb.backends.k8s_manifests import secret_name
-from kinetic_nb.backends.k8s_root import ROOT_TTL_AFTER_FINISHED_S, root_name
-from kinetic_nb.backends.kubernetes import KubernetesBackend, KubernetesSettings
+from kinetic_nb.backends.kubernetes.backend import KubernetesBackend, KubernetesSettings
+from kinetic_nb.backends.kubernetes.manifests import secret_name
+from kinetic_nb.backends.kubernetes.root import ROOT_TTL_AFTER_FINISHED_S, root_name
 from kinetic_nb.errors import KineticError, KineticWarning
 from kinetic_nb.runner import protocol
 from kinetic_nb.storage import open_storage

@@ -16,7 +16,7 @@ import pytest
 import kinetic_nb
 from kinetic_nb.agent.ray_host import RayHost, StorageNotSharedError
 from kinetic_nb.backends import get_backend
-from kinetic_nb.backends.ray import RAY_NAMESPACE, actor_name, connect
+from kinetic_nb.backends.ray.backend import RAY_NAMESPACE, actor_name, connect
 from kinetic_nb.errors import JobFailedError, KineticError
 from kinetic_nb.runner.protocol import ExitSummary
 from kinetic_nb.runner.records import read_exit

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kinetic_nb.accelerators import resolve_accelerator
-from kinetic_nb.backends.ray_placement import CPUS_PER_HOST, SHARED_CPUS_PER_HOST, host_bundles
+from kinetic_nb.backends.ray.placement import CPUS_PER_HOST, SHARED_CPUS_PER_HOST, host_bundles
 
 
 def test_a_host_holds_a_whole_cpu_and_its_accelerators():

@@ -55,7 +55,7 @@ def kernel():
 
 def newest_job(storage_root: str, since: float, wait_s: float = 30.0, *, running_hosts: int = 0):
     """The job submitted under ``storage_root`` after ``since``, once ``running_hosts`` hosts run the cell."""
-    import kinetic_nb.catalog as jobs
+    import kinetic_nb.client.catalog as jobs
 
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:

@@ -18,11 +18,11 @@ import pytest
 import kinetic_nb
 from kinetic_nb.agent.local_state import AgentState
 from kinetic_nb.backends.local import agent_files
+from kinetic_nb.client.keys import load_key
+from kinetic_nb.client.outcome import JobStatus
 from kinetic_nb.errors import JobFailedError, KineticTimeoutError
-from kinetic_nb.keys import load_key
-from kinetic_nb.results import JobStatus
 from kinetic_nb.runner import protocol
-from kinetic_nb.runner.envelope import JOB
+from kinetic_nb.runner.job_keys import JOB
 from kinetic_nb.runner.protocol import CancelRequest, ExitSummary, FirstFailure
 from kinetic_nb.runner.records import read_exit, read_host_status, read_record
 from kinetic_nb.storage import Storage, open_storage

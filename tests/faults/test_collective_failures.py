@@ -7,7 +7,7 @@ import time
 import pytest
 
 import kinetic_nb
-from kinetic_nb.results import JobStatus
+from kinetic_nb.client.outcome import JobStatus
 
 GRACE_S = 3
 

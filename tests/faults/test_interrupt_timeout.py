@@ -7,8 +7,8 @@ import time
 import pytest
 
 import kinetic_nb
+from kinetic_nb.client.outcome import JobStatus
 from kinetic_nb.errors import KineticTimeoutError
-from kinetic_nb.results import JobStatus
 
 from ..conftest import job_processes
 from .helpers import kernel, newest_job

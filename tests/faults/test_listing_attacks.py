@@ -29,7 +29,7 @@ import unicodedata
 import cloudpickle
 import pytest
 
-from kinetic_nb import catalog
+from kinetic_nb.client import catalog
 from kinetic_nb.errors import IntegrityError, UnsignedJobError
 from kinetic_nb.runner import protocol
 from kinetic_nb.storage import open_storage

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 
-from kinetic_nb.results import JobStatus
+from kinetic_nb.client.outcome import JobStatus
 
 from .helpers import kernel, newest_job
 

@@ -23,7 +23,7 @@ from IPython.core.magic_arguments import MagicArgumentParser
 from jupyter_client.manager import start_new_kernel
 
 import kinetic_nb
-from kinetic_nb import magics
+from kinetic_nb.notebook import magics
 
 #: A secret with every character that escaping changes: a backslash, both quotes, a newline, a non-ASCII letter.
 VALUE = "a\\b\"c'd\ne-é-secret"

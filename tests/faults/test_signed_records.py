@@ -18,12 +18,12 @@ import cloudpickle
 import pytest
 
 import kinetic_nb
-from kinetic_nb import catalog
 from kinetic_nb.backends.testing import FakeBackend
+from kinetic_nb.client import catalog
+from kinetic_nb.client.keys import load_key
+from kinetic_nb.client.poller import JobPoller
 from kinetic_nb.errors import IntegrityError, KineticError
-from kinetic_nb.keys import load_key
-from kinetic_nb.poller import JobPoller
-from kinetic_nb.runner import envelope, protocol
+from kinetic_nb.runner import envelope, job_keys, protocol
 from kinetic_nb.runner.protocol import HostState, HostStatus
 from kinetic_nb.runner.records import unverified_line, write_record
 from kinetic_nb.storage import open_storage
@@ -45,7 +45,7 @@ def test_a_log_chunk_planted_in_a_bucket_is_never_rendered(gcs_root, signed_by):
     shown: list[tuple[str, str]] = []
     job = kinetic_nb.submit("import time\nprint('genuine line', flush=True)\ntime.sleep(3)\n'done'", hosts=2,
                             storage=gcs_root, echo=lambda text, stream=protocol.STDOUT: shown.append((stream, text)))
-    other_key = envelope.job_key(envelope.new_key(), envelope.JOB, "kn-20990101-000000-0ther0")
+    other_key = job_keys.job_key(job_keys.new_key(), job_keys.JOB, "kn-20990101-000000-0ther0")
     job.storage.write_bytes(FORGED_CHUNK, forged_chunk(other_key if signed_by == "another-job" else None))
     assert job.result(timeout=120) == "done"
     echoed = "".join(text for _, text in shown)
@@ -59,7 +59,7 @@ def test_a_log_chunk_planted_in_a_bucket_is_never_rendered(gcs_root, signed_by):
 
 def test_a_replayed_older_status_never_takes_a_host_back(storage_root):
     job_id = "kn-20261201-000000-5a7a5e"
-    key = envelope.job_key(envelope.new_key(), envelope.JOB, job_id)
+    key = job_keys.job_key(job_keys.new_key(), job_keys.JOB, job_id)
     storage = open_storage(storage_root).child(job_id)
     plan = protocol.JobPlan(job_id=job_id, hosts=1, accelerator="cpu", devices_per_host=1, framework="none",
                             coordinator_address="127.0.0.1:1", barrier_timeout_s=1, heartbeat_timeout_s=1,
@@ -86,8 +86,8 @@ def test_a_jobs_records_copied_under_sessions_do_not_verify_as_a_session(storage
         kinetic_nb.attach_session(job.job_id, storage=storage_root)
     # The MAC binds the kind: even under this user's own key for that id, the copy is no session's record.
     with pytest.raises(IntegrityError, match="failed verification"):
-        envelope.read_sealed(copy, protocol.PLAN, load_key(job.job_id, envelope.SESSION))
-    assert envelope.read_sealed(job.storage, protocol.PLAN, load_key(job.job_id, envelope.JOB))
+        envelope.read_sealed(copy, protocol.PLAN, load_key(job.job_id, job_keys.SESSION))
+    assert envelope.read_sealed(job.storage, protocol.PLAN, load_key(job.job_id, job_keys.JOB))
 
 
 def _old_format_seal(key: bytes, name: str, body: bytes) -> bytes:
@@ -102,7 +102,7 @@ def test_a_record_in_the_old_signature_format_is_refused_in_one_line_with_no_opt
     marker = tmp_path / "planted-code-ran"
     job_id = "kn-20200101-000000-01df0a"
     job = open_storage(storage_root).child(job_id)
-    secret = envelope.new_key()
+    secret = job_keys.new_key()
     plan = {"job_id": job_id, "hosts": 1, "accelerator": "cpu", "devices_per_host": 1, "framework": "none",
             "coordinator_address": "127.0.0.1:1", "barrier_timeout_s": 1, "heartbeat_timeout_s": 1,
             "shutdown_timeout_s": 1, "protocol_version": protocol.PROTOCOL_VERSION}
@@ -113,7 +113,7 @@ def test_a_record_in_the_old_signature_format_is_refused_in_one_line_with_no_opt
                        (protocol.RESULT, result)):
         job.write_bytes(name, _old_format_seal(secret, name, body))
     with pytest.raises(IntegrityError) as refused:
-        envelope.read_sealed(job, protocol.PLAN, envelope.job_key(secret, envelope.JOB, job_id))
+        envelope.read_sealed(job, protocol.PLAN, job_keys.job_key(secret, job_keys.JOB, job_id))
     assert "old format" in str(refused.value) and "\n" not in str(refused.value)
     with pytest.raises(IntegrityError, match="old format"):
         envelope.load_payload(job, protocol.RESULT, None)  # the opt-in for unsigned jobs does not take it

@@ -18,11 +18,11 @@ import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
 import kinetic_nb
-from kinetic_nb import catalog
 from kinetic_nb.backends.local import LocalBackend, agent_files
+from kinetic_nb.client import catalog
+from kinetic_nb.client.keys import key_path, load_key
 from kinetic_nb.errors import IntegrityError, KineticWarning, UnsignedJobError
-from kinetic_nb.keys import key_path, load_key
-from kinetic_nb.runner import envelope, protocol
+from kinetic_nb.runner import envelope, job_keys, protocol
 from kinetic_nb.storage import open_storage
 
 HOST = "import os\nhost = int(os.environ['KINETIC_HOST_INDEX'])\n"
@@ -151,12 +151,15 @@ def test_no_secret_in_any_stored_byte_or_log(monkeypatch, storage_root):
     with pytest.raises(RuntimeError) as info:
         handle.result()
     assert SECRET not in str(info.value)  # redacted where it was written, on the host
-    key_hex = load_key(handle.job_id, envelope.JOB).hex()  # the bound key the hosts hold
+    key_hex = load_key(handle.job_id, job_keys.JOB).hex()  # the bound key the hosts hold
     secret_hex = key_path(handle.job_id).read_text().strip()  # the secret it is bound from
     stored = b"".join(pathlib.Path(path).read_bytes()
                       for path in pathlib.Path(handle.storage.local_path()).rglob("*") if path.is_file())
-    stored += pathlib.Path(agent_files(handle.job_id)[0]).read_bytes() if os.path.exists(
-        agent_files(handle.job_id)[0]) else b""
+    # What the agent keeps on this machine: its record, always; its log, unless it had nothing to say.
+    log_path, record_path = map(pathlib.Path, agent_files(handle.job_id))
+    kept = sorted(log_path.parent.glob(f"{handle.job_id}.*"))
+    assert record_path in kept and set(kept) <= {log_path, record_path}, kept
+    stored += b"".join(path.read_bytes() for path in kept)
     for secret in (SECRET, key_hex, secret_hex, "kernel-only-credential-1234"):
         assert secret.encode() not in stored
     assert "the password is ***" in handle.logs(0) and "and the key is None" in handle.logs(0)

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from kinetic_nb.errors import HostExitError, KineticError
-from kinetic_nb.runner import display
+from kinetic_nb.runner import host_display as display
 from kinetic_nb.runner.cell import ends_with_semicolon, execute_cell, run_cell
 
 CELL = "<kinetic cell>"

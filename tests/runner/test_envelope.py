@@ -10,7 +10,7 @@ import cloudpickle
 import pytest
 
 from kinetic_nb.errors import IntegrityError
-from kinetic_nb.runner import envelope
+from kinetic_nb.runner import envelope, job_keys
 from kinetic_nb.storage import LocalStorage
 
 KEY = bytes(range(32))
@@ -42,26 +42,26 @@ def test_a_record_cannot_move_to_another_name_or_job():
 
 
 def test_the_key_travels_as_hex_and_leaves_the_environment():
-    environ = {envelope.KEY_ENV: KEY.hex(), "OTHER": "1"}
-    assert envelope.key_from_environment(environ) == KEY
-    assert envelope.KEY_ENV not in environ
+    environ = {job_keys.KEY_ENV: KEY.hex(), "OTHER": "1"}
+    assert job_keys.key_from_environment(environ) == KEY
+    assert job_keys.KEY_ENV not in environ
     for bad in ("zz", KEY.hex()[:-2]):  # not hex; hex but a byte short
         with pytest.raises(IntegrityError, match="holds no kinetic_nb key"):
-            envelope.key_from_environment({envelope.KEY_ENV: bad})
+            job_keys.key_from_environment({job_keys.KEY_ENV: bad})
 
 
 def test_a_pods_key_comes_from_the_file_its_variable_names(tmp_path):
     path = tmp_path / "key"
     path.write_text(KEY.hex() + "\n")
-    environ = {envelope.KEY_FILE_ENV: str(path), "OTHER": "1"}
-    assert envelope.key_from_file(environ) == KEY
+    environ = {job_keys.KEY_FILE_ENV: str(path), "OTHER": "1"}
+    assert job_keys.key_from_file(environ) == KEY
     assert environ == {"OTHER": "1"}  # the name is not passed on to the hosts
-    assert envelope.key_from_file({}) is None
+    assert job_keys.key_from_file({}) is None
     with pytest.raises(IntegrityError, match=f"cannot read the job's key file {tmp_path}/none: No such file"):
-        envelope.key_from_file({envelope.KEY_FILE_ENV: str(tmp_path / "none")})
+        job_keys.key_from_file({job_keys.KEY_FILE_ENV: str(tmp_path / "none")})
     path.write_text("not a key")
     with pytest.raises(IntegrityError, match=f"the job's key file {path} holds no kinetic_nb key"):
-        envelope.key_from_file({envelope.KEY_FILE_ENV: str(path)})
+        job_keys.key_from_file({job_keys.KEY_FILE_ENV: str(path)})
 
 
 @pytest.mark.parametrize("chunk", [1, 7, envelope.TRAILER_BYTES, envelope.TRAILER_BYTES + 1, 1 << 20])

@@ -15,7 +15,7 @@ import types
 import pytest
 
 from kinetic_nb.accelerators import resolve_accelerator
-from kinetic_nb.plan import make_plan
+from kinetic_nb.client.plan import make_plan
 from kinetic_nb.runner import frameworks
 
 PLAN = make_plan(job_id="kn-20261129-234752-3e8d32", acc=resolve_accelerator("cpu"), hosts=4, framework="jax",

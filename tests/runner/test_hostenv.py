@@ -2,7 +2,7 @@ import logging
 
 import pytest
 
-from kinetic_nb.runner.hostenv import resolve_host_index
+from kinetic_nb.runner.host_variables import resolve_host_index
 
 
 @pytest.mark.parametrize(
@@ -31,9 +31,9 @@ def test_invalid_values_are_logged_and_skipped_never_taken_as_the_leader(bad, ca
 
 def test_one_environment_for_every_launcher():
     from kinetic_nb.accelerators import resolve_accelerator
-    from kinetic_nb.backends.k8s_manifests import host_environment as pod_environment
-    from kinetic_nb.backends.k8s_settings import KubernetesSettings
-    from kinetic_nb.runner.hostenv import host_environment, index_variables, job_variables
+    from kinetic_nb.backends.kubernetes.manifests import host_environment as pod_environment
+    from kinetic_nb.backends.kubernetes.settings import KubernetesSettings
+    from kinetic_nb.runner.host_variables import host_environment, index_variables, job_variables
     from kinetic_nb.runner.protocol import JobPlan
 
     plan = JobPlan(job_id="kn-e", hosts=4, accelerator="cpu", devices_per_host=2, framework="jax",

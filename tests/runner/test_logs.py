@@ -1,7 +1,7 @@
 import json
 
 from kinetic_nb.runner import protocol
-from kinetic_nb.runner.envelope import new_key
+from kinetic_nb.runner.job_keys import new_key
 from kinetic_nb.runner.logs import (
     LogChunkWriter,
     TerminalLine,

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import types
 
 import pytest
 
 from kinetic_nb.errors import KineticTimeoutError
-from kinetic_nb.runner import session
-from kinetic_nb.runner.envelope import new_key
+from kinetic_nb.runner import session_loop as session
+from kinetic_nb.runner.job_keys import new_key
 from kinetic_nb.storage import LocalStorage
 
 KEY = new_key()
@@ -18,11 +19,16 @@ def test_a_cell_barrier_waits_for_a_cell_not_for_the_start_window(tmp_path, monk
     # On Kubernetes the plan's barrier includes the pending limit (45 minutes) for hosts still being scheduled;
     # a session's hosts are up, so a cell's barrier keeps to its own, shorter limit.
     monkeypatch.setattr(session, "CELL_BARRIER_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(session, "MAX_LOOK_LOCAL_S", 0.02)
     storage = LocalStorage(str(tmp_path / "session"))
-    plan = types.SimpleNamespace(job_id="kn-test", hosts=2, barrier_timeout_s=3000.0)
+    plan = types.SimpleNamespace(job_id=f"ks-test-{os.getpid()}", hosts=2, barrier_timeout_s=3000.0)
+    # The parts of a HostRun the loop reads, for host 1 of 2: no peers, so the leader never answers.
     run = types.SimpleNamespace(storage=storage, plan=plan, host_index=1, is_leader=False, key=KEY, outcome_key=KEY)
-    loop = session.SessionLoop.__new__(session.SessionLoop)
-    loop.run, loop.storage, loop.plan, loop.wakeup, loop._max_look = run, storage, plan, None, 0.02
-    with pytest.raises(KineticTimeoutError, match=r"not every host loaded the cell within 0.2 s"):
-        loop._barrier(storage.child("cells/000001"))
+    loop = session.SessionLoop(run)
+    try:
+        with pytest.raises(KineticTimeoutError, match=r"not every host loaded the cell within 0.2 s"):
+            loop.cell_barrier(storage.child("cells/000001"))
+    finally:
+        if loop.wakeup is not None:
+            loop.wakeup.close()
     assert storage.exists("cells/000001/ready-1")  # it said it was ready; the leader never answered

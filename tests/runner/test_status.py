@@ -7,7 +7,8 @@ import time
 import pytest
 
 from kinetic_nb.runner import protocol
-from kinetic_nb.runner.envelope import new_key, unseal
+from kinetic_nb.runner.envelope import unseal
+from kinetic_nb.runner.job_keys import new_key
 from kinetic_nb.runner.protocol import HostState, HostStatus, Phase
 from kinetic_nb.runner.records import read_host_status
 from kinetic_nb.runner.status import StatusReporter

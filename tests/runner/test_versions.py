@@ -8,7 +8,7 @@ import cloudpickle
 import pytest
 
 import kinetic_nb
-from kinetic_nb import plan as plan_module
+from kinetic_nb.client import plan as plan_module
 from kinetic_nb.errors import PlanError
 from kinetic_nb.runner import versions
 from kinetic_nb.runner.protocol import JobPlan

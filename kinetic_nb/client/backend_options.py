@@ -1,0 +1,67 @@
+"""What the notebook face knows of the backends: each one's name, summary, flags and ``%config`` settings.
+
+The magics name no backend. They list what every registered backend declares
+(its flags, under its name in ``%%kinetic?``; the flags it declares settings,
+as ``%config KineticMagics.<option>``) and turn what a user gave into the
+chosen backend's options with :func:`chosen_options`, which ``submit`` and
+``start`` take as ``backend_options``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from kinetic_nb.backends import Backend, BackendFlag, backend_class, backend_names
+
+__all__ = ["BackendFlag", "backends", "chosen_options", "doctor", "doctor_backends", "names", "settings"]
+
+
+def names() -> tuple[str, ...]:
+    """The registered backends' names, in registration order (``local`` first)."""
+    return backend_names()
+
+
+def backends() -> list[type[Backend]]:
+    """The registered backends, in registration order: each has ``name``, ``summary`` and ``flags``."""
+    return [backend_class(name) for name in backend_names()]
+
+
+def settings() -> list[tuple[str, BackendFlag]]:
+    """``(backend name, flag)`` for each flag a backend declares a ``%config`` setting too."""
+    return [(backend.name, flag) for backend in backends() for flag in backend.flags if flag.setting]
+
+
+def chosen_options(backend: str, given: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
+    """The options of backend ``backend`` from the flags ``given`` (by ``dest``; None: not given) and
+    the notebook's ``config`` settings (by option; None: not set).
+
+    Raises
+    ------
+    ValueError
+        One line, for a flag of another backend than the chosen one, or an unknown backend.
+    """
+    chosen = backend_class(backend)
+    options: dict[str, Any] = {}
+    for other in backends():
+        for flag in other.flags:
+            value = given.get(flag.dest)
+            if value is None:
+                continue
+            if other is not chosen:
+                raise ValueError(f"{flag.flag} is for -b {other.name}, and this cell runs on -b {chosen.name}")
+            options[flag.option] = value
+    defaults = {flag.option: config.get(flag.option) for flag in chosen.flags if flag.setting}
+    if any(value is not None for value in defaults.values()):
+        options["config"] = defaults
+    return options
+
+
+def doctor_backends() -> list[type[Backend]]:
+    """The backends ``%kinetic doctor`` can check (each declares ``has_doctor``)."""
+    return [backend for backend in backends() if backend.has_doctor]
+
+
+def doctor(backend: str, accelerator: str | None, storage: str | None, options: Mapping[str, Any]) -> Any:
+    """Backend ``backend``'s readiness report for ``accelerator`` and ``storage`` (``ValueError`` if it has none)."""
+    return backend_class(backend).doctor(accelerator, storage, options)

@@ -1,0 +1,170 @@
+"""``submit``: store a cell's plan and payload, launch its hosts, and hand back its ``JobHandle``."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import sys
+import warnings
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from kinetic_nb.accelerators import local_notice
+from kinetic_nb.backends import Backend, JobSecrets, get_backend
+from kinetic_nb.client.echo import show_output
+from kinetic_nb.client.job_handle import JobHandle
+from kinetic_nb.client.keys import create_key
+from kinetic_nb.client.plan import choose_framework, make_plan, new_job_id, prepare_cell, resolve_slice
+from kinetic_nb.errors import (
+    KineticWarning,
+)
+from kinetic_nb.runner import protocol
+from kinetic_nb.runner.envelope import write_sealed
+from kinetic_nb.runner.job_keys import JOB
+from kinetic_nb.runner.redact import SecretValue
+from kinetic_nb.storage import LocalStorage, Storage, default_root, open_storage
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["JobHandle", "last_job", "submit"]
+
+
+def warn_if_shared(root: Storage) -> None:
+    """One line when a local storage root is writable by others: they could plant or remove jobs there."""
+    path = root.named_root if isinstance(root, LocalStorage) else root.local_path()  # not its uid-UID/ below
+    try:
+        mode = os.stat(path).st_mode if path else 0
+    except OSError:
+        return  # created below, 0700
+    if mode & 0o022:
+        warnings.warn(f"the storage root {root.uri} is writable by other users (mode {mode & 0o777:o}): they can "
+                      "plant or remove jobs there; kinetic_nb verifies what it reads, but prefer a root only you "
+                      "can write", KineticWarning, stacklevel=3)
+
+
+_last_handle: JobHandle | None = None
+
+
+def last_job() -> JobHandle | None:
+    """The most recent job submitted from this process (what the last ``%%kinetic`` ran)."""
+    return _last_handle
+
+
+def print_to_stdout(text: str, stream: str = protocol.STDOUT) -> None:
+    """Echo a host's output here: to this process's stream of the same name, a display record as rich output."""
+    show_output(text, stream)
+
+
+def submit(
+    source: str,
+    *,
+    hosts: int | None = None,
+    accelerator: str | None = None,
+    backend: str | Backend = "local",
+    framework: str = "auto",
+    namespace: Mapping[str, Any] | None = None,
+    out: Iterable[str] = (),
+    env: Mapping[str, str] | None = None,
+    timeout: float | None = None,
+    storage: str | None = None,
+    cell_name: str = "kinetic cell",
+    echo: bool | Callable[[str], None] = False,
+    quiet: bool = False,
+    grace: float | None = None,
+    detach: bool = False,
+    keep: bool = False,
+    backend_options: Mapping[str, Any] | None = None,
+) -> JobHandle:
+    """Run ``source`` on every host of a slice; return at once with a ``JobHandle``.
+
+    Parameters
+    ----------
+    source : str
+        The cell's code. Its last expression, on the leader, is the value.
+    hosts : int, optional
+        Number of hosts (default: the accelerator's, or 1).
+    accelerator : str, optional
+        A name such as ``tpu-v5e-16`` or ``gpu-h100x8`` (simulated on CPU locally).
+    backend : str or Backend
+        A registered backend's name (``local``, ``kubernetes``), or a
+        ``Backend`` instance (``kinetic_nb.backends.testing.FakeBackend`` in tests).
+    framework : {"auto", "jax", "torch", "none"}
+        What to initialize before the cell; ``auto`` decides by the cell's imports.
+    namespace : mapping, optional
+        Where the cell's free names are looked up (the notebook's namespace).
+    out : iterable of str
+        Leader variables to bring back in ``JobHandle.outputs``.
+    env : mapping, optional
+        Extra environment variables for every host. Their values are secrets:
+        held as ``SecretValue`` (masked in every repr), redacted from the hosts'
+        logs and reports in every form, never stored.
+    timeout : float, optional
+        Seconds before the job is stopped and ``KineticTimeoutError`` raised.
+    storage : str, optional
+        Storage root URI (default: a per-user directory, or ``$KINETIC_STORAGE``).
+    echo : bool or callable
+        Print the leader's output while waiting (stdout and stderr to their
+        own streams), or call ``echo(text, stream)`` with it (``stream`` is
+        ``"out"`` or ``"err"``).
+    quiet : bool
+        Do not print the notice that an accelerator is simulated.
+    grace : float, optional
+        Seconds the other hosts get to report after one fails, before they are
+        stopped (default 10).
+    detach : bool
+        Show the live panel and keep it current in the background; an
+        interrupt never cancels a detached job.
+    keep : bool
+        Keep all of the job's objects after a success (by default only
+        ``handle.json`` and ``outputs/`` stay).
+    backend_options : mapping, optional
+        The backend's settings; ``kubernetes``: ``namespace``, ``image``,
+        ``service_account``, ... and ``config`` (see ``KubernetesSettings.resolve``).
+    """
+    namespace = {} if namespace is None else namespace
+    out = list(out)
+    env = {name: SecretValue(value) for name, value in (env or {}).items()}  # masked in any traceback from here on
+    if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout:g}")
+    if grace is not None and not (math.isfinite(grace) and grace >= 0):
+        raise ValueError(f"grace must be a number of seconds, 0 or more, got {grace:g}")
+    if isinstance(backend, Backend):
+        if backend_options:
+            raise ValueError("backend_options configure a backend given by name, not a Backend instance")
+        chosen_backend = backend
+    else:
+        chosen_backend = get_backend(backend, **dict(backend_options or {}))
+    acc, host_count = resolve_slice(hosts, accelerator)
+    payload = prepare_cell(source, namespace, filename=f"<{cell_name}>", out=out)
+    job_id = new_job_id()
+    plan = make_plan(
+        job_id=job_id,
+        acc=acc,
+        hosts=host_count,
+        framework=choose_framework(framework, payload.modules),
+        coordinator_address=chosen_backend.coordinator_address(job_id),
+        simulated=chosen_backend.simulates_accelerators,
+        timeout=timeout,
+        env_names=sorted(env),
+        grace=grace,
+        start_window=chosen_backend.start_window_s(),
+    )
+    chosen_backend.preflight(plan)
+    if acc.simulated_locally and chosen_backend.simulates_accelerators and not quiet:
+        print(local_notice(acc), file=sys.stderr)
+    root = open_storage(storage or default_root())
+    warn_if_shared(root)
+    job_storage = root.child(job_id)
+    key = create_key(job_id, JOB)  # kept by this user only, before anything of the job is stored
+    write_sealed(job_storage, protocol.PAYLOAD, key, payload.data, exclusive=True)
+    write_sealed(job_storage, protocol.PLAN, key, plan.to_json(), exclusive=True)
+    printer = print_to_stdout if echo is True else (echo or None)
+    handle = JobHandle(job_storage, plan, chosen_backend, key=key, echo=printer, detached=detach, keep=keep)
+    handle.write_record()
+    chosen_backend.launch(job_storage, plan, JobSecrets(key=key, env=env))
+    global _last_handle
+    _last_handle = handle
+    if detach:
+        handle.watch()
+    return handle

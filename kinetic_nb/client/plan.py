@@ -1,0 +1,158 @@
+"""Build the one immutable plan every host receives, and the cell's payload.
+
+``JobPlan`` itself is wire protocol and lives in ``runner.protocol``; this
+module decides its contents from what the user asked for.
+"""
+
+from __future__ import annotations
+
+import datetime
+import secrets
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import cloudpickle
+
+from kinetic_nb.accelerators import Accelerator, resolve_accelerator
+from kinetic_nb.runner import protocol
+from kinetic_nb.runner.protocol import Framework, JobPlan
+from kinetic_nb.runner.versions import installed_versions
+from kinetic_nb.shipping import capture
+from kinetic_nb.shipping.bindings import check_out_names
+
+__all__ = ["CellPayload", "JobPlan", "choose_framework", "make_plan", "new_job_id", "prepare_cell", "resolve_slice"]
+
+#: Packages whose presence in a cell means it wants jax.distributed.
+JAX_PACKAGES = frozenset({"jax", "jaxlib", "flax", "optax", "orbax", "equinox", "keras_hub"})
+#: Packages whose presence in a cell means it wants torch.distributed.
+TORCH_PACKAGES = frozenset({"torch", "torchvision", "torchaudio", "lightning", "pytorch_lightning"})
+
+#: How long a host waits at the start barrier for the others once they could all
+#: have started: long enough to pull an image and import a framework on a busy
+#: node. A backend whose hosts may start further apart (pods Pending while nodes
+#: are added) adds its start window (``Backend.start_window_s``).
+DEFAULT_BARRIER_TIMEOUT_S = 300.0
+#: JAX declares a silent peer dead after this long (its default is 100 s).
+DEFAULT_HEARTBEAT_TIMEOUT_S = 30
+#: JAX's shutdown barrier waits this long for peers (its default is 300 s).
+DEFAULT_SHUTDOWN_TIMEOUT_S = 10
+#: After a host fails, the others get this long to report their own failures
+#: before they are stopped.
+DEFAULT_GRACE_S = 10.0
+
+
+def new_job_id(prefix: str = "kn") -> str:
+    """A job id (``kn-...``; a session's ``ks-...``) that sorts by time and is unique enough to share a bucket."""
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%d-%H%M%S")
+    return f"{prefix}-{stamp}-{secrets.token_hex(3)}"
+
+
+def resolve_slice(hosts: int | None, accelerator: str | None) -> tuple[Accelerator, int]:
+    """The accelerator and host count from ``-n`` and ``-a``; they must agree when both are given."""
+    if hosts is not None and hosts < 1:
+        raise ValueError(f"a job needs at least 1 host, got {hosts}")
+    acc = resolve_accelerator(accelerator or "cpu")
+    if accelerator is None or acc.kind == "cpu":
+        return acc, hosts or acc.hosts
+    if hosts is not None and hosts != acc.hosts:
+        raise ValueError(f"{hosts} hosts do not match {acc.name}, which has {acc.hosts} hosts")
+    return acc, acc.hosts
+
+
+def choose_framework(requested: str, modules: Iterable[str]) -> str:
+    """``auto`` becomes jax or torch by what the cell imports, else none."""
+    if requested != "auto":
+        return Framework(requested).value
+    modules = set(modules)
+    wants_jax, wants_torch = bool(modules & JAX_PACKAGES), bool(modules & TORCH_PACKAGES)
+    if wants_jax and wants_torch:
+        raise ValueError("the cell imports both jax and torch: choose the framework to initialize (jax or torch)")
+    if wants_jax:
+        return Framework.JAX.value
+    if wants_torch:
+        return Framework.TORCH.value
+    return Framework.NONE.value
+
+
+class CellPayload:
+    """The cell's source, the notebook values it reads, and the ``--out`` names, pickled once."""
+
+    def __init__(self, data: bytes, modules: set[str], names: list[str]):
+        self.data = data
+        self.modules = modules
+        self.names = names
+
+
+def prepare_cell(source: str, user_ns: Mapping[str, Any], *, filename: str, out: Iterable[str] = (),
+                 held: Iterable[str] = (), extra: Mapping[str, Any] | None = None) -> CellPayload:
+    """Check and pickle the cell before any host starts.
+
+    ``held`` are names the hosts already hold (a session's): they are taken
+    from the hosts and never shipped from the notebook. ``extra`` adds keys to
+    the payload (a session cell's framework).
+
+    Raises ``CellSyntaxError`` naming the cell line, ``UnboundOutputError``
+    for an ``out`` name the cell can never bind, or ``UnpicklableValueError``
+    naming the variable, its type and the reason.
+    """
+    out = list(out)
+    tree = capture.parse_cell(source, filename)
+    held = set(held)
+    names = [name for name in capture.names_read_from_notebook(tree, user_ns) if name not in held]
+    check_out_names(tree, out, [*names, *held])  # a name the hosts hold can be copied back as it is
+    namespace = capture.pickle_namespace(names, user_ns)
+    modules = capture.imported_modules(tree) | capture.module_roots(user_ns[name] for name in names)
+    data = cloudpickle.dumps(
+        {
+            protocol.CELL_SOURCE: source,
+            protocol.CELL_FILENAME: filename,
+            protocol.CELL_NAMESPACE: namespace,
+            protocol.CELL_OUT_NAMES: out,
+            **dict(extra or {}),
+        }
+    )
+    return CellPayload(data, modules, names)
+
+
+def make_plan(
+    *,
+    job_id: str,
+    acc: Accelerator,
+    hosts: int,
+    framework: str,
+    coordinator_address: str,
+    simulated: bool,
+    timeout: float | None = None,
+    env_names: Iterable[str] = (),
+    grace: float | None = None,
+    session: bool = False,
+    idle_timeout: float | None = None,
+    start_window: float = 0.0,
+) -> JobPlan:
+    """The plan for one job or session.
+
+    ``start_window`` is how far apart the backend may start the hosts (the
+    kubernetes backend's pending limit): the start barrier, and the
+    framework's own initialization timeout with it, wait that much longer, so
+    they never give up on a host the backend still waits for.
+    """
+    return JobPlan(
+        job_id=job_id,
+        hosts=hosts,
+        accelerator=acc.name,
+        devices_per_host=acc.devices_per_host,
+        framework=framework,
+        coordinator_address=coordinator_address,
+        barrier_timeout_s=DEFAULT_BARRIER_TIMEOUT_S + start_window,
+        heartbeat_timeout_s=DEFAULT_HEARTBEAT_TIMEOUT_S,
+        shutdown_timeout_s=DEFAULT_SHUTDOWN_TIMEOUT_S,
+        timeout_s=timeout,
+        simulated=simulated,
+        env_names=tuple(env_names),
+        session=session,
+        idle_timeout_s=idle_timeout,
+        grace_s=DEFAULT_GRACE_S if grace is None else grace,
+        created_at=time.time(),
+        client_versions=installed_versions(),
+    )

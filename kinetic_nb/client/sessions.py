@@ -1,0 +1,368 @@
+"""Sessions: a slice kept up across cells, its hosts' namespaces kept from cell to cell.
+
+``start(hosts=4)`` starts the hosts once (and the framework once) and returns
+a :class:`Session` when every host is idle; ``session.run(source)`` sends one
+cell to every host and returns a :class:`CellHandle` with the one-shot
+handle's methods. Each cell has its own records under ``cells/{seq}/`` and
+the seed's outcome rules; a failed cell keeps the session when every host is
+back to idle within the grace period, and ends it otherwise (the host agent
+decides, with or without a client). A session stops itself after its idle
+timeout.
+
+Everything is in storage under ``{root}/sessions/{session_id}/``, signed as a
+job's records are (each cell's under its own derived key), so ``sessions()``
+and ``attach_session()`` work from any kernel of the same user.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import re
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from kinetic_nb.accelerators import local_notice
+from kinetic_nb.backends import Backend, JobSecrets, get_backend
+from kinetic_nb.client.catalog_records import listed_ids, owned_here, printable
+from kinetic_nb.client.cell_handle import CellHandle
+from kinetic_nb.client.job_handle import JobHandle
+from kinetic_nb.client.keys import create_key, load_key
+from kinetic_nb.client.launch import print_to_stdout, warn_if_shared
+from kinetic_nb.client.plan import choose_framework, make_plan, new_job_id, prepare_cell, resolve_slice
+from kinetic_nb.errors import (
+    IntegrityError,
+    KineticError,
+    KineticTimeoutError,
+    ObjectExistsError,
+    ObjectNotFoundError,
+)
+from kinetic_nb.runner import protocol
+from kinetic_nb.runner.envelope import read_sealed, write_sealed
+from kinetic_nb.runner.job_keys import SESSION
+from kinetic_nb.runner.protocol import CancelRequest, HostState, JobPlan
+from kinetic_nb.runner.records import read_exit, read_host_status, read_record, write_record
+from kinetic_nb.runner.session_loop import CELL_FRAMEWORK, cell_key
+from kinetic_nb.runner.wakeup import Wakeup, client_wakeup_path, wake, wakeup_path
+from kinetic_nb.storage import Storage, default_root, open_storage
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Session", "SessionEndedError", "attach_session", "sessions", "start"]
+
+#: A session with no cell for this long stops itself (a forgotten TPU slice costs money).
+DEFAULT_IDLE_TIMEOUT_S = 3600.0
+#: A session id, matched whole (``fullmatch``): ASCII digits only, and nothing after it (not even a newline).
+_SESSION_ID = re.compile(r"ks-[0-9]{8}-[0-9]{6}-[0-9a-f]+")
+#: First and longest pause between two polls of a cell: a trivial cell's round trip is what a session is for.
+FIRST_POLL_S = 0.001
+MAX_POLL_S = 0.1
+POLL_GROWTH = 1.5
+#: How long a finished cell waits for the leader's output to be stored (the agent writes it at once).
+OUTPUT_WAIT_S = 2.0
+
+
+class SessionEndedError(KineticError):
+    """The session is no longer up (stopped, idle too long, or ended by a failure); ``restart()`` starts it again."""
+
+
+class Session:
+    """A slice kept up across cells. Run cells with :meth:`run`; ``stop``, ``restart``."""
+
+    def __init__(self, job: JobHandle, *, echo: Callable[[str, str], None] | None = None):
+        #: The hosts as one long job: their states, logs, stacks, and stopping them.
+        self.job = job
+        self.echo = echo
+        self.cells_run = 0
+        self._ended_hosts = False
+        self._last_seq = 0
+        #: On a local disk the hosts wake this notebook when they are back to idle (see ``runner.wakeup``);
+        #: made with the first cell this notebook runs.
+        self.wakeup: Wakeup | None = None
+        #: Per host, the next log chunk a cell reads from (cells follow each other; a fresh attach lists once).
+        self.next_chunk = [_chunks_so_far(job.storage, index) for index in range(job.plan.hosts)]
+        self._lock = threading.Lock()
+
+    @property
+    def session_id(self) -> str:
+        return self.job.job_id
+
+    @property
+    def plan(self) -> JobPlan:
+        return self.job.plan
+
+    @property
+    def storage(self) -> Storage:
+        return self.job.storage
+
+    def __repr__(self) -> str:
+        return f"<Session {self.session_id} {self.plan.hosts} hosts {self.state()}>"
+
+    # -- state ---------------------------------------------------------------------------
+
+    def ended(self) -> str | None:
+        """Why the session ended, or None while it is up.
+
+        Asked on every poll of a cell, so it looks at a few objects by name
+        (the stop request, then each host's exit record), never a listing.
+        """
+        try:
+            return CancelRequest.from_json(read_record(self.storage, self.job.key, protocol.CANCEL)).reason
+        except (ObjectNotFoundError, IntegrityError):  # none, or a forged one: the agents ignore it too
+            pass
+        if self._ended_hosts or any(read_exit(self.storage, self.job.key, i) is not None
+                                    for i in range(self.plan.hosts)):
+            self._ended_hosts = True
+            return "its hosts have ended"
+        return None
+
+    def state(self) -> str:
+        return "up" if self.ended() is None else "ended"
+
+    def held_names(self) -> list[str]:
+        """The names the leader's namespace holds after its last cell."""
+        status = read_host_status(self.storage, self.job.key, protocol.LEADER_INDEX)
+        return list(status.names) if status is not None else []
+
+    def summary(self) -> str:
+        """Hosts, their states, uptime, cells run and the idle countdown, as text."""
+        snapshot = self.job.snapshot()
+        uptime = time.time() - self.plan.created_at
+        lines = [f"session {self.session_id} · {snapshot.backend} · {self.plan.accelerator} · {self.plan.hosts} hosts "
+                 f"· framework {self.plan.framework} · up {uptime:.0f} s · {self._last_seq} cells"]
+        if self.plan.idle_timeout_s:
+            last = max((host.updated_at or 0.0 for host in snapshot.hosts), default=0.0)
+            left = self.plan.idle_timeout_s - (time.time() - max(last, self.plan.created_at))
+            lines[0] += f" · stops itself after {max(0.0, left):.0f} s idle"
+        ended = self.ended()
+        if ended:
+            lines.append(f"ended: {ended}")
+        for host in snapshot.hosts:
+            lines.append(f"{host.index:>5}{'*' if host.is_leader else ' '}  {host.state:<9}  {host.last_line[:100]}")
+        return "\n".join(lines)
+
+    # -- cells ---------------------------------------------------------------------------
+
+    def run(self, source: str, *, out: Iterable[str] = (), namespace: Mapping[str, Any] | None = None,
+            timeout: float | None = None, cell_name: str = "kinetic cell", echo: Any = None) -> CellHandle:
+        """Send ``source`` to every host; a handle on the cell (``result()``, ``hosts()``, ``logs()``, ...).
+
+        Names the hosts already hold are taken from the hosts, never shipped
+        from ``namespace``; other names the cell reads from ``namespace`` are
+        shipped as a one-shot job ships them.
+        """
+        ended = self.ended()
+        if ended is not None:
+            raise SessionEndedError(f"session {self.session_id} has ended ({ended}): restart it (%kinetic restart, "
+                                    "or session.restart())")
+        if timeout is not None and not (timeout > 0 and timeout != float("inf")):
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout}")
+        out = list(out)
+        held = self.held_names()
+        payload = prepare_cell(source, namespace or {}, filename=f"<{cell_name}>", out=out, held=held)
+        if self.plan.framework == "auto":  # initialized on the hosts by the first cell that imports one
+            payload = prepare_cell(source, namespace or {}, filename=f"<{cell_name}>", out=out, held=held,
+                                   extra={CELL_FRAMEWORK: choose_framework("auto", payload.modules)})
+        if self.wakeup is None and self.storage.local_path() is not None:
+            self.wakeup = _client_wakeup(self.job)
+        seq = self._submit(payload.data)
+        printer = print_to_stdout if echo is True else (echo or self.echo)
+        return CellHandle(self, seq, timeout=timeout, echo=printer)
+
+    def _submit(self, data: bytes) -> int:
+        """Store the cell under the next free number: cells from two kernels run one at a time, in order."""
+        with self._lock:
+            seq = self._last_seq + 1
+            while True:
+                name = f"{protocol.cell_dir(seq)}/{protocol.PAYLOAD}"
+                try:
+                    write_sealed(self.storage.child(protocol.cell_dir(seq)), protocol.PAYLOAD,
+                                 cell_key(self.job.key, seq), data, exclusive=True)
+                    break
+                except ObjectExistsError:
+                    logger.debug("%s taken by another kernel", name)
+                    seq += 1
+            self._last_seq = seq
+            self.cells_run += 1
+        if self.storage.local_path() is not None:  # the hosts are on this machine: wake them now
+            for index in range(self.plan.hosts):
+                wake(wakeup_path(self.session_id, index))
+        write_record(self.storage, self.job.key, protocol.cell_control(seq, "submitted"),
+                     json.dumps({"at": time.time()}).encode())
+        return seq
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def stop(self, reason: str = "stopped by the user") -> None:
+        """Stop every host; the session's records stay (``gc`` removes them)."""
+        if self.ended() is None:
+            self.job.cancel(reason)
+        if self.wakeup is not None:
+            self.wakeup.close()
+            self.wakeup = None
+
+    def restart(self) -> Session:
+        """Stop this session and start a fresh one of the same shape (fresh state)."""
+        self.stop("stopped for a restart")
+        return _start_from(self.job, echo=self.echo)
+
+
+def _client_wakeup(job: JobHandle) -> Wakeup | None:
+    try:
+        wakeup = Wakeup(client_wakeup_path(job.job_id))
+    except OSError:
+        return None
+    atexit.register(wakeup.close)
+    return wakeup
+
+
+def _chunks_so_far(storage: Storage, index: int) -> int:
+    names = [info.name for info in storage.list(protocol.host_log_prefix(index))]
+    parsed = [protocol.parse_host_object(name) for name in names]
+    return max((seq for item in parsed if item is not None for seq in [item[2]] if seq is not None), default=-1) + 1
+
+
+# -- starting, finding ---------------------------------------------------------------------------
+
+
+def _root(storage: str | None) -> Storage:
+    return open_storage(storage or default_root()).child(protocol.SESSIONS_DIR)
+
+
+def start(*, hosts: int | None = None, accelerator: str | None = None, backend: str | Backend = "local",
+          framework: str = "auto", env: Mapping[str, str] | None = None, storage: str | None = None,
+          idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT_S, grace: float | None = None,
+          backend_options: Mapping[str, Any] | None = None, echo: Any = True, quiet: bool = False,
+          ready_timeout: float = 300.0) -> Session:
+    """Start a session: the hosts once, the framework once; returns when every host is idle.
+
+    Parameters
+    ----------
+    hosts, accelerator, backend, framework, env, storage, grace, backend_options
+        As :func:`kinetic_nb.submit`; ``framework="auto"`` initializes the
+        framework when the first cell imports it.
+    idle_timeout : float or None
+        Seconds without a cell before the session stops itself (None or 0: never).
+    echo : bool or callable
+        Print each cell's leader output (or call ``echo(text, stream)``).
+    ready_timeout : float
+        Seconds to wait for every host to be idle.
+    """
+    if framework not in ("auto", "jax", "torch", "none"):
+        raise ValueError(f"framework must be auto, jax, torch or none, got {framework!r}")
+    if idle_timeout is not None and not idle_timeout >= 0:
+        raise ValueError(f"idle timeout must be 0 (never) or a positive number of seconds, got {idle_timeout}")
+    chosen = backend if isinstance(backend, Backend) else get_backend(backend, **dict(backend_options or {}))
+    acc, host_count = resolve_slice(hosts, accelerator)
+    session_id = new_job_id("ks")
+    plan = make_plan(job_id=session_id, acc=acc, hosts=host_count, framework=framework,
+                     coordinator_address=chosen.coordinator_address(session_id),
+                     simulated=chosen.simulates_accelerators, env_names=sorted(env or {}), grace=grace,
+                     session=True, idle_timeout=idle_timeout or None, start_window=chosen.start_window_s())
+    chosen.preflight(plan)
+    if acc.simulated_locally and chosen.simulates_accelerators and not quiet:
+        print(local_notice(acc), file=sys.stderr)
+    root = _root(storage)
+    warn_if_shared(root)
+    session_storage = root.child(session_id)
+    key = create_key(session_id, SESSION)
+    write_sealed(session_storage, protocol.PLAN, key, plan.to_json(), exclusive=True)
+    job = JobHandle(session_storage, plan, chosen, key=key, detached=True)
+    job.write_record(kind="session")
+    chosen.launch(session_storage, plan, JobSecrets(key=key, env=dict(env or {})))
+    session = Session(job, echo=print_to_stdout if echo is True else (echo or None))
+    _wait_until_idle(session, ready_timeout)
+    return session
+
+
+def _wait_until_idle(session: Session, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    pause = 0.005
+    while True:
+        snapshot = session.job.snapshot()
+        if all(host.state == HostState.IDLE.value for host in snapshot.hosts):
+            return
+        ended = session.ended()
+        if ended is not None or snapshot.status.done or any(host.exit for host in snapshot.hosts):
+            try:
+                session.job.result()
+            except BaseException as error:
+                raise SessionEndedError(f"session {session.session_id} did not start: {error}") from error
+            raise SessionEndedError(f"session {session.session_id} did not start: {ended}")
+        if time.monotonic() > deadline:
+            session.stop("stopped: its hosts were not ready in time")
+            raise KineticTimeoutError(f"session {session.session_id}: hosts were not idle after {timeout:g} s")
+        time.sleep(pause)
+        pause = min(pause * 1.5, 0.1)
+
+
+def _start_from(job: JobHandle, *, echo: Any) -> Session:
+    plan = job.plan
+    record = json.loads(read_sealed(job.storage, protocol.HANDLE, job.key))
+    return start(hosts=plan.hosts, accelerator=plan.accelerator if plan.accelerator != "cpu" else None,
+                 backend=get_backend(record.get("backend", "local"), **record.get("backend_options", {})),
+                 framework=plan.framework, storage=job.storage.uri.rsplit(f"/{protocol.SESSIONS_DIR}/", 1)[0],
+                 idle_timeout=plan.idle_timeout_s, grace=plan.grace_s, echo=echo, quiet=True)
+
+
+def attach_session(session_id: str, *, storage: str | None = None, echo: Any = True) -> Session:
+    """A running session from any kernel of the same user: its hosts and their state as they are."""
+    if not _SESSION_ID.fullmatch(session_id):
+        raise ValueError(f"{printable(repr(session_id))} is not a session id (they look like "
+                         "ks-20250101-120000-a1b2c3; %kinetic sessions lists them)")
+    session_storage = _root(storage).child(session_id)
+    local = session_storage.local_path()
+    if local and os.path.lexists(local) and not owned_here(session_storage):
+        raise IntegrityError(f"session {session_id} is not yours: its directory belongs to another user")
+    key = load_key(session_id, SESSION)
+    if key is None:
+        raise IntegrityError(f"session {session_id} is not yours: this user has no key for it")
+    try:
+        plan = JobPlan.from_json(read_sealed(session_storage, protocol.PLAN, key))
+        record = json.loads(read_sealed(session_storage, protocol.HANDLE, key))
+    except ObjectNotFoundError:
+        raise ObjectNotFoundError(f"no session {session_id} in {_root(storage).uri}") from None
+    backend = get_backend(record.get("backend", "local"), **record.get("backend_options", {}))
+    job = JobHandle(session_storage, plan, backend, key=key, submitted_at=record.get("submitted_at"), detached=True)
+    session = Session(job, echo=print_to_stdout if echo is True else (echo or None))
+    seqs = [int(info.name.split("/")[1]) for info in session_storage.list(protocol.CELLS_DIR + "/")
+            if info.name.endswith("/" + protocol.PAYLOAD)]
+    session._last_seq = max(seqs, default=0)
+    session.cells_run = len(seqs)
+    return session
+
+
+def sessions(*, storage: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
+    """This user's ``limit`` most recent sessions under ``storage``, newest first: id, hosts, accelerator, state.
+
+    Only this user's are listed (a key here and, on ``file://``, a directory this user owns); one whose
+    records cannot be read is listed with the state ``UNREADABLE: <reason>``, and never stops the others.
+    """
+    root = _root(storage)
+    found: list[dict[str, Any]] = []
+    for session_id, _ in listed_ids(root, _SESSION_ID, protocol.HANDLE):
+        if len(found) >= limit:
+            break
+        if owned_here(root.child(session_id)) is False or load_key(session_id, SESSION) is None:
+            continue  # another user's, or planted: not listed
+        try:
+            session = attach_session(session_id, storage=storage, echo=False)
+            ended = session.ended()
+            found.append({"session_id": session_id, "hosts": session.plan.hosts,
+                          "accelerator": printable(session.plan.accelerator),
+                          "state": "up" if ended is None else printable(f"ended: {ended}"),
+                          "cells": session.cells_run})
+        except ObjectNotFoundError:
+            continue  # gone while it was listed
+        except (KineticError, OSError, ValueError, TypeError, LookupError) as error:
+            logger.debug("session %s cannot be listed", session_id, exc_info=True)
+            reason = printable(str(error).splitlines()[0] if str(error) else type(error).__name__)
+            found.append({"session_id": session_id, "hosts": 0, "accelerator": "", "cells": 0,
+                          "state": f"UNREADABLE: {reason}"})
+    return found
+

@@ -1,0 +1,435 @@
+"""``%%kinetic`` and ``%kinetic``: parse, call the plain API, show, return.
+
+Everything else is the client (``kinetic_nb.client``): launching, handles, sessions and the catalog.
+"""
+
+from __future__ import annotations
+
+import datetime
+import keyword
+import math
+import shlex
+import sys
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import (
+    MagicArgumentParser,
+    argument,
+    argument_group,
+    magic_arguments,
+    parse_argstring,
+)
+from IPython.utils.process import arg_split
+from traitlets import Float, Unicode
+
+from kinetic_nb.client import backend_options, catalog
+from kinetic_nb.client.catalog_records import printable
+from kinetic_nb.client.cell_handle import CellHandle
+from kinetic_nb.client.job_handle import JobHandle
+from kinetic_nb.client.launch import submit
+from kinetic_nb.client.sessions import Session, SessionEndedError, attach_session
+from kinetic_nb.errors import CaptureError, IntegrityError, KineticError, ObjectNotFoundError, UnknownAcceleratorError
+from kinetic_nb.notebook.display import live_view
+from kinetic_nb.notebook.session_commands import (
+    check_cell_fits_session,
+    doctor_parser,
+    session_start_parser,
+    sessions_of,
+    start_session,
+)
+from kinetic_nb.runner.redact import MASK, SecretValue
+
+#: The ``%kinetic`` line magic's subcommands, in the order its help lists them.
+SUBCOMMANDS = ("start", "stop", "restart", "sessions", "jobs", "attach", "cancel", "logs", "stacks", "gc", "doctor")
+
+
+def _names(values: list[str]) -> list[str]:
+    names = [name.strip() for value in values for name in value.split(",") if name.strip()]
+    for name in names:
+        if not name.isidentifier() or keyword.iskeyword(name):
+            raise UsageError(f"-o/--out expects variable names, got {name!r}")
+    return names
+
+
+def _environment(values: list[str]) -> dict[str, SecretValue]:
+    env = {}
+    for value in values:
+        key, sep, setting = value.partition("=")
+        if not sep or not key.strip():
+            # The value is not shown: without its name, it may be the secret itself.
+            raise UsageError(f"-e/--env expects KEY=VALUE, got {len(value)} characters with no KEY= before them")
+        env[key.strip()] = SecretValue(setting)
+    return env
+
+
+#: What the stored magic line says when its ``-e`` values could not be told apart from the rest of it.
+_HIDDEN_OPTIONS = "(options not kept: a -e value could not be masked in them)"
+
+
+def without_env_values(line: str, parser: MagicArgumentParser) -> str:
+    """The magic line with each ``-e KEY=VALUE`` as ``-e KEY=***``: values are secrets, names are not.
+
+    Every spelling the parser takes is masked (``-e K=V``, ``-eK=V``,
+    ``-e=K=V``, ``--env K=V``, ``--env=K=V``, ``-e`` at the end of a group
+    of short switches): a word that ends with a parsed ``K=V`` has its value
+    replaced. The result is parsed again, and if any ``-e`` value survived
+    it, no option is kept at all.
+
+    Parameters
+    ----------
+    line : str
+        The magic's line, as the user wrote it.
+    parser : MagicArgumentParser
+        The parser that reads ``line``; its ``-e`` values are ``env``.
+    """
+    try:
+        entries = [str(entry).partition("=") for entry in getattr(parser.parse_argstring(line), "env", [])]
+        words = arg_split(line, strict=True)  # as the parser splits it
+        for name, _, value in entries:
+            if value:
+                words = [word[: -len(value)] + MASK if word.endswith(f"{name}={value}") else word for word in words]
+        masked = " ".join(words)
+        if all(str(entry).endswith(f"={MASK}") or str(entry).endswith("=")
+               for entry in getattr(parser.parse_argstring(masked), "env", [])):
+            return masked
+    except UsageError:
+        pass
+    return _HIDDEN_OPTIONS
+
+
+def refuse_abbreviations(parser: MagicArgumentParser) -> MagicArgumentParser:
+    """``parser``, taking each long option only when spelled out: ``--en X=1`` is an error, never ``--env``.
+
+    An abbreviation would slip past everything that looks for an option by
+    its name (the masking of ``-e`` values above). ``MagicArgumentParser``
+    does not take ``allow_abbrev``, so it is set after construction.
+    """
+    parser.allow_abbrev = False
+    return parser
+
+
+def _parser(prog: str, *arguments: tuple[tuple, dict]) -> MagicArgumentParser:
+    parser = refuse_abbreviations(MagicArgumentParser(prog=prog, add_help=False))
+    parser.add_argument("--storage", default=None, metavar="URI", help="The storage root (default: per-user).")
+    for args, kwargs in arguments:
+        parser.add_argument(*args, **kwargs)
+    return parser
+
+
+_LINE_PARSERS = {
+    "jobs": _parser("%kinetic jobs", (("-n", "--limit"), dict(type=int, default=20, help="How many jobs."))),
+    "attach": _parser("%kinetic attach", (("job_id",), {}),
+                      (("-o", "--out"), dict(action="append", default=[], metavar="NAME[,NAME]")),
+                      (("--key-file",), dict(default=None, metavar="PATH",
+                                             help="The job's key, copied from the machine that submitted it.")),
+                      (("--trust-unsigned",), dict(action="store_true",
+                                                   help="Read a job stored before records were signed."))),
+    "cancel": _parser("%kinetic cancel", (("job_id",), {})),
+    "logs": _parser("%kinetic logs", (("job_id",), {}), (("--host",), dict(type=int, default=0))),
+    "stacks": _parser("%kinetic stacks", (("job_id",), {}), (("--host",), dict(type=int, default=None))),
+    "start": session_start_parser(_parser),
+    "stop": _parser("%kinetic stop"),
+    "restart": _parser("%kinetic restart"),
+    "sessions": _parser("%kinetic sessions", (("-n", "--limit"), dict(type=int, default=20, help="How many."))),
+    "gc": _parser("%kinetic gc", (("--older-than",), dict(required=True, metavar="DURATION",
+                                                          help="e.g. 7d, 12h, 30m"))),
+    "doctor": doctor_parser(_parser),
+}
+
+
+def _backend_flags(func: Any) -> Any:
+    """Add every registered backend's flags to a magic, grouped under the backend's name in its help."""
+    for backend in reversed(backend_options.backends()):
+        for flag in reversed(backend.flags):
+            func = argument(flag.flag, **flag.argparse_options())(func)
+        if backend.flags:
+            func = argument_group(f"-b {backend.name}")(func)
+    return func
+
+
+def _setting_trait(backend: str, flag: Any) -> Any:
+    """A ``%config KineticMagics.<option>`` trait for a backend's setting: unset (None) unless configured."""
+    trait = Float if flag.type is float else Unicode
+    return trait(None, allow_none=True, help=f"For -b {backend}, the notebook's default for {flag.flag} (the flag "
+                                             f"and its environment variable come first): {flag.help}").tag(config=True)
+
+
+#: The backends' ``%config`` settings, declared by each backend (``BackendFlag.setting``), not named here.
+_BackendSettings = type("_BackendSettings", (Magics,), {
+    flag.option: _setting_trait(backend, flag) for backend, flag in backend_options.settings()})
+
+
+@magics_class
+class KineticMagics(_BackendSettings):
+    #: The session this notebook's cells run on (``%kinetic start``), or None.
+    session: Session | None = None
+
+    def _backend_options(self, args: Any) -> dict[str, Any]:
+        """The chosen backend's options from its flags, with this notebook's ``%config`` settings as defaults."""
+        config = {flag.option: getattr(self, flag.option) for _, flag in backend_options.settings()}
+        try:
+            return backend_options.chosen_options(args.backend, vars(args), config)
+        except ValueError as error:
+            raise UsageError(str(error)) from None
+
+    @magic_arguments()
+    @argument("-n", "--hosts", type=int, default=None, help="Number of hosts (default: the accelerator's, or 1).")
+    @argument("-a", "--accelerator", default=None,
+              help="Accelerator name, e.g. tpu-v5e-16 or gpu-h100x8 (simulated on CPU locally).")
+    @argument("-b", "--backend", default="local", choices=list(backend_options.names()),
+              help="Where the hosts run: " + "; ".join(f"{backend.name}: {backend.summary}"
+                                                       for backend in backend_options.backends()) + ".")
+    @argument("--framework", default="auto", choices=["auto", "jax", "torch", "none"],
+              help="What to initialize before the cell; auto decides by the cell's imports.")
+    @argument("-o", "--out", action="append", default=[], metavar="NAME[,NAME]",
+              help="Copy these leader variables into the notebook.")
+    @argument("-e", "--env", action="append", default=[], metavar="KEY=VALUE", type=SecretValue,
+              help="Set an environment variable on every host (repeatable).")
+    @argument("--timeout", type=float, default=None, metavar="S", help="Stop the job after S seconds.")
+    @argument("--grace", type=float, default=None, metavar="S",
+              help="After a host fails, the others get S seconds (default 10) to report before they are stopped.")
+    @argument("--storage", default=None, metavar="URI", help="Where the job's objects live (file://...).")
+    @argument("--detach", action="store_true",
+              help="Return a JobHandle at once, with its live panel; an interrupt never cancels it.")
+    @argument("--keep", action="store_true", help="Keep all of the job's objects after a success.")
+    @argument("--quiet", action="store_true",
+              help="No panel and no kinetic notices; the leader's output and the outcome still show.")
+    @argument("--once", action="store_true",
+              help="Run a one-shot job beside the session this notebook is on (%%kinetic start), on purpose.")
+    @_backend_flags
+    @cell_magic("kinetic")
+    def kinetic_cell(self, line: str, cell: str) -> Any:
+        """Run this cell on every host of a (local or simulated) multi-host slice.
+
+        Every host runs the same cell (SPMD) with jax.distributed or
+        torch.distributed initialized across them. The leader's (host 0) last
+        expression becomes the cell's value (a trailing ``;`` hides it); a
+        failure on any host raises that host's own exception with its traceback.
+
+        The hosts run plain Python: no ``!`` or ``%`` lines. The leader's
+        stdout and stderr, ``display(...)`` calls and matplotlib figures show
+        in the cell as they would in any cell. ``sys.exit(0)`` ends a host
+        successfully; any other ``sys.exit(n)`` fails it (``HostExitError``).
+
+        Examples
+        --------
+        ::
+
+            %%kinetic -n 4
+            import jax
+            jax.process_count()
+
+            %%kinetic -a tpu-v5e-16 -o losses
+            ...
+        """
+        args = parse_argstring(self.kinetic_cell, line)
+        # The magic line stays, as a comment, so line numbers in syntax errors
+        # and tracebacks are the ones the user sees in the cell; -e values never
+        # travel, and this frame's own `line` (which %xmode Verbose prints) no longer holds them.
+        line = without_env_values(line, self.kinetic_cell.parser)
+        if args.timeout is not None and not (math.isfinite(args.timeout) and args.timeout > 0):
+            raise UsageError(f"--timeout must be a positive number of seconds, got {args.timeout:g}")
+        if args.grace is not None and not (math.isfinite(args.grace) and args.grace >= 0):
+            raise UsageError(f"--grace must be a number of seconds, 0 or more, got {args.grace:g}")
+        if args.hosts is not None and args.hosts < 1:
+            raise UsageError(f"-n/--hosts must be at least 1, got {args.hosts}")
+        out = _names(args.out)
+        source = f"# %%kinetic {line}\n{cell}"
+        if self.session is not None and not args.once:
+            check_cell_fits_session(self.session, args, self._backend_options(args), _environment(args.env))
+            try:
+                handle = self.session.run(source, out=out, namespace=self.shell.user_ns, timeout=args.timeout,
+                                          cell_name=f"kinetic In[{self._cell_number()}]")
+            except (CaptureError, SessionEndedError, ValueError) as error:
+                raise UsageError(str(error)) from None
+            return self._wait_and_show(handle, out, quiet=args.quiet)
+        try:
+            handle = submit(
+                source,
+                hosts=args.hosts,
+                accelerator=args.accelerator,
+                backend=args.backend,
+                framework=args.framework,
+                namespace=self.shell.user_ns,
+                out=out,
+                env=_environment(args.env),
+                timeout=args.timeout,
+                storage=args.storage,
+                cell_name=f"kinetic In[{self._cell_number()}]",
+                echo=True,
+                quiet=args.quiet,
+                grace=args.grace,
+                detach=args.detach and not args.quiet,
+                keep=args.keep,
+                backend_options=self._backend_options(args),
+            )
+        except (CaptureError, UnknownAcceleratorError, ValueError) as error:
+            raise UsageError(str(error)) from None
+        if args.detach:
+            handle.detached = True
+            return handle
+        return self._wait_and_show(handle, out, quiet=args.quiet)
+
+    def _wait_and_show(self, handle: JobHandle | CellHandle, out: list[str], *, quiet: bool = False) -> Any:
+        """Wait with a live view; its final update lands before the cell returns, so a saved notebook keeps it."""
+        if isinstance(handle, JobHandle):  # a session's cell is interrupted on its hosts, never cancelled
+            handle.shutting_down = lambda: bool(getattr(self.shell, "exit_now", False))  # set by a shutdown request
+        view = None if quiet else live_view(handle.plan.hosts)
+        try:
+            value = handle.result(on_snapshot=view.update if view else None)
+        finally:
+            if view is not None:
+                view.close(handle.snapshot())
+        # Names the cell did not bind when it ran were warned about; others were never asked for.
+        missing = [name for name in out if name not in handle.outputs and name not in handle.missing_outputs]
+        if missing:
+            raise UsageError(f"job {handle.job_id} did not bring back {', '.join(missing)}: "
+                             f"it was submitted with -o {','.join(handle.outputs) or '(nothing)'}")
+        self.shell.user_ns.update({name: handle.outputs[name] for name in out if name in handle.outputs}
+                                  if out else handle.outputs)
+        return value
+
+    def _cell_number(self) -> int:
+        """This cell's ``In[n]``: IPython stores the input before running it (and
+        versions differ on when they bump ``execution_count``)."""
+        history = getattr(self.shell, "history_manager", None)
+        if history is not None and len(history.input_hist_parsed) > 1:
+            return len(history.input_hist_parsed) - 1
+        return self.shell.execution_count
+
+    @line_magic("kinetic")
+    def kinetic_line(self, line: str) -> Any:
+        """Manage kinetic jobs from any kernel.
+
+        ::
+
+            %kinetic start [-n N] [-a NAME] ...      keep a slice up: every %%kinetic cell runs on it
+                           [--idle-timeout S]        (its hosts, framework and variables stay warm)
+            %kinetic stop / restart                  stop this notebook's session / start it afresh
+            %kinetic sessions                        this user's sessions, from any kernel
+            %kinetic jobs [-n LIMIT]                 recent jobs and their state
+            %kinetic attach JOB_ID [-o NAME[,NAME]]  wait for a job again (also after a restart);
+                                                     with a session id (ks-...), bind this notebook to it
+            %kinetic cancel JOB_ID                   stop every host of a job
+            %kinetic logs JOB_ID [--host I]          one host's output
+            %kinetic stacks JOB_ID [--host I]        every running host's Python stacks (a hang's where)
+            %kinetic gc --older-than 7d              remove old jobs that have ended
+            %kinetic doctor [-a NAME]                is the cluster (-b kubernetes) ready, and the bucket?
+                                                     each failure with the command that fixes it
+
+        Each also takes ``--storage URI``.
+        """
+        words = shlex.split(line)
+        if not words or words[0] not in _LINE_PARSERS:
+            given = f" {words[0]!r}" if words else ""
+            raise UsageError(f"%kinetic expects a subcommand{given and ', not' + given}: {', '.join(SUBCOMMANDS)}")
+        command, rest = words[0], words[1:]
+        args = _LINE_PARSERS[command].parse_argstring(shlex.join(rest))
+        line = f"{command} {without_env_values(shlex.join(rest), _LINE_PARSERS[command])}"  # what Verbose may print
+        del words, rest
+        try:
+            return getattr(self, f"_line_{command}")(args)
+        except (ObjectNotFoundError, IntegrityError) as error:
+            raise UsageError(str(error)) from None
+        except ValueError as error:
+            raise UsageError(str(error)) from None
+
+    def _line_start(self, args: Any) -> Any:
+        if self.session is not None and self.session.ended() is None:
+            raise UsageError(f"this notebook is on session {self.session.session_id} already: %kinetic stop first")
+        self.session = start_session(args, self._backend_options(args), _environment(args.env))
+        return self.session
+
+    def _line_stop(self, args: Any) -> None:
+        if self.session is None:
+            raise UsageError("this notebook is on no session (%kinetic start starts one)")
+        self.session.stop()
+        print(f"session {self.session.session_id} stopped")
+        self.session = None
+
+    def _line_restart(self, args: Any) -> Any:
+        if self.session is None:
+            raise UsageError("this notebook is on no session (%kinetic start starts one)")
+        self.session = self.session.restart()
+        print(self.session.summary())
+        return self.session
+
+    def _line_sessions(self, args: Any) -> None:
+        found = sessions_of(args.storage, args.limit)
+        if not found:
+            print("no kinetic sessions yet")
+        for record in found:
+            print(printable(f"{record['session_id']:<26}  {record['hosts']:>5}  {record['accelerator']:<12}  "
+                            f"{record['cells']:>5} cells  {record['state']}"))
+
+    def _line_jobs(self, args: Any) -> None:
+        records = catalog.jobs(storage=args.storage, limit=args.limit)
+        if not records:
+            print("no kinetic jobs yet")
+            return
+        print(f"{'job':<26}  {'submitted':<19}  {'hosts':>5}  {'accelerator':<12}  state")
+        for record in records:  # each field checked by jobs(); no control character can start a row of its own
+            when = (datetime.datetime.fromtimestamp(record.submitted_at).strftime("%Y-%m-%d %H:%M:%S")
+                    if record.submitted_at else "-")
+            print(printable(f"{record.job_id:<26}  {when:<19}  {record.hosts:>5}  {record.accelerator:<12}  "
+                            f"{record.status}"))
+
+    def _line_attach(self, args: Any) -> Any:
+        if args.job_id.startswith("ks-"):  # a session: this notebook's cells run on it from now on
+            self.session = attach_session(args.job_id, storage=args.storage)
+            return self.session
+        handle = catalog.attach(args.job_id, storage=args.storage, echo=True, key_file=args.key_file,
+                                trust_unsigned=args.trust_unsigned)
+        return self._wait_and_show(handle, _names(args.out))
+
+    def _line_cancel(self, args: Any) -> None:
+        handle = catalog.attach(args.job_id, storage=args.storage)
+        handle.cancel()
+        print(f"job {handle.job_id}: {handle.status()}")
+
+    def _line_stacks(self, args: Any) -> None:
+        stacks = catalog.attach(args.job_id, storage=args.storage).stacks(args.host)
+        if not stacks:
+            print(f"job {args.job_id}: no host is running")
+        for index, text in stacks.items():
+            print(f"--- host {index} ---\n{text.rstrip()}\n")
+
+    def _line_logs(self, args: Any) -> None:
+        print(catalog.attach(args.job_id, storage=args.storage).logs(args.host), end="")
+
+    def _line_doctor(self, args: Any) -> None:
+        report = backend_options.doctor(args.backend, args.accelerator, args.storage, self._backend_options(args))
+        print(report.table())
+
+    def _line_gc(self, args: Any) -> None:
+        removed = catalog.gc(args.older_than, storage=args.storage)
+        print(f"removed {len(removed)} job{'s' if len(removed) != 1 else ''}" + (": " + ", ".join(removed) if removed else ""))
+
+
+for _magic in vars(KineticMagics).values():
+    if hasattr(_magic, "parser"):  # each @magic_arguments() parser: IPython builds it, this refuses abbreviations
+        refuse_abbreviations(_magic.parser)
+
+
+def show_kinetic_error(shell: Any, etype: type, value: BaseException, tb: Any, tb_offset: int | None = None
+                       ) -> list[str]:
+    """Show a ``KineticError`` as its message alone; ``%tb`` shows kinetic_nb's own traceback.
+
+    A host's exception re-raised as a ``KineticError`` (``HostExitError``)
+    shows the host's traceback, as every host exception does.
+    """
+    sys.last_type, sys.last_value, sys.last_traceback = etype, value, tb  # what %tb shows
+    if hasattr(value, "_render_traceback_"):
+        lines = value._render_traceback_()
+    else:
+        lines = [f"{etype.__name__}: {value}", *getattr(value, "__notes__", ())]
+    shell._showtraceback(etype, value, lines)
+    return lines
+
+
+def show_kinetic_errors_briefly(shell: Any) -> None:
+    """Have ``shell`` show kinetic_nb's errors in one line, unless it already has a custom exception handler."""
+    if not shell.custom_exceptions:
+        shell.set_custom_exc((KineticError,), show_kinetic_error)

@@ -1,0 +1,105 @@
+"""What ``%kinetic start`` parses, and whether a ``%%kinetic`` cell fits the session it would run on.
+
+The magic stays thin: it parses here, calls :mod:`kinetic_nb.client.sessions`, and
+turns a mismatch into one ``UsageError`` line naming the session.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic_arguments import MagicArgumentParser
+
+from kinetic_nb.client import backend_options, sessions
+from kinetic_nb.client.plan import resolve_slice
+from kinetic_nb.client.sessions import Session
+from kinetic_nb.runner.redact import SecretValue
+
+
+def session_start_parser(make_parser: Callable[..., MagicArgumentParser]) -> MagicArgumentParser:
+    """``%kinetic start``: the shaping flags of ``%%kinetic``, each backend's own, and ``--idle-timeout``."""
+    parser = make_parser(
+        "%kinetic start",
+        (("-n", "--hosts"), dict(type=int, default=None, help="Number of hosts.")),
+        (("-a", "--accelerator"), dict(default=None, help="Accelerator name, e.g. tpu-v5e-16.")),
+        (("-b", "--backend"), dict(default="local", choices=list(backend_options.names()), help="Where the hosts run.")),
+        (("--framework",), dict(default="auto", choices=["auto", "jax", "torch", "none"],
+                                help="Initialize it once at start; auto: when the first cell imports one.")),
+        (("-e", "--env"), dict(action="append", default=[], metavar="KEY=VALUE", type=SecretValue,
+                               help="An environment variable for every host (repeatable).")),
+        (("--grace", ), dict(type=float, default=None, metavar="S",
+                             help="After a failed or interrupted cell, the hosts get S seconds to be back.")),
+        (("--idle-timeout",), dict(type=float, default=sessions.DEFAULT_IDLE_TIMEOUT_S, metavar="S",
+                                   help="Stop the session after S seconds with no cell (0: never).")),
+    )
+    for backend in backend_options.backends():
+        for flag in backend.flags:
+            parser.add_argument(flag.flag, **flag.argparse_options(f" (-b {backend.name})"))
+    return parser
+
+
+def doctor_parser(parser_for: Any) -> Any:
+    """``%kinetic doctor``: ``-a``, ``--storage``, ``-b`` among the backends that have a doctor, and their flags."""
+    checked = backend_options.doctor_backends()
+    parser = parser_for(
+        "%kinetic doctor",
+        (("-a", "--accelerator"), dict(default=None, help="The accelerator to check for, e.g. tpu-v5e-16.")),
+        (("-b", "--backend"), dict(default=checked[0].name if checked else None,
+                                   choices=[backend.name for backend in checked], help="The backend to check.")))
+    for backend in checked:
+        for flag in backend.flags:
+            parser.add_argument(flag.flag, **flag.argparse_options(f" (-b {backend.name})"))
+    return parser
+
+
+def start_session(args: Any, backend_options: Mapping[str, Any], env: Mapping[str, str]) -> Session:
+    if args.hosts is not None and args.hosts < 1:
+        raise UsageError(f"-n/--hosts must be at least 1, got {args.hosts}")
+    if args.idle_timeout is not None and not args.idle_timeout >= 0:
+        raise UsageError(f"--idle-timeout must be 0 (never) or positive, got {args.idle_timeout}")
+    try:
+        session = sessions.start(hosts=args.hosts, accelerator=args.accelerator, backend=args.backend,
+                                 framework=args.framework, env=env, storage=args.storage,
+                                 idle_timeout=args.idle_timeout, grace=args.grace,
+                                 backend_options=backend_options)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    print(session.summary())  # the session panel: hosts, states, uptime, cells run, the idle countdown
+    return session
+
+
+def check_cell_fits_session(session: Session, args: Any, backend_options: Mapping[str, Any],
+                            env: Mapping[str, str]) -> None:
+    """A cell's shaping flags must agree with the session's (per-cell flags such as ``--timeout``, ``-o``
+    and ``--quiet`` stay the cell's); ``--once`` runs a one-shot job beside it instead."""
+    plan = session.plan
+    given: list[str] = []
+    if args.hosts is not None or args.accelerator is not None:
+        acc, hosts = resolve_slice(args.hosts, args.accelerator)
+        if hosts != plan.hosts or (args.accelerator is not None and acc.name != plan.accelerator):
+            given.append(" ".join(flag for flag, value in (("-n", args.hosts), ("-a", args.accelerator))
+                                  if value is not None for flag in (f"{flag} {value}",)))
+    if args.backend != "local" and args.backend != session.job.backend.name:
+        given.append(f"-b {args.backend}")
+    if args.framework != "auto" and args.framework != plan.framework:
+        given.append(f"--framework {args.framework}")
+    if args.storage is not None and not session.storage.uri.startswith(args.storage.rstrip("/")):
+        given.append(f"--storage {args.storage}")
+    if env:
+        given.append("-e " + " -e ".join(sorted(env)))
+    if args.grace is not None and args.grace != plan.grace_s:
+        given.append(f"--grace {args.grace:g}")
+    if backend_options:
+        given.append(", ".join(sorted(backend_options)))
+    if args.detach or args.keep:
+        given.append("--detach" if args.detach else "--keep")
+    if given:
+        raise UsageError(f"this notebook runs its cells on session {session.session_id} ({plan.hosts} hosts, "
+                         f"{plan.accelerator}, framework {plan.framework}): {'; '.join(given)} does not fit it; "
+                         "%%kinetic --once runs a one-shot job beside it")
+
+
+def sessions_of(storage: str | None, limit: int = 20) -> list[dict[str, Any]]:
+    return sessions.sessions(storage=storage, limit=limit)

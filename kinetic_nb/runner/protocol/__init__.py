@@ -1,0 +1,190 @@
+"""The job protocol: object names, the plan, host records, payload keys, phases.
+
+One module to import (``from kinetic_nb.runner import protocol``), in three
+parts: ``names`` (every name a job's objects are stored under), ``log_chunks``
+(a host's output as stored) and ``messages`` (the records, phases, states and
+payload keys). Each is defined once; they import only the standard library,
+so the runner stays host-safe.
+
+A job lives under ``{storage root}/{job_id}/``::
+
+    plan.json                    client, once, before any host starts
+    payload.pkl                  client, once
+    (every object but the empty heartbeat and ready markers carries an HMAC under the job's key: runner.envelope)
+    hosts/{i}/status.json        host i, whenever its state or phase changes
+    hosts/{i}/heartbeat          host i, rewritten (empty) every few seconds while it lives
+    hosts/{i}/log/{seq:06d}.json host i's stdout and stderr, append-only chunks of [stream, text] segments
+    hosts/{i}/exit.json          host i's agent (or the backend, for what only the platform sees), when it ends
+    hosts/{i}/stacks/{seq}.txt   host i's agent: every thread's Python stack, on request
+    .leader_ready                the leader, after the start barrier (go or abort)
+    control/cancel.json          a client or an agent: stop every host (the reason: cancelled, timeout)
+    control/failed.json          the first agent to see one of its hosts fail (exclusive create)
+    control/stacks-{seq}.json    a client: every agent dumps its live hosts' stacks
+    result.pkl                   the leader only, success or failure
+    result-worker-{i}.pkl        host i > 0, only when it fails
+    outputs/                     the cell's files (KINETIC_OUTPUT_DIR)
+    handle.json                  client, for listing and reattaching
+    cancel.json                  client, when the job is cancelled
+"""
+
+from __future__ import annotations
+
+from kinetic_nb.runner.protocol.log_chunks import (
+    CELL_END_MARK,
+    CELL_MARK,
+    CELL_MARK_RE,
+    DISPLAY,
+    DISPLAY_END,
+    DISPLAY_START,
+    STDERR,
+    STDOUT,
+    LogChunk,
+    decode_log_chunk,
+    decode_log_chunk_of_cell,
+    encode_log_chunk,
+)
+from kinetic_nb.runner.protocol.messages import (
+    CELL_FILENAME,
+    CELL_NAMESPACE,
+    CELL_OUT_NAMES,
+    CELL_SOURCE,
+    EXCEPTION,
+    EXCEPTION_MESSAGE,
+    EXCEPTION_TYPE,
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_STOPPED,
+    HOST_INDEX,
+    MISSING_OUTPUTS,
+    OUTPUTS,
+    PHASE,
+    PROTOCOL_VERSION,
+    RESULT_REPR,
+    RESULT_VALUE,
+    SERIALIZATION_FAILED,
+    STOPPED,
+    SUCCESS,
+    TRACEBACK,
+    CancelRequest,
+    ExitSummary,
+    FirstFailure,
+    Framework,
+    HostState,
+    HostStatus,
+    JobPlan,
+    LeaderReady,
+    Phase,
+    ResultPayload,
+    stopped_message,
+)
+from kinetic_nb.runner.protocol.names import (
+    CANCEL,
+    CELLS_DIR,
+    CONTROL_DIR,
+    ENVIRONMENT_DIR,
+    ENVIRONMENT_INSTALL,
+    FAILED,
+    HANDLE,
+    HOSTS_DIR,
+    LEADER_INDEX,
+    LEADER_READY,
+    OUTPUTS_DIR,
+    PAYLOAD,
+    PLAN,
+    RESULT,
+    SESSIONS_DIR,
+    cell_control,
+    cell_dir,
+    cell_ready,
+    host_exit,
+    host_heartbeat,
+    host_log_chunk,
+    host_log_prefix,
+    host_stacks,
+    host_status,
+    parse_cell_control,
+    parse_host_object,
+    parse_stacks_request,
+    parse_worker_result,
+    result_object,
+    stacks_request,
+    worker_result,
+)
+
+__all__ = [
+    "CANCEL",
+    "CELLS_DIR",
+    "CELL_END_MARK",
+    "CELL_FILENAME",
+    "CELL_MARK",
+    "CELL_MARK_RE",
+    "CELL_NAMESPACE",
+    "CELL_OUT_NAMES",
+    "CELL_SOURCE",
+    "CONTROL_DIR",
+    "DISPLAY",
+    "DISPLAY_END",
+    "DISPLAY_START",
+    "ENVIRONMENT_DIR",
+    "ENVIRONMENT_INSTALL",
+    "EXCEPTION",
+    "EXCEPTION_MESSAGE",
+    "EXCEPTION_TYPE",
+    "EXIT_FAILED",
+    "EXIT_OK",
+    "EXIT_STOPPED",
+    "FAILED",
+    "HANDLE",
+    "HOSTS_DIR",
+    "HOST_INDEX",
+    "LEADER_INDEX",
+    "LEADER_READY",
+    "MISSING_OUTPUTS",
+    "OUTPUTS",
+    "OUTPUTS_DIR",
+    "PAYLOAD",
+    "PHASE",
+    "PLAN",
+    "PROTOCOL_VERSION",
+    "RESULT",
+    "RESULT_REPR",
+    "RESULT_VALUE",
+    "SERIALIZATION_FAILED",
+    "SESSIONS_DIR",
+    "STDERR",
+    "STDOUT",
+    "STOPPED",
+    "SUCCESS",
+    "TRACEBACK",
+    "CancelRequest",
+    "ExitSummary",
+    "FirstFailure",
+    "Framework",
+    "HostState",
+    "HostStatus",
+    "JobPlan",
+    "LeaderReady",
+    "LogChunk",
+    "Phase",
+    "ResultPayload",
+    "cell_control",
+    "cell_dir",
+    "cell_ready",
+    "decode_log_chunk",
+    "decode_log_chunk_of_cell",
+    "encode_log_chunk",
+    "host_exit",
+    "host_heartbeat",
+    "host_log_chunk",
+    "host_log_prefix",
+    "host_stacks",
+    "host_status",
+    "parse_cell_control",
+    "parse_host_object",
+    "parse_stacks_request",
+    "parse_worker_result",
+    "result_object",
+    "stacks_request",
+    "stopped_message",
+    "worker_result",
+]

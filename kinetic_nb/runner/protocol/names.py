@@ -1,0 +1,123 @@
+"""Every name a job's objects are stored under (the layout in ``runner.protocol``), and their parsers."""
+
+from __future__ import annotations
+
+import re
+
+PLAN = "plan.json"
+PAYLOAD = "payload.pkl"
+LEADER_READY = ".leader_ready"
+RESULT = "result.pkl"
+HANDLE = "handle.json"
+#: What steers every host's agent: one listing of this prefix per look, whatever the number of hosts.
+CONTROL_DIR = "control"
+CANCEL = f"{CONTROL_DIR}/cancel.json"
+FAILED = f"{CONTROL_DIR}/failed.json"
+OUTPUTS_DIR = "outputs"
+HOSTS_DIR = "hosts"
+#: What a pod installs before its agent starts (the prebuilt-image mode), each object signed:
+#: ``install.json`` names the others (the notebook's kinetic_nb wheel, the user's requirements).
+ENVIRONMENT_DIR = "environment"
+ENVIRONMENT_INSTALL = f"{ENVIRONMENT_DIR}/install.json"
+
+LEADER_INDEX = 0
+
+_WORKER_RESULT_RE = re.compile(r"^result-worker-(\d+)\.pkl$")
+_HOST_OBJECT_RE = re.compile(r"^hosts/(\d+)/(status\.json|exit\.json|heartbeat|log/(\d+)\.json|stacks/(\d+)\.txt)$")
+_STACKS_REQUEST_RE = re.compile(r"^control/stacks-(\d+)\.json$")
+
+def worker_result(host_index: int) -> str:
+    """Name of the failure payload of non-leader host ``host_index``."""
+    return f"result-worker-{host_index}.pkl"
+
+
+def result_object(host_index: int) -> str:
+    """Name of the payload host ``host_index`` writes (``result.pkl`` for the leader)."""
+    return RESULT if host_index == LEADER_INDEX else worker_result(host_index)
+
+
+def host_status(host_index: int) -> str:
+    return f"{HOSTS_DIR}/{host_index}/status.json"
+
+
+def host_heartbeat(host_index: int) -> str:
+    return f"{HOSTS_DIR}/{host_index}/heartbeat"
+
+
+def host_exit(host_index: int) -> str:
+    return f"{HOSTS_DIR}/{host_index}/exit.json"
+
+
+def host_log_prefix(host_index: int) -> str:
+    return f"{HOSTS_DIR}/{host_index}/log/"
+
+
+def host_log_chunk(host_index: int, seq: int) -> str:
+    return f"{host_log_prefix(host_index)}{seq:06d}.json"
+
+
+def host_stacks(host_index: int, seq: int) -> str:
+    """Where host ``host_index``'s agent puts its answer to stacks request ``seq``."""
+    return f"{HOSTS_DIR}/{host_index}/stacks/{seq:06d}.txt"
+
+
+def stacks_request(seq: int) -> str:
+    return f"{CONTROL_DIR}/stacks-{seq:06d}.json"
+
+
+def parse_stacks_request(name: str) -> int | None:
+    """The sequence number of a ``control/stacks-{seq}.json`` name, else None."""
+    match = _STACKS_REQUEST_RE.match(name)
+    return int(match.group(1)) if match else None
+
+
+def parse_worker_result(name: str) -> int | None:
+    """The host index of a ``result-worker-{i}.pkl`` name, else None."""
+    match = _WORKER_RESULT_RE.match(name)
+    return int(match.group(1)) if match else None
+
+
+def parse_host_object(name: str) -> tuple[int, str, int | None] | None:
+    """Split ``hosts/{i}/...`` into (host index, kind, sequence).
+
+    ``kind`` is ``"status"``, ``"exit"``, ``"heartbeat"``, ``"log"`` or
+    ``"stacks"`` (the last two with their sequence number); other names give None.
+    """
+    match = _HOST_OBJECT_RE.match(name)
+    if not match:
+        return None
+    if match.group(3) is not None:
+        return int(match.group(1)), "log", int(match.group(3))
+    if match.group(4) is not None:
+        return int(match.group(1)), "stacks", int(match.group(4))
+    kind = {"status.json": "status", "exit.json": "exit", "heartbeat": "heartbeat"}[match.group(2)]
+    return int(match.group(1)), kind, None
+
+
+# -- sessions: a slice kept up across cells ------------------------------------------------------
+
+SESSIONS_DIR = "sessions"
+CELLS_DIR = "cells"
+
+
+def cell_dir(seq: int) -> str:
+    """Where cell ``seq`` of a session keeps its payload and its outcome."""
+    return f"{CELLS_DIR}/{seq:06d}"
+
+
+def cell_ready(host_index: int) -> str:
+    """Host ``host_index`` has loaded the cell and waits at its barrier (inside the cell's directory)."""
+    return f"ready-{host_index}"
+
+
+def cell_control(seq: int, what: str) -> str:
+    """``control/cell-{seq}-{what}.json``: ``submitted`` (a cell is waiting), ``failed``, ``interrupt``."""
+    return f"{CONTROL_DIR}/cell-{seq:06d}-{what}.json"
+
+
+_CELL_CONTROL_RE = re.compile(r"^control/cell-(\d+)-(\w+)\.json$")
+
+
+def parse_cell_control(name: str) -> tuple[int, str] | None:
+    match = _CELL_CONTROL_RE.match(name)
+    return (int(match.group(1)), match.group(2)) if match else None
