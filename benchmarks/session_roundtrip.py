@@ -18,7 +18,10 @@ goal from issue 13:
 4. a trivial cell with the session's storage on ``gs://`` (a real
    fake-gcs-server), median; goal <= 0.5 s;
 5. the hosts' RSS (psutil on the host processes) before and after 200 more
-   trivial cells; goal <= 5% growth.
+   trivial cells; goal <= 5% growth;
+6. idle CPU per host on a local disk (psutil CPU times over 10 s of no cell,
+   after the hosts settle), against an idle ipyparallel engine's; goal <= 0.1%
+   per host (the agent's own is printed beside it).
 
 Everything it starts (engines, sessions, the emulator, the Ray cluster) it stops, also on error.
 ipyparallel is a benchmark-only dependency, not the package's:
@@ -53,6 +56,9 @@ from kinetic_nb.runner.records import read_host_status
 from tests.gcs_emulator import GcsEmulator, free_port
 
 HOSTS = 4
+#: Row 6: how long the hosts are left idle before their CPU is measured, and for how long it is measured.
+IDLE_SETTLE_S = 3.0
+IDLE_WINDOW_S = 10.0
 #: Nodes of the local Ray cluster row 1b runs on: one host per node.
 RAY_NODES = HOSTS
 BUCKET = "kinetic-bench"
@@ -160,6 +166,19 @@ def session_start_vs_one_shot(starts: int) -> tuple[float, float]:
     return statistics.median(session_times), statistics.median(job_times)
 
 
+def cpu_percent(processes: list[psutil.Process], seconds: float) -> list[float]:
+    """Each process's CPU use over ``seconds``, in percent of one core."""
+    before = [sum(process.cpu_times()[:2]) for process in processes]
+    time.sleep(seconds)
+    return [100 * (sum(process.cpu_times()[:2]) - used) / seconds for process, used in zip(processes, before, strict=True)]
+
+
+def engine_processes() -> list[psutil.Process]:
+    """This process's ipyparallel engines (not their nannies or the controller)."""
+    return [child for child in psutil.Process().children(recursive=True)
+            if "ipyparallel.engine" in " ".join(child.cmdline()) and "nanny" not in " ".join(child.cmdline())]
+
+
 def hosts_rss(session: kinetic_nb.Session) -> list[int]:
     """Each host process's resident set size in bytes (their pids from the hosts' status records)."""
     pids = [read_host_status(session.storage, session.job.key, i).pid for i in range(HOSTS)]
@@ -222,6 +241,15 @@ def main() -> None:
         print(f"{'5. host RSS over ' + str(args.cells) + ' trivial cells':<34} "
               f"{sum(before) / 2**20:7.1f} MiB -> {sum(after) / 2**20:7.1f} MiB (4 hosts); "
               f"largest growth of one host {growth:+.1%}  goal <= 5%")
+
+        time.sleep(IDLE_SETTLE_S)  # past the hosts' busy look after a cell
+        hosts = [psutil.Process(read_host_status(session.storage, session.job.key, i).pid) for i in range(HOSTS)]
+        agent = hosts[0].parent()
+        ours = cpu_percent([*hosts, agent], IDLE_WINDOW_S)
+        engines = engine_processes()
+        theirs = cpu_percent(engines, IDLE_WINDOW_S) if engines else []
+        print(f"{'6. idle CPU per host':<34} {max(ours[:-1]):9.3f} %   vs {max(theirs, default=float('nan')):9.3f} % "
+              f"(an idle engine); the agent {ours[-1]:.3f} %  goal <= 0.1% per host")
 
 
 if __name__ == "__main__":

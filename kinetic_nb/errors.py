@@ -126,6 +126,11 @@ class JobCancelledError(KineticError):
     """The job was cancelled before it produced an outcome."""
 
 
+class CellInterrupted(KeyboardInterrupt, KineticError):
+    """The notebook interrupted a session's cell: a ``KeyboardInterrupt``, shown as its one line and the
+    session's fate, never as kinetic_nb's own frames."""
+
+
 class KineticTimeoutError(KineticError, TimeoutError):
     """The job did not finish within its timeout."""
 

@@ -127,7 +127,7 @@ def job_status(
         return JobStatus.RUNNING if started else JobStatus.PENDING
     if lost or any(summary.failed for summary in exits.values()):
         return JobStatus.FAILED
-    if any(summary.stopped or summary.exit_code == protocol.EXIT_STOPPED for summary in exits.values()):
+    if any(summary.stopped for summary in exits.values()):
         return JobStatus.CANCELLED if cancelled else JobStatus.FAILED
     return JobStatus.SUCCEEDED
 
@@ -281,7 +281,7 @@ def host_state(status: HostStatus | None, summary: ExitSummary | None, heartbeat
         stopped is lost.
     """
     if summary is not None:
-        if summary.stopped or summary.exit_code == protocol.EXIT_STOPPED:
+        if summary.stopped:
             return HostState.STOPPED.value
         if summary.failed:
             return HostState.FAILED.value

@@ -148,6 +148,7 @@ def test_an_idle_session_stops_itself():
 
 
 def test_the_magic_runs_cells_on_the_session_and_refuses_a_shape_that_does_not_fit():
+    InteractiveShell.clear_instance()  # a shell of its own: it ends on a stopped session
     shell = InteractiveShell.instance()
     shell.run_line_magic("load_ext", "kinetic_nb")
     shell.run_line_magic("kinetic", "start -n 2 --framework none --idle-timeout 600")
@@ -162,6 +163,7 @@ def test_the_magic_runs_cells_on_the_session_and_refuses_a_shape_that_does_not_f
         assert once.result == "beside it"
     finally:
         shell.run_line_magic("kinetic", "stop")
+        InteractiveShell.clear_instance()
 
 
 def test_a_kernel_restart_leaves_the_session_up_and_attach_finds_its_state(storage_root):

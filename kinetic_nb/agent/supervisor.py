@@ -45,8 +45,8 @@ from kinetic_nb.errors import IntegrityError, ObjectExistsError, ObjectNotFoundE
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.execute import run_host  # imported once here, not in every forked host
 from kinetic_nb.runner.logs import LogChunkWriter
-from kinetic_nb.runner.protocol import CancelRequest, ExitSummary, FirstFailure, JobPlan
-from kinetic_nb.runner.records import read_record, recorded_success, write_record
+from kinetic_nb.runner.protocol import CancelRequest, ExitSummary, FirstFailure, HostState, JobPlan
+from kinetic_nb.runner.records import read_host_status, read_record, write_record
 from kinetic_nb.runner.redact import Redactor
 from kinetic_nb.runner.stacks import STACKS_FILE_ENV, STACKS_SIGNAL
 from kinetic_nb.runner.wakeup import remove_session_sockets, wake_clients, wakeup_path
@@ -305,12 +305,14 @@ class Agent:
 
     def _record_exit(self, host: _Host) -> None:
         code = os.waitstatus_to_exitcode(host.wait_status)
+        recorded = self._recorded_state(host.index)
         summary = ExitSummary(
             host_index=host.index,
             exit_code=code if code >= 0 else None,
             signal=signal.Signals(-code).name if code < 0 else None,
-            recorded_success=self._recorded_success(host.index),
-            stopped=host.stop_sent_at is not None,
+            recorded_success=recorded == HostState.SUCCEEDED.value,
+            # Stopped by this agent, or by itself at a barrier (its status says so); never by its exit code.
+            stopped=host.stop_sent_at is not None or recorded == HostState.STOPPED.value,
             ended_at=time.time(),
             stderr_tail=tuple(self.redactor.text(line) for line in host.stderr_lines()),
             storage_error=self.storage_error,
@@ -480,11 +482,13 @@ class Agent:
             shutil.rmtree(self.scratch_outputs, ignore_errors=True)
             self.scratch_outputs = None
 
-    def _recorded_success(self, index: int) -> bool:
+    def _recorded_state(self, index: int) -> str | None:
+        """The state host ``index`` last recorded in its (verified) status, or None."""
         try:
-            return recorded_success(self.storage, self.key, index)
+            status = read_host_status(self.storage, self.key, index)
         except OSError:
-            return False
+            return None
+        return status.state if status is not None else None
 
     @staticmethod
     def _kill_group(host: _Host, signum: int) -> None:

@@ -153,6 +153,10 @@ class Backend(abc.ABC):
     def cleanup(self, plan: JobPlan) -> None:  # noqa: B027 - a hook: a local job leaves nothing to remove
         """Remove what the platform still holds for the job once its outcome is recorded; never raises."""
 
+    def agent_gone(self, plan: JobPlan) -> bool | None:
+        """Whether the job's agent on this machine has ended; None where the platform runs it (a pod, an actor)."""
+        return None
+
     def forget(self, job_id: str) -> None:  # noqa: B027 - a hook: most backends keep nothing on this machine
         """Remove what this machine keeps of a job outside its storage, when the job is collected (``gc``)."""
 

@@ -164,6 +164,11 @@ class LocalBackend(Backend):
         self._launcher_codes[job_id] = launcher.returncode
         return launcher.returncode
 
+    def agent_gone(self, plan: JobPlan) -> bool | None:
+        """Whether the job's agent process has ended (by its record's pid, checked against its command line)."""
+        state = AgentState.read(agent_files(plan.job_id)[1])
+        return state is None or not _alive(state.pid, plan.job_id)
+
     def _agent_death(self, plan: JobPlan, state: AgentState | None) -> str | None:
         """Why the job's agent is gone while hosts have no exit record, or None while it lives."""
         code = self._launcher_code(plan.job_id)

@@ -17,6 +17,7 @@ from kinetic_nb.client.catalog_records import listed_fields, listed_ids, owned_h
 from kinetic_nb.client.job_handle import JobHandle, remove_job_objects
 from kinetic_nb.client.keys import delete_key, key_path, load_key, read_key_file
 from kinetic_nb.client.launch import print_to_stdout
+from kinetic_nb.client.sessions import collect_ended
 from kinetic_nb.errors import IntegrityError, KineticError, ObjectNotFoundError, StorageError, UnsignedJobError
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.envelope import is_sealed, read_unsigned_bytes, unseal
@@ -286,13 +287,20 @@ def _forget_on_this_machine(job_id: str, record: dict) -> None:
 
 
 def gc(older_than: float | str, *, storage: str | None = None) -> list[str]:
-    """Remove this user's jobs submitted longer than ``older_than`` ago whose every host has ended.
+    """Remove this user's jobs and sessions older than ``older_than`` whose every host has ended; their ids.
 
     A job's recorded outcome is not enough: a failed job's other hosts may
-    still be inside their grace period, so each job's hosts are looked at. A
-    job that is not this user's (no key here, or a directory another user
-    owns: another user's in a shared root, or planted) is left alone; a removed job's key file and agent records go with it.
+    still be inside their grace period, so each job's hosts are looked at; a
+    session whose hosts still run is live, and kept. A job that is not this
+    user's (no key here, or a directory another user owns: another user's in a
+    shared root, or planted) is left alone; a removed job's key file and agent
+    records go with it. :func:`collect` also says how many bytes each held.
     """
+    return [job_id for job_id, _ in collect(older_than, storage=storage)]
+
+
+def collect(older_than: float | str, *, storage: str | None = None) -> list[tuple[str, int]]:
+    """What :func:`gc` does, with the bytes each removed job or session held in storage."""
     age = parse_duration(older_than) if isinstance(older_than, str) else float(older_than)
     root = _root(storage)
     removed = []
@@ -315,9 +323,10 @@ def gc(older_than: float | str, *, storage: str | None = None) -> list[str]:
             continue
         if live is not None and not live.done:
             continue  # never pull a job's objects from under a live host
+        freed = sum(info.size for info in job.list())
         _clean_up_platform(job, record, access)
         remove_job_objects(job)
         delete_key(job_id)
         _forget_on_this_machine(job_id, record)
-        removed.append(job_id)
-    return removed
+        removed.append((job_id, freed))
+    return removed + collect_ended(age, storage=storage)

@@ -7,7 +7,10 @@ cell they belong to); its outcome from ``cells/{seq}/`` by the seed's rules.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -15,14 +18,21 @@ from typing import Any, Protocol
 
 from kinetic_nb import views
 from kinetic_nb.client.echo import LeaderEcho
-from kinetic_nb.client.outcome import resolve_outcome
+from kinetic_nb.client.job_handle import remove_job_objects
+from kinetic_nb.client.outcome import read_failure, resolve_outcome
 from kinetic_nb.client.poller import _HostRecords
-from kinetic_nb.errors import IntegrityError, KineticTimeoutError, ObjectExistsError, ObjectNotFoundError
+from kinetic_nb.errors import (
+    CellInterrupted,
+    IntegrityError,
+    KineticTimeoutError,
+    ObjectExistsError,
+    ObjectNotFoundError,
+)
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.protocol import ExitSummary, HostState, HostStatus, JobPlan, Phase
-from kinetic_nb.runner.records import open_log_chunk, open_record, write_record
+from kinetic_nb.runner.records import open_log_chunk, open_record, read_record, write_record
 from kinetic_nb.runner.session_loop import cell_key
-from kinetic_nb.state import SNAPSHOT_INTERVAL_S, HostSnapshot, JobSnapshot, JobStatus
+from kinetic_nb.state import SNAPSHOT_INTERVAL_S, HostSnapshot, JobSnapshot, JobStatus, is_quiet
 
 
 class Session(Protocol):
@@ -41,6 +51,8 @@ class Session(Protocol):
 
 __all__ = ["CellHandle"]
 
+logger = logging.getLogger(__name__)
+
 #: First and longest pause between two polls of a cell: a trivial cell's round trip is what a session is for.
 FIRST_POLL_S = 0.001
 MAX_POLL_S = 0.1
@@ -49,6 +61,8 @@ POLL_GROWTH = 1.5
 ENDED_LOOK_S = 0.05
 #: How long a finished cell waits for the leader's output to be stored (the agent writes it at once).
 OUTPUT_WAIT_S = 2.0
+#: The agent interrupts a cell at its timeout; the notebook does it itself only this much after the grace.
+TIMEOUT_SLACK_S = 5.0
 
 
 class CellHandle:
@@ -71,6 +85,12 @@ class CellHandle:
         self._submitted = time.time()
         self._interrupted = False
         self._payload: Any = None
+        self._failure: BaseException | None = None
+        #: The leader's own payload, once read (``leader_result``).
+        self._leader: Any = None
+        #: When each host last printed in this cell, and the stacks of those that turned quiet.
+        self._active_at: dict[int, float] = {}
+        self._stacks: dict[int, str] = {}
         #: Hosts whose output for this cell is all stored (their agent wrote the cell's last chunk).
         self._output_complete: set[int] = set()
         self._next_ended_look = 0.0
@@ -96,9 +116,45 @@ class CellHandle:
             self._look_by_name()
         else:
             self._look_by_listing()
-        hosts = tuple(self._host(index) for index in range(self.plan.hosts))
+        hosts = self._with_quiet(tuple(self._host(index) for index in range(self.plan.hosts)))
         return JobSnapshot(self.job_id, self.session.job.backend.name, self.plan.accelerator, self._status(hosts),
                            self._submitted, time.time(), hosts)
+
+    def _with_quiet(self, hosts: tuple[HostSnapshot, ...]) -> tuple[HostSnapshot, ...]:
+        """A host still running the cell, silent for the grace since another finished it, is quiet: shown with
+        its stacks (asked for once), as a one-shot job's stuck host is."""
+        now = time.time()
+        ended = [host.updated_at for host in hosts if host.state not in (
+            HostState.PENDING.value, HostState.READY.value, HostState.RUNNING.value) and host.updated_at]
+        if not ended:
+            return hosts
+        quiet = [host.index for host in hosts if host.state == HostState.RUNNING.value and is_quiet(
+            max(filter(None, (self._active_at.get(host.index), host.updated_at)), default=None), min(ended),
+            self.plan.grace_s, now)]
+        asked = [index for index in quiet if index not in self._stacks]
+        if asked:
+            for index in asked:
+                self._stacks[index] = ""
+            self._stacks.update(self.session.job.stacks_of(asked))
+        return tuple(dataclasses.replace(host, state=HostState.QUIET.value, stacks=self._stacks.get(host.index, ""))
+                     if host.index in quiet else host for host in hosts)
+
+    def leader_result(self) -> Any:
+        """The leader's own value for this cell as soon as it has recorded it, whatever the other hosts did
+        (a stuck worker, an interrupt): ``result()`` applies the outcome rules, this reads the leader alone.
+        Raises the leader's own exception if it failed, ``ObjectNotFoundError`` while it has recorded nothing."""
+        if self._payload is not None:
+            return self._payload.result
+        if self._leader is None:
+            self._leader = read_failure(self.storage, protocol.RESULT, protocol.LEADER_INDEX, warn=False, strict=True,
+                                        key=self.key)
+        if self._leader is None:
+            raise ObjectNotFoundError(f"the leader of cell {self.seq} of session {self.session.session_id} has "
+                                      "recorded no result yet")
+        if not self._leader.payload.success:
+            raise self._leader.exception(self.job_id)
+        self.outputs = dict(self._leader.payload.outputs)
+        return self._leader.payload.result
 
     def _look_by_listing(self) -> None:
         for info in self.session.storage.list(protocol.HOSTS_DIR + "/"):
@@ -157,6 +213,7 @@ class CellHandle:
                 return
             if chunk.end:
                 self._output_complete.add(index)
+            self._active_at[index] = time.time()  # it printed: not quiet
             for stream, text in chunk.segments:
                 self._records[index].add_log(stream, text)
                 if index == protocol.LEADER_INDEX and self._echo is not None:
@@ -196,7 +253,7 @@ class CellHandle:
         if all(state == HostState.SUCCEEDED.value for state in states):
             return JobStatus.SUCCEEDED
         ended = [state for state in states if state not in (HostState.PENDING.value, HostState.READY.value,
-                                                              HostState.RUNNING.value)]
+                                                              HostState.RUNNING.value, HostState.QUIET.value)]
         if len(ended) < len(states):
             return JobStatus.RUNNING if any(host.phase != Phase.STARTUP.value for host in hosts) else JobStatus.PENDING
         return JobStatus.CANCELLED if self._interrupted and not any(
@@ -251,6 +308,8 @@ class CellHandle:
         """
         if self._payload is not None:
             return self._payload.result
+        if self._failure is not None:  # read once: its objects are gone, the exception stays
+            raise self._failure
         snapshot = self._wait(timeout, on_snapshot)
         ended = self.session.ended()
         exits = {host.index: host.exit for host in snapshot.hosts if host.exit is not None}
@@ -264,19 +323,48 @@ class CellHandle:
         if status is JobStatus.CANCELLED:
             status = JobStatus.FAILED  # an interrupted cell's KeyboardInterrupts are its outcome
         try:
-            self._payload = resolve_outcome(self.storage, cell_plan, status, exits, self.storage.list,
-                                            self.describe_host, key=self.key)
+            try:
+                self._payload = resolve_outcome(self.storage, cell_plan, status, exits, self.storage.list,
+                                                self.describe_host, key=self.key)
+            except BaseException:
+                with contextlib.suppress(Exception):  # leader_result() still has the leader's own value
+                    self._leader = read_failure(self.storage, protocol.RESULT, protocol.LEADER_INDEX, warn=False,
+                                                strict=True, key=self.key)
+                raise
+            finally:
+                self._forget_outcome()
+        except KeyboardInterrupt as interrupt:
+            timeout = self.interrupted_at_timeout()
+            if timeout is None:
+                self._failure = interrupt
+                raise
+            error = KineticTimeoutError(f"cell {self.seq} ran past its timeout of {timeout:g} s and was interrupted")
+            error.add_note(self._fate())
+            self._failure = error
+            raise error from interrupt
         except BaseException as error:
             if ended is not None and isinstance(error, Exception):
                 error.add_note(f"The session {self.session.session_id} ended: {ended}. "
                                "%kinetic restart (or session.restart()) starts it again.")
+            self._failure = error
             raise
         self.outputs = dict(self._payload.outputs)
         return self._payload.result
 
+    def _forget_outcome(self) -> None:
+        """Delete the cell's outcome objects once read (the leader's value, the workers' failures, the barrier's
+        markers), as a one-shot job's are: a long session does not pile up every cell's values. The payload
+        stays: its name is how the session numbers its cells."""
+        try:
+            remove_job_objects(self.storage, keep=(protocol.PAYLOAD,))
+        except Exception:
+            logger.debug("could not remove the outcome of cell %s", self.seq, exc_info=True)
+
     def _wait(self, timeout: float | None, on_snapshot: Callable[[JobSnapshot], None] | None) -> JobSnapshot:
         deadline = None if timeout is None else time.monotonic() + timeout
-        cell_deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        # The agent interrupts the cell at its timeout; the notebook steps in only if it has not, a while later.
+        cell_deadline = None if self.timeout is None else (time.monotonic() + self.timeout + self.plan.grace_s
+                                                           + TIMEOUT_SLACK_S)
         pause, shown_at = FIRST_POLL_S, 0.0
         try:
             while True:
@@ -300,9 +388,10 @@ class CellHandle:
                 else:
                     time.sleep(pause)
                 pause = min(pause * POLL_GROWTH, MAX_POLL_S)
-        except KeyboardInterrupt as interrupt:
-            interrupt.add_note(self._interrupt_and_report())
-            raise
+        except KeyboardInterrupt:
+            interrupted = CellInterrupted(f"cell {self.seq} was interrupted on every host")
+            interrupted.add_note(self._interrupt_and_report())
+            raise interrupted from None
 
     def _leader_output_in(self, snapshot: JobSnapshot) -> JobSnapshot:
         """Wait (a moment at most) for the leader's last chunk of this cell, so its output precedes the value."""
@@ -329,36 +418,64 @@ class CellHandle:
         """A session that ended: its hosts' ends are recorded (their agent stops them within the grace)."""
         return all(host.exit is not None for host in snapshot.hosts) or self.session.job.status().done
 
-    def interrupt(self) -> None:
-        """``KeyboardInterrupt`` in the cell on every host (the session's agent sends it)."""
+    def interrupt(self, *, timeout: float | None = None) -> None:
+        """``KeyboardInterrupt`` in this cell on every host (the session's agent sends it); a cell still queued
+        behind another is withdrawn before it starts, and the running one is left alone. ``timeout``: the
+        cell's own, which it ran past (the agent normally interrupts it first)."""
         self._interrupted = True
+        request = {"at": time.time(), "reason": "user"} if timeout is None else {
+            "at": time.time(), "reason": "timeout", "timeout": timeout}
         try:
             write_record(self.session.storage, self.session.job.key, protocol.cell_control(self.seq, "interrupt"),
-                         json.dumps({"at": time.time()}).encode())
+                         json.dumps(request).encode())
         except ObjectExistsError:
             pass
 
+    def interrupted_at_timeout(self) -> float | None:
+        """The timeout the agent interrupted this cell at, or None when nobody did for a timeout."""
+        try:
+            record = json.loads(read_record(self.session.storage, self.session.job.key,
+                                            protocol.cell_control(self.seq, "interrupt")))
+        except (ObjectNotFoundError, IntegrityError, ValueError):
+            return None
+        if not isinstance(record, dict) or record.get("reason") != "timeout":
+            return None
+        return float(record.get("timeout") or 0)
+
+    def _fate(self) -> str:
+        """The session's fate after this cell, in one line."""
+        ended = self.session.ended()
+        if ended is None:
+            return f"kinetic_nb: every host is back to idle and session {self.session.session_id} is up"
+        return (f"kinetic_nb: session {self.session.session_id} ended: {ended}; %kinetic restart (or "
+                "session.restart()) starts it again")
+
     cancel = interrupt
 
-    def _interrupt_and_report(self) -> str:
+    def _interrupt_and_report(self, *, timeout: float | None = None) -> str:
         """Interrupt, wait for every host to be back (or the session to end), and say which it was."""
-        self.interrupt()
+        self.interrupt(timeout=timeout)
         deadline = time.monotonic() + self.plan.grace_s + 5
-        while time.monotonic() < deadline:
-            snapshot = self.snapshot()
-            if snapshot.status.done:
-                return (f"kinetic_nb: interrupted cell {self.seq} on every host; every host is back to idle and "
-                        f"session {self.session.session_id} is up")
-            if self.session.ended() is not None:
-                break
-            time.sleep(0.05)
+        try:
+            while time.monotonic() < deadline:
+                snapshot = self.snapshot()
+                if snapshot.status.done:
+                    return (f"kinetic_nb: every host is back to idle and session {self.session.session_id} "
+                            "is up")
+                if self.session.ended() is not None:
+                    break
+                time.sleep(0.05)
+        except KeyboardInterrupt:  # a second interrupt: stop waiting, and still say what is known
+            return (f"kinetic_nb: not waiting for the hosts to come back (interrupted again); the session's agent "
+                    f"ends session {self.session.session_id} unless every host is back to idle within "
+                    f"{self.plan.grace_s:g} s (%kinetic sessions shows its state)")
         stuck = [host.index for host in self.snapshot().hosts if not host.exit and host.state in (
             HostState.RUNNING.value, HostState.READY.value)]
         return (f"kinetic_nb: session {self.session.session_id} ended: "
                 f"{self.session.ended() or 'hosts ' + ', '.join(map(str, stuck)) + ' did not come back'}")
 
     def _stop_for_timeout(self) -> None:
-        note = self._interrupt_and_report()
+        note = self._interrupt_and_report(timeout=self.timeout)
         error = KineticTimeoutError(f"cell {self.seq} ran past its timeout of {self.timeout:g} s and was interrupted")
         error.add_note(note)
         raise error

@@ -384,6 +384,10 @@ class JobHandle:
         running = [h.index for h in self.poller.poll().hosts if h.exit is None and host in (None, h.index)]
         return self._ask_for_stacks(running, wait) if running else {}
 
+    def stacks_of(self, hosts: list[int], wait: float = STACKS_WAIT_S) -> dict[int, str]:
+        """The stacks of ``hosts`` (those still running), asked for at once: a session's quiet hosts."""
+        return self._ask_for_stacks(hosts, wait)
+
     def _ask_for_stacks(self, hosts: list[int], wait: float) -> dict[int, str]:
         """Write the next stacks request and collect the answers of ``hosts`` for ``wait`` seconds at most."""
         asked = [protocol.parse_stacks_request(i.name) for i in self.storage.list(protocol.CONTROL_DIR + "/")]

@@ -361,9 +361,8 @@ def _no_payload_error(
     culprits = sorted(culprits, key=lambda i: (exits[i].ended_at if i in exits else never, i))
     if leader_ok and not listed:
         head = f"job {plan.job_id} failed after the leader succeeded; its per-host result payloads could not be listed"
-    elif leader_ok:
-        missing = ", ".join(protocol.worker_result(i) for i in sorted(culprits) if i != 0) or "result-worker-*.pkl"
-        head = f"job {plan.job_id} failed after the leader succeeded, and no failing host wrote its payload ({missing})"
+    elif leader_ok:  # the hosts are named below, with how they ended: never the objects they did not write
+        head = f"job {plan.job_id} failed after the leader succeeded, and no failing host reported why"
     elif not listed:
         head = (f"job {plan.job_id} failed: {storage.uri}/{protocol.RESULT} is missing and its per-host result "
                 "payloads could not be listed")

@@ -31,8 +31,8 @@ from kinetic_nb.accelerators import local_notice
 from kinetic_nb.backends import Backend, JobSecrets, get_backend
 from kinetic_nb.client.catalog_records import listed_ids, owned_here, printable
 from kinetic_nb.client.cell_handle import CellHandle
-from kinetic_nb.client.job_handle import JobHandle
-from kinetic_nb.client.keys import create_key, load_key
+from kinetic_nb.client.job_handle import JobHandle, remove_job_objects
+from kinetic_nb.client.keys import create_key, delete_key, load_key
 from kinetic_nb.client.launch import print_to_stdout, warn_if_shared
 from kinetic_nb.client.plan import choose_framework, make_plan, new_job_id, prepare_cell, resolve_slice
 from kinetic_nb.errors import (
@@ -170,11 +170,21 @@ class Session:
                                    extra={CELL_FRAMEWORK: choose_framework("auto", payload.modules)})
         if self.wakeup is None and self.storage.local_path() is not None:
             self.wakeup = _client_wakeup(self.job)
-        seq = self._submit(payload.data)
+        seq = self._submit(payload.data, timeout)
         printer = print_to_stdout if echo is True else (echo or self.echo)
         return CellHandle(self, seq, timeout=timeout, echo=printer)
 
-    def _submit(self, data: bytes) -> int:
+    def cell(self, seq: int) -> CellHandle:
+        """A handle on cell ``seq`` of this session, run from this kernel or another (its outcome, hosts, logs)."""
+        if not (isinstance(seq, int) and seq >= 1):
+            raise ValueError(f"cells are numbered from 1, got {seq!r}")
+        try:
+            self.storage.child(protocol.cell_dir(seq)).read_bytes(protocol.PAYLOAD)
+        except ObjectNotFoundError:
+            raise ValueError(f"session {self.session_id} has no cell {seq}") from None
+        return CellHandle(self, seq, echo=self.echo)
+
+    def _submit(self, data: bytes, timeout: float | None = None) -> int:
         """Store the cell under the next free number: cells from two kernels run one at a time, in order."""
         with self._lock:
             seq = self._last_seq + 1
@@ -192,24 +202,46 @@ class Session:
         if self.storage.local_path() is not None:  # the hosts are on this machine: wake them now
             for index in range(self.plan.hosts):
                 wake(wakeup_path(self.session_id, index))
+        # The cell's timeout travels with it: the agent enforces it, with or without this kernel.
         write_record(self.storage, self.job.key, protocol.cell_control(seq, "submitted"),
-                     json.dumps({"at": time.time()}).encode())
+                     json.dumps({"at": time.time(), "timeout": timeout}).encode())
         return seq
 
     # -- lifecycle -----------------------------------------------------------------------
 
-    def stop(self, reason: str = "stopped by the user") -> None:
-        """Stop every host; the session's records stay (``gc`` removes them)."""
-        if self.ended() is None:
-            self.job.cancel(reason)
+    def stop(self, reason: str = "stopped by the user") -> str:
+        """Stop every host and the agent, whatever state they are in (some may have ended already); wait a
+        while for them; say what happened, in one line. The session's records stay (``gc`` removes them)."""
+        try:
+            read_record(self.storage, self.job.key, protocol.CANCEL)  # stopped already: its agents know
+        except (ObjectNotFoundError, IntegrityError):
+            self.job.backend.cancel(self.storage, self.plan, reason, self.job.key)
+        deadline = time.monotonic() + STOP_WAIT_S
+        while True:
+            running = [index for index in range(self.plan.hosts) if read_exit(self.storage, self.job.key, index) is None]
+            agent_gone = self.job.backend.agent_gone(self.plan)
+            if (not running and agent_gone is not False) or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
         if self.wakeup is not None:
             self.wakeup.close()
             self.wakeup = None
+        if running:
+            return (f"session {self.session_id}: asked to stop, but host{'s' if len(running) > 1 else ''} "
+                    f"{', '.join(map(str, running))} had not ended after {STOP_WAIT_S:g} s")
+        hosts = f"its {self.plan.hosts} host{'s' if self.plan.hosts > 1 else ''}"
+        if agent_gone is False:
+            return f"session {self.session_id} stopped: {hosts} have ended; its agent had not after {STOP_WAIT_S:g} s"
+        return f"session {self.session_id} stopped: {hosts} {'and its agent have' if agent_gone else 'have'} ended"
 
     def restart(self) -> Session:
         """Stop this session and start a fresh one of the same shape (fresh state)."""
         self.stop("stopped for a restart")
         return _start_from(self.job, echo=self.echo)
+
+
+#: How long ``stop`` waits for the hosts and the agent to be gone.
+STOP_WAIT_S = 10.0
 
 
 def _client_wakeup(job: JobHandle) -> Wakeup | None:
@@ -321,6 +353,9 @@ def attach_session(session_id: str, *, storage: str | None = None, echo: Any = T
         raise IntegrityError(f"session {session_id} is not yours: its directory belongs to another user")
     key = load_key(session_id, SESSION)
     if key is None:
+        if not session_storage.exists(protocol.PLAN):
+            raise ObjectNotFoundError(f"no session {session_id} in {_root(storage).uri} (%kinetic sessions lists "
+                                      "them)")
         raise IntegrityError(f"session {session_id} is not yours: this user has no key for it")
     try:
         plan = JobPlan.from_json(read_sealed(session_storage, protocol.PLAN, key))
@@ -366,3 +401,31 @@ def sessions(*, storage: str | None = None, limit: int = 20) -> list[dict[str, A
                           "state": f"UNREADABLE: {reason}"})
     return found
 
+
+def collect_ended(older_than_s: float, *, storage: str | None = None) -> list[tuple[str, int]]:
+    """Remove this user's sessions started longer than ``older_than_s`` ago whose every host has ended: their
+    records, cells, key and what this machine keeps of them. A live session is never touched, nor one that
+    is not this user's. Returns each removed session's id and the bytes its storage held."""
+    root = _root(storage)
+    removed = []
+    for session_id, _ in listed_ids(root, _SESSION_ID, protocol.HANDLE):
+        if owned_here(root.child(session_id)) is False or load_key(session_id, SESSION) is None:
+            continue  # another user's, or planted
+        try:
+            session = attach_session(session_id, storage=storage, echo=False)
+            if time.time() - session.plan.created_at < older_than_s or not session.job.status().done:
+                continue  # too recent, or a host still runs: never pulled from under it
+            freed = sum(info.size for info in session.storage.list())
+        except (KineticError, OSError, ValueError, TypeError, LookupError):
+            logger.debug("session %s cannot be collected", session_id, exc_info=True)
+            continue  # unreadable: kept for whoever investigates
+        backend = session.job.backend
+        try:
+            backend.cleanup(session.plan)
+        except Exception:
+            logger.warning("could not clean up the platform's objects of %s", session_id, exc_info=True)
+        remove_job_objects(session.storage)
+        delete_key(session_id)
+        backend.forget(session_id)
+        removed.append((session_id, freed))
+    return removed

@@ -165,6 +165,9 @@ _BackendSettings = type("_BackendSettings", (Magics,), {
 class KineticMagics(_BackendSettings):
     #: The session this notebook's cells run on (``%kinetic start``), or None.
     session: Session | None = None
+    #: The session ``%kinetic stop`` stopped, until another starts: a cell then says so instead of quietly
+    #: running as a one-shot job on one host.
+    stopped_session: str | None = None
 
     def _backend_options(self, args: Any) -> dict[str, Any]:
         """The chosen backend's options from its flags, with this notebook's ``%config`` settings as defaults."""
@@ -237,6 +240,9 @@ class KineticMagics(_BackendSettings):
             raise UsageError(f"-n/--hosts must be at least 1, got {args.hosts}")
         out = _names(args.out)
         source = f"# %%kinetic {line}\n{cell}"
+        if self.session is None and self.stopped_session is not None and not args.once:
+            raise UsageError(f"session {self.stopped_session} was stopped (%kinetic stop): %kinetic start starts "
+                             "another; %%kinetic --once runs this cell as a one-shot job")
         if self.session is not None and not args.once:
             check_cell_fits_session(self.session, args, self._backend_options(args), _environment(args.env))
             try:
@@ -340,13 +346,14 @@ class KineticMagics(_BackendSettings):
         if self.session is not None and self.session.ended() is None:
             raise UsageError(f"this notebook is on session {self.session.session_id} already: %kinetic stop first")
         self.session = start_session(args, self._backend_options(args), _environment(args.env))
+        self.stopped_session = None
         return self.session
 
     def _line_stop(self, args: Any) -> None:
         if self.session is None:
             raise UsageError("this notebook is on no session (%kinetic start starts one)")
-        self.session.stop()
-        print(f"session {self.session.session_id} stopped")
+        print(self.session.stop())
+        self.stopped_session = self.session.session_id
         self.session = None
 
     def _line_restart(self, args: Any) -> Any:
@@ -379,6 +386,7 @@ class KineticMagics(_BackendSettings):
     def _line_attach(self, args: Any) -> Any:
         if args.job_id.startswith("ks-"):  # a session: this notebook's cells run on it from now on
             self.session = attach_session(args.job_id, storage=args.storage)
+            self.stopped_session = None
             return self.session
         handle = catalog.attach(args.job_id, storage=args.storage, echo=True, key_file=args.key_file,
                                 trust_unsigned=args.trust_unsigned)
@@ -404,8 +412,13 @@ class KineticMagics(_BackendSettings):
         print(report.table())
 
     def _line_gc(self, args: Any) -> None:
-        removed = catalog.gc(args.older_than, storage=args.storage)
-        print(f"removed {len(removed)} job{'s' if len(removed) != 1 else ''}" + (": " + ", ".join(removed) if removed else ""))
+        removed = catalog.collect(args.older_than, storage=args.storage)
+        jobs = [job_id for job_id, _ in removed if not job_id.startswith("ks-")]
+        sessions = [job_id for job_id, _ in removed if job_id.startswith("ks-")]
+        freed = sum(size for _, size in removed)
+        print(f"removed {len(jobs)} job{'s' if len(jobs) != 1 else ''} and {len(sessions)} "
+              f"session{'s' if len(sessions) != 1 else ''}, {freed / 1e6:.1f} MB"
+              + (": " + ", ".join(job_id for job_id, _ in removed) if removed else ""))
 
 
 for _magic in vars(KineticMagics).values():

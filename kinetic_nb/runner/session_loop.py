@@ -31,12 +31,12 @@ import time
 from collections.abc import Iterator
 from typing import Any, Protocol
 
-from kinetic_nb.errors import HostStoppedError, KineticTimeoutError
+from kinetic_nb.errors import HostStoppedError, IntegrityError, KineticTimeoutError, ObjectNotFoundError
 from kinetic_nb.runner import envelope, frameworks, job_keys, protocol
 from kinetic_nb.runner.barrier import leader_said_go, write_verdict
 from kinetic_nb.runner.cell import execute_cell, load_notebook_values
 from kinetic_nb.runner.protocol import FirstFailure, HostState, LeaderReady, Phase
-from kinetic_nb.runner.records import write_record
+from kinetic_nb.runner.records import read_record, write_record
 from kinetic_nb.runner.wakeup import open_wakeup, wake, wake_clients, wakeup_path
 from kinetic_nb.storage import Storage
 
@@ -68,6 +68,8 @@ class HostRun(Protocol):
 FIRST_LOOK_S = 0.001
 MAX_LOOK_LOCAL_S = 0.02
 MAX_LOOK_REMOTE_S = 1.0
+#: An idle host's longest pause between two looks for the next cell when its wakeup socket is open.
+IDLE_LOOK_LOCAL_S = 1.0
 #: For this long after a cell the next one is looked for at least this often.
 BUSY_S = 1.0
 BUSY_LOOK_S = 0.002
@@ -143,13 +145,16 @@ class SessionLoop:
         """
         payload = f"{protocol.cell_dir(seq)}/{protocol.PAYLOAD}"
         pause, busy_until = FIRST_LOOK_S, time.monotonic() + BUSY_S
+        # Idle on a local disk, the notebook wakes this host through its socket when it submits a cell (and
+        # the agent stops it with a signal): a slow look is only a safety net for a wakeup that went missing.
+        idle_look = IDLE_LOOK_LOCAL_S if self.wakeup is not None else self._max_look
         while True:
             if self.storage.exists(payload):
                 return True
             if self.storage.exists(protocol.CANCEL):
                 return False
             self._sleep(pause)
-            cap = BUSY_LOOK_S if time.monotonic() < busy_until else self._max_look
+            cap = BUSY_LOOK_S if time.monotonic() < busy_until else idle_look
             pause = min(pause * 1.5, cap)
 
     def _run_cell(self, seq: int) -> None:
@@ -161,6 +166,8 @@ class SessionLoop:
         run.status.update(state=HostState.RUNNING, phase=Phase.PAYLOAD_LOAD, cell=seq, cell_failed=False,
                           record=False, defer_s=STATUS_DEFER_S)
         try:
+            if self.interrupted(seq):  # interrupted while it waited behind another cell: it never runs
+                raise KeyboardInterrupt(f"cell {seq} was withdrawn before it started")
             cell = envelope.load_sealed(cell_storage, protocol.PAYLOAD, run.outcome_key)
             run.filename = cell[protocol.CELL_FILENAME]
             values = load_notebook_values(cell, run.host_index)
@@ -173,7 +180,7 @@ class SessionLoop:
                 self.initialized = True
             run._enter(Phase.EXECUTE, HostState.RUNNING)
             print(protocol.CELL_MARK.format(seq=seq), end="", flush=True)  # the agent: logs from here are this cell's
-            with _interruptible():
+            with self._interruptible(seq):
                 self._stop_if_interrupted_early(seq)
                 value = execute_cell(cell[protocol.CELL_SOURCE], run.filename, self.namespace,
                                      host_index=run.host_index, leader=run.is_leader)
@@ -199,13 +206,37 @@ class SessionLoop:
     def _note_interrupt(self, signum: int, frame: Any) -> None:
         self._interrupt_pending = True
 
+    def interrupted(self, seq: int) -> bool:
+        """Whether the notebook (or the agent, at the cell's timeout) asked to interrupt cell ``seq``: a record
+        verified under the session's key, so that nobody else can stop a cell."""
+        name = protocol.cell_control(seq, "interrupt")
+        try:
+            read_record(self.storage, self.run.key, name)
+        except (ObjectNotFoundError, IntegrityError):
+            return False
+        return True
+
     def _stop_if_interrupted_early(self, seq: int) -> None:
         """An interrupt that reached this host before the cell ran (while it loaded the cell or met its
-        peers) stops the cell now, as it would have a moment later; one left from an earlier cell does not."""
+        peers) stops the cell now, as it would have a moment later; one meant for another cell does not."""
         if self._interrupt_pending:
             self._interrupt_pending = False
-            if self.storage.exists(protocol.cell_control(seq, "interrupt")):
+            if self.interrupted(seq):
                 raise KeyboardInterrupt(f"cell {seq} was interrupted before it started on host {self.run.host_index}")
+
+    @contextlib.contextmanager
+    def _interruptible(self, seq: int) -> Iterator[None]:
+        """SIGINT raises ``KeyboardInterrupt`` in cell ``seq``, and only there, and only when the interrupt is
+        meant for it: the agent signals every host, and one that asks about a queued cell is ignored here."""
+        def interrupt_if_meant(signum: int, frame: Any) -> None:
+            if self.interrupted(seq):
+                raise KeyboardInterrupt
+
+        previous = signal.signal(signal.SIGINT, interrupt_if_meant)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
 
     def cell_barrier(self, cell_storage: Storage) -> None:
         """The cell's coordinated start: every host has loaded it, or nobody runs it."""
@@ -248,16 +279,6 @@ class SessionLoop:
         with contextlib.suppress(Exception):  # the agent also sees the host's status
             write_record(self.storage, self.run.key, protocol.cell_control(seq, "failed"), record.to_json(),
                          exclusive=True)
-
-
-@contextlib.contextmanager
-def _interruptible() -> Iterator[None]:
-    """SIGINT raises ``KeyboardInterrupt`` in the cell (an interrupt from the notebook), and only there."""
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 def _with_framework(plan: Any, framework: str) -> Any:

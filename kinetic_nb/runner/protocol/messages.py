@@ -201,7 +201,9 @@ class ExitSummary:
     signal: str | None = None
     #: The host had recorded success before it ended (a crash then is a teardown warning).
     recorded_success: bool = False
-    #: The backend stopped this host because another host failed first.
+    #: kinetic_nb stopped this host: its agent or backend (a cancel, another host's failure, a session's end),
+    #: or the host itself at a barrier after another failed, as its status recorded. Never read from an exit
+    #: code, which a cell's own ``os._exit(n)`` can produce.
     stopped: bool = False
     ended_at: float = 0.0
     #: The platform's word for it, when it has one (a pod's OOMKilled, Evicted, Unschedulable).
@@ -215,11 +217,10 @@ class ExitSummary:
     def failed(self) -> bool:
         """Whether this host failed on its own account.
 
-        A host that ended without recording success failed, unless it was
-        stopped (by the backend, or by itself at the barrier) after another
-        host failed first.
+        A host that ended without recording success failed, unless kinetic_nb
+        stopped it (see ``stopped``).
         """
-        return not (self.recorded_success or self.stopped or self.exit_code == EXIT_STOPPED)
+        return not (self.recorded_success or self.stopped)
 
     def describe(self) -> str:
         """How the process ended, as a verb phrase: "was killed by SIGKILL", "exited with code 1"."""
