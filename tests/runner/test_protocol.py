@@ -23,7 +23,9 @@ def test_exit_records_keep_the_platforms_reason_and_tolerate_newer_fields():
         (ExitSummary(1, 0), True),  # ended without recording success
         (ExitSummary(1, 0, recorded_success=True), False),
         (ExitSummary(1, None, "SIGABRT", recorded_success=True), False),  # a teardown crash
-        (ExitSummary(1, protocol.EXIT_STOPPED), False),
+        # Exit code 3 is the host's own (a cell's os._exit(3)): only a record says kinetic_nb stopped it.
+        (ExitSummary(1, protocol.EXIT_STOPPED), True),
+        (ExitSummary(1, protocol.EXIT_STOPPED, stopped=True), False),
         (ExitSummary(1, None, "SIGKILL", stopped=True), False),
     ],
 )
