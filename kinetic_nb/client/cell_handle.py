@@ -161,10 +161,14 @@ class CellHandle:
             parsed = protocol.parse_host_object(info.name)
             if parsed is None or parsed[0] >= self.plan.hosts or self._versions.get(info.name) == info.version:
                 continue
-            index, kind, _ = parsed
+            index, kind, seq = parsed
             if kind == "heartbeat":
                 self._records[index].heartbeat_at = info.updated
-            elif kind in ("status", "log", "exit"):
+            elif kind == "log":
+                if seq >= self.session.next_chunk[index]:  # an earlier cell's chunks were read by its own handle
+                    self._absorb(index, kind, info.name, info.version)
+                    self.session.next_chunk[index] = max(self.session.next_chunk[index], seq + 1)
+            elif kind in ("status", "exit"):
                 self._absorb(index, kind, info.name, info.version)
 
     def _look_by_name(self) -> None:

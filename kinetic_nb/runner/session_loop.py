@@ -73,6 +73,9 @@ IDLE_LOOK_LOCAL_S = 1.0
 #: For this long after a cell the next one is looked for at least this often.
 BUSY_S = 1.0
 BUSY_LOOK_S = 0.002
+BUSY_LOOK_REMOTE_S = 0.02
+#: How often a host waiting for the next cell looks for the session's stop (its agent signals it anyway).
+CANCEL_LOOK_S = 1.0
 #: A phase a cell stays in longer than this is written (the panel shows the cell running, or a host waiting at
 #: its barrier); a quick cell's phases reach storage with its end, in one write.
 STATUS_DEFER_S = 0.05
@@ -148,13 +151,19 @@ class SessionLoop:
         # Idle on a local disk, the notebook wakes this host through its socket when it submits a cell (and
         # the agent stops it with a signal): a slow look is only a safety net for a wakeup that went missing.
         idle_look = IDLE_LOOK_LOCAL_S if self.wakeup is not None else self._max_look
+        # On a bucket each look is a request: a busy look every few milliseconds would be hundreds per cell.
+        busy_look = BUSY_LOOK_S if self.storage.local_path() else BUSY_LOOK_REMOTE_S
+        next_cancel_look = 0.0
         while True:
             if self.storage.exists(payload):
                 return True
-            if self.storage.exists(protocol.CANCEL):
-                return False
+            now = time.monotonic()
+            if now >= next_cancel_look:  # the agent also stops its hosts itself: a slower look will do
+                if self.storage.exists(protocol.CANCEL):
+                    return False
+                next_cancel_look = now + CANCEL_LOOK_S
             self._sleep(pause)
-            cap = BUSY_LOOK_S if time.monotonic() < busy_until else idle_look
+            cap = busy_look if time.monotonic() < busy_until else idle_look
             pause = min(pause * 1.5, cap)
 
     def _run_cell(self, seq: int) -> None:

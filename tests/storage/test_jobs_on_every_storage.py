@@ -113,3 +113,22 @@ def test_files_the_cell_writes_land_in_outputs(root):
     names = sorted(info.name for info in handle.storage.list("outputs/"))
     assert names == ["outputs/shard-0.txt", "outputs/shard-1.txt"]  # kept after the success's cleanup
     assert handle.storage.read_bytes("outputs/shard-1.txt") == b"1"
+
+
+def test_a_session_cell_on_gs_reads_no_earlier_cells_log_chunks(gcs_root, monkeypatch):
+    """A cell's feed reads what is new for it: the log chunks read for a trivial cell are as many at cell 20 as
+    at cell 3 (each cell's handle re-read every earlier chunk, 575 reads a cell at cell 600)."""
+    session = kinetic_nb.start(hosts=2, framework="none", storage=gcs_root, idle_timeout=600, echo=False)
+    try:
+        storage = session.job.storage
+        reads: list[str] = []
+        real_read = storage.read_bytes
+        monkeypatch.setattr(storage, "read_bytes", lambda name: reads.append(name) or real_read(name))
+        counts = {}
+        for seq in range(1, 21):
+            reads.clear()
+            assert session.run(f"print('cell {seq}')\n{seq}").result(timeout=60) == seq
+            counts[seq] = sum("/log/" in name for name in reads)
+        assert counts[3] > 0 and counts[20] == counts[3], counts
+    finally:
+        session.stop()
