@@ -65,6 +65,21 @@ def test_jax_is_initialized_once_and_collectives_work_across_cells():
         started.stop()
 
 
+def test_an_auto_session_cell_is_captured_and_pickled_once(monkeypatch):
+    from kinetic_nb.client import plan
+
+    pickled = []
+    real = plan.capture.pickle_namespace
+    monkeypatch.setattr(plan.capture, "pickle_namespace", lambda *args, **kw: pickled.append(args[0]) or real(*args, **kw))
+    started = kinetic_nb.start(hosts=2, framework="auto", idle_timeout=600, echo=False)
+    try:
+        cell = started.run("import json\nvalue + 1", namespace={"__name__": "__main__", "value": 41})
+        assert cell.result() == 42
+        assert pickled == [["value"]]  # once, though the framework is chosen from what the cell imports
+    finally:
+        started.stop()
+
+
 def test_torch_is_initialized_once_and_collectives_work_across_cells():
     started = kinetic_nb.start(hosts=2, framework="torch", idle_timeout=600, echo=False)
     try:

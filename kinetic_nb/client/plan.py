@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime
 import secrets
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import cloudpickle
@@ -85,12 +85,14 @@ class CellPayload:
 
 
 def prepare_cell(source: str, user_ns: Mapping[str, Any], *, filename: str, out: Iterable[str] = (),
-                 held: Iterable[str] = (), extra: Mapping[str, Any] | None = None) -> CellPayload:
-    """Check and pickle the cell before any host starts.
+                 held: Iterable[str] = (),
+                 extra: Mapping[str, Any] | Callable[[set[str]], Mapping[str, Any]] | None = None) -> CellPayload:
+    """Check and pickle the cell before any host starts, once.
 
     ``held`` are names the hosts already hold (a session's): they are taken
     from the hosts and never shipped from the notebook. ``extra`` adds keys to
-    the payload (a session cell's framework).
+    the payload, or makes them from the modules the cell uses (a session
+    cell's framework, chosen by what it imports).
 
     Raises ``CellSyntaxError`` naming the cell line, ``UnboundOutputError``
     for an ``out`` name the cell can never bind, or ``UnpicklableValueError``
@@ -109,7 +111,7 @@ def prepare_cell(source: str, user_ns: Mapping[str, Any], *, filename: str, out:
             protocol.CELL_FILENAME: filename,
             protocol.CELL_NAMESPACE: namespace,
             protocol.CELL_OUT_NAMES: out,
-            **dict(extra or {}),
+            **dict((extra(modules) if callable(extra) else extra) or {}),
         }
     )
     return CellPayload(data, modules, names)

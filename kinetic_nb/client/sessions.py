@@ -164,10 +164,10 @@ class Session:
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout}")
         out = list(out)
         held = self.held_names()
-        payload = prepare_cell(source, namespace or {}, filename=f"<{cell_name}>", out=out, held=held)
-        if self.plan.framework == "auto":  # initialized on the hosts by the first cell that imports one
-            payload = prepare_cell(source, namespace or {}, filename=f"<{cell_name}>", out=out, held=held,
-                                   extra={CELL_FRAMEWORK: choose_framework("auto", payload.modules)})
+        # With framework "auto", the hosts initialize the one the first cell that imports one uses.
+        extra = (lambda modules: {CELL_FRAMEWORK: choose_framework("auto", modules)}) \
+            if self.plan.framework == "auto" else None
+        payload = prepare_cell(source, namespace or {}, filename=f"<{cell_name}>", out=out, held=held, extra=extra)
         if self.wakeup is None and self.storage.local_path() is not None:
             self.wakeup = _client_wakeup(self.job)
         seq = self._submit(payload.data, timeout)
