@@ -84,6 +84,10 @@ class UnsignedJobError(IntegrityError):
     """A job stored before records were signed: read only when the caller opts in."""
 
 
+class ProtocolVersionError(KineticError):
+    """A job or session was stored by a kinetic_nb that speaks another job protocol than this one."""
+
+
 class PlanError(KineticError):
     """A host rejected the job plan or its payload (version, hash, host index)."""
 

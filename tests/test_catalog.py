@@ -12,8 +12,9 @@ import kinetic_nb
 from kinetic_nb.backends.local import agent_files
 from kinetic_nb.client import catalog as jobs
 from kinetic_nb.client.catalog_records import RECORD_MAX_BYTES, listed_fields, printable, read_record_bytes
-from kinetic_nb.errors import ObjectNotFoundError, StorageError
-from kinetic_nb.runner.envelope import read_sealed
+from kinetic_nb.errors import ObjectNotFoundError, ProtocolVersionError, StorageError
+from kinetic_nb.runner import protocol
+from kinetic_nb.runner.envelope import read_sealed, write_sealed
 from kinetic_nb.state import JobStatus
 from kinetic_nb.storage import open_storage
 
@@ -223,3 +224,25 @@ def test_on_gs_a_handle_over_the_cap_is_skipped_by_its_listed_size_unread(gcs_ro
     with pytest.raises(StorageError, match="over the"):
         read_record_bytes(big_job, "handle.json", listed_size=RECORD_MAX_BYTES + 1)
     assert sum(big_job.requests.values()) == before  # refused by its listed size: not even asked for
+
+
+@pytest.mark.parametrize("kind", ["job", "session"])
+def test_a_job_or_session_of_another_protocol_is_refused_in_one_line_naming_both_versions(kind):
+    """Met by a newer kinetic_nb (a kernel upgraded under a live session, say): one line, never a hang."""
+    if kind == "job":
+        made = kinetic_nb.submit("1", hosts=1, keep=True)
+        assert made.result() == 1
+        storage, key, ident = made.storage, made.key, made.job_id
+    else:
+        made = kinetic_nb.start(hosts=1, framework="none", idle_timeout=600, echo=False)
+        made.stop()
+        storage, key, ident = made.storage, made.job.key, made.session_id
+    plan = json.loads(read_sealed(storage, protocol.PLAN, key))
+    plan["protocol_version"] = protocol.PROTOCOL_VERSION + 1
+    plan["client_versions"]["kinetic_nb"] = "9.9.9"
+    write_sealed(storage, protocol.PLAN, key, json.dumps(plan).encode())
+    with pytest.raises(ProtocolVersionError, match=(
+            rf"^{kind} {ident} was stored by kinetic_nb 9\.9\.9, which speaks job protocol "
+            rf"{protocol.PROTOCOL_VERSION + 1}; this notebook's kinetic_nb \S+ speaks {protocol.PROTOCOL_VERSION}: "
+            r"open it from a notebook with that kinetic_nb$")):
+        kinetic_nb.attach(ident) if kind == "job" else kinetic_nb.attach_session(ident, echo=False)

@@ -17,6 +17,7 @@ from kinetic_nb.client.catalog_records import listed_fields, listed_ids, owned_h
 from kinetic_nb.client.job_handle import JobHandle, remove_job_objects
 from kinetic_nb.client.keys import delete_key, key_path, load_key, read_key_file
 from kinetic_nb.client.launch import print_to_stdout
+from kinetic_nb.client.plan import check_protocol
 from kinetic_nb.client.sessions import collect_ended
 from kinetic_nb.errors import IntegrityError, KineticError, ObjectNotFoundError, StorageError, UnsignedJobError
 from kinetic_nb.runner import protocol
@@ -195,9 +196,11 @@ def attach(job_id: str, *, storage: str | None = None, echo: bool = False, key_f
                                    "result, only for a job you ran yourself before signing existed")
         raise _not_yours(job_id, job, trust_unsigned=trust_unsigned)
     try:
-        return _handle_for(job, _handle_record(job, access), access, echo=echo)
+        handle = _handle_for(job, _handle_record(job, access), access, echo=echo)
     except ObjectNotFoundError:
         raise ObjectNotFoundError(f"no job {job_id} in {root.uri} (its plan.json is missing)") from None
+    check_protocol(handle.plan, f"job {job_id}")
+    return handle
 
 
 def _current_status(job: Storage, record: dict, access: _Access) -> str:

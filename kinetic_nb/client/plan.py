@@ -7,6 +7,7 @@ module decides its contents from what the user asked for.
 from __future__ import annotations
 
 import datetime
+import importlib.metadata
 import secrets
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -15,6 +16,7 @@ from typing import Any
 import cloudpickle
 
 from kinetic_nb.accelerators import Accelerator, resolve_accelerator
+from kinetic_nb.errors import ProtocolVersionError
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.protocol import Framework, JobPlan
 from kinetic_nb.runner.versions import installed_versions
@@ -156,5 +158,25 @@ def make_plan(
         idle_timeout_s=idle_timeout,
         grace_s=DEFAULT_GRACE_S if grace is None else grace,
         created_at=time.time(),
-        client_versions=installed_versions(),
+        client_versions={**installed_versions(), "kinetic_nb": kinetic_nb_version()},
     )
+
+
+def kinetic_nb_version() -> str:
+    """The version of the kinetic_nb this notebook runs, as installed (``0+checkout`` for a bare checkout)."""
+    try:
+        return importlib.metadata.version("kinetic_nb")
+    except importlib.metadata.PackageNotFoundError:
+        return "0+checkout"
+
+
+def check_protocol(plan: JobPlan, what: str) -> None:
+    """One line naming both versions when ``plan`` (of ``what``: "job kn-..." or "session ks-...") was stored by
+    a kinetic_nb that speaks another job protocol: reading on would misread its records, or wait for ever."""
+    if plan.protocol_version == protocol.PROTOCOL_VERSION:
+        return
+    theirs = plan.client_versions.get("kinetic_nb")
+    raise ProtocolVersionError(
+        f"{what} was stored by kinetic_nb {theirs or '(a version that did not record itself)'}, which speaks job "
+        f"protocol {plan.protocol_version}; this notebook's kinetic_nb {kinetic_nb_version()} speaks "
+        f"{protocol.PROTOCOL_VERSION}: open it from a notebook with that kinetic_nb")

@@ -34,7 +34,7 @@ from kinetic_nb.client.cell_handle import CellHandle
 from kinetic_nb.client.job_handle import JobHandle, remove_job_objects
 from kinetic_nb.client.keys import create_key, delete_key, load_key
 from kinetic_nb.client.launch import print_to_stdout, warn_if_shared
-from kinetic_nb.client.plan import choose_framework, make_plan, new_job_id, prepare_cell, resolve_slice
+from kinetic_nb.client.plan import check_protocol, choose_framework, make_plan, new_job_id, prepare_cell, resolve_slice
 from kinetic_nb.errors import (
     IntegrityError,
     KineticError,
@@ -362,6 +362,7 @@ def attach_session(session_id: str, *, storage: str | None = None, echo: Any = T
         record = json.loads(read_sealed(session_storage, protocol.HANDLE, key))
     except ObjectNotFoundError:
         raise ObjectNotFoundError(f"no session {session_id} in {_root(storage).uri}") from None
+    check_protocol(plan, f"session {session_id}")
     backend = get_backend(record.get("backend", "local"), **record.get("backend_options", {}))
     job = JobHandle(session_storage, plan, backend, key=key, submitted_at=record.get("submitted_at"), detached=True)
     session = Session(job, echo=print_to_stdout if echo is True else (echo or None))
