@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import stat
 import sys
 import time
@@ -313,3 +314,18 @@ def test_the_local_backend_refuses_a_platform_other_than_linux_in_one_line(monke
                                          r"-b ray or -b kubernetes$"):
         kinetic_nb.submit("1", hosts=2, storage=f"file://{tmp_path}")
     assert list(tmp_path.rglob("*.json")) == []  # refused before anything was stored
+
+
+@pytest.mark.parametrize(("call", "expected"), [
+    (lambda: kinetic_nb.submit("1", hosts=0), "hosts must be at least 1, got 0"),
+    (lambda: kinetic_nb.submit("1", timeout=float("nan")), "timeout must be a positive number of seconds, got nan"),
+    (lambda: kinetic_nb.submit("1", grace=-1), "grace must be a number of seconds, 0 or more, got -1"),
+    (lambda: kinetic_nb.start(hosts=0), "hosts must be at least 1, got 0"),
+    (lambda: kinetic_nb.start(grace=float("inf")), "grace must be a number of seconds, 0 or more, got inf"),
+    (lambda: kinetic_nb.start(idle_timeout=-5),
+     "idle_timeout must be 0 (never) or a positive number of seconds, got -5"),
+], ids=["submit hosts", "submit timeout", "submit grace", "start hosts", "start grace", "start idle timeout"])
+def test_the_api_checks_a_shape_in_one_place_and_names_the_parameter(call, expected):
+    """submit, start and a session cell share one check (the magics name the flag instead); nothing starts."""
+    with pytest.raises(ValueError, match=f"^{re.escape(expected)}$"):
+        call()

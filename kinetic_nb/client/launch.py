@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
 import os
 import sys
 import warnings
@@ -15,7 +14,7 @@ from kinetic_nb.backends import Backend, JobSecrets, get_backend
 from kinetic_nb.client.echo import show_output
 from kinetic_nb.client.job_handle import JobHandle
 from kinetic_nb.client.keys import create_key
-from kinetic_nb.client.plan import choose_framework, make_plan, new_job_id, prepare_cell, resolve_slice
+from kinetic_nb.client.plan import check_shape, choose_framework, make_plan, new_job_id, prepare_cell, resolve_slice
 from kinetic_nb.errors import (
     KineticWarning,
 )
@@ -125,10 +124,7 @@ def submit(
     namespace = {} if namespace is None else namespace
     out = list(out)
     env = {name: SecretValue(value) for name, value in (env or {}).items()}  # masked in any traceback from here on
-    if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
-        raise ValueError(f"timeout must be a positive number of seconds, got {timeout:g}")
-    if grace is not None and not (math.isfinite(grace) and grace >= 0):
-        raise ValueError(f"grace must be a number of seconds, 0 or more, got {grace:g}")
+    check_shape(hosts=hosts, timeout=timeout, grace=grace)
     if isinstance(backend, Backend):
         if backend_options:
             raise ValueError("backend_options configure a backend given by name, not a Backend instance")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import importlib.metadata
+import math
 import secrets
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -50,10 +51,33 @@ def new_job_id(prefix: str = "kn") -> str:
     return f"{prefix}-{stamp}-{secrets.token_hex(3)}"
 
 
+#: How ``check_shape`` names each value: as the Python API's parameter, or as the magic's flag.
+_SHAPE_NAMES = {"hosts": ("hosts", "-n/--hosts"), "timeout": ("timeout", "--timeout"), "grace": ("grace", "--grace"),
+                "idle_timeout": ("idle_timeout", "--idle-timeout")}
+
+
+def check_shape(*, hosts: int | None = None, timeout: float | None = None, grace: float | None = None,
+                idle_timeout: float | None = None, flags: bool = False) -> None:
+    """The one check of a cell's or a session's numbers (None: not given), for ``submit``, ``start``, a
+    session cell and the magics: one ``ValueError`` line naming the parameter, or with ``flags`` the flag
+    (the magic turns it into a ``UsageError``)."""
+    def name(value: str) -> str:
+        return _SHAPE_NAMES[value][1 if flags else 0]
+
+    if hosts is not None and not hosts >= 1:
+        raise ValueError(f"{name('hosts')} must be at least 1, got {hosts}")
+    if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
+        raise ValueError(f"{name('timeout')} must be a positive number of seconds, got {timeout:g}")
+    if grace is not None and not (math.isfinite(grace) and grace >= 0):
+        raise ValueError(f"{name('grace')} must be a number of seconds, 0 or more, got {grace:g}")
+    if idle_timeout is not None and not (math.isfinite(idle_timeout) and idle_timeout >= 0):
+        raise ValueError(f"{name('idle_timeout')} must be 0 (never) or a positive number of seconds, "
+                         f"got {idle_timeout:g}")
+
+
 def resolve_slice(hosts: int | None, accelerator: str | None) -> tuple[Accelerator, int]:
     """The accelerator and host count from ``-n`` and ``-a``; they must agree when both are given."""
-    if hosts is not None and hosts < 1:
-        raise ValueError(f"a job needs at least 1 host, got {hosts}")
+    check_shape(hosts=hosts)
     acc = resolve_accelerator(accelerator or "cpu")
     if accelerator is None or acc.kind == "cpu":
         return acc, hosts or acc.hosts

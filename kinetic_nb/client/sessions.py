@@ -34,7 +34,15 @@ from kinetic_nb.client.cell_handle import CellHandle
 from kinetic_nb.client.job_handle import JobHandle, remove_job_objects
 from kinetic_nb.client.keys import create_key, delete_key, load_key
 from kinetic_nb.client.launch import print_to_stdout, warn_if_shared
-from kinetic_nb.client.plan import check_protocol, choose_framework, make_plan, new_job_id, prepare_cell, resolve_slice
+from kinetic_nb.client.plan import (
+    check_protocol,
+    check_shape,
+    choose_framework,
+    make_plan,
+    new_job_id,
+    prepare_cell,
+    resolve_slice,
+)
 from kinetic_nb.errors import (
     IntegrityError,
     KineticError,
@@ -160,8 +168,7 @@ class Session:
         if ended is not None:
             raise SessionEndedError(f"session {self.session_id} has ended ({ended}): restart it (%kinetic restart, "
                                     "or session.restart())")
-        if timeout is not None and not (timeout > 0 and timeout != float("inf")):
-            raise ValueError(f"timeout must be a positive number of seconds, got {timeout}")
+        check_shape(timeout=timeout)
         out = list(out)
         held = self.held_names()
         # With framework "auto", the hosts initialize the one the first cell that imports one uses.
@@ -287,8 +294,7 @@ def start(*, hosts: int | None = None, accelerator: str | None = None, backend: 
     """
     if framework not in ("auto", "jax", "torch", "none"):
         raise ValueError(f"framework must be auto, jax, torch or none, got {framework!r}")
-    if idle_timeout is not None and not idle_timeout >= 0:
-        raise ValueError(f"idle timeout must be 0 (never) or a positive number of seconds, got {idle_timeout}")
+    check_shape(hosts=hosts, grace=grace, idle_timeout=idle_timeout)
     chosen = backend if isinstance(backend, Backend) else get_backend(backend, **dict(backend_options or {}))
     acc, host_count = resolve_slice(hosts, accelerator)
     session_id = new_job_id("ks")

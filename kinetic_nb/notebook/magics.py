@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import datetime
 import keyword
-import math
 import shlex
 import sys
 from typing import Any
@@ -29,6 +28,7 @@ from kinetic_nb.client.catalog_records import printable
 from kinetic_nb.client.cell_handle import CellHandle
 from kinetic_nb.client.job_handle import JobHandle
 from kinetic_nb.client.launch import submit
+from kinetic_nb.client.plan import check_shape
 from kinetic_nb.client.sessions import Session, SessionEndedError, attach_session
 from kinetic_nb.errors import CaptureError, IntegrityError, KineticError, ObjectNotFoundError, UnknownAcceleratorError
 from kinetic_nb.notebook.display import live_view
@@ -232,12 +232,10 @@ class KineticMagics(_BackendSettings):
         # and tracebacks are the ones the user sees in the cell; -e values never
         # travel, and this frame's own `line` (which %xmode Verbose prints) no longer holds them.
         line = without_env_values(line, self.kinetic_cell.parser)
-        if args.timeout is not None and not (math.isfinite(args.timeout) and args.timeout > 0):
-            raise UsageError(f"--timeout must be a positive number of seconds, got {args.timeout:g}")
-        if args.grace is not None and not (math.isfinite(args.grace) and args.grace >= 0):
-            raise UsageError(f"--grace must be a number of seconds, 0 or more, got {args.grace:g}")
-        if args.hosts is not None and args.hosts < 1:
-            raise UsageError(f"-n/--hosts must be at least 1, got {args.hosts}")
+        try:
+            check_shape(hosts=args.hosts, timeout=args.timeout, grace=args.grace, flags=True)
+        except ValueError as error:
+            raise UsageError(str(error)) from None
         out = _names(args.out)
         source = f"# %%kinetic {line}\n{cell}"
         if self.session is None and self.stopped_session is not None and not args.once:

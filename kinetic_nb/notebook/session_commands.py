@@ -13,7 +13,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic_arguments import MagicArgumentParser
 
 from kinetic_nb.client import backend_options, sessions
-from kinetic_nb.client.plan import resolve_slice
+from kinetic_nb.client.plan import check_shape, resolve_slice
 from kinetic_nb.client.sessions import Session
 from kinetic_nb.runner.redact import SecretValue
 
@@ -55,10 +55,10 @@ def doctor_parser(parser_for: Any) -> Any:
 
 
 def start_session(args: Any, backend_options: Mapping[str, Any], env: Mapping[str, str]) -> Session:
-    if args.hosts is not None and args.hosts < 1:
-        raise UsageError(f"-n/--hosts must be at least 1, got {args.hosts}")
-    if args.idle_timeout is not None and not args.idle_timeout >= 0:
-        raise UsageError(f"--idle-timeout must be 0 (never) or positive, got {args.idle_timeout}")
+    try:
+        check_shape(hosts=args.hosts, grace=args.grace, idle_timeout=args.idle_timeout, flags=True)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
     try:
         session = sessions.start(hosts=args.hosts, accelerator=args.accelerator, backend=args.backend,
                                  framework=args.framework, env=env, storage=args.storage,
