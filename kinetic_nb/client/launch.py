@@ -9,7 +9,7 @@ import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from kinetic_nb.accelerators import local_notice
+from kinetic_nb.accelerators import Accelerator, local_notice
 from kinetic_nb.backends import Backend, JobSecrets, get_backend
 from kinetic_nb.client.echo import show_output
 from kinetic_nb.client.job_handle import JobHandle
@@ -20,13 +20,48 @@ from kinetic_nb.errors import (
 )
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.envelope import write_sealed
-from kinetic_nb.runner.job_keys import JOB
+from kinetic_nb.runner.job_keys import JOB, SESSION
 from kinetic_nb.runner.redact import SecretValue
 from kinetic_nb.storage import LocalStorage, Storage, default_root, open_storage
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["JobHandle", "last_job", "submit"]
+
+
+def choose_backend(backend: str | Backend, options: Mapping[str, Any] | None) -> Backend:
+    """The backend a job or session runs on: one given as it is, or one built by name from ``options``."""
+    if isinstance(backend, Backend):
+        if options:
+            raise ValueError("backend_options configure a backend given by name, not a Backend instance")
+        return backend
+    return get_backend(backend, **dict(options or {}))
+
+
+def launch_hosts(group_id: str, kind: str, root: Storage, backend: Backend, acc: Accelerator, hosts: int, *,
+                 framework: str, env: Mapping[str, str], quiet: bool, payload: bytes | None = None,
+                 echo: Callable[[str, str], None] | None = None, detached: bool = False, keep: bool = False,
+                 **plan_options: Any) -> JobHandle:
+    """The one launch path of a group of hosts, a one-shot job's (``kind`` JOB, its cell's ``payload``) or a
+    session's (SESSION): the plan, the backend's preflight, the key, the sealed plan and handle record, then the
+    hosts. Nothing is stored before the preflight passed; the key exists before anything of the group is."""
+    plan = make_plan(job_id=group_id, acc=acc, hosts=hosts, framework=framework,
+                     coordinator_address=backend.coordinator_address(group_id),
+                     simulated=backend.simulates_accelerators, env_names=sorted(env),
+                     start_window=backend.start_window_s(), session=kind == SESSION, **plan_options)
+    backend.preflight(plan)
+    if acc.simulated_locally and backend.simulates_accelerators and not quiet:
+        print(local_notice(acc), file=sys.stderr)
+    warn_if_shared(root)
+    storage = root.child(group_id)
+    key = create_key(group_id, kind)  # kept by this user only, before anything of the group is stored
+    if payload is not None:
+        write_sealed(storage, protocol.PAYLOAD, key, payload, exclusive=True)
+    write_sealed(storage, protocol.PLAN, key, plan.to_json(), exclusive=True)
+    handle = JobHandle(storage, plan, backend, key=key, echo=echo, detached=detached, keep=keep)
+    handle.write_record(**({"kind": "session"} if kind == SESSION else {}))
+    backend.launch(storage, plan, JobSecrets(key=key, env=dict(env)))
+    return handle
 
 
 def warn_if_shared(root: Storage) -> None:
@@ -125,40 +160,13 @@ def submit(
     out = list(out)
     env = {name: SecretValue(value) for name, value in (env or {}).items()}  # masked in any traceback from here on
     check_shape(hosts=hosts, timeout=timeout, grace=grace)
-    if isinstance(backend, Backend):
-        if backend_options:
-            raise ValueError("backend_options configure a backend given by name, not a Backend instance")
-        chosen_backend = backend
-    else:
-        chosen_backend = get_backend(backend, **dict(backend_options or {}))
+    chosen_backend = choose_backend(backend, backend_options)
     acc, host_count = resolve_slice(hosts, accelerator)
     payload = prepare_cell(source, namespace, filename=f"<{cell_name}>", out=out)
-    job_id = new_job_id()
-    plan = make_plan(
-        job_id=job_id,
-        acc=acc,
-        hosts=host_count,
-        framework=choose_framework(framework, payload.modules),
-        coordinator_address=chosen_backend.coordinator_address(job_id),
-        simulated=chosen_backend.simulates_accelerators,
-        timeout=timeout,
-        env_names=sorted(env),
-        grace=grace,
-        start_window=chosen_backend.start_window_s(),
-    )
-    chosen_backend.preflight(plan)
-    if acc.simulated_locally and chosen_backend.simulates_accelerators and not quiet:
-        print(local_notice(acc), file=sys.stderr)
-    root = open_storage(storage or default_root())
-    warn_if_shared(root)
-    job_storage = root.child(job_id)
-    key = create_key(job_id, JOB)  # kept by this user only, before anything of the job is stored
-    write_sealed(job_storage, protocol.PAYLOAD, key, payload.data, exclusive=True)
-    write_sealed(job_storage, protocol.PLAN, key, plan.to_json(), exclusive=True)
-    printer = print_to_stdout if echo is True else (echo or None)
-    handle = JobHandle(job_storage, plan, chosen_backend, key=key, echo=printer, detached=detach, keep=keep)
-    handle.write_record()
-    chosen_backend.launch(job_storage, plan, JobSecrets(key=key, env=env))
+    handle = launch_hosts(new_job_id(), JOB, open_storage(storage or default_root()), chosen_backend, acc, host_count,
+                          framework=choose_framework(framework, payload.modules), env=env, quiet=quiet,
+                          payload=payload.data, echo=print_to_stdout if echo is True else (echo or None),
+                          detached=detach, keep=keep, timeout=timeout, grace=grace)
     global _last_handle
     _last_handle = handle
     if detach:

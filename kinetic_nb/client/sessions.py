@@ -21,24 +21,21 @@ import json
 import logging
 import os
 import re
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from kinetic_nb.accelerators import local_notice
-from kinetic_nb.backends import Backend, JobSecrets, get_backend
+from kinetic_nb.backends import Backend, get_backend
 from kinetic_nb.client.catalog_records import listed_ids, owned_here, printable
 from kinetic_nb.client.cell_handle import CellHandle
 from kinetic_nb.client.job_handle import JobHandle, remove_job_objects
-from kinetic_nb.client.keys import create_key, delete_key, load_key
-from kinetic_nb.client.launch import print_to_stdout, warn_if_shared
+from kinetic_nb.client.keys import delete_key, load_key
+from kinetic_nb.client.launch import choose_backend, launch_hosts, print_to_stdout
 from kinetic_nb.client.plan import (
     check_protocol,
     check_shape,
     choose_framework,
-    make_plan,
     new_job_id,
     prepare_cell,
     resolve_slice,
@@ -295,24 +292,10 @@ def start(*, hosts: int | None = None, accelerator: str | None = None, backend: 
     if framework not in ("auto", "jax", "torch", "none"):
         raise ValueError(f"framework must be auto, jax, torch or none, got {framework!r}")
     check_shape(hosts=hosts, grace=grace, idle_timeout=idle_timeout)
-    chosen = backend if isinstance(backend, Backend) else get_backend(backend, **dict(backend_options or {}))
+    chosen = choose_backend(backend, backend_options)
     acc, host_count = resolve_slice(hosts, accelerator)
-    session_id = new_job_id("ks")
-    plan = make_plan(job_id=session_id, acc=acc, hosts=host_count, framework=framework,
-                     coordinator_address=chosen.coordinator_address(session_id),
-                     simulated=chosen.simulates_accelerators, env_names=sorted(env or {}), grace=grace,
-                     session=True, idle_timeout=idle_timeout or None, start_window=chosen.start_window_s())
-    chosen.preflight(plan)
-    if acc.simulated_locally and chosen.simulates_accelerators and not quiet:
-        print(local_notice(acc), file=sys.stderr)
-    root = _root(storage)
-    warn_if_shared(root)
-    session_storage = root.child(session_id)
-    key = create_key(session_id, SESSION)
-    write_sealed(session_storage, protocol.PLAN, key, plan.to_json(), exclusive=True)
-    job = JobHandle(session_storage, plan, chosen, key=key, detached=True)
-    job.write_record(kind="session")
-    chosen.launch(session_storage, plan, JobSecrets(key=key, env=dict(env or {})))
+    job = launch_hosts(new_job_id("ks"), SESSION, _root(storage), chosen, acc, host_count, framework=framework,
+                       env=env or {}, quiet=quiet, detached=True, grace=grace, idle_timeout=idle_timeout or None)
     session = Session(job, echo=print_to_stdout if echo is True else (echo or None))
     _wait_until_idle(session, ready_timeout)
     return session
