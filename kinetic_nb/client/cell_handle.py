@@ -21,6 +21,7 @@ from kinetic_nb.client.echo import LeaderEcho
 from kinetic_nb.client.job_handle import remove_job_objects
 from kinetic_nb.client.outcome import read_failure, resolve_outcome
 from kinetic_nb.client.poller import _HostRecords
+from kinetic_nb.client.waiting import wait_for
 from kinetic_nb.errors import (
     CellInterrupted,
     IntegrityError,
@@ -32,7 +33,7 @@ from kinetic_nb.runner import protocol
 from kinetic_nb.runner.protocol import ExitSummary, HostState, HostStatus, JobPlan, Phase
 from kinetic_nb.runner.records import open_log_chunk, open_record, read_record, write_record
 from kinetic_nb.runner.session_loop import cell_key
-from kinetic_nb.state import SNAPSHOT_INTERVAL_S, HostSnapshot, JobSnapshot, JobStatus, is_quiet
+from kinetic_nb.state import HostSnapshot, JobSnapshot, JobStatus, is_quiet
 
 
 class Session(Protocol):
@@ -53,10 +54,6 @@ __all__ = ["CellHandle"]
 
 logger = logging.getLogger(__name__)
 
-#: First and longest pause between two polls of a cell: a trivial cell's round trip is what a session is for.
-FIRST_POLL_S = 0.001
-MAX_POLL_S = 0.1
-POLL_GROWTH = 1.5
 #: While no host's end is recorded, whether the session was stopped is looked at no more often than this.
 ENDED_LOOK_S = 0.05
 #: How long a finished cell waits for the leader's output to be stored (the agent writes it at once).
@@ -369,29 +366,31 @@ class CellHandle:
         # The agent interrupts the cell at its timeout; the notebook steps in only if it has not, a while later.
         cell_deadline = None if self.timeout is None else (time.monotonic() + self.timeout + self.plan.grace_s
                                                            + TIMEOUT_SLACK_S)
-        pause, shown_at = FIRST_POLL_S, 0.0
+        def ready(snapshot: JobSnapshot) -> bool:
+            return snapshot.status.done or (self._session_ended(snapshot) and self._settled(snapshot))
+
+        def check(snapshot: JobSnapshot) -> None:
+            now = time.monotonic()
+            if cell_deadline is not None and now > cell_deadline:
+                self._stop_for_timeout()
+            if deadline is not None and now > deadline:
+                raise KineticTimeoutError(f"cell {self.seq} of session {self.session.session_id} has not "
+                                          f"finished after {timeout:g} s; it goes on")
+
+        def sleep(seconds: float) -> None:
+            wakeup = self.session.wakeup
+            if wakeup is not None:  # the hosts wake it when they are back to idle
+                wakeup.sleep(seconds)
+            else:
+                time.sleep(seconds)
+
         try:
-            while True:
-                snapshot = self.snapshot()
-                if snapshot.status.done or (self._session_ended(snapshot) and self._settled(snapshot)):
-                    snapshot = self._leader_output_in(snapshot)
-                    if on_snapshot is not None:
-                        on_snapshot(snapshot)
-                    return snapshot
-                now = time.monotonic()
-                if on_snapshot is not None and now - shown_at >= SNAPSHOT_INTERVAL_S:
-                    on_snapshot(snapshot)
-                    shown_at = now
-                if cell_deadline is not None and now > cell_deadline:
-                    self._stop_for_timeout()
-                if deadline is not None and now > deadline:
-                    raise KineticTimeoutError(f"cell {self.seq} of session {self.session.session_id} has not "
-                                              f"finished after {timeout:g} s; it goes on")
-                if self.session.wakeup is not None:  # the hosts wake it when they are back to idle
-                    self.session.wakeup.sleep(pause)
-                else:
-                    time.sleep(pause)
-                pause = min(pause * POLL_GROWTH, MAX_POLL_S)
+            snapshot = wait_for(self.snapshot, ready, remote=self.session.storage.local_path() is None,
+                                on_snapshot=on_snapshot, between=check, sleep=sleep)
+            snapshot = self._leader_output_in(snapshot)
+            if on_snapshot is not None:
+                on_snapshot(snapshot)
+            return snapshot
         except KeyboardInterrupt:
             interrupted = CellInterrupted(f"cell {self.seq} was interrupted on every host")
             interrupted.add_note(self._interrupt_and_report())

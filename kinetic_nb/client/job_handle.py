@@ -16,6 +16,7 @@ from kinetic_nb import views
 from kinetic_nb.backends import Backend
 from kinetic_nb.client.outcome import read_failure, resolve_outcome
 from kinetic_nb.client.poller import JobPoller
+from kinetic_nb.client.waiting import wait_for
 from kinetic_nb.errors import (
     IntegrityError,
     JobCancelledError,
@@ -28,18 +29,13 @@ from kinetic_nb.runner.envelope import write_sealed
 from kinetic_nb.runner.logs import read_log
 from kinetic_nb.runner.protocol import CancelRequest, FirstFailure, JobPlan, ResultPayload
 from kinetic_nb.runner.records import read_record, unverified_line, write_record
-from kinetic_nb.state import SNAPSHOT_INTERVAL_S, HostSnapshot, HostState, JobSnapshot, JobStatus
+from kinetic_nb.state import HostSnapshot, HostState, JobSnapshot, JobStatus
 from kinetic_nb.storage import Storage
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["JobHandle", "remove_job_objects"]
 
-#: First and longest pause between two polls of a running job: short at
-#: first so a quick cell returns quickly, longer later to spare storage.
-FIRST_POLL_S = 0.005
-POLL_GROWTH = 1.25
-MAX_POLL_S = 0.25
 #: After a cancel, how long to wait for the hosts to be gone.
 CANCEL_WAIT_S = 10.0
 #: Deletes in flight when a job's objects are removed (one request each on gs://).
@@ -195,26 +191,20 @@ class JobHandle:
     def _wait_until(self, ready: Callable[[JobSnapshot], bool], timeout: float | None,
                     on_snapshot: Callable[[JobSnapshot], None] | None) -> JobSnapshot:
         deadline = None if timeout is None else time.monotonic() + timeout
-        pause = FIRST_POLL_S
-        shown_at = 0.0
+
+        def check(snapshot: JobSnapshot) -> None:
+            self._check_timeout(on_snapshot)
+            if deadline is not None and time.monotonic() > deadline:
+                raise KineticTimeoutError(f"job {self.job_id} has not finished after {timeout:g} s; it goes on")
+
         try:
-            while True:
-                snapshot = self.snapshot()
-                now = time.monotonic()
-                if ready(snapshot):
-                    if on_snapshot is not None:
-                        on_snapshot(snapshot)
-                    if self.stopped_at_timeout:
-                        raise self._timeout_error(snapshot)
-                    return snapshot
-                if on_snapshot is not None and now - shown_at >= SNAPSHOT_INTERVAL_S:
-                    on_snapshot(snapshot)
-                    shown_at = now
-                self._check_timeout(on_snapshot)
-                if deadline is not None and now > deadline:
-                    raise KineticTimeoutError(f"job {self.job_id} has not finished after {timeout:g} s; it goes on")
-                time.sleep(pause)
-                pause = min(pause * POLL_GROWTH, MAX_POLL_S)
+            snapshot = wait_for(self.snapshot, ready, remote=self.storage.local_path() is None,
+                                on_snapshot=on_snapshot, between=check)
+            if on_snapshot is not None:
+                on_snapshot(snapshot)
+            if self.stopped_at_timeout:
+                raise self._timeout_error(snapshot)
+            return snapshot
         except KeyboardInterrupt as interrupt:
             if self.detached:
                 interrupt.add_note(f"kinetic_nb: job {self.job_id} is detached and goes on; "

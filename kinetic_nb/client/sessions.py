@@ -40,6 +40,7 @@ from kinetic_nb.client.plan import (
     prepare_cell,
     resolve_slice,
 )
+from kinetic_nb.client.waiting import wait_for
 from kinetic_nb.errors import (
     IntegrityError,
     KineticError,
@@ -54,6 +55,7 @@ from kinetic_nb.runner.protocol import CancelRequest, HostState, JobPlan
 from kinetic_nb.runner.records import read_exit, read_host_status, read_record, write_record
 from kinetic_nb.runner.session_loop import CELL_FRAMEWORK, cell_key
 from kinetic_nb.runner.wakeup import Wakeup, client_wakeup_path, wake, wakeup_path
+from kinetic_nb.state import JobSnapshot
 from kinetic_nb.storage import Storage, default_root, open_storage
 
 logger = logging.getLogger(__name__)
@@ -64,10 +66,6 @@ __all__ = ["Session", "SessionEndedError", "attach_session", "sessions", "start"
 DEFAULT_IDLE_TIMEOUT_S = 3600.0
 #: A session id, matched whole (``fullmatch``): ASCII digits only, and nothing after it (not even a newline).
 _SESSION_ID = re.compile(r"ks-[0-9]{8}-[0-9]{6}-[0-9a-f]+")
-#: First and longest pause between two polls of a cell: a trivial cell's round trip is what a session is for.
-FIRST_POLL_S = 0.001
-MAX_POLL_S = 0.1
-POLL_GROWTH = 1.5
 #: How long a finished cell waits for the leader's output to be stored (the agent writes it at once).
 OUTPUT_WAIT_S = 2.0
 
@@ -303,11 +301,8 @@ def start(*, hosts: int | None = None, accelerator: str | None = None, backend: 
 
 def _wait_until_idle(session: Session, timeout: float) -> None:
     deadline = time.monotonic() + timeout
-    pause = 0.005
-    while True:
-        snapshot = session.job.snapshot()
-        if all(host.state == HostState.IDLE.value for host in snapshot.hosts):
-            return
+
+    def check(snapshot: JobSnapshot) -> None:
         ended = session.ended()
         if ended is not None or snapshot.status.done or any(host.exit for host in snapshot.hosts):
             try:
@@ -318,8 +313,9 @@ def _wait_until_idle(session: Session, timeout: float) -> None:
         if time.monotonic() > deadline:
             session.stop("stopped: its hosts were not ready in time")
             raise KineticTimeoutError(f"session {session.session_id}: hosts were not idle after {timeout:g} s")
-        time.sleep(pause)
-        pause = min(pause * 1.5, 0.1)
+
+    wait_for(session.job.snapshot, lambda snapshot: all(host.state == HostState.IDLE.value for host in snapshot.hosts),
+             remote=session.storage.local_path() is None, between=check)
 
 
 def _start_from(job: JobHandle, *, echo: Any) -> Session:

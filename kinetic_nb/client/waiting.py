@@ -1,0 +1,50 @@
+"""The client's one wait loop: look at a job, a cell or a starting session until it is ready, backing off.
+
+A one-shot job's handle, a session cell's handle and a session's start all
+wait through :func:`wait_for`, with one set of poll constants: short first
+(a trivial cell's round trip is what a warm session is for), growing to a
+longest pause that spares storage, longer where each look is a request.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from kinetic_nb.state import SNAPSHOT_INTERVAL_S, JobSnapshot
+
+__all__ = ["FIRST_POLL_S", "MAX_POLL_LOCAL_S", "MAX_POLL_REMOTE_S", "POLL_GROWTH", "wait_for"]
+
+#: The first pause, its growth from one look to the next, and the longest pause: on a local disk (a look is a
+#: few stats), and on a bucket (a look is a listing, a request).
+FIRST_POLL_S = 0.001
+POLL_GROWTH = 1.5
+MAX_POLL_LOCAL_S = 0.1
+MAX_POLL_REMOTE_S = 0.25
+
+
+def wait_for(look: Callable[[], JobSnapshot], ready: Callable[[JobSnapshot], bool], *, remote: bool,
+             on_snapshot: Callable[[JobSnapshot], None] | None = None,
+             between: Callable[[JobSnapshot], None] | None = None,
+             sleep: Callable[[float], None] = time.sleep) -> JobSnapshot:
+    """Look until ``ready(snapshot)``, and return that snapshot (the caller shows it: it may add to it first).
+
+    ``on_snapshot`` sees the others at most every ``SNAPSHOT_INTERVAL_S``;
+    ``between`` runs after each look that is not ready (a deadline's check,
+    which may raise); ``sleep`` pauses (a wakeup socket's, where hosts can
+    wake the notebook).
+    """
+    longest = MAX_POLL_REMOTE_S if remote else MAX_POLL_LOCAL_S
+    pause, shown_at = FIRST_POLL_S, 0.0
+    while True:
+        snapshot = look()
+        if ready(snapshot):
+            return snapshot
+        now = time.monotonic()
+        if on_snapshot is not None and now - shown_at >= SNAPSHOT_INTERVAL_S:
+            on_snapshot(snapshot)
+            shown_at = now
+        if between is not None:
+            between(snapshot)
+        sleep(pause)
+        pause = min(pause * POLL_GROWTH, longest)
