@@ -18,7 +18,7 @@ __all__ = ["FIRST_POLL_S", "MAX_POLL_LOCAL_S", "MAX_POLL_REMOTE_S", "POLL_GROWTH
 #: The first pause, its growth from one look to the next, and the longest pause: on a local disk (a look is a
 #: few stats), and on a bucket (a look is a listing, a request).
 FIRST_POLL_S = 0.001
-POLL_GROWTH = 1.5
+POLL_GROWTH = 1.25
 MAX_POLL_LOCAL_S = 0.1
 MAX_POLL_REMOTE_S = 0.25
 
