@@ -385,8 +385,7 @@ class CellHandle:
                 time.sleep(seconds)
 
         try:
-            snapshot = wait_for(self.snapshot, ready, remote=self.session.storage.local_path() is None,
-                                on_snapshot=on_snapshot, between=check, sleep=sleep)
+            snapshot = wait_for(self.snapshot, ready, on_snapshot=on_snapshot, between=check, sleep=sleep)
             snapshot = self._leader_output_in(snapshot)
             if on_snapshot is not None:
                 on_snapshot(snapshot)

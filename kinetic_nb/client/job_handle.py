@@ -198,8 +198,7 @@ class JobHandle:
                 raise KineticTimeoutError(f"job {self.job_id} has not finished after {timeout:g} s; it goes on")
 
         try:
-            snapshot = wait_for(self.snapshot, ready, remote=self.storage.local_path() is None,
-                                on_snapshot=on_snapshot, between=check)
+            snapshot = wait_for(self.snapshot, ready, on_snapshot=on_snapshot, between=check)
             if on_snapshot is not None:
                 on_snapshot(snapshot)
             if self.stopped_at_timeout:

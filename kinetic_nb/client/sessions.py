@@ -315,7 +315,7 @@ def _wait_until_idle(session: Session, timeout: float) -> None:
             raise KineticTimeoutError(f"session {session.session_id}: hosts were not idle after {timeout:g} s")
 
     wait_for(session.job.snapshot, lambda snapshot: all(host.state == HostState.IDLE.value for host in snapshot.hosts),
-             remote=session.storage.local_path() is None, between=check)
+             between=check)
 
 
 def _start_from(job: JobHandle, *, echo: Any) -> Session:

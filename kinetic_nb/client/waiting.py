@@ -2,8 +2,9 @@
 
 A one-shot job's handle, a session cell's handle and a session's start all
 wait through :func:`wait_for`, with one set of poll constants: short first
-(a trivial cell's round trip is what a warm session is for), growing to a
-longest pause that spares storage, longer where each look is a request.
+(a trivial cell's round trip is what a warm session is for; there the hosts
+also wake the notebook through a socket), growing to a longest pause that
+spares storage and the CPU the hosts need.
 """
 
 from __future__ import annotations
@@ -13,17 +14,16 @@ from collections.abc import Callable
 
 from kinetic_nb.state import SNAPSHOT_INTERVAL_S, JobSnapshot
 
-__all__ = ["FIRST_POLL_S", "MAX_POLL_LOCAL_S", "MAX_POLL_REMOTE_S", "POLL_GROWTH", "wait_for"]
+__all__ = ["FIRST_POLL_S", "MAX_POLL_S", "POLL_GROWTH", "wait_for"]
 
-#: The first pause, its growth from one look to the next, and the longest pause: on a local disk (a look is a
-#: few stats), and on a bucket (a look is a listing, a request).
-FIRST_POLL_S = 0.001
+#: The first pause, its growth from one look to the next, and the longest pause (a look is a listing and the
+#: reads of what changed: a request each on a bucket, and CPU the hosts may need while they start).
+FIRST_POLL_S = 0.002
 POLL_GROWTH = 1.25
-MAX_POLL_LOCAL_S = 0.1
-MAX_POLL_REMOTE_S = 0.25
+MAX_POLL_S = 0.25
 
 
-def wait_for(look: Callable[[], JobSnapshot], ready: Callable[[JobSnapshot], bool], *, remote: bool,
+def wait_for(look: Callable[[], JobSnapshot], ready: Callable[[JobSnapshot], bool], *,
              on_snapshot: Callable[[JobSnapshot], None] | None = None,
              between: Callable[[JobSnapshot], None] | None = None,
              sleep: Callable[[float], None] = time.sleep) -> JobSnapshot:
@@ -34,7 +34,6 @@ def wait_for(look: Callable[[], JobSnapshot], ready: Callable[[JobSnapshot], boo
     which may raise); ``sleep`` pauses (a wakeup socket's, where hosts can
     wake the notebook).
     """
-    longest = MAX_POLL_REMOTE_S if remote else MAX_POLL_LOCAL_S
     pause, shown_at = FIRST_POLL_S, 0.0
     while True:
         snapshot = look()
@@ -47,4 +46,4 @@ def wait_for(look: Callable[[], JobSnapshot], ready: Callable[[JobSnapshot], boo
         if between is not None:
             between(snapshot)
         sleep(pause)
-        pause = min(pause * POLL_GROWTH, longest)
+        pause = min(pause * POLL_GROWTH, MAX_POLL_S)
