@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from kinetic_nb import views
 from kinetic_nb.client.echo import LeaderEcho
 from kinetic_nb.client.job_handle import remove_job_objects
-from kinetic_nb.client.outcome import read_failure, resolve_outcome
+from kinetic_nb.client.outcome import read_leader, resolve_outcome
 from kinetic_nb.client.poller import _HostRecords
 from kinetic_nb.client.waiting import wait_for
 from kinetic_nb.errors import (
@@ -143,8 +143,7 @@ class CellHandle:
         if self._payload is not None:
             return self._payload.result
         if self._leader is None:
-            self._leader = read_failure(self.storage, protocol.RESULT, protocol.LEADER_INDEX, warn=False, strict=True,
-                                        key=self.key)
+            self._leader = read_leader(self.storage, self.key)
         if self._leader is None:
             raise ObjectNotFoundError(f"the leader of cell {self.seq} of session {self.session.session_id} has "
                                       "recorded no result yet")
@@ -329,8 +328,7 @@ class CellHandle:
                                                 self.describe_host, key=self.key)
             except BaseException:
                 with contextlib.suppress(Exception):  # leader_result() still has the leader's own value
-                    self._leader = read_failure(self.storage, protocol.RESULT, protocol.LEADER_INDEX, warn=False,
-                                                strict=True, key=self.key)
+                    self._leader = read_leader(self.storage, self.key)
                 raise
             finally:
                 self._forget_outcome()

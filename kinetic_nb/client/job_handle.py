@@ -14,7 +14,7 @@ from typing import Any
 
 from kinetic_nb import views
 from kinetic_nb.backends import Backend
-from kinetic_nb.client.outcome import read_failure, resolve_outcome
+from kinetic_nb.client.outcome import read_leader, resolve_outcome
 from kinetic_nb.client.poller import JobPoller
 from kinetic_nb.client.waiting import wait_for
 from kinetic_nb.errors import (
@@ -339,8 +339,7 @@ class JobHandle:
         """
         if self._payload is not None:
             return self._payload.result
-        leader = read_failure(self.storage, protocol.RESULT, protocol.LEADER_INDEX, warn=False, strict=True,
-                              key=self.key)
+        leader = read_leader(self.storage, self.key)
         if leader is None:
             raise ObjectNotFoundError(f"the leader of job {self.job_id} has recorded no result yet "
                                       f"({self.uri}/{protocol.RESULT})")

@@ -118,6 +118,12 @@ def attach_remote_traceback(error: BaseException, text: str, host_index: int, jo
         pass
 
 
+def read_leader(storage: Storage, key: bytes | None) -> HostFailure | None:
+    """The leader's own payload as it recorded it (success or failure), or None while it has recorded nothing:
+    what ``leader_result()`` of a job or a cell reads, whatever the other hosts did."""
+    return read_failure(storage, protocol.RESULT, protocol.LEADER_INDEX, warn=False, strict=True, key=key)
+
+
 def read_failure(storage: Storage, name: str, host_index: int, *, warn: bool, key: bytes | None,
                  strict: bool = False) -> HostFailure | None:
     """Download and decode one payload into its record; skip an unreadable or success-claiming one.
@@ -273,7 +279,7 @@ def resolve_outcome(
     tampered: IntegrityError | None = None  # the first payload that failed verification, leader first
     unreadable_leader: UnreadableResultError | None = None
     try:
-        leader = read_failure(storage, protocol.RESULT, protocol.LEADER_INDEX, warn=False, strict=True, key=key)
+        leader = read_leader(storage, key)
     except IntegrityError as error:
         leader, tampered = None, error
     except UnreadableResultError as error:
