@@ -11,16 +11,14 @@ import contextlib
 import dataclasses
 import json
 import logging
-import os
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from kinetic_nb import views
-from kinetic_nb.client.echo import LeaderEcho
+from kinetic_nb.client.handle import STACKS_WAIT_S, Handle
 from kinetic_nb.client.job_handle import remove_job_objects
 from kinetic_nb.client.outcome import read_leader, resolve_outcome
-from kinetic_nb.client.poller import _HostRecords
+from kinetic_nb.client.poller import JobPoller
 from kinetic_nb.client.waiting import wait_for
 from kinetic_nb.errors import (
     CellInterrupted,
@@ -30,10 +28,10 @@ from kinetic_nb.errors import (
     ObjectNotFoundError,
 )
 from kinetic_nb.runner import protocol
-from kinetic_nb.runner.protocol import ExitSummary, HostState, HostStatus, JobPlan, Phase
-from kinetic_nb.runner.records import open_log_chunk, open_record, read_record, write_record
+from kinetic_nb.runner.protocol import HostState, JobPlan
+from kinetic_nb.runner.records import read_record, write_record
 from kinetic_nb.runner.session_loop import cell_key
-from kinetic_nb.state import HostSnapshot, JobSnapshot, JobStatus, is_quiet
+from kinetic_nb.state import JobSnapshot, JobStatus
 
 
 class Session(Protocol):
@@ -62,7 +60,7 @@ OUTPUT_WAIT_S = 2.0
 TIMEOUT_SLACK_S = 5.0
 
 
-class CellHandle:
+class CellHandle(Handle):
     """One cell of a session: its outcome by the seed's rules, its hosts, logs and stacks."""
 
     def __init__(self, session: Session, seq: int, *, timeout: float | None = None,
@@ -71,229 +69,36 @@ class CellHandle:
         self.seq = seq
         self.timeout = timeout
         self.echo = echo
-        self._echo = LeaderEcho(echo) if echo is not None else None
+        #: Where the cell's outcome is stored, under the cell's own key.
         self.storage = session.storage.child(protocol.cell_dir(seq))
         self.key = cell_key(session.job.key, seq)
         self.plan = session.plan
         self.outputs: dict[str, Any] = {}
-        self._records = [_HostRecords() for _ in range(self.plan.hosts)]
-        self._statuses: dict[int, HostStatus] = {}
-        self._versions: dict[str, str] = {}
-        self._submitted = time.time()
-        self._interrupted = False
+        #: The session's hosts' records, read for this cell: its log chunks from where the last cell's ended.
+        self.poller = JobPoller(session.storage, dataclasses.replace(self.plan, job_id=self.job_id),
+                                session.job.backend, key=session.job.key, on_leader_output=echo, cell=seq,
+                                next_chunk=session.next_chunk)
         self._payload: Any = None
         self._failure: BaseException | None = None
-        #: The leader's own payload, once read (``leader_result``).
         self._leader: Any = None
-        #: When each host last printed in this cell, and the stacks of those that turned quiet.
-        self._active_at: dict[int, float] = {}
-        self._stacks: dict[int, str] = {}
-        #: Hosts whose output for this cell is all stored (their agent wrote the cell's last chunk).
-        self._output_complete: set[int] = set()
+        self._snapshot: JobSnapshot | None = None
         self._next_ended_look = 0.0
 
     @property
     def job_id(self) -> str:
         return f"{self.session.session_id}/{protocol.cell_dir(self.seq)}"
 
-    def __repr__(self) -> str:
-        return f"<CellHandle {self.job_id}>"
-
-    # -- reading ------------------------------------------------------------------------------
-
-    def snapshot(self) -> JobSnapshot:
-        """The cell as it is now; only records that changed are read.
-
-        On a local disk each host's few records are looked at by name (a
-        stat each, and the next log chunks it expects), which stays as cheap
-        after a thousand cells as after one; elsewhere one listing of the
-        hosts' records, as a job's poller does.
-        """
-        if self.session.storage.local_path() is not None:
-            self._look_by_name()
-        else:
-            self._look_by_listing()
-        hosts = self._with_quiet(tuple(self._host(index) for index in range(self.plan.hosts)))
-        return JobSnapshot(self.job_id, self.session.job.backend.name, self.plan.accelerator, self._status(hosts),
-                           self._submitted, time.time(), hosts)
-
-    def _with_quiet(self, hosts: tuple[HostSnapshot, ...]) -> tuple[HostSnapshot, ...]:
-        """A host still running the cell, silent for the grace since another finished it, is quiet: shown with
-        its stacks (asked for once), as a one-shot job's stuck host is."""
-        now = time.time()
-        ended = [host.updated_at for host in hosts if host.state not in (
-            HostState.PENDING.value, HostState.READY.value, HostState.RUNNING.value) and host.updated_at]
-        if not ended:
-            return hosts
-        quiet = [host.index for host in hosts if host.state == HostState.RUNNING.value and is_quiet(
-            max(filter(None, (self._active_at.get(host.index), host.updated_at)), default=None), min(ended),
-            self.plan.grace_s, now)]
-        asked = [index for index in quiet if index not in self._stacks]
-        if asked:
-            for index in asked:
-                self._stacks[index] = ""
-            self._stacks.update(self.session.job.stacks_of(asked))
-        return tuple(dataclasses.replace(host, state=HostState.QUIET.value, stacks=self._stacks.get(host.index, ""))
-                     if host.index in quiet else host for host in hosts)
-
-    def leader_result(self) -> Any:
-        """The leader's own value for this cell as soon as it has recorded it, whatever the other hosts did
-        (a stuck worker, an interrupt): ``result()`` applies the outcome rules, this reads the leader alone.
-        Raises the leader's own exception if it failed, ``ObjectNotFoundError`` while it has recorded nothing."""
-        if self._payload is not None:
-            return self._payload.result
-        if self._leader is None:
-            self._leader = read_leader(self.storage, self.key)
-        if self._leader is None:
-            raise ObjectNotFoundError(f"the leader of cell {self.seq} of session {self.session.session_id} has "
-                                      "recorded no result yet")
-        if not self._leader.payload.success:
-            raise self._leader.exception(self.job_id)
-        self.outputs = dict(self._leader.payload.outputs)
-        return self._leader.payload.result
-
-    def _look_by_listing(self) -> None:
-        for info in self.session.storage.list(protocol.HOSTS_DIR + "/"):
-            parsed = protocol.parse_host_object(info.name)
-            if parsed is None or parsed[0] >= self.plan.hosts or self._versions.get(info.name) == info.version:
-                continue
-            index, kind, seq = parsed
-            if kind == "heartbeat":
-                self._records[index].heartbeat_at = info.updated
-            elif kind == "log":
-                if seq >= self.session.next_chunk[index]:  # an earlier cell's chunks were read by its own handle
-                    self._absorb(index, kind, info.name, info.version)
-                    self.session.next_chunk[index] = max(self.session.next_chunk[index], seq + 1)
-            elif kind in ("status", "exit"):
-                self._absorb(index, kind, info.name, info.version)
-
-    def _look_by_name(self) -> None:
-        storage = self.session.storage
-        for index in range(self.plan.hosts):
-            for kind, name in (("heartbeat", protocol.host_heartbeat(index)), ("status", protocol.host_status(index)),
-                               ("exit", protocol.host_exit(index))):
-                try:
-                    stat = os.stat(storage.local_path(name))
-                except OSError:
-                    continue
-                if kind == "heartbeat":
-                    self._records[index].heartbeat_at = stat.st_mtime
-                elif self._versions.get(name) != (version := f"{stat.st_mtime_ns}:{stat.st_size}"):
-                    self._absorb(index, kind, name, version)
-            while True:  # the chunks written since: numbered in order, never rewritten
-                name = protocol.host_log_chunk(index, self.session.next_chunk[index])
-                if not os.path.exists(storage.local_path(name)):
-                    break
-                self._absorb(index, "log", name, "")
-                self.session.next_chunk[index] += 1
-
-    def _absorb(self, index: int, kind: str, name: str, version: str) -> None:
-        storage, key = self.session.storage, self.session.job.key
-        try:
-            data = storage.read_bytes(name)
-        except ObjectNotFoundError:
-            return
-        self._versions[name] = version
-        try:
-            if kind == "log":
-                chunk = open_log_chunk(key, name, data, where=f"{storage.uri}/{name}")
-            else:
-                body = open_record(key, name, data, where=f"{storage.uri}/{name}")
-        except IntegrityError:
-            self._records[index].refuse(index, name)
-            return
-        if kind == "status":
-            status = HostStatus.from_json(body)
-            if index not in self._statuses or status.revision >= self._statuses[index].revision:  # never go back
-                self._statuses[index] = status
-        elif kind == "exit":
-            self._records[index].exit = ExitSummary.from_json(body)
-        else:
-            if chunk.cell != self.seq:
-                return
-            if chunk.end:
-                self._output_complete.add(index)
-            self._active_at[index] = time.time()  # it printed: not quiet
-            for stream, text in chunk.segments:
-                self._records[index].add_log(stream, text)
-                if index == protocol.LEADER_INDEX and self._echo is not None:
-                    self._echo.feed(stream, text)
-            if chunk.end and index == protocol.LEADER_INDEX and self._echo is not None:
-                self._echo.close()  # the cell's last chunk: no line of it grows any more
-
-    def _host(self, index: int) -> HostSnapshot:
-        status, records = self._statuses.get(index), self._records[index]
-        lines = records.lines()
-        if records.exit is not None:
-            state = HostState.FAILED.value if records.exit.failed else HostState.STOPPED.value
-        elif status is None or status.cell < self.seq:
-            state = HostState.PENDING.value  # still on an earlier cell
-        elif status.cell > self.seq or status.state == HostState.IDLE.value:
-            failed = status.cell == self.seq and status.cell_failed
-            stopped = failed and status.message.split(":", 1)[0].endswith("HostStoppedError")
-            state = (HostState.STOPPED if stopped else HostState.FAILED if failed else HostState.SUCCEEDED).value
-        elif status.state in (HostState.FAILED.value, HostState.STOPPED.value):
-            # Its failure counts once it is back to idle: by then its failure payload is stored.
-            state = HostState.RUNNING.value
-        else:
-            state = status.state
-        current = status is not None and status.cell == self.seq
-        return HostSnapshot(
-            index=index, state=state, phase=status.phase if current else Phase.STARTUP.value,
-            started_at=(status.history[0][1] if current and status.history else None),
-            updated_at=status.updated_at if current else None, heartbeat_at=records.heartbeat_at,
-            last_line=records.last_line(),
-            log_tail=lines, message=status.message if current else "", traceback=status.traceback if current else "",
-            exit=records.exit,
-            history=tuple((phase, float(at)) for phase, at in status.history) if current else (),
-        )
-
-    def _status(self, hosts: tuple[HostSnapshot, ...]) -> JobStatus:
-        states = [host.state for host in hosts]
-        if all(state == HostState.SUCCEEDED.value for state in states):
-            return JobStatus.SUCCEEDED
-        ended = [state for state in states if state not in (HostState.PENDING.value, HostState.READY.value,
-                                                              HostState.RUNNING.value, HostState.QUIET.value)]
-        if len(ended) < len(states):
-            return JobStatus.RUNNING if any(host.phase != Phase.STARTUP.value for host in hosts) else JobStatus.PENDING
-        return JobStatus.CANCELLED if self._interrupted and not any(
-            host.exit for host in hosts) else JobStatus.FAILED
-
-    def hosts(self) -> list[HostSnapshot]:
-        return list(self.snapshot().hosts)
-
-    def status(self) -> JobStatus:
-        return self.snapshot().status
+    def ask_for_stacks(self, hosts: list[int], wait: float = STACKS_WAIT_S) -> dict[int, str]:
+        return self.session.job.ask_for_stacks(hosts, wait)
 
     def logs(self, host: int = protocol.LEADER_INDEX) -> str:
         """Host ``host``'s output during this cell."""
         self.snapshot()
-        return "".join(f"{line}\n" for line in self._records[host].lines())
+        return "".join(f"{line}\n" for line in self.poller.records[host].lines())
 
     def stacks(self, host: int | None = None) -> dict[int, str]:
+        """Every running host's Python stacks (see ``JobHandle.stacks``)."""
         return self.session.job.stacks(host)
-
-    def summary(self) -> str:
-        return views.render("text", self.snapshot())
-
-    def watch(self) -> None:
-        """Show the cell's live panel (or its text twin), kept current in the background; return at once."""
-        views.render("watch", self)
-
-    def timeline(self) -> Any:
-        """A matplotlib Figure of the cell: one row per host, one bar per phase."""
-        return views.render("timeline", self.snapshot())
-
-    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
-        printer.text(repr(self) if cycle else self.summary())
-
-    def describe_host(self, index: int) -> str:
-        host = self.snapshot().hosts[index]
-        text = host.exit.describe() if host.exit else f"was {host.state} in phase {host.phase}"
-        lines = [line for line in host.log_tail if line.strip()][-5:]
-        if lines:
-            text += "; last log lines:\n" + "\n".join(f"    {line}" for line in lines)
-        return text
 
     # -- the outcome ---------------------------------------------------------------------------
 
@@ -313,18 +118,12 @@ class CellHandle:
         snapshot = self._wait(timeout, on_snapshot)
         ended = self.session.ended()
         exits = {host.index: host.exit for host in snapshot.hosts if host.exit is not None}
-        cell_plan = JobPlan(job_id=self.job_id, hosts=self.plan.hosts, accelerator=self.plan.accelerator,
-                            devices_per_host=self.plan.devices_per_host, framework=self.plan.framework,
-                            coordinator_address=self.plan.coordinator_address,
-                            barrier_timeout_s=self.plan.barrier_timeout_s,
-                            heartbeat_timeout_s=self.plan.heartbeat_timeout_s,
-                            shutdown_timeout_s=self.plan.shutdown_timeout_s)
         status = snapshot.status
         if status is JobStatus.CANCELLED:
             status = JobStatus.FAILED  # an interrupted cell's KeyboardInterrupts are its outcome
         try:
             try:
-                self._payload = resolve_outcome(self.storage, cell_plan, status, exits, self.storage.list,
+                self._payload = resolve_outcome(self.storage, self.poller.plan, status, exits, self.storage.list,
                                                 self.describe_host, key=self.key)
             except BaseException:
                 with contextlib.suppress(Exception):  # leader_result() still has the leader's own value
@@ -396,7 +195,7 @@ class CellHandle:
     def _leader_output_in(self, snapshot: JobSnapshot) -> JobSnapshot:
         """Wait (a moment at most) for the leader's last chunk of this cell, so its output precedes the value."""
         deadline = time.monotonic() + OUTPUT_WAIT_S
-        while protocol.LEADER_INDEX not in self._output_complete and time.monotonic() < deadline \
+        while protocol.LEADER_INDEX not in self.poller.output_complete and time.monotonic() < deadline \
                 and snapshot.hosts[protocol.LEADER_INDEX].exit is None:
             if self.session.wakeup is not None:  # the agent wakes it once the chunk is stored
                 self.session.wakeup.sleep(0.002)
@@ -422,7 +221,7 @@ class CellHandle:
         """``KeyboardInterrupt`` in this cell on every host (the session's agent sends it); a cell still queued
         behind another is withdrawn before it starts, and the running one is left alone. ``timeout``: the
         cell's own, which it ran past (the agent normally interrupts it first)."""
-        self._interrupted = True
+        self.poller.interrupted = True
         request = {"at": time.time(), "reason": "user"} if timeout is None else {
             "at": time.time(), "reason": "timeout", "timeout": timeout}
         try:

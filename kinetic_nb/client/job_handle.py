@@ -12,9 +12,9 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from kinetic_nb import views
 from kinetic_nb.backends import Backend
-from kinetic_nb.client.outcome import read_leader, resolve_outcome
+from kinetic_nb.client.handle import STACKS_WAIT_S, Handle
+from kinetic_nb.client.outcome import resolve_outcome
 from kinetic_nb.client.poller import JobPoller
 from kinetic_nb.client.waiting import wait_for
 from kinetic_nb.errors import (
@@ -29,7 +29,7 @@ from kinetic_nb.runner.envelope import write_sealed
 from kinetic_nb.runner.logs import read_log
 from kinetic_nb.runner.protocol import CancelRequest, FirstFailure, JobPlan, ResultPayload
 from kinetic_nb.runner.records import read_record, unverified_line, write_record
-from kinetic_nb.state import HostSnapshot, HostState, JobSnapshot, JobStatus
+from kinetic_nb.state import JobSnapshot, JobStatus
 from kinetic_nb.storage import Storage
 
 logger = logging.getLogger(__name__)
@@ -45,9 +45,6 @@ DELETE_WORKERS = 8
 #: the cell returns at once, and the job is cancelled only when no shutdown
 #: request has arrived within this window, so a restart leaves the job running.
 RESTART_WINDOW_S = 2.0
-#: How long ``stacks()`` waits for the hosts' answers: the agent gives each
-#: host 1.5 s to dump, and a remote store adds its own latency.
-STACKS_WAIT_S = 5.0
 #: The hosts' agents stop a job at its timeout; the client steps in only this much later.
 TIMEOUT_SLACK_S = 5.0
 #: Once a host has failed on its own, how long to let the others' records land
@@ -55,7 +52,7 @@ TIMEOUT_SLACK_S = 5.0
 SETTLE_S = 0.3
 
 
-class JobHandle:
+class JobHandle(Handle):
     """A submitted job: wait for it, read its hosts and logs, get its outcome, cancel it."""
 
     def __init__(self, storage: Storage, plan: JobPlan, backend: Backend, *, key: bytes | None,
@@ -82,6 +79,7 @@ class JobHandle:
         self.poller = JobPoller(storage, plan, backend, key=key, submitted_at=submitted_at, on_leader_output=echo)
         self._snapshot: JobSnapshot | None = None
         self._payload: ResultPayload | None = None
+        self._leader: Any = None
         self._status_recorded = False
         self._submitted_wall = submitted_at if submitted_at is not None else time.time()
 
@@ -93,34 +91,6 @@ class JobHandle:
     def uri(self) -> str:
         return self.storage.uri
 
-    def __repr__(self) -> str:
-        return f"<JobHandle {self.job_id} {self.plan.hosts} hosts {self.status()}>"
-
-    # -- reading the job's state -------------------------------------------------
-
-    def snapshot(self) -> JobSnapshot:
-        """The job as it is now (one listing; only changed records are read).
-
-        A host that has turned quiet gets its stacks fetched, once, so the
-        panel can show where it is stuck.
-        """
-        snapshot = self.poller.poll()
-        quiet = [h.index for h in snapshot.hosts if h.state == HostState.QUIET and h.index not in self.poller.stacks]
-        if quiet:
-            for index, text in self._ask_for_stacks(quiet, STACKS_WAIT_S).items():
-                self.poller.stacks[index] = text
-            snapshot = self.poller.snapshot()
-        self._snapshot = snapshot
-        return snapshot
-
-    def status(self) -> JobStatus:
-        """PENDING, RUNNING, SUCCEEDED, FAILED or CANCELLED."""
-        return self.snapshot().status
-
-    def hosts(self) -> list[HostSnapshot]:
-        """Every host's state, phase, last log line and (once it ended) exit summary."""
-        return list(self.snapshot().hosts)
-
     def logs(self, host: int = protocol.LEADER_INDEX) -> str:
         """Host ``host``'s stdout and stderr so far."""
         if not 0 <= host < self.plan.hosts:
@@ -128,50 +98,6 @@ class JobHandle:
         text = read_log(self.storage, host, self.key)
         if not text and self._payload is not None:  # cleaned up after success: the tail the poller kept
             text = "".join(f"{line}\n" for line in self.poller.snapshot().hosts[host].log_tail)
-        return text
-
-    def summary(self) -> str:
-        """A plain-text table: the job's state and each host's state, phase and exit."""
-        return views.render("text", self.snapshot())
-
-    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
-        printer.text(repr(self) if cycle else self.summary())
-
-    def _repr_html_(self) -> str:
-        """A static snapshot that survives in a saved notebook and on nbviewer."""
-        return views.render("html", self.snapshot())
-
-    def watch(self) -> None:
-        """Show the live panel (or its text twin) and keep it current in the background; return at once.
-
-        The job's agent stops it at its plan's timeout; the display only reads it.
-        """
-        views.render("watch", self)
-
-    def timeline(self) -> Any:
-        """A matplotlib Figure: one row per host, one bar per phase (needs the ``plots`` extra)."""
-        return views.render("timeline", self.snapshot())
-
-    def describe_host(self, index: int) -> str:
-        """Exit summary, phase and last log lines of one host, as a verb phrase."""
-        host = (self._snapshot or self.snapshot()).hosts[index]
-        summary = host.exit
-        if host.state == HostState.LOST:
-            text = "was lost (no heartbeat and no exit record)"
-            if self.poller.platform.problem:  # the platform may know why: a storage error, say
-                text += f" ({self.poller.platform.problem})"
-        else:
-            text = summary.describe() if summary else "has not ended"
-        if summary is not None and summary.recorded_success:
-            return text + " after recording success"
-        if host.updated_at is not None:
-            text += f" in phase {host.phase}"
-        lines = [line for line in host.log_tail if line.strip()][-5:]
-        if lines:
-            text += "; last log lines:\n" + "\n".join(f"    {line}" for line in lines)
-        others = [line for line in (summary.stderr_tail if summary else ()) if line not in host.log_tail]
-        if others:  # what the host's own log does not hold: its agent's last words, say
-            text += "\n  last lines recorded with its end:\n" + "\n".join(f"    {line}" for line in others[-8:])
         return text
 
     # -- waiting and the outcome -----------------------------------------------------
@@ -328,26 +254,6 @@ class JobHandle:
         except Exception:
             logger.warning("could not clean up the cluster objects of %s", self.job_id, exc_info=True)
 
-    def leader_result(self) -> Any:
-        """The leader's own value as soon as it has recorded it, whatever happened to the other hosts.
-
-        ``result()`` applies the outcome rules (a worker's failure fails the
-        job); this reads only the leader's payload, so a finished value is
-        never lost to a stuck worker, a cancel or an interrupt. Raises the
-        leader's own exception if it failed, and ``ObjectNotFoundError`` while
-        it has recorded nothing.
-        """
-        if self._payload is not None:
-            return self._payload.result
-        leader = read_leader(self.storage, self.key)
-        if leader is None:
-            raise ObjectNotFoundError(f"the leader of job {self.job_id} has recorded no result yet "
-                                      f"({self.uri}/{protocol.RESULT})")
-        if not leader.payload.success:
-            raise leader.exception(self.job_id)
-        self.outputs = dict(leader.payload.outputs)
-        return leader.payload.result
-
     def stacks(self, host: int | None = None, *, wait: float = STACKS_WAIT_S) -> dict[int, str]:
         """Every running host's Python stacks, all threads, even while blocked in C code.
 
@@ -370,13 +276,9 @@ class JobHandle:
         if host is not None and not 0 <= host < self.plan.hosts:
             raise ValueError(f"host {host} is out of range for a {self.plan.hosts}-host job")
         running = [h.index for h in self.poller.poll().hosts if h.exit is None and host in (None, h.index)]
-        return self._ask_for_stacks(running, wait) if running else {}
+        return self.ask_for_stacks(running, wait) if running else {}
 
-    def stacks_of(self, hosts: list[int], wait: float = STACKS_WAIT_S) -> dict[int, str]:
-        """The stacks of ``hosts`` (those still running), asked for at once: a session's quiet hosts."""
-        return self._ask_for_stacks(hosts, wait)
-
-    def _ask_for_stacks(self, hosts: list[int], wait: float) -> dict[int, str]:
+    def ask_for_stacks(self, hosts: list[int], wait: float = STACKS_WAIT_S) -> dict[int, str]:
         """Write the next stacks request and collect the answers of ``hosts`` for ``wait`` seconds at most."""
         asked = [protocol.parse_stacks_request(i.name) for i in self.storage.list(protocol.CONTROL_DIR + "/")]
         seq = max([number for number in asked if number is not None], default=-1) + 1

@@ -14,8 +14,10 @@ and the backend.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -85,11 +87,20 @@ class _HostRecords:
 
 
 class JobPoller:
-    """Reads a job's records incrementally, one listing per poll."""
+    """Reads a job's records incrementally: one listing per poll (on a local disk, a cell's few records by name).
+
+    With ``cell=None`` it reads a whole job: its hosts' states are their own
+    records'. With ``cell=seq`` it reads one cell of a session: a host's state
+    is where its session-level status says it is against that cell, and only
+    the cell's log chunks are read, from ``next_chunk`` on (a list shared with
+    the session, so the next cell starts where this one ended and a cell's
+    cost does not grow with the cells before it).
+    """
 
     def __init__(self, storage: Storage, plan: JobPlan, backend: Backend, *, key: bytes | None,
                  submitted_at: float | None = None,
-                 on_leader_output: Callable[[str, str], None] | None = None):
+                 on_leader_output: Callable[[str, str], None] | None = None,
+                 cell: int | None = None, next_chunk: list[int] | None = None):
         self.storage = storage
         self.plan = plan
         self.key = key
@@ -103,6 +114,14 @@ class JobPoller:
         #: Stacks fetched for hosts that turned quiet, by host index.
         self.stacks: dict[int, str] = {}
         self.requests = collections.Counter()  # "list" and "read": what polling has cost
+        #: A session's cell this poller reads (None: a whole job).
+        self.cell = cell
+        #: Per host, the next log chunk to read (a cell's: shared with its session).
+        self.next_chunk = next_chunk if next_chunk is not None else [0] * plan.hosts
+        #: Hosts whose output for the cell is all stored (their agent wrote the cell's last chunk).
+        self.output_complete: set[int] = set()
+        #: A cell the notebook interrupted: once every host is back, it ended as cancelled.
+        self.interrupted = False
         self._versions: dict[str, str] = {}
         self._status = JobStatus.PENDING
         self._cancelled = False
@@ -125,12 +144,24 @@ class JobPoller:
             return None
 
     def poll(self) -> JobSnapshot:
-        """One listing; read what changed; return the job as it is now."""
+        """Read what changed (one listing, or a cell's records by name on a local disk); the job as it is now."""
         with self._lock:
+            if self.cell is not None:
+                if self.storage.local_path() is not None:
+                    self._look_by_name()
+                else:
+                    self.requests["list"] += 1
+                    self._absorb(self.storage.list(protocol.HOSTS_DIR + "/"))
+                self._close_echo_when_done()
+                snapshot = self.snapshot()
+                self._status = snapshot.status
+                return snapshot
             if not self._status.done:
                 self.requests["list"] += 1
                 self.listing = self.storage.list()
                 self._absorb(self.listing)
+                self._observe_platform()
+                self._close_echo_when_done()
                 if self._cleaned_up_status() is not None:
                     self._status = self._cleaned_up_status()
                     return self.snapshot()
@@ -160,70 +191,109 @@ class JobPoller:
         recorded = record.get("status")
         return JobStatus(recorded) if recorded else None
 
+    def _look_by_name(self) -> None:
+        """A cell on a local disk: each host's few records looked at by name (a stat each, and the next log
+        chunks it expects), as cheap after a thousand cells as after one."""
+        found: list[ObjectInfo] = []
+        for index in range(self.plan.hosts):
+            for name in (protocol.host_heartbeat(index), protocol.host_status(index), protocol.host_exit(index)):
+                try:
+                    stat = os.stat(self.storage.local_path(name))
+                except OSError:
+                    continue
+                found.append(ObjectInfo(name, stat.st_size, f"{stat.st_mtime_ns}:{stat.st_size}", stat.st_mtime))
+            chunk = self.next_chunk[index]
+            while True:  # the chunks written since: numbered in order, never rewritten
+                name = protocol.host_log_chunk(index, chunk)
+                try:
+                    stat = os.stat(self.storage.local_path(name))
+                except OSError:
+                    break
+                found.append(ObjectInfo(name, stat.st_size, "", stat.st_mtime))
+                chunk += 1
+        self._absorb(found)
+
     def _absorb(self, listing: list[ObjectInfo]) -> None:
         ended: list[ObjectInfo] = []
         for info in listing:
             if info.name == protocol.CANCEL:
-                if not self._cancelled and self._versions.get(info.name) != info.version:
-                    self._versions[info.name] = info.version
-                    data = self._read(info.name)
-                    try:
-                        self.cancel_request = CancelRequest.from_json(self._verified(info.name, data)) if data else None
-                        self._cancelled = data is not None
-                    except IntegrityError as error:  # a forged cancel: the hosts' agents ignore it too
-                        logger.warning("ignored: %s", error)
+                self._absorb_cancel(info)
                 continue
             parsed = protocol.parse_host_object(info.name)
             if parsed is None or parsed[0] >= self.plan.hosts:
                 continue
-            index, kind, _ = parsed
+            index, kind, seq = parsed
             records = self.records[index]
             self._started = True
             if kind == "heartbeat":
                 records.heartbeat_at = info.updated
-                continue
-            if kind == "stacks":
-                continue  # read on request, by JobHandle.stacks()
-            if self._versions.get(info.name) == info.version:
-                continue
-            if kind == "exit":
-                ended.append(info)
-                self._versions[info.name] = info.version
-                continue
-            data = self._read(info.name)
-            if data is None:
-                continue
-            self._versions[info.name] = info.version
-            try:
-                if kind == "status":
-                    status = HostStatus.from_json(self._verified(info.name, data))
-                    if records.status is None or status.revision >= records.status.revision:  # never go back
-                        records.status = status
-                else:
-                    segments = open_log_chunk(self.key, info.name, data, where=f"{self.storage.uri}/{info.name}")
-                    for stream, text in segments.segments:
-                        records.add_log(stream, text)
-                        if index == protocol.LEADER_INDEX and self._echo is not None:
-                            self._echo.feed(stream, text)
-            except IntegrityError:
-                records.refuse(index, info.name)
-                continue
-            records.active_at = max(records.active_at or 0.0, info.updated)
+            elif kind == "stacks" or self._versions.get(info.name) == info.version:
+                continue  # stacks are read on request (``stacks()``); an unchanged record is not read again
+            elif kind == "exit":
+                ended.append(info)  # read after this listing's log chunks: a host's output precedes its end
+            elif kind == "log" and self.cell is not None and seq < self.next_chunk[index]:
+                continue  # an earlier cell's: read by its own handle
+            else:
+                self._absorb_record(index, kind, info)
         for info in ended:
-            data = self._read(info.name)
-            if data is not None:
-                index = protocol.parse_host_object(info.name)[0]
-                try:
-                    self.records[index].exit = ExitSummary.from_json(self._verified(info.name, data))
-                except IntegrityError:
-                    self.records[index].refuse(index, info.name)
-        # What only the platform sees: a pod evicted, an agent that died (the backend keeps its own pace).
-        self.platform = self.backend.observe(self.storage, self.plan, listing, self.exits, self.key)
+            self._absorb_record(protocol.parse_host_object(info.name)[0], "exit", info)
+
+    def _close_echo_when_done(self) -> None:
+        if self._echo is not None and (self.records[protocol.LEADER_INDEX].exit is not None
+                                       or protocol.LEADER_INDEX in self.output_complete):
+            self._echo.close()  # the leader's last chunk is in: no line of it grows any more
+
+    def _absorb_cancel(self, info: ObjectInfo) -> None:
+        if self._cancelled or self._versions.get(info.name) == info.version:
+            return
+        self._versions[info.name] = info.version
+        data = self._read(info.name)
+        try:
+            self.cancel_request = CancelRequest.from_json(self._verified(info.name, data)) if data else None
+            self._cancelled = data is not None
+        except IntegrityError as error:  # a forged cancel: the hosts' agents ignore it too
+            logger.warning("ignored: %s", error)
+
+    def _absorb_record(self, index: int, kind: str, info: ObjectInfo) -> None:
+        """Read one changed record of host ``index``, verified before anything of it is used."""
+        records = self.records[index]
+        data = self._read(info.name)
+        if data is None:
+            return
+        self._versions[info.name] = info.version
+        try:
+            if kind == "status":
+                status = HostStatus.from_json(self._verified(info.name, data))
+                if records.status is None or status.revision >= records.status.revision:  # never go back
+                    records.status = status
+                if self.cell is not None and status.cell != self.cell:
+                    return  # another cell's move: not this cell's activity
+            elif kind == "exit":
+                records.exit = ExitSummary.from_json(self._verified(info.name, data))
+                return
+            else:
+                chunk = open_log_chunk(self.key, info.name, data, where=f"{self.storage.uri}/{info.name}")
+                if self.cell is not None:
+                    self.next_chunk[index] = max(self.next_chunk[index], protocol.parse_host_object(info.name)[2] + 1)
+                    if chunk.cell != self.cell:
+                        return
+                    if chunk.end:
+                        self.output_complete.add(index)
+                for stream, text in chunk.segments:
+                    records.add_log(stream, text)
+                    if index == protocol.LEADER_INDEX and self._echo is not None:
+                        self._echo.feed(stream, text)
+        except IntegrityError:
+            records.refuse(index, info.name)
+            return
+        records.active_at = max(records.active_at or 0.0, info.updated or time.time())
+
+    def _observe_platform(self) -> None:
+        """What only the platform sees: a pod evicted, an agent that died (the backend keeps its own pace)."""
+        self.platform = self.backend.observe(self.storage, self.plan, self.listing, self.exits, self.key)
         for index, summary in self.platform.exits.items():
             if index < self.plan.hosts and self.records[index].exit is None:
                 self.records[index].exit = summary
-        if self._echo is not None and self.records[protocol.LEADER_INDEX].exit is not None:
-            self._echo.close()  # the leader's last chunk came before its exit record: no line grows any more
 
     def _platform_reasons(self) -> dict[int, str]:
         """Why hosts that have not started yet are waiting, from the platform (a pod's scheduler reason)."""
@@ -232,30 +302,79 @@ class JobPoller:
     def snapshot(self) -> JobSnapshot:
         """The job as last read, without a listing (a platform backend may answer from its cache)."""
         now = time.time()
-        hosts = []
-        waiting_because = self._platform_reasons()
-        ends = [records.exit.ended_at for records in self.records if records.exit is not None and records.exit.ended_at]
-        first_end = min(ends) if ends else None
-        for index, records in enumerate(self.records):
-            status, lines = records.status, records.lines()
-            state = host_state(status, records.exit, records.heartbeat_at, now)
-            if state == HostState.RUNNING and is_quiet(records.active_at, first_end, self.plan.grace_s, now):
-                state = HostState.QUIET.value
-            hosts.append(HostSnapshot(
-                index=index,
-                state=state,
-                phase=status.phase if status else Phase.STARTUP.value,
-                started_at=status.started_at if status else None,
-                updated_at=status.updated_at if status else None,
-                heartbeat_at=records.heartbeat_at,
-                last_line=records.last_line(),
-                log_tail=lines,
-                message=status.message if status else waiting_because.get(index, ""),
-                traceback=status.traceback if status else "",
-                exit=records.exit,
-                history=tuple((phase, float(at)) for phase, at in status.history) if status else (),
-                stacks=self.stacks.get(index, ""),
-            ))
-        return JobSnapshot(self.plan.job_id, self.backend.name, self.plan.accelerator, self._status,
+        hosts = [self._cell_host(index) if self.cell is not None else self._job_host(index, now)
+                 for index in range(self.plan.hosts)]
+        hosts = self._with_quiet(hosts, now)
+        status = self._cell_status(hosts) if self.cell is not None else self._status
+        return JobSnapshot(self.plan.job_id, self.backend.name, self.plan.accelerator, status,
                            self.submitted_at, now, tuple(hosts))
 
+    def _job_host(self, index: int, now: float) -> HostSnapshot:
+        records = self.records[index]
+        status = records.status
+        return HostSnapshot(
+            index=index,
+            state=host_state(status, records.exit, records.heartbeat_at, now),
+            phase=status.phase if status else Phase.STARTUP.value,
+            started_at=status.started_at if status else None,
+            updated_at=status.updated_at if status else None,
+            heartbeat_at=records.heartbeat_at,
+            last_line=records.last_line(),
+            log_tail=records.lines(),
+            message=status.message if status else self._platform_reasons().get(index, ""),
+            traceback=status.traceback if status else "",
+            exit=records.exit,
+            history=tuple((phase, float(at)) for phase, at in status.history) if status else (),
+        )
+
+    def _cell_host(self, index: int) -> HostSnapshot:
+        """Host ``index`` as this cell sees it: pending while on an earlier cell, its cell's outcome once back
+        to idle (by then its failure payload is stored), its end if its process ended."""
+        records = self.records[index]
+        status = records.status
+        if records.exit is not None:
+            state = HostState.FAILED.value if records.exit.failed else HostState.STOPPED.value
+        elif status is None or status.cell < self.cell:
+            state = HostState.PENDING.value
+        elif status.cell > self.cell or status.state == HostState.IDLE.value:
+            failed = status.cell == self.cell and status.cell_failed
+            stopped = failed and status.message.split(":", 1)[0].endswith("HostStoppedError")
+            state = (HostState.STOPPED if stopped else HostState.FAILED if failed else HostState.SUCCEEDED).value
+        elif status.state in (HostState.FAILED.value, HostState.STOPPED.value):
+            state = HostState.RUNNING.value  # its failure counts once it is back to idle
+        else:
+            state = status.state
+        current = status is not None and status.cell == self.cell
+        return HostSnapshot(
+            index=index, state=state, phase=status.phase if current else Phase.STARTUP.value,
+            started_at=(status.history[0][1] if current and status.history else None),
+            updated_at=status.updated_at if current else None, heartbeat_at=records.heartbeat_at,
+            last_line=records.last_line(), log_tail=records.lines(),
+            message=status.message if current else "", traceback=status.traceback if current else "",
+            exit=records.exit,
+            history=tuple((phase, float(at)) for phase, at in status.history) if current else (),
+        )
+
+    def _cell_status(self, hosts: list[HostSnapshot]) -> JobStatus:
+        states = [host.state for host in hosts]
+        if all(state == HostState.SUCCEEDED.value for state in states):
+            return JobStatus.SUCCEEDED
+        if any(state in (HostState.PENDING.value, HostState.READY.value, HostState.RUNNING.value,
+                         HostState.QUIET.value) for state in states):
+            return JobStatus.RUNNING if any(host.phase != Phase.STARTUP.value for host in hosts) else JobStatus.PENDING
+        return JobStatus.CANCELLED if self.interrupted and not any(host.exit for host in hosts) else JobStatus.FAILED
+
+    def _with_quiet(self, hosts: list[HostSnapshot], now: float) -> list[HostSnapshot]:
+        """A running host silent (no output, no phase change) for the grace since another ended is quiet: shown
+        with its stacks, once fetched (the handle asks for them)."""
+        if self.cell is not None:
+            ends = [host.updated_at for host in hosts if host.updated_at and host.state not in (
+                HostState.PENDING.value, HostState.READY.value, HostState.RUNNING.value)]
+        else:
+            ends = [records.exit.ended_at for records in self.records if records.exit and records.exit.ended_at]
+        first_end = min(ends, default=None)
+        return [dataclasses.replace(host, state=HostState.QUIET.value, stacks=self.stacks.get(host.index, ""))
+                if host.state == HostState.RUNNING.value and is_quiet(
+                    max(filter(None, (self.records[host.index].active_at, host.updated_at)), default=None),
+                    first_end, self.plan.grace_s, now)
+                else host for host in hosts]
