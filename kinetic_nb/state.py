@@ -22,13 +22,14 @@ from typing import Protocol
 
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.environment_install import LOG_PREFIX as ENVIRONMENT_LOG_PREFIX
-from kinetic_nb.runner.protocol import ExitSummary, HostState, HostStatus, JobPlan
+from kinetic_nb.runner.protocol import ExitSummary, HostState, HostStatus, JobPlan, Phase
 from kinetic_nb.runner.status import HEARTBEAT_INTERVAL_S
 
 __all__ = [
     "CHATTER",
     "CHATTER_STARTS",
     "FINE_STATES",
+    "INIT_LOST_AFTER_S",
     "LOST_AFTER_S",
     "SNAPSHOT_INTERVAL_S",
     "HostSnapshot",
@@ -46,6 +47,9 @@ __all__ = [
 #: A host with no exit record whose heartbeat is older than this is lost: its
 #: process is gone or unreachable (a few heartbeats, with room for a busy host).
 LOST_AFTER_S = 5 * HEARTBEAT_INTERVAL_S
+#: The same in the framework's distributed init, which may hold the interpreter while it connects to its peers
+#: (on a loaded machine, longer than LOST_AFTER_S): the framework's own init timeout bounds that phase.
+INIT_LOST_AFTER_S = 60.0
 #: A live view is redrawn at most this often (each redraw is a widget message).
 SNAPSHOT_INTERVAL_S = 0.25
 #: Lines a framework prints for itself on every run: JAX's CPU collectives
@@ -67,6 +71,9 @@ CHATTER_STARTS = ("[Gloo] Rank ", "I0000 00:00:", "INFO:jax._src.distributed:", 
 #: Host states that need no attention.
 FINE_STATES = frozenset({HostState.PENDING.value, HostState.READY.value, HostState.RUNNING.value, HostState.IDLE.value,
                          HostState.SUCCEEDED.value})
+#: Host states a cell's host does not leave: it is done with the cell (a session's host stays up, idle).
+ENDED_STATES = frozenset({HostState.SUCCEEDED.value, HostState.FAILED.value, HostState.STOPPED.value,
+                          HostState.LOST.value})
 #: Messages of errors that follow from losing a peer (gloo, NCCL, the JAX
 #: coordination service), rather than from a host's own code.
 _PEER_LOSS = re.compile(
@@ -219,8 +226,16 @@ class HostSnapshot:
         return self.exit.describe() if self.exit else ""
 
     @property
+    def ended(self) -> bool:
+        """Done with the cell: its process ended, or (a session's host) it is back to idle after it."""
+        return self.state in ENDED_STATES
+
+    @property
     def ended_at(self) -> float | None:
-        return self.exit.ended_at if self.exit else None
+        """When it was done with the cell: its process's end, else its last status (a session's host)."""
+        if self.exit is not None:
+            return self.exit.ended_at
+        return self.updated_at if self.state in ENDED_STATES and self.state != HostState.LOST.value else None
 
     def elapsed(self, now: float) -> float:
         if self.started_at is None:
@@ -239,6 +254,8 @@ class JobSnapshot:
     submitted_at: float
     taken_at: float
     hosts: tuple[HostSnapshot, ...]
+    #: What the user calls it, shown before the id (a session's cell: ``In[4]``).
+    label: str = ""
 
     @property
     def elapsed(self) -> float:
@@ -286,7 +303,8 @@ def host_state(status: HostStatus | None, summary: ExitSummary | None, heartbeat
         if summary.failed:
             return HostState.FAILED.value
         return HostState.SUCCEEDED.value
-    if heartbeat_at is not None and now - heartbeat_at > LOST_AFTER_S:
+    in_init = status is not None and status.phase == Phase.DISTRIBUTED_INIT.value
+    if heartbeat_at is not None and now - heartbeat_at > (INIT_LOST_AFTER_S if in_init else LOST_AFTER_S):
         return HostState.LOST.value
     return status.state if status else HostState.PENDING.value
 

@@ -16,7 +16,7 @@ def execute(notebook: nbformat.NotebookNode, directory) -> nbformat.NotebookNode
 
 
 def cell_text(cell) -> str:
-    """Everything a cell showed as text: streams, plain-text results and tracebacks."""
+    """Everything a cell showed as text: streams, plain-text results and tracebacks (without their colours)."""
     parts = []
     for output in cell.outputs:
         if output.output_type == "stream":
@@ -24,7 +24,7 @@ def cell_text(cell) -> str:
         elif output.output_type in ("execute_result", "display_data"):
             parts.append(output.data.get("text/plain", ""))
         elif output.output_type == "error":
-            parts.append("\n".join(output.traceback))
+            parts.append(re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(output.traceback)))
     return "\n".join(parts)
 
 

@@ -80,9 +80,9 @@ def test_06_sessions(tmp_path):
     _, start, load, build, train, train_more, inspect, plot, failing, after_failure, interrupted, after_interrupt, \
         stop = cells
     assert errors(cells) == [failing, interrupted]
-    session_id = re.search(r"session (ks-\S+) · local · cpu · 4 hosts · framework jax", cell_text(start)).group(1)
+    session_id = re.search(r"session (ks-\S+) \(framework jax\) is up · local · cpu · 4 hosts", cell_text(start)).group(1)
     for cell in (load, build, train, train_more, inspect, failing, after_failure, after_interrupt):
-        assert f"{session_id}/cells/" in cell_text(cell)  # every cell ran on the one session
+        assert f"· session {session_id} ·" in cell_text(cell)  # every cell ran on the one session
     assert value_of(load) == (4096, 8) and "host 0 of 4 loaded 4096 examples" in cell_text(load)
     assert value_of(build) == "4 devices in the mesh, 4 hosts"
     first, after_40 = (float(v) for v in re.fullmatch(r"step 40: loss (\S+) -> (\S+)", value_of(train)).groups())
@@ -111,7 +111,7 @@ def test_07_ray(tmp_path, ray_cluster, monkeypatch):
     assert value_of(spread) == "4 hosts on 4 Ray nodes"
     assert "ValueError: host 2 found a bad shard on Ray node" in cell_text(failing)
     assert "Reported by host 2" in cell_text(failing)
-    session_id = re.search(r"session (ks-\S+) · ray · cpu · 4 hosts · framework jax", cell_text(start)).group(1)
+    session_id = re.search(r"session (ks-\S+) \(framework jax\) is up · ray · cpu · 4 hosts", cell_text(start)).group(1)
     assert re.fullmatch(r"host 0 is process \d+ on Ray node (\w+)", value_of(first)).group(1) in nodes
     assert value_of(second) == "same process: True; total after 3 allgathers: [0.0, 3.0, 6.0, 9.0]"
     assert f"session {session_id} stopped" in cell_text(stop)

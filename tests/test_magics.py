@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pathlib
+import re
 
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
@@ -161,9 +162,13 @@ def test_value_becomes_out_and_out_variables_land(shell):
 def test_remote_exception_is_raised_in_the_shell(shell):
     result = run_cell(shell, "%%kinetic -n 2\nimport os\nif os.environ['RANK'] == '1':\n    raise ValueError('nope')\n")
     assert isinstance(result.error_in_exec, ValueError)
-    rendered = "\n".join(result.error_in_exec._render_traceback_())
-    assert "kinetic In[" in rendered and "raise ValueError('nope')" in rendered
-    assert "Reported by host 1" in rendered
+    coloured = "\n".join(result.error_in_exec._render_traceback_())
+    rendered = re.sub(r"\x1b\[[0-9;]*m", "", coloured)
+    # As IPython draws a local one: the exception over the traceback, the cell as In[n], the arrow on the line.
+    assert re.search(r"^ValueError +Traceback from host 1 \(most recent call last\)$", rendered, re.M)
+    assert re.search(r"^Cell In\[\d+\], line 4\n----> 4 raise ValueError\('nope'\)$", rendered, re.M)
+    assert "\x1b[31m\x1b[1mValueError\x1b[0m: nope" in coloured
+    assert rendered.splitlines()[-2].startswith("Reported by host 1")
 
 
 def test_env_values_are_masked_in_every_spelling_the_parser_takes():

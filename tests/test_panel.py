@@ -186,3 +186,57 @@ def test_the_views_a_handle_is_shown_by_take_plain_values(capsys):
     assert "host 1: ValueError at cell line 12" in capsys.readouterr().err
     with pytest.raises(LookupError, match="no view 'sparkline'"):
         views.render("sparkline", snapshot)
+
+
+def session_cell(hosts, status) -> JobSnapshot:
+    """A session's cell as its poller draws it: hosts back to idle have no exit record, and a label."""
+    return JobSnapshot("ks-test/cells/000002", "local", "cpu", status, T0, T0 + 3, tuple(hosts),
+                       label="In[4] · session ks-test")
+
+
+def test_a_session_cell_ends_as_a_one_shot_job_does():
+    """Hosts back to idle count as done on the bar, keep the phase the cell ended in, show the failing host's
+    traceback, say "(no output)" once done, and the header names the cell as the notebook does."""
+    done = [host(0, "succeeded", "result upload", log_tail=()),
+            host(1, "succeeded", "execute", log_tail=("[Gloo] Rank 1 is connected to 2 peer ranks. Expected number "
+                                                       "of connected peer ranks is : 2", "its own line"))]
+    panel = HostPanel(3, brief=True)
+    panel.update(session_cell([*done, host(2, "failed", message="ValueError: bad shard", traceback=TRACEBACK)],
+                              JobStatus.FAILED))
+    assert panel.progress.value == 3 and panel.progress.description == "FAILED"
+    assert panel.progress.style.description_width == "initial"  # the label is never cut to "SUCCEED..."
+    assert panel.header.value.startswith("<b>In[4] · session ks-test · local")
+    assert "ks-test/cells/000002" not in panel.header.value
+    assert "host 2: ValueError at cell line 12" in panel.failures.value
+    assert "raise ValueError(&#x27;bad shard&#x27;)" in panel.details.children[2].value
+    assert "(no output)</pre>" in panel.details.children[0].value
+    assert "[Gloo]" not in panel.details.children[1].value and "its own line" in panel.details.children[1].value
+    assert panel.body.layout.display is None  # a failed cell keeps its rows
+    running = HostPanel(1)
+    running.update(job([host(0, log_tail=())]))
+    assert "(no output yet)</pre>" in running.details.children[0].value
+
+
+def test_a_session_cell_that_succeeded_keeps_its_header_alone():
+    hosts = [host(i, "succeeded", "execute", updated_at=T0 + 1.5) for i in range(2)]
+    panel = HostPanel(2, brief=True)
+    panel.update(session_cell(hosts, JobStatus.RUNNING))
+    assert panel.body.layout.display is None
+    panel.update(session_cell(hosts, JobStatus.SUCCEEDED))
+    assert panel.body.layout.display == "none"
+    text = text_summary(session_cell(hosts, JobStatus.SUCCEEDED), brief=True)
+    assert text == "In[4] · session ks-test · local · cpu · 2 hosts · 1.5 s · SUCCEEDED · 2 succeeded"
+    assert len(text_summary(session_cell(hosts, JobStatus.SUCCEEDED)).splitlines()) == 4  # not brief: every row
+    assert "<table>" not in html_summary(session_cell(hosts, JobStatus.SUCCEEDED), brief=True)
+    # A host back to idle is done with the cell when its status says so: its time stops there.
+    assert hosts[0].ended and hosts[0].elapsed(T0 + 100) == 1.5
+
+
+def test_a_brief_text_twin_says_nothing_while_the_cell_is_quick():
+    stream = io.StringIO()
+    status = TextStatus(stream, brief=True)
+    quick = JobSnapshot("ks-test/cells/000002", "local", "cpu", JobStatus.RUNNING, T0, T0 + 0.2, (host(0),))
+    status.update(quick)
+    assert stream.getvalue() == ""
+    status.update(session_cell([host(0)], JobStatus.RUNNING))  # 3 s in: it says where the hosts are
+    assert stream.getvalue() == "In[4] · session ks-test: 1 running · 3.0 s\n"

@@ -1,14 +1,16 @@
 """The panel rendered by JupyterLab in headless Chromium, driven by Playwright.
 
-The test starts its own JupyterLab server on a free port, opens a notebook
-whose 4-host cell sleeps in steps and then fails on host 3, and watches the
-panel go from running to failed. A screenshot lands in build/test-output/.
+The tests start their own JupyterLab server on a free port. One opens a
+notebook whose 4-host cell sleeps in steps and then fails on host 3, and
+watches the panel go from running to failed; the other starts a session and
+reads what its cells' panels end as. Screenshots land in build/test-output/.
 """
 
 from __future__ import annotations
 
 import json
 import pathlib
+import re
 import secrets
 import shutil
 import socket
@@ -21,6 +23,8 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 from playwright import sync_api as playwright_api
+
+import kinetic_nb
 
 OUTPUT = pathlib.Path(__file__).resolve().parent.parent / "build" / "test-output"
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -36,6 +40,14 @@ if host == 3:
 'done'"""
 
 
+SESSION_CELLS = [
+    "%kinetic start -n 3 --framework none --idle-timeout 120",
+    "%%kinetic\n'trivial'",
+    "%%kinetic\nimport os\nprint('working', flush=True)\nif os.environ['RANK'] == '2':\n    raise ValueError('bad shard')",
+    "%kinetic stop",
+]
+
+
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -45,9 +57,13 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def jupyterlab(tmp_path_factory):
     root = tmp_path_factory.mktemp("lab")
-    notebook = new_notebook(cells=[new_code_cell("%load_ext kinetic_nb"), new_code_cell(CELL)])
-    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nbformat.write(notebook, root / "panel.ipynb")
+    for name, cells in (("panel.ipynb", [CELL]), ("session.ipynb", SESSION_CELLS)):
+        # A cell tagged raises-exception fails without stopping "Run All Cells" (the session is stopped after).
+        notebook = new_notebook(cells=[new_code_cell("%load_ext kinetic_nb"), *(
+            new_code_cell(cell, metadata={"tags": ["raises-exception"]} if "raise" in cell else {})
+            for cell in cells)])
+        notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+        nbformat.write(notebook, root / name)
     port, token = _free_port(), secrets.token_hex(16)
     server_log = open(root / "server.log", "wb")  # noqa: SIM115 - the server writes it for the fixture's life
     server = subprocess.Popen(
@@ -68,7 +84,8 @@ def jupyterlab(tmp_path_factory):
                 server.kill()
                 raise RuntimeError(f"JupyterLab did not start: {(root / 'server.log').read_text()[-2000:]}") from None
             time.sleep(0.25)
-    yield f"{base}/lab/tree/panel.ipynb?token={token}"
+    # A workspace per notebook: JupyterLab would otherwise reopen the other test's notebook beside it.
+    yield lambda name: f"{base}/lab/workspaces/{name.split('.')[0]}/tree/{name}?token={token}"
     server.terminate()
     try:
         server.wait(timeout=15)
@@ -85,7 +102,7 @@ def test_the_panel_goes_live_in_jupyterlab(jupyterlab):
         browser = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
         page = browser.new_page(viewport={"width": 1280, "height": 1000})
         try:
-            page.goto(jupyterlab)
+            page.goto(jupyterlab("panel.ipynb"))
             page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
             page.get_by_text("Python 3 (ipykernel) | Idle").wait_for(timeout=60_000)
             page.get_by_role("menuitem", name="Run", exact=True).click()
@@ -119,3 +136,60 @@ def test_the_panel_goes_live_in_jupyterlab(jupyterlab):
         finally:
             browser.close()
     assert (OUTPUT / "panel.png").stat().st_size > 10_000
+
+
+def _run_all(page, url: str) -> None:
+    page.goto(url)
+    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
+    page.get_by_text("Python 3 (ipykernel) | Idle").wait_for(timeout=60_000)
+    page.get_by_role("menuitem", name="Run", exact=True).click()
+    page.get_by_text("Run All Cells", exact=True).click()
+
+
+def test_a_session_cells_panel_ends_as_a_one_shot_jobs_does(jupyterlab):
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert chromium, "Chromium is needed: .ci/run installs Debian's chromium package"
+    OUTPUT.mkdir(parents=True, exist_ok=True)
+    with playwright_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
+        page = browser.new_page(viewport={"width": 1280, "height": 1400})
+        try:
+            _run_all(page, jupyterlab("session.ipynb"))
+            page.get_by_text("stopped: its 3 hosts", exact=False).wait_for(timeout=120_000)
+            cells = page.locator(".jp-Notebook .jp-CodeCell")
+            start, trivial, failing = (cells.nth(i).locator(".jp-OutputArea") for i in (1, 2, 3))
+            # %kinetic start shows the panel, one line once the hosts are up (not a table that wraps).
+            started = start.locator(".widget-vbox").first.inner_text()
+            assert re.match(r"session ks-\S+ \(framework none\) is up · local · cpu · 3 hosts · .* · SUCCEEDED\s+3 idle$", started), started
+            # A trivial cell: one line above its value, naming the cell as the notebook does.
+            header = trivial.locator(".widget-vbox").first
+            assert header.inner_text().startswith("In[3] · session ks-")
+            assert header.bounding_box()["height"] < 40
+            assert "'trivial'" in trivial.inner_text()
+            # A failed cell: a full bar labelled in full, each host in the phase its cell ended in.
+            panel = failing.locator(".widget-vbox").first
+            label = panel.locator(".widget-label", has_text="FAILED").first
+            assert label.inner_text() == "FAILED"
+            assert label.evaluate("element => element.scrollWidth <= element.clientWidth")  # not "FAIL..."
+            assert panel.locator("progress, .progress-bar").count() >= 1
+            rows = panel.locator(".widget-html-content > div[style*='font-size:12px']")
+            assert rows.count() == 3
+            texts = [rows.nth(i).inner_text() for i in range(3)]
+            assert "teardown" not in " ".join(texts) and "execute" in texts[2] and "failed" in texts[2]
+            assert "host 2: ValueError at cell line 5" in panel.inner_text()
+            panel.get_by_text("host 2 · failed · execute").click()
+            panel.get_by_text("raise ValueError('bad shard')").first.wait_for(state="visible", timeout=10_000)
+            panel.get_by_text("host 1 · succeeded · execute").click()
+            panel.get_by_text("working").first.wait_for(state="visible", timeout=10_000)
+            # The host's traceback as IPython draws one: the arrow on the line that raised.
+            error = failing.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
+            assert "----> 5 raise ValueError('bad shard')" in error.inner_text().replace("\u00a0", " ")
+            page.screenshot(path=str(OUTPUT / "session-panel.png"), full_page=True)
+        except Exception:
+            page.screenshot(path=str(OUTPUT / "session-panel-failure.png"), full_page=True)
+            raise
+        finally:
+            browser.close()
+            for left in kinetic_nb.sessions():  # a session the notebook did not get to stop
+                if left["state"] == "up":
+                    kinetic_nb.attach_session(left["session_id"], echo=False).stop()

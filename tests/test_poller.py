@@ -55,3 +55,20 @@ def test_framework_chatter_is_neither_echoed_nor_a_last_line():
     assert "".join(echoed) == "real progress\n"
     assert handle.hosts()[0].last_line == "real progress"
     assert handle.logs(0).count("[Gloo]") == 2  # the log keeps everything
+
+
+def test_a_host_in_distributed_init_is_lost_only_after_the_longer_limit():
+    """The framework's init may hold the interpreter (no heartbeat) while it waits for its peers on a loaded
+    machine: there a host is lost only after INIT_LOST_AFTER_S; in any other phase after LOST_AFTER_S."""
+    from kinetic_nb.runner.protocol import HostStatus
+    from kinetic_nb.state import INIT_LOST_AFTER_S, LOST_AFTER_S, host_state
+
+    def status(phase):
+        return HostStatus(host_index=1, state="running", phase=phase, started_at=0.0, updated_at=0.0, pid=1,
+                          hostname="h")
+
+    silent = LOST_AFTER_S + 1
+    assert host_state(status("distributed init"), None, 0.0, silent) == "running"
+    assert host_state(status("distributed init"), None, 0.0, INIT_LOST_AFTER_S + 1) == "lost"
+    assert host_state(status("execute"), None, 0.0, silent) == "lost"
+    assert host_state(None, None, 0.0, silent) == "lost"

@@ -337,3 +337,29 @@ def test_a_missing_out_name_is_a_warning_and_the_value_still_comes(storage):
     with pytest.warns(KineticWarning, match="-o/--out typo: not bound on the leader"):
         record, _ = resolve(storage, 2, JobStatus.SUCCEEDED, exits(2))
     assert record.result == 42 and record.outputs == {"kept": 1} and record.missing_outputs == ("typo",)
+
+
+def test_a_remote_traceback_is_drawn_as_ipython_draws_a_local_one():
+    import re
+
+    from kinetic_nb.client.remote_traceback import render_remote_traceback
+
+    text = ('Traceback (most recent call last):\n  File "<kinetic In[4]>", line 4, in <module>\n    json.loads(s)\n'
+            '  File "/usr/lib/python3.11/json/__init__.py", line 346, in loads\n'
+            '    return _default_decoder.decode(s)\n           ^^^^^^^^^^^^^^^^^^^^^^^^^^\nKeyError: \'x\'\n\n'
+            'During handling of the above exception, another exception occurred:\n\n'
+            'Traceback (most recent call last):\n  File "<kinetic In[4]>", line 12, in <module>\n'
+            '    raise ValueError("bad")\nValueError: bad\nsecond line\n')
+    coloured = render_remote_traceback(text, "ValueError", "host 2 of ks-1/cells/000002", ["Reported by host 2."])
+    plain = [re.sub(r"\x1b\[[0-9;]*m", "", line) for line in coloured]
+    assert plain[0] == "-" * 75
+    assert re.fullmatch(r"ValueError +Traceback from host 2 of ks-1/cells/000002 \(most recent call last\)", plain[1])
+    assert plain[2:] == [
+        "Cell In[4], line 4", "----> 4 json.loads(s)", "",
+        "File /usr/lib/python3.11/json/__init__.py:346, in loads", "--> 346 return _default_decoder.decode(s)", "",
+        "KeyError: 'x'", "", "During handling of the above exception, another exception occurred:", "",
+        "Cell In[4], line 12", "---> 12 raise ValueError(\"bad\")", "",
+        "ValueError: bad", "second line", "Reported by host 2.",
+    ]
+    assert "\x1b[31m\x1b[1mKeyError\x1b[0m: 'x'" in coloured  # each exception in red, as IPython's
+    assert "second line" in coloured  # a message's second line is not taken for an exception

@@ -228,3 +228,21 @@ def test_a_local_session_wakes_its_hosts_through_sockets_only_this_user_reaches(
     started.job.wait(timeout=HANG_GUARD_S)
     assert not any(os.path.exists(path) for path in paths)  # gone with their hosts
     assert not os.path.exists(os.path.dirname(paths[0]))  # and the session's socket directory with them
+
+
+def test_a_failed_session_cell_is_drawn_as_a_one_shot_jobs_failure(session):
+    """What the panel gets: the phase the cell failed in (nothing is torn down), the host's own traceback and
+    last line, the cell named as the notebook names it, and hosts done with the cell counted as done."""
+    cell = session.run("import os\nif os.environ['RANK'] == '1':\n    raise ValueError('bad shard')\n'fine'",
+                       cell_name="kinetic In[7]")
+    with pytest.raises(ValueError, match="bad shard"):
+        cell.result()
+    snapshot = cell.snapshot()
+    assert snapshot.label == f"In[7] · session {session.session_id}"
+    leader, failed = snapshot.hosts
+    assert (leader.state, failed.state) == ("succeeded", "failed")
+    assert failed.phase == "execute" and "teardown" not in (leader.phase, failed.phase)
+    assert "raise ValueError('bad shard')" in failed.traceback
+    assert failed.log_tail[-1] == "host 1 failed in phase execute: ValueError: bad shard"
+    assert leader.ended and failed.ended and failed.ended_at == failed.updated_at
+    assert session.run("'up'").result() == "up"  # the session goes on

@@ -64,7 +64,7 @@ class CellHandle(Handle):
     """One cell of a session: its outcome by the seed's rules, its hosts, logs and stacks."""
 
     def __init__(self, session: Session, seq: int, *, timeout: float | None = None,
-                 echo: Callable[[str, str], None] | None = None):
+                 echo: Callable[[str, str], None] | None = None, name: str | None = None):
         self.session = session
         self.seq = seq
         self.timeout = timeout
@@ -77,7 +77,8 @@ class CellHandle(Handle):
         #: The session's hosts' records, read for this cell: its log chunks from where the last cell's ended.
         self.poller = JobPoller(session.storage, dataclasses.replace(self.plan, job_id=self.job_id),
                                 session.job.backend, key=session.job.key, on_leader_output=echo, cell=seq,
-                                next_chunk=session.next_chunk)
+                                next_chunk=session.next_chunk,
+                                label=f"{name or f'cell {seq}'} · session {session.session_id}")
         self._payload: Any = None
         self._failure: BaseException | None = None
         self._leader: Any = None
@@ -183,7 +184,7 @@ class CellHandle(Handle):
 
         try:
             snapshot = wait_for(self.snapshot, ready, on_snapshot=on_snapshot, between=check, sleep=sleep)
-            snapshot = self._leader_output_in(snapshot)
+            snapshot = self._output_in(snapshot)
             if on_snapshot is not None:
                 on_snapshot(snapshot)
             return snapshot
@@ -192,16 +193,19 @@ class CellHandle(Handle):
             interrupted.add_note(self._interrupt_and_report())
             raise interrupted from None
 
-    def _leader_output_in(self, snapshot: JobSnapshot) -> JobSnapshot:
-        """Wait (a moment at most) for the leader's last chunk of this cell, so its output precedes the value."""
+    def _output_in(self, snapshot: JobSnapshot) -> JobSnapshot:
+        """Wait (a moment at most) for the cell's last output: the leader's, so that its output precedes the
+        value; after a failure every host's, so that the panel's drill-downs end with each host's last line."""
+        wanted = [host.index for host in snapshot.hosts if host.exit is None and (
+            host.index == protocol.LEADER_INDEX or snapshot.status is not JobStatus.SUCCEEDED)]
         deadline = time.monotonic() + OUTPUT_WAIT_S
-        while protocol.LEADER_INDEX not in self.poller.output_complete and time.monotonic() < deadline \
-                and snapshot.hosts[protocol.LEADER_INDEX].exit is None:
+        while not self.poller.output_complete.issuperset(wanted) and time.monotonic() < deadline:
             if self.session.wakeup is not None:  # the agent wakes it once the chunk is stored
                 self.session.wakeup.sleep(0.002)
             else:
                 time.sleep(0.002)
             snapshot = self.snapshot()
+            wanted = [index for index in wanted if snapshot.hosts[index].exit is None]
         return snapshot
 
     def _session_ended(self, snapshot: JobSnapshot) -> bool:

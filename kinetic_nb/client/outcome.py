@@ -32,6 +32,7 @@ from collections.abc import Callable, Collection, Mapping
 
 import cloudpickle
 
+from kinetic_nb.client.remote_traceback import render_remote_traceback
 from kinetic_nb.errors import (
     HostExitError,
     IntegrityError,
@@ -107,10 +108,8 @@ def attach_remote_traceback(error: BaseException, text: str, host_index: int, jo
     error.__cause__ = RemoteTraceback(text)
 
     def render_traceback() -> list[str]:
-        lines = [f"Traceback from host {host_index} of job {job_id}:"]
-        lines += text.rstrip("\n").splitlines()
-        lines += getattr(error, "__notes__", [])
-        return lines
+        return render_remote_traceback(text, type(error).__name__, f"host {host_index}",
+                                       list(getattr(error, "__notes__", ())))
 
     try:
         error._render_traceback_ = render_traceback  # IPython shows this instead of local frames

@@ -100,7 +100,7 @@ class JobPoller:
     def __init__(self, storage: Storage, plan: JobPlan, backend: Backend, *, key: bytes | None,
                  submitted_at: float | None = None,
                  on_leader_output: Callable[[str, str], None] | None = None,
-                 cell: int | None = None, next_chunk: list[int] | None = None):
+                 cell: int | None = None, next_chunk: list[int] | None = None, label: str = ""):
         self.storage = storage
         self.plan = plan
         self.key = key
@@ -116,6 +116,8 @@ class JobPoller:
         self.requests = collections.Counter()  # "list" and "read": what polling has cost
         #: A session's cell this poller reads (None: a whole job).
         self.cell = cell
+        #: What the panel's header calls it (a session's cell: ``In[4] · session ks-...``).
+        self.label = label
         #: Per host, the next log chunk to read (a cell's: shared with its session).
         self.next_chunk = next_chunk if next_chunk is not None else [0] * plan.hosts
         #: Hosts whose output for the cell is all stored (their agent wrote the cell's last chunk).
@@ -307,7 +309,7 @@ class JobPoller:
         hosts = self._with_quiet(hosts, now)
         status = self._cell_status(hosts) if self.cell is not None else self._status
         return JobSnapshot(self.plan.job_id, self.backend.name, self.plan.accelerator, status,
-                           self.submitted_at, now, tuple(hosts))
+                           self.submitted_at, now, tuple(hosts), label=self.label)
 
     def _job_host(self, index: int, now: float) -> HostSnapshot:
         records = self.records[index]

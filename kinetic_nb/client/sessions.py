@@ -17,6 +17,7 @@ and ``attach_session()`` work from any kernel of the same user.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import json
 import logging
 import os
@@ -55,7 +56,7 @@ from kinetic_nb.runner.protocol import CancelRequest, HostState, JobPlan
 from kinetic_nb.runner.records import read_exit, read_host_status, read_record, write_record
 from kinetic_nb.runner.session_loop import CELL_FRAMEWORK, cell_key
 from kinetic_nb.runner.wakeup import Wakeup, client_wakeup_path, wake, wakeup_path
-from kinetic_nb.state import JobSnapshot
+from kinetic_nb.state import JobSnapshot, JobStatus
 from kinetic_nb.storage import Storage, default_root, open_storage
 
 logger = logging.getLogger(__name__)
@@ -174,7 +175,9 @@ class Session:
             self.wakeup = _client_wakeup(self.job)
         seq = self._submit(payload.data, timeout)
         printer = print_to_stdout if echo is True else (echo or self.echo)
-        return CellHandle(self, seq, timeout=timeout, echo=printer)
+        # The panel names the cell as the notebook does (In[4]); a cell from the API by its number.
+        name = cell_name.removeprefix("kinetic ") if cell_name != "kinetic cell" else None
+        return CellHandle(self, seq, timeout=timeout, echo=printer, name=name)
 
     def cell(self, seq: int) -> CellHandle:
         """A handle on cell ``seq`` of this session, run from this kernel or another (its outcome, hosts, logs)."""
@@ -272,7 +275,7 @@ def start(*, hosts: int | None = None, accelerator: str | None = None, backend: 
           framework: str = "auto", env: Mapping[str, str] | None = None, storage: str | None = None,
           idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT_S, grace: float | None = None,
           backend_options: Mapping[str, Any] | None = None, echo: Any = True, quiet: bool = False,
-          ready_timeout: float = 300.0) -> Session:
+          ready_timeout: float = 300.0, on_snapshot: Callable[[JobSnapshot], None] | None = None) -> Session:
     """Start a session: the hosts once, the framework once; returns when every host is idle.
 
     Parameters
@@ -286,6 +289,8 @@ def start(*, hosts: int | None = None, accelerator: str | None = None, backend: 
         Print each cell's leader output (or call ``echo(text, stream)``).
     ready_timeout : float
         Seconds to wait for every host to be idle.
+    on_snapshot : callable, optional
+        Sees the hosts as they start (a live panel), and once more when they are all idle or one failed.
     """
     if framework not in ("auto", "jax", "torch", "none"):
         raise ValueError(f"framework must be auto, jax, torch or none, got {framework!r}")
@@ -295,16 +300,18 @@ def start(*, hosts: int | None = None, accelerator: str | None = None, backend: 
     job = launch_hosts(new_job_id("ks"), SESSION, _root(storage), chosen, acc, host_count, framework=framework,
                        env=env or {}, quiet=quiet, detached=True, grace=grace, idle_timeout=idle_timeout or None)
     session = Session(job, echo=print_to_stdout if echo is True else (echo or None))
-    _wait_until_idle(session, ready_timeout)
+    _wait_until_idle(session, ready_timeout, on_snapshot)
     return session
 
 
-def _wait_until_idle(session: Session, timeout: float) -> None:
+def _wait_until_idle(session: Session, timeout: float, on_snapshot: Callable[[JobSnapshot], None] | None) -> None:
     deadline = time.monotonic() + timeout
 
     def check(snapshot: JobSnapshot) -> None:
         ended = session.ended()
         if ended is not None or snapshot.status.done or any(host.exit for host in snapshot.hosts):
+            if on_snapshot is not None:  # the panel's last word: the hosts as they ended
+                on_snapshot(session.job.snapshot())
             try:
                 session.job.result()
             except BaseException as error:
@@ -314,8 +321,10 @@ def _wait_until_idle(session: Session, timeout: float) -> None:
             session.stop("stopped: its hosts were not ready in time")
             raise KineticTimeoutError(f"session {session.session_id}: hosts were not idle after {timeout:g} s")
 
-    wait_for(session.job.snapshot, lambda snapshot: all(host.state == HostState.IDLE.value for host in snapshot.hosts),
-             between=check)
+    snapshot = wait_for(session.job.snapshot, lambda snap: all(host.state == HostState.IDLE.value for host in snap.hosts),
+                        on_snapshot=on_snapshot, between=check)
+    if on_snapshot is not None:
+        on_snapshot(dataclasses.replace(snapshot, status=JobStatus.SUCCEEDED, label=f"session {session.session_id} (framework {session.plan.framework}) is up"))
 
 
 def _start_from(job: JobHandle, *, echo: Any) -> Session:

@@ -280,7 +280,8 @@ class KineticMagics(_BackendSettings):
         """Wait with a live view; its final update lands before the cell returns, so a saved notebook keeps it."""
         if isinstance(handle, JobHandle):  # a session's cell is interrupted on its hosts, never cancelled
             handle.shutting_down = lambda: bool(getattr(self.shell, "exit_now", False))  # set by a shutdown request
-        view = None if quiet else live_view(handle.plan.hosts)
+        # A session's cell keeps a one-line panel once it succeeded: its output and value say the rest.
+        view = None if quiet else live_view(handle.plan.hosts, brief=isinstance(handle, CellHandle))
         try:
             value = handle.result(on_snapshot=view.update if view else None)
         finally:

@@ -15,7 +15,9 @@ from IPython.core.magic_arguments import MagicArgumentParser
 from kinetic_nb.client import backend_options, sessions
 from kinetic_nb.client.plan import check_shape, resolve_slice
 from kinetic_nb.client.sessions import Session
+from kinetic_nb.notebook.display import live_view
 from kinetic_nb.runner.redact import SecretValue
+from kinetic_nb.state import JobSnapshot
 
 
 def session_start_parser(make_parser: Callable[..., MagicArgumentParser]) -> MagicArgumentParser:
@@ -60,13 +62,27 @@ def start_session(args: Any, backend_options: Mapping[str, Any], env: Mapping[st
     except ValueError as error:
         raise UsageError(str(error)) from None
     try:
+        _, hosts = resolve_slice(args.hosts, args.accelerator)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    # The same panel as a cell's, live while the hosts start; one line once they are all up.
+    view = live_view(hosts, brief=True)
+    last: list[JobSnapshot] = []
+
+    def show(snapshot: JobSnapshot) -> None:
+        last[:] = [snapshot]
+        view.update(snapshot)
+
+    try:
         session = sessions.start(hosts=args.hosts, accelerator=args.accelerator, backend=args.backend,
                                  framework=args.framework, env=env, storage=args.storage,
                                  idle_timeout=args.idle_timeout, grace=args.grace,
-                                 backend_options=backend_options)
+                                 backend_options=backend_options, on_snapshot=show)
     except ValueError as error:
         raise UsageError(str(error)) from None
-    print(session.summary())  # the session panel: hosts, states, uptime, cells run, the idle countdown
+    finally:
+        if last:
+            view.close(last[0])
     return session
 
 

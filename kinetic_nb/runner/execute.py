@@ -135,6 +135,8 @@ class HostRun:
         self.outcome_storage = storage
         self.outcome_key = key
         self.failure_line = ""
+        #: The remote traceback of this host's failure (none for a host stopped because another failed).
+        self.failure_traceback = ""
         #: A phase entered is written at once (None), or after this many seconds unless a write came first:
         #: a session's cell spends milliseconds in each, and each write is a storage request on every host.
         self.status_defer_s: float | None = None
@@ -262,8 +264,8 @@ class HostRun:
         state = HostState.STOPPED if stopped else HostState.FAILED
         first_line = self.failure_line = self.redactor.text(f"{exception_type_name(error)}: {error}".splitlines()[0])
         remote_traceback = self.redactor.text(cell_traceback(error, self.filename))
-        self.status.update(state=state, phase=self.phase, message=first_line,
-                           traceback="" if stopped else remote_traceback)
+        self.failure_traceback = "" if stopped else remote_traceback
+        self.status.update(state=state, phase=self.phase, message=first_line, traceback=self.failure_traceback)
         # One line in the log: the traceback travels in the payload, and the
         # leader's log is echoed into the cell, which raises it anyway.
         print(f"host {self.host_index} {'stopped' if stopped else 'failed'} in phase {self.phase}: {first_line}",

@@ -53,6 +53,7 @@ class HostRun(Protocol):
     phase: Phase
     filename: str
     failure_line: str
+    failure_traceback: str
     outcome_storage: Storage
     outcome_key: bytes
     _failure_reported: bool
@@ -127,7 +128,7 @@ class SessionLoop:
             run._enter(Phase.DISTRIBUTED_INIT, HostState.RUNNING)
             frameworks.initialize(self.plan, run.host_index)
             self.initialized = True
-        run.status.update(state=HostState.IDLE, phase=Phase.TEARDOWN, cell=0, names=held_names(self.namespace))
+        run.status.update(state=HostState.IDLE, cell=0, names=held_names(self.namespace))
         run.status_defer_s = STATUS_DEFER_S  # a quick cell's status is written once, when it is done
         signal.signal(signal.SIGINT, self._note_interrupt)  # an interrupt reaches a cell, never the loop
         seq = 1
@@ -171,6 +172,7 @@ class SessionLoop:
         cell_storage = self.storage.child(protocol.cell_dir(seq))
         run.outcome_storage, run.outcome_key = cell_storage, cell_key(run.key, seq)
         run._failure_reported = False
+        run.failure_line = run.failure_traceback = ""
         run.phase = Phase.PAYLOAD_LOAD
         run.status.update(state=HostState.RUNNING, phase=Phase.PAYLOAD_LOAD, cell=seq, cell_failed=False,
                           record=False, defer_s=STATUS_DEFER_S)
@@ -207,8 +209,10 @@ class SessionLoop:
             failed = True
         sys.stderr.flush()
         print(protocol.CELL_END_MARK.format(seq=seq), end="", flush=True)  # the agent stores the cell's output now
-        run.status.update(state=HostState.IDLE, phase=Phase.TEARDOWN, cell=seq, cell_failed=failed,
-                          names=held_names(self.namespace), message=run.failure_line if failed else "")
+        # Back to idle in the phase the cell ended in (nothing is torn down), with its failure as it was shown.
+        run.status.update(state=HostState.IDLE, cell=seq, cell_failed=failed, names=held_names(self.namespace),
+                          message=run.failure_line if failed else "",
+                          traceback=run.failure_traceback if failed else "")
         if self.wakeup is not None:  # the notebooks waiting on this cell look now
             wake_clients(self.plan.job_id)
 

@@ -17,6 +17,8 @@ def run(client, code: str) -> tuple[dict, list[str]]:
         content = message["content"]
         if message["msg_type"] == "stream":
             printed.append(content["text"])
+        elif message["msg_type"] in ("display_data", "update_display_data"):  # a panel's text twin
+            printed.append(content["data"].get("text/plain", ""))
         elif message["msg_type"] == "execute_result":
             printed.append(content["data"]["text/plain"])
         elif message["msg_type"] == "error":

@@ -27,7 +27,15 @@ import time
 from collections.abc import Iterable
 from typing import IO, Any
 
-from kinetic_nb.state import SNAPSHOT_INTERVAL_S, HostSnapshot, HostState, JobSnapshot, JobStatus, SnapshotSource
+from kinetic_nb.state import (
+    SNAPSHOT_INTERVAL_S,
+    HostSnapshot,
+    HostState,
+    JobSnapshot,
+    JobStatus,
+    SnapshotSource,
+    is_chatter,
+)
 
 #: Above this many hosts, one row each no longer fits a cell's output.
 GRID_ABOVE = 32
@@ -35,11 +43,14 @@ GRID_ABOVE = 32
 MAX_DETAILS = 32
 #: Log lines shown in a host's drill-down.
 DETAIL_LINES = 40
+#: A brief view's text twin (a session's cell) says nothing until its cell has run this long.
+BRIEF_QUIET_S = 1.0
 #: A row's last log line is cut to this many characters.
 LAST_LINE_CHARS = 120
 
 STATE_COLORS = {
     HostState.PENDING: "#9e9e9e",
+    HostState.IDLE: "#26a69a",
     HostState.READY: "#64b5f6",
     HostState.RUNNING: "#1e88e5",
     HostState.SUCCEEDED: "#43a047",
@@ -128,7 +139,7 @@ def _seconds(value: float) -> str:
 
 
 def _header_text(snapshot: JobSnapshot) -> str:
-    return (f"{snapshot.job_id} · {snapshot.backend} · {snapshot.accelerator} · {len(snapshot.hosts)} hosts · "
+    return (f"{snapshot.label or snapshot.job_id} · {snapshot.backend} · {snapshot.accelerator} · {len(snapshot.hosts)} hosts · "
             f"{_seconds(snapshot.elapsed)} · {snapshot.status}")
 
 
@@ -166,8 +177,10 @@ def _detail_html(host: HostSnapshot) -> str:
     if host.stacks:
         parts.append(f"<div>quiet: no output and no phase change since another host ended; its stacks:</div>"
                      f'<pre style="max-height:20em;overflow:auto">{html.escape(host.stacks)}</pre>')
-    tail = "\n".join(host.log_tail[-DETAIL_LINES:])
-    parts.append(f'<pre style="max-height:20em;overflow:auto">{html.escape(tail) or "(no output yet)"}</pre>')
+    # Framework chatter stays out, as it stays out of the cell's output.
+    tail = "\n".join([line for line in host.log_tail if not is_chatter(line)][-DETAIL_LINES:])
+    empty = "(no output)" if host.ended else "(no output yet)"
+    parts.append(f'<pre style="max-height:20em;overflow:auto">{html.escape(tail) or empty}</pre>')
     return "".join(parts)
 
 
@@ -205,12 +218,16 @@ def _failures_html(snapshot: JobSnapshot) -> str:
 class HostPanel:
     """The live panel: stock ipywidgets, changed only by assigning traits."""
 
-    def __init__(self, hosts: int):
+    def __init__(self, hosts: int, *, brief: bool = False):
         import ipywidgets as widgets
 
+        #: A session's cell: once it succeeded, only the header stays (its output and value follow it).
+        self.brief = brief
         self.compact = hosts > GRID_ABOVE
         self.header = widgets.HTML()
-        self.progress = widgets.IntProgress(min=0, max=hosts, value=0, layout=widgets.Layout(width="100%"))
+        # The bar counts hosts done with the cell; its label (the state) is never cut.
+        self.progress = widgets.IntProgress(min=0, max=hosts, value=0, layout=widgets.Layout(width="100%"),
+                                            style={"description_width": "initial"})
         self.failures = widgets.HTML()
         if self.compact:
             self.grid = widgets.HTML()
@@ -223,12 +240,14 @@ class HostPanel:
             self.rows = [widgets.HTML(layout=tight) for _ in range(hosts)]
             self.details = widgets.Accordion(children=[widgets.HTML() for _ in range(hosts)])
             body = [widgets.VBox(self.rows)]
-        self.widget = widgets.VBox([self.header, self.progress, *body, self.failures, self.details])
+        self.body = widgets.VBox([self.progress, *body, self.failures, self.details], layout=widgets.Layout(
+            margin="0"))
+        self.widget = widgets.VBox([self.header, self.body])
         self._widgets = widgets
 
     def update(self, snapshot: JobSnapshot) -> None:
         """Draw ``snapshot``; each widget sends at most one message."""
-        done = sum(1 for host in snapshot.hosts if host.exit is not None)
+        done = sum(1 for host in snapshot.hosts if host.ended)
         with contextlib.ExitStack() as stack:
             stack.enter_context(self.progress.hold_sync())
             stack.enter_context(self.details.hold_sync())
@@ -237,6 +256,7 @@ class HostPanel:
             self.progress.bar_style = BAR_STYLES[snapshot.status]
             self.progress.description = str(snapshot.status)
             self.failures.value = _failures_html(snapshot)
+            self.body.layout.display = "none" if self.brief and snapshot.status is JobStatus.SUCCEEDED else None
             if self.compact:
                 self._update_grid(snapshot)
             else:
@@ -265,9 +285,12 @@ class HostPanel:
             self.details.titles = titles
 
 
-def text_summary(snapshot: JobSnapshot) -> str:
-    """The job and every host, as plain text (hosts that are fine are summed up above GRID_ABOVE)."""
+def text_summary(snapshot: JobSnapshot, *, brief: bool = False) -> str:
+    """The job and every host, as plain text (hosts that are fine are summed up above GRID_ABOVE);
+    ``brief``: a session's cell that succeeded is its header alone."""
     lines = [_header_text(snapshot)]
+    if brief and snapshot.status is JobStatus.SUCCEEDED:
+        return f"{lines[0]} · {_counts_text(snapshot)}"
     hosts = snapshot.hosts
     if len(hosts) > GRID_ABOVE:
         lines.append(_counts_text(snapshot))
@@ -284,8 +307,10 @@ def text_summary(snapshot: JobSnapshot) -> str:
     return "\n".join(lines)
 
 
-def html_summary(snapshot: JobSnapshot) -> str:
-    """A static HTML snapshot: what a saved notebook shows without the widget."""
+def html_summary(snapshot: JobSnapshot, *, brief: bool = False) -> str:
+    """A static HTML snapshot: what a saved notebook shows without the widget (``brief``: as ``text_summary``)."""
+    if brief and snapshot.status is JobStatus.SUCCEEDED:
+        return f"<div><b>{html.escape(_header_text(snapshot))}</b> {_counts_text(snapshot)}</div>"
     hosts = snapshot.hosts if len(snapshot.hosts) <= GRID_ABOVE else [h for h in snapshot.hosts if not h.fine]
     rows = "".join(
         f"<tr><td>{host.index}{' ★' if host.is_leader else ''}</td><td>{_badge(host.state)}</td>"
@@ -302,14 +327,17 @@ def html_summary(snapshot: JobSnapshot) -> str:
 class TextStatus:
     """The text twin: one status line updated in place, then a per-host summary."""
 
-    def __init__(self, stream: IO[str] | None = None):
+    def __init__(self, stream: IO[str] | None = None, *, brief: bool = False):
         self.stream = stream or sys.stderr
+        self.brief = brief
         self._last = ""
 
     def _line(self, snapshot: JobSnapshot) -> str:
-        return f"{snapshot.job_id}: {_counts_text(snapshot)} · {_seconds(snapshot.elapsed)}"
+        return f"{snapshot.label or snapshot.job_id}: {_counts_text(snapshot)} · {_seconds(snapshot.elapsed)}"
 
     def update(self, snapshot: JobSnapshot) -> None:
+        if self.brief and snapshot.elapsed < BRIEF_QUIET_S:
+            return  # a quick session cell: its summary line alone
         line = self._line(snapshot)
         interactive = getattr(self.stream, "isatty", lambda: False)()
         if interactive:
@@ -322,7 +350,7 @@ class TextStatus:
     def close(self, snapshot: JobSnapshot) -> None:
         if getattr(self.stream, "isatty", lambda: False)():
             self.stream.write("\n")
-        self.stream.write(text_summary(snapshot) + "\n")
+        self.stream.write(text_summary(snapshot, brief=self.brief) + "\n")
         self.stream.flush()
 
 
@@ -339,10 +367,11 @@ def in_widget_frontend() -> bool:
 class WidgetView:
     """A ``HostPanel`` displayed in the cell, with a static HTML and text fallback."""
 
-    def __init__(self, hosts: int):
+    def __init__(self, hosts: int, *, brief: bool = False):
         from IPython.display import display
 
-        self.panel = HostPanel(hosts)
+        self.brief = brief
+        self.panel = HostPanel(hosts, brief=brief)
         self._display = display(self._bundle(None), raw=True, display_id=True)
 
     def _bundle(self, snapshot: JobSnapshot | None) -> dict[str, Any]:
@@ -350,10 +379,10 @@ class WidgetView:
             "application/vnd.jupyter.widget-view+json": {
                 "version_major": 2, "version_minor": 0, "model_id": self.panel.widget.model_id,
             },
-            "text/plain": text_summary(snapshot) if snapshot else "kinetic job starting",
+            "text/plain": text_summary(snapshot, brief=self.brief) if snapshot else "kinetic job starting",
         }
         if snapshot is not None:
-            bundle["text/html"] = html_summary(snapshot)
+            bundle["text/html"] = html_summary(snapshot, brief=self.brief)
         return bundle
 
     def update(self, snapshot: JobSnapshot) -> None:
@@ -365,11 +394,13 @@ class WidgetView:
         self._display.update(self._bundle(snapshot), raw=True)
 
 
-def live_view(hosts: int, *, widgets: bool | None = None, stream: IO[str] | None = None) -> WidgetView | TextStatus:
-    """The panel when a widget frontend can show it, else its text twin."""
+def live_view(hosts: int, *, widgets: bool | None = None, stream: IO[str] | None = None, brief: bool = False
+              ) -> WidgetView | TextStatus:
+    """The panel when a widget frontend can show it, else its text twin. ``brief`` (a session's cell): once
+    the cell succeeded, its header alone stays (the rows matter while it runs, or when it failed)."""
     if widgets is None:
         widgets = in_widget_frontend()
-    return WidgetView(hosts) if widgets else TextStatus(stream)
+    return WidgetView(hosts, brief=brief) if widgets else TextStatus(stream, brief=brief)
 
 
 def watch_in_background(source: SnapshotSource, view: WidgetView | TextStatus | None = None, *,
