@@ -8,6 +8,7 @@ reads what its cells' panels end as. Screenshots land in build/test-output/.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import pathlib
 import re
@@ -94,67 +95,60 @@ def jupyterlab(tmp_path_factory):
         server.wait()
 
 
-def test_the_panel_goes_live_in_jupyterlab(jupyterlab):
+@contextlib.contextmanager
+def notebook_run(url: str, screenshot: str, height: int):
+    """A headless Chromium page on the notebook at ``url``, every cell run; a screenshot at the end (or of a
+    failure) in build/test-output/."""
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     assert chromium, "Chromium is needed: .ci/run installs Debian's chromium package"
     OUTPUT.mkdir(parents=True, exist_ok=True)
     with playwright_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
-        page = browser.new_page(viewport={"width": 1280, "height": 1000})
+        page = browser.new_page(viewport={"width": 1280, "height": height})
         try:
-            page.goto(jupyterlab("panel.ipynb"))
+            page.goto(url)
             page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
             page.get_by_text("Python 3 (ipykernel) | Idle").wait_for(timeout=60_000)
             page.get_by_role("menuitem", name="Run", exact=True).click()
             page.get_by_text("Run All Cells", exact=True).click()
-
-            panel = page.locator(".jp-OutputArea .widget-vbox").first
-            panel.wait_for(timeout=60_000)
-            page.get_by_text("RUNNING", exact=False).first.wait_for(timeout=60_000)
-            running_rows = panel.locator(".widget-html", has_text="running")
-            running_rows.first.wait_for(timeout=60_000)
-
-            page.get_by_text("FAILED", exact=False).first.wait_for(timeout=90_000)
-            rows = panel.locator(".widget-html-content > div[style*='font-size:12px']")
-            assert rows.count() == 4
-            # Widget updates arrive as separate messages: wait for the row's, not only the header's.
-            playwright_api.expect(rows.nth(3)).to_contain_text("failed", timeout=30_000)
-            page.get_by_text("host 3 · failed · execute").click()
-            traceback = panel.get_by_text("ValueError: host 3 lost its shard").first
-            traceback.wait_for(state="visible", timeout=10_000)
-            assert "raise ValueError('host 3 lost its shard')" in panel.inner_text()
-            assert page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']",
-                                has_text="ValueError").count() >= 1
-            news = page.get_by_role("button", name="No", exact=True)
-            if news.count():
-                news.first.click()  # JupyterLab's news prompt would cover the panel
-                page.get_by_text("Would you like to get notified").wait_for(state="hidden", timeout=10_000)
-            page.screenshot(path=str(OUTPUT / "panel.png"), full_page=True)
+            yield page
+            page.screenshot(path=str(OUTPUT / f"{screenshot}.png"), full_page=True)
         except Exception:
-            page.screenshot(path=str(OUTPUT / "panel-failure.png"), full_page=True)
+            page.screenshot(path=str(OUTPUT / f"{screenshot}-failure.png"), full_page=True)
             raise
         finally:
             browser.close()
+
+
+def test_the_panel_goes_live_in_jupyterlab(jupyterlab):
+    with notebook_run(jupyterlab("panel.ipynb"), "panel", 1000) as page:
+        panel = page.locator(".jp-OutputArea .widget-vbox").first
+        panel.wait_for(timeout=60_000)
+        page.get_by_text("RUNNING", exact=False).first.wait_for(timeout=60_000)
+        running_rows = panel.locator(".widget-html", has_text="running")
+        running_rows.first.wait_for(timeout=60_000)
+
+        page.get_by_text("FAILED", exact=False).first.wait_for(timeout=90_000)
+        rows = panel.locator(".widget-html-content > div[style*='font-size:12px']")
+        assert rows.count() == 4
+        # Widget updates arrive as separate messages: wait for the row's, not only the header's.
+        playwright_api.expect(rows.nth(3)).to_contain_text("failed", timeout=30_000)
+        page.get_by_text("host 3 · failed · execute").click()
+        traceback = panel.get_by_text("ValueError: host 3 lost its shard").first
+        traceback.wait_for(state="visible", timeout=10_000)
+        assert "raise ValueError('host 3 lost its shard')" in panel.inner_text()
+        assert page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']",
+                            has_text="ValueError").count() >= 1
+        news = page.get_by_role("button", name="No", exact=True)
+        if news.count():
+            news.first.click()  # JupyterLab's news prompt would cover the panel
+            page.get_by_text("Would you like to get notified").wait_for(state="hidden", timeout=10_000)
     assert (OUTPUT / "panel.png").stat().st_size > 10_000
 
 
-def _run_all(page, url: str) -> None:
-    page.goto(url)
-    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
-    page.get_by_text("Python 3 (ipykernel) | Idle").wait_for(timeout=60_000)
-    page.get_by_role("menuitem", name="Run", exact=True).click()
-    page.get_by_text("Run All Cells", exact=True).click()
-
-
 def test_a_session_cells_panel_ends_as_a_one_shot_jobs_does(jupyterlab):
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    assert chromium, "Chromium is needed: .ci/run installs Debian's chromium package"
-    OUTPUT.mkdir(parents=True, exist_ok=True)
-    with playwright_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
-        page = browser.new_page(viewport={"width": 1280, "height": 1400})
-        try:
-            _run_all(page, jupyterlab("session.ipynb"))
+    try:
+        with notebook_run(jupyterlab("session.ipynb"), "session-panel", 1400) as page:
             page.get_by_text("stopped: its 3 hosts", exact=False).wait_for(timeout=120_000)
             cells = page.locator(".jp-Notebook .jp-CodeCell")
             start, trivial, failing = (cells.nth(i).locator(".jp-OutputArea") for i in (1, 2, 3))
@@ -184,12 +178,7 @@ def test_a_session_cells_panel_ends_as_a_one_shot_jobs_does(jupyterlab):
             # The host's traceback as IPython draws one: the arrow on the line that raised.
             error = failing.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
             assert "----> 5 raise ValueError('bad shard')" in error.inner_text().replace("\u00a0", " ")
-            page.screenshot(path=str(OUTPUT / "session-panel.png"), full_page=True)
-        except Exception:
-            page.screenshot(path=str(OUTPUT / "session-panel-failure.png"), full_page=True)
-            raise
-        finally:
-            browser.close()
-            for left in kinetic_nb.sessions():  # a session the notebook did not get to stop
-                if left["state"] == "up":
-                    kinetic_nb.attach_session(left["session_id"], echo=False).stop()
+    finally:
+        for left in kinetic_nb.sessions():  # a session the notebook did not get to stop
+            if left["state"] == "up":
+                kinetic_nb.attach_session(left["session_id"], echo=False).stop()
