@@ -1,16 +1,29 @@
-"""The coordinated start: nobody enters user code unless every host is ready.
+"""One barrier protocol, for the start of a job (or a session) and for each cell of a session: nobody enters
+user code unless every host is ready.
 
-Each host reports ``ready`` in its status once it has checked the plan and
-loaded the payload. The leader waits for all of them and then writes
-``.leader_ready`` with its verdict; workers wait for that object. A host that
-fails or dies before the barrier turns the verdict into "abort", so every host
-stops with "stopped: host k failed in phase P" instead of hanging in a
-collective.
+Every host says it is ready. The leader waits until all have, or one has
+failed, and writes its sealed verdict (``.leader_ready``: go, or abort naming
+the host and the phase); a worker waits for that verdict and also watches the
+leader, so a leader that fails before it gives one does not leave it waiting.
+A host that fails or dies before the barrier turns the verdict into "abort",
+so every host stops with "stopped: host k failed in phase P" instead of
+hanging in a collective.
+
+Two ways of seeing the hosts, one protocol:
+
+- at the start, their status records (``ready`` once a host has checked the
+  plan and loaded the payload; ``failed``, or an exit record, otherwise):
+  :class:`HostStatuses`;
+- at a session's cell, markers in the cell's directory (``ready-{i}``) and
+  the failure payloads a host writes when it cannot load the cell, since a
+  session host writes no status while a quick cell runs: :class:`CellMarkers`.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import Protocol
 
 from kinetic_nb.errors import HostStoppedError, IntegrityError, KineticTimeoutError, ObjectNotFoundError
 from kinetic_nb.runner import protocol
@@ -18,23 +31,32 @@ from kinetic_nb.runner.protocol import ExitSummary, HostState, HostStatus, JobPl
 from kinetic_nb.runner.records import read_record, write_record
 from kinetic_nb.storage import Storage
 
-#: First and longest pause between two looks at storage while waiting.
-_FIRST_POLL_S = 0.002
-_POLL_GROWTH = 1.3
-_MAX_POLL_S = 0.1
+#: First and longest pause between two looks at storage while waiting, and the pause's growth.
+FIRST_POLL_S = 0.002
+POLL_GROWTH = 1.3
+MAX_POLL_S = 0.1
+#: A worker waits this much longer than the leader: the leader gives up first, and says so.
+WORKER_SLACK_S = 30.0
 
 
-def _polls(deadline: float):
-    """Yield until ``deadline``, sleeping a little longer each time."""
-    pause = _FIRST_POLL_S
-    while time.monotonic() < deadline:
-        yield
-        time.sleep(pause)
-        pause = min(pause * _POLL_GROWTH, _MAX_POLL_S)
+class Sighting(Protocol):
+    """How the hosts are seen at a barrier."""
+
+    def look(self) -> None:
+        """Read what changed (the leader, each poll)."""
+
+    def ready(self) -> set[int]: ...
+
+    def first_failure(self) -> tuple[int, str] | None:
+        """The lowest host that failed, and the phase it failed in."""
+
+    def leader_failed(self) -> str | None:
+        """A worker's look at the leader alone: the phase it failed in, or None."""
 
 
-class _HostWatcher:
-    """Reads the hosts' records from one listing, skipping objects it has already read (and any that does not verify)."""
+class HostStatuses:
+    """The hosts seen through their status and exit records, from one listing, skipping objects it has already
+    read (and any that does not verify)."""
 
     def __init__(self, storage: Storage, key: bytes):
         self._storage = storage
@@ -42,6 +64,13 @@ class _HostWatcher:
         self._seen: dict[str, str] = {}
         self.statuses: dict[int, HostStatus] = {}
         self.failed: dict[int, str] = {}  # host -> phase it failed in
+
+    def look(self) -> None:
+        self.refresh()
+
+    def leader_failed(self) -> str | None:
+        self.refresh(f"{protocol.HOSTS_DIR}/{protocol.LEADER_INDEX}/")
+        return self.failed.get(protocol.LEADER_INDEX)
 
     def refresh(self, prefix: str = protocol.HOSTS_DIR + "/") -> None:
         changed = []
@@ -82,28 +111,74 @@ class _HostWatcher:
         return host, self.failed[host]
 
 
-def wait_as_leader(storage: Storage, plan: JobPlan, key: bytes) -> None:
-    """Wait until every host is ready, then tell the workers to go.
+class CellMarkers:
+    """A session's hosts at one cell's barrier: each one's ``ready-{i}`` marker in the cell's directory, and the
+    failure payload of a host that could not load the cell."""
 
-    Raises ``HostStoppedError`` (after telling the workers to abort) when a
-    host fails first, and ``KineticTimeoutError`` when hosts never get ready.
+    def __init__(self, cell_storage: Storage, hosts: int):
+        self._storage = cell_storage
+        self._hosts = hosts
+        self._names: set[str] = set()
+
+    def look(self) -> None:
+        self._names = {info.name for info in self._storage.list()}
+
+    def ready(self) -> set[int]:
+        return {index for index in range(self._hosts) if protocol.cell_ready(index) in self._names}
+
+    def first_failure(self) -> tuple[int, str] | None:
+        failed = [index for index in range(1, self._hosts) if protocol.worker_result(index) in self._names]
+        return (failed[0], Phase.PAYLOAD_LOAD.value) if failed else None
+
+    def leader_failed(self) -> str | None:
+        # The leader's outcome before its verdict: it could not load the cell (the verdict, read after this
+        # look, tells that apart from a quick cell it ran after saying go).
+        return Phase.PAYLOAD_LOAD.value if self._storage.exists(protocol.RESULT) else None
+
+
+def meet(storage: Storage, key: bytes, *, leader: bool, hosts: int, timeout: float, sighting: Sighting,
+         what: str, sleep: Callable[[float], None] = time.sleep, max_pause: float = MAX_POLL_S,
+         on_go: Callable[[], None] | None = None) -> None:
+    """The barrier: return when the leader says go; ``HostStoppedError`` when a host failed first (the leader
+    tells the workers so), ``KineticTimeoutError`` when hosts never get ready (the leader tells them too).
+
+    ``storage`` holds the verdict (the job's, or the cell's directory), sealed under ``key``; ``what`` names the
+    barrier in errors; ``sleep`` pauses between looks (a session host's may be woken); ``on_go`` runs once the
+    leader has said go (it wakes the workers).
     """
-    watcher = _HostWatcher(storage, key)
-    for _ in _polls(time.monotonic() + plan.barrier_timeout_s):
-        watcher.refresh()
-        failure = watcher.first_failure()
-        if failure is not None:
-            host, phase = failure
-            write_verdict(storage, key, LeaderReady(False, host, phase))
-            raise HostStoppedError(protocol.stopped_message(host, phase))
-        if len(watcher.ready()) == plan.hosts:
-            write_verdict(storage, key, LeaderReady(True))
-            return
-    missing = sorted(set(range(plan.hosts)) - watcher.ready())
+    deadline = time.monotonic() + timeout + (0.0 if leader else WORKER_SLACK_S)
+    pause = FIRST_POLL_S
+    while time.monotonic() < deadline:
+        if leader:
+            sighting.look()
+            failure = sighting.first_failure()
+            if failure is not None:
+                write_verdict(storage, key, LeaderReady(False, *failure))
+                raise HostStoppedError(protocol.stopped_message(*failure))
+            if len(sighting.ready()) == hosts:
+                write_verdict(storage, key, LeaderReady(True))
+                if on_go is not None:
+                    on_go()
+                return
+        else:
+            failed_in = sighting.leader_failed()  # looked at before the verdict: see CellMarkers.leader_failed
+            if leader_said_go(storage, key):
+                return
+            if failed_in is not None:
+                raise HostStoppedError(protocol.stopped_message(protocol.LEADER_INDEX, failed_in))
+        sleep(pause)
+        pause = min(pause * POLL_GROWTH, max_pause)
+    if not leader:
+        raise KineticTimeoutError(f"{what}: no word from the leader after {timeout + WORKER_SLACK_S:g} s")
+    missing = sorted(set(range(hosts)) - sighting.ready())
     write_verdict(storage, key, LeaderReady(False, missing[0], Phase.STARTUP.value))
-    raise KineticTimeoutError(
-        f"start barrier: hosts {', '.join(map(str, missing))} were not ready after {plan.barrier_timeout_s:g} s"
-    )
+    raise KineticTimeoutError(f"{what}: hosts {', '.join(map(str, missing))} were not ready after {timeout:g} s")
+
+
+def start_barrier(storage: Storage, plan: JobPlan, key: bytes, host_index: int) -> None:
+    """A job's (or a session's) start: every host has checked the plan and loaded the payload."""
+    meet(storage, key, leader=host_index == protocol.LEADER_INDEX, hosts=plan.hosts,
+         timeout=plan.barrier_timeout_s, sighting=HostStatuses(storage, key), what="start barrier")
 
 
 def write_verdict(storage: Storage, key: bytes, verdict: LeaderReady) -> None:
@@ -121,22 +196,3 @@ def leader_said_go(storage: Storage, key: bytes) -> bool:
     if not verdict.go:
         raise HostStoppedError(protocol.stopped_message(verdict.failed_host, verdict.failed_phase))
     return True
-
-
-def wait_as_worker(storage: Storage, plan: JobPlan, key: bytes) -> None:
-    """Wait for the leader's verdict; raise ``HostStoppedError`` if it says abort.
-
-    A worker also watches the leader itself, so a leader that dies before it
-    writes a verdict does not leave the worker waiting.
-    """
-    watcher = _HostWatcher(storage, key)
-    # The leader gives up after barrier_timeout_s; leave it time to say so.
-    for _ in _polls(time.monotonic() + plan.barrier_timeout_s + 30):
-        if leader_said_go(storage, key):
-            return
-        watcher.refresh(f"{protocol.HOSTS_DIR}/{protocol.LEADER_INDEX}/")
-        if protocol.LEADER_INDEX in watcher.failed:
-            raise HostStoppedError(
-                protocol.stopped_message(protocol.LEADER_INDEX, watcher.failed[protocol.LEADER_INDEX])
-            )
-    raise KineticTimeoutError(f"start barrier: no word from the leader after {plan.barrier_timeout_s + 30:g} s")

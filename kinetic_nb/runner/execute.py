@@ -155,10 +155,7 @@ class HostRun:
             self._enter(Phase.PAYLOAD_LOAD)
             cell = self._load_payload(plan)
             self._enter(Phase.START_BARRIER, HostState.READY)
-            if self.is_leader:
-                barrier.wait_as_leader(self.storage, plan, self.key)
-            else:
-                barrier.wait_as_worker(self.storage, plan, self.key)
+            barrier.start_barrier(self.storage, plan, self.key, self.host_index)
             self._enter(Phase.DISTRIBUTED_INIT, HostState.RUNNING)
             frameworks.initialize(plan, self.host_index)
             self._enter(Phase.EXECUTE)
@@ -183,10 +180,7 @@ class HostRun:
         from kinetic_nb.runner.session_loop import SessionLoop
 
         self._enter(Phase.START_BARRIER, HostState.READY)
-        if self.is_leader:
-            barrier.wait_as_leader(self.storage, plan, self.key)
-        else:
-            barrier.wait_as_worker(self.storage, plan, self.key)
+        barrier.start_barrier(self.storage, plan, self.key, self.host_index)
         return SessionLoop(self).serve()
 
     def _check_plan(self) -> JobPlan:

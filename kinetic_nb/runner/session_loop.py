@@ -31,11 +31,11 @@ import time
 from collections.abc import Iterator
 from typing import Any, Protocol
 
-from kinetic_nb.errors import HostStoppedError, IntegrityError, KineticTimeoutError, ObjectNotFoundError
+from kinetic_nb.errors import HostStoppedError, IntegrityError, ObjectNotFoundError
 from kinetic_nb.runner import envelope, frameworks, job_keys, protocol
-from kinetic_nb.runner.barrier import leader_said_go, write_verdict
+from kinetic_nb.runner.barrier import CellMarkers, meet
 from kinetic_nb.runner.cell import execute_cell, load_notebook_values
-from kinetic_nb.runner.protocol import FirstFailure, HostState, LeaderReady, Phase
+from kinetic_nb.runner.protocol import FirstFailure, HostState, Phase
 from kinetic_nb.runner.records import read_record, write_record
 from kinetic_nb.runner.wakeup import open_wakeup, wake, wake_clients, wakeup_path
 from kinetic_nb.storage import Storage
@@ -252,38 +252,21 @@ class SessionLoop:
             signal.signal(signal.SIGINT, previous)
 
     def cell_barrier(self, cell_storage: Storage) -> None:
-        """The cell's coordinated start: every host has loaded it, or nobody runs it."""
+        """The cell's coordinated start, by the start's own protocol: every host has loaded it, or nobody runs it."""
         run = self.run
         cell_storage.write_bytes(protocol.cell_ready(run.host_index), b"")
         if not run.is_leader and self.wakeup is not None:
             wake(wakeup_path(self.plan.job_id, protocol.LEADER_INDEX))
-        timeout = min(self.plan.barrier_timeout_s, CELL_BARRIER_TIMEOUT_S)
-        deadline = time.monotonic() + timeout
-        pause = FIRST_LOOK_S
-        while time.monotonic() < deadline:
-            if run.is_leader:
-                names = {info.name for info in cell_storage.list()}
-                failed = sorted(i for i in range(1, self.plan.hosts) if protocol.worker_result(i) in names)
-                if failed:
-                    write_verdict(cell_storage, run.outcome_key, LeaderReady(False, failed[0], "payload load"))
-                    raise HostStoppedError(protocol.stopped_message(failed[0], Phase.PAYLOAD_LOAD.value))
-                if all(protocol.cell_ready(i) in names for i in range(self.plan.hosts)):
-                    write_verdict(cell_storage, run.outcome_key, LeaderReady(True))
-                    if self.wakeup is not None:
-                        for index in range(1, self.plan.hosts):
-                            wake(wakeup_path(self.plan.job_id, index))
-                    return
-            else:
-                # The leader's outcome existing while its verdict did not, a moment ago: either it failed to
-                # load the cell, or it said go and ran a quick cell meanwhile. Its verdict, read after, tells.
-                leader_done = cell_storage.exists(protocol.RESULT)
-                if leader_said_go(cell_storage, run.outcome_key):
-                    return
-                if leader_done:  # an outcome and no verdict: the leader failed before the barrier
-                    raise HostStoppedError(protocol.stopped_message(protocol.LEADER_INDEX, Phase.PAYLOAD_LOAD.value))
-            self._sleep(pause)
-            pause = min(pause * 1.5, self._max_look)
-        raise KineticTimeoutError(f"cell barrier: not every host loaded the cell within {timeout:g} s")
+
+        def wake_workers() -> None:
+            if self.wakeup is not None:
+                for index in range(1, self.plan.hosts):
+                    wake(wakeup_path(self.plan.job_id, index))
+
+        meet(cell_storage, run.outcome_key, leader=run.is_leader, hosts=self.plan.hosts,
+             timeout=min(self.plan.barrier_timeout_s, CELL_BARRIER_TIMEOUT_S),
+             sighting=CellMarkers(cell_storage, self.plan.hosts), what="cell barrier",
+             sleep=self._sleep, max_pause=self._max_look, on_go=wake_workers)
 
     def _tell_the_agent(self, seq: int, error: BaseException) -> None:
         """The first failure of a cell: the agent then checks that every host comes back to idle."""

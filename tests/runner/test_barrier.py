@@ -1,0 +1,89 @@
+"""The one barrier protocol, in process, as a session's cell meets it and as a job's start does.
+
+(Real hosts meeting at the start, failing and dying before it, are the fault tests' own.)
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kinetic_nb.errors import HostStoppedError, KineticTimeoutError
+from kinetic_nb.runner import barrier, protocol
+from kinetic_nb.runner.barrier import CellMarkers, HostStatuses, meet
+from kinetic_nb.runner.job_keys import new_key
+from kinetic_nb.runner.protocol import HostStatus, LeaderReady
+from kinetic_nb.runner.records import read_record, write_record
+from kinetic_nb.storage import LocalStorage
+
+KEY = new_key()
+
+
+@pytest.fixture
+def cell(tmp_path):
+    return LocalStorage(str(tmp_path / "cells" / "000001"))
+
+
+def verdict(storage) -> LeaderReady:
+    return LeaderReady.from_json(read_record(storage, KEY, protocol.LEADER_READY))
+
+
+def meet_cell(storage, *, leader, timeout=5.0):
+    woken = []
+    meet(storage, KEY, leader=leader, hosts=3, timeout=timeout, sighting=CellMarkers(storage, 3),
+         what="cell barrier", on_go=lambda: woken.append(True))
+    return woken
+
+
+def test_the_leader_says_go_once_every_host_is_ready(cell):
+    for index in range(3):
+        cell.write_bytes(protocol.cell_ready(index), b"")
+    assert meet_cell(cell, leader=True) == [True]  # and it woke the workers
+    assert verdict(cell).go
+    assert meet_cell(cell, leader=False) == []  # a worker hears it
+
+
+def test_a_host_that_could_not_load_the_cell_stops_every_host(cell):
+    cell.write_bytes(protocol.cell_ready(0), b"")
+    cell.write_bytes(protocol.worker_result(2), b"its failure")
+    with pytest.raises(HostStoppedError, match="host 2 failed in phase payload load"):
+        meet_cell(cell, leader=True)
+    assert (verdict(cell).go, verdict(cell).failed_host) == (False, 2)
+    with pytest.raises(HostStoppedError, match="host 2 failed in phase payload load"):
+        meet_cell(cell, leader=False)  # the abort reaches the workers
+
+
+def test_a_leader_that_failed_before_its_verdict_stops_the_workers_but_a_quick_cell_after_go_does_not(cell):
+    cell.write_bytes(protocol.RESULT, b"the leader's failure")
+    with pytest.raises(HostStoppedError, match="host 0 failed in phase payload load"):
+        meet_cell(cell, leader=False)
+    write_record(cell, KEY, protocol.LEADER_READY, LeaderReady(True).to_json())
+    meet_cell(cell, leader=False)  # the leader said go, then ran the cell: its outcome is no failure
+
+
+def test_hosts_that_never_get_ready_time_out_and_the_leader_says_which(cell, monkeypatch):
+    cell.write_bytes(protocol.cell_ready(0), b"")
+    with pytest.raises(KineticTimeoutError, match=r"^cell barrier: hosts 1, 2 were not ready after 0.05 s$"):
+        meet_cell(cell, leader=True, timeout=0.05)
+    assert (verdict(cell).go, verdict(cell).failed_host) == (False, 1)
+    monkeypatch.setattr(barrier, "WORKER_SLACK_S", 0.0)
+    with pytest.raises(HostStoppedError):  # its workers hear the abort rather than waiting on
+        meet_cell(cell, leader=False, timeout=0.05)
+
+
+def test_the_start_sees_the_hosts_through_their_signed_statuses(tmp_path):
+    job = LocalStorage(str(tmp_path / "job"))
+
+    def status(index, state, phase="start barrier", revision=1):
+        record = HostStatus(host_index=index, state=state, phase=phase, started_at=0.0, updated_at=0.0, pid=1,
+                            hostname="h", revision=revision)
+        write_record(job, KEY, protocol.host_status(index), record.to_json())
+
+    status(0, "ready")
+    status(1, "failed", "payload load")
+    with pytest.raises(HostStoppedError, match="host 1 failed in phase payload load"):
+        meet(job, KEY, leader=True, hosts=2, timeout=5.0, sighting=HostStatuses(job, KEY), what="start barrier")
+    status(1, "ready", revision=2)
+    job.write_bytes(protocol.host_status(1), b"forged: not signed")  # unverified: never counted as ready
+    sighting = HostStatuses(job, KEY)
+    sighting.look()
+    assert sighting.ready() == {0}
