@@ -17,6 +17,9 @@ goal from issue 13:
    timed to its result); goal <= 1.2x;
 4. a trivial cell with the session's storage on ``gs://`` (a real
    fake-gcs-server), median; goal <= 0.5 s;
+   4b. a cell's cost against the session's age: on a fresh ``gs://``
+   session, the median of cells 550-600 of 600 trivial cells against that of
+   cells 1-50; goal <= 1.2x (``--age`` sets the number of cells);
 5. the hosts' RSS (psutil on the host processes) before and after 200 more
    trivial cells; goal <= 5% growth;
 6. idle CPU per host on a local disk (psutil CPU times over 10 s of no cell,
@@ -29,7 +32,7 @@ Everything it starts (engines, sessions, the emulator, the Ray cluster) it stops
 ipyparallel is a benchmark-only dependency, not the package's:
 
     pip install ipyparallel
-    python benchmarks/session_roundtrip.py [--runs 21] [--starts 3] [--cells 200] [--no-ray]
+    python benchmarks/session_roundtrip.py [--runs 21] [--starts 3] [--cells 200] [--age 600] [--no-ray]
 """
 
 from __future__ import annotations
@@ -64,6 +67,8 @@ IDLE_WINDOW_S = 10.0
 #: Nodes of the local Ray cluster row 1b runs on: one host per node.
 RAY_NODES = HOSTS
 BUCKET = "kinetic-bench"
+#: Row 4b compares the median of this many cells at the start of a session and at its end.
+AGE_WINDOW = 50
 TRIVIAL = "x = 1; x"
 ALLGATHER = """\
 import jax, jax.numpy as jnp
@@ -196,6 +201,15 @@ def gcs_trivial_cell(stack: contextlib.ExitStack, workdir: Path, runs: int) -> f
     return median_seconds(runs, lambda: session.run(TRIVIAL).result(timeout=HANG_S))
 
 
+def gcs_cells_by_age(stack: contextlib.ExitStack, cells: int) -> tuple[float, float]:
+    """Row 4b: on a fresh gs:// session (the emulator row 4 started), the median trivial cell of the last 50
+    of ``cells`` cells and of the first 50."""
+    with contextlib.ExitStack() as own:
+        session = start_session(own, framework="none", storage=f"gs://{BUCKET}/kinetic-age")
+        seconds = [timed(lambda: session.run(TRIVIAL).result(timeout=HANG_S))[0] for _ in range(cells)]
+    return statistics.median(seconds[-AGE_WINDOW:]), statistics.median(seconds[:AGE_WINDOW])
+
+
 def ray_trivial_cells(runs: int, view: ipyparallel.DirectView) -> tuple[float, float]:
     """Row 1b: a ray session's trivial cell against the engines', in turn, on a Ray cluster started and stopped here."""
     from tests.ray_cluster import RayCluster
@@ -210,6 +224,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=21, help="cells per median (at least 21 for the goals)")
     parser.add_argument("--starts", type=int, default=3, help="session starts and one-shot jobs per median")
     parser.add_argument("--cells", type=int, default=200, help="trivial cells between the two RSS readings")
+    parser.add_argument("--age", type=int, default=600, help="cells of the gs:// session of row 4b")
     parser.add_argument("--no-ray", action="store_true", help="skip row 1b (a local Ray cluster)")
     args = parser.parse_args()
     sys.stdout.reconfigure(line_buffering=True)  # each row as it is measured, also into a file
@@ -234,6 +249,8 @@ def main() -> None:
         row("3. session start vs one-shot job", started, one_shot, "<= 1.2x")
 
         row("4. trivial cell through gs://", gcs_trivial_cell(stack, workdir, args.runs), None, "<= 0.5 s")
+        row(f"4b. gs:// cells {args.age - AGE_WINDOW}-{args.age} vs 1-{AGE_WINDOW}", *gcs_cells_by_age(stack, args.age),
+            "<= 1.2x")
 
         before = hosts_rss(session)
         for _ in range(args.cells):

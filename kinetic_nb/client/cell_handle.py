@@ -41,8 +41,6 @@ class Session(Protocol):
     plan: JobPlan
     storage: Any
     session_id: str
-    #: Per host, the number of the next log chunk it will write (what cells read from, on a local disk).
-    next_chunk: list[int]
     #: Where the hosts wake this notebook when they are back to idle (a local disk), else None.
     wakeup: Any
 
@@ -77,7 +75,6 @@ class CellHandle(Handle):
         #: The session's hosts' records, read for this cell: its log chunks from where the last cell's ended.
         self.poller = JobPoller(session.storage, dataclasses.replace(self.plan, job_id=self.job_id),
                                 session.job.backend, key=session.job.key, on_leader_output=echo, cell=seq,
-                                next_chunk=session.next_chunk,
                                 label=f"{name or f'cell {seq}'} · session {session.session_id}")
         self._payload: Any = None
         self._failure: BaseException | None = None
@@ -153,9 +150,9 @@ class CellHandle(Handle):
     def _forget_outcome(self) -> None:
         """Delete the cell's outcome objects once read (the leader's value, the workers' failures, the barrier's
         markers), as a one-shot job's are: a long session does not pile up every cell's values. The payload
-        stays: its name is how the session numbers its cells."""
+        stays (its name is how the session numbers its cells), and so does the hosts' output (``logs()``)."""
         try:
-            remove_job_objects(self.storage, keep=(protocol.PAYLOAD,))
+            remove_job_objects(self.storage, keep=(protocol.PAYLOAD, "log/"))
         except Exception:
             logger.debug("could not remove the outcome of cell %s", self.seq, exc_info=True)
 

@@ -95,7 +95,7 @@ class JobHandle(Handle):
         """Host ``host``'s stdout and stderr so far."""
         if not 0 <= host < self.plan.hosts:
             raise ValueError(f"host {host} is out of range for a {self.plan.hosts}-host job")
-        text = read_log(self.storage, host, self.key)
+        text = read_log(self.storage, host, self.key, session=self.plan.session)
         if not text and self._payload is not None:  # cleaned up after success: the tail the poller kept
             text = "".join(f"{line}\n" for line in self.poller.snapshot().hosts[host].log_tail)
         return text

@@ -91,16 +91,15 @@ class JobPoller:
 
     With ``cell=None`` it reads a whole job: its hosts' states are their own
     records'. With ``cell=seq`` it reads one cell of a session: a host's state
-    is where its session-level status says it is against that cell, and only
-    the cell's log chunks are read, from ``next_chunk`` on (a list shared with
-    the session, so the next cell starts where this one ended and a cell's
-    cost does not grow with the cells before it).
+    is where its session-level status says it is against that cell, and its
+    output is the cell's own log chunks (``cells/{seq}/log/``), so a cell's
+    cost does not grow with the cells before it.
     """
 
     def __init__(self, storage: Storage, plan: JobPlan, backend: Backend, *, key: bytes | None,
                  submitted_at: float | None = None,
                  on_leader_output: Callable[[str, str], None] | None = None,
-                 cell: int | None = None, next_chunk: list[int] | None = None, label: str = ""):
+                 cell: int | None = None, label: str = ""):
         self.storage = storage
         self.plan = plan
         self.key = key
@@ -118,8 +117,8 @@ class JobPoller:
         self.cell = cell
         #: What the panel's header calls it (a session's cell: ``In[4] · session ks-...``).
         self.label = label
-        #: Per host, the next log chunk to read (a cell's: shared with its session).
-        self.next_chunk = next_chunk if next_chunk is not None else [0] * plan.hosts
+        #: A cell's poller on a local disk: per host, the next of the cell's log chunks to look for.
+        self.next_chunk = [0] * plan.hosts
         #: Hosts whose output for the cell is all stored (their agent wrote the cell's last chunk).
         self.output_complete: set[int] = set()
         #: A cell the notebook interrupted: once every host is back, it ended as cancelled.
@@ -151,9 +150,10 @@ class JobPoller:
             if self.cell is not None:
                 if self.storage.local_path() is not None:
                     self._look_by_name()
-                else:
-                    self.requests["list"] += 1
-                    self._absorb(self.storage.list(protocol.HOSTS_DIR + "/"))
+                else:  # the hosts' records, and the cell's output
+                    self.requests["list"] += 2
+                    self._absorb([*self.storage.list(protocol.HOSTS_DIR + "/"),
+                                  *self.storage.list(protocol.cell_dir(self.cell) + "/log/")])
                 self._close_echo_when_done()
                 snapshot = self.snapshot()
                 self._status = snapshot.status
@@ -206,7 +206,7 @@ class JobPoller:
                 found.append(ObjectInfo(name, stat.st_size, f"{stat.st_mtime_ns}:{stat.st_size}", stat.st_mtime))
             chunk = self.next_chunk[index]
             while True:  # the chunks written since: numbered in order, never rewritten
-                name = protocol.host_log_chunk(index, chunk)
+                name = protocol.cell_log_chunk(self.cell, index, chunk)
                 try:
                     stat = os.stat(self.storage.local_path(name))
                 except OSError:
@@ -221,10 +221,17 @@ class JobPoller:
             if info.name == protocol.CANCEL:
                 self._absorb_cancel(info)
                 continue
+            if self.cell is not None:
+                in_cell = protocol.parse_cell_log_chunk(info.name)
+                if in_cell is not None:
+                    if in_cell[0] == self.cell and in_cell[1] < self.plan.hosts \
+                            and self._versions.get(info.name) != info.version:
+                        self._absorb_record(in_cell[1], "log", info)
+                    continue
             parsed = protocol.parse_host_object(info.name)
             if parsed is None or parsed[0] >= self.plan.hosts:
                 continue
-            index, kind, seq = parsed
+            index, kind, _ = parsed
             records = self.records[index]
             self._started = True
             if kind == "heartbeat":
@@ -233,8 +240,8 @@ class JobPoller:
                 continue  # stacks are read on request (``stacks()``); an unchanged record is not read again
             elif kind == "exit":
                 ended.append(info)  # read after this listing's log chunks: a host's output precedes its end
-            elif kind == "log" and self.cell is not None and seq < self.next_chunk[index]:
-                continue  # an earlier cell's: read by its own handle
+            elif kind == "log" and self.cell is not None:
+                continue  # what the host printed before its first cell
             else:
                 self._absorb_record(index, kind, info)
         for info in ended:
@@ -276,9 +283,8 @@ class JobPoller:
             else:
                 chunk = open_log_chunk(self.key, info.name, data, where=f"{self.storage.uri}/{info.name}")
                 if self.cell is not None:
-                    self.next_chunk[index] = max(self.next_chunk[index], protocol.parse_host_object(info.name)[2] + 1)
-                    if chunk.cell != self.cell:
-                        return
+                    self.next_chunk[index] = max(self.next_chunk[index],
+                                                 protocol.parse_cell_log_chunk(info.name)[2] + 1)
                     if chunk.end:
                         self.output_complete.add(index)
                 for stream, text in chunk.segments:

@@ -88,8 +88,6 @@ class Session:
         #: On a local disk the hosts wake this notebook when they are back to idle (see ``runner.wakeup``);
         #: made with the first cell this notebook runs.
         self.wakeup: Wakeup | None = None
-        #: Per host, the next log chunk a cell reads from (cells follow each other; a fresh attach lists once).
-        self.next_chunk = [_chunks_so_far(job.storage, index) for index in range(job.plan.hosts)]
         self._lock = threading.Lock()
 
     @property
@@ -256,12 +254,6 @@ def _client_wakeup(job: JobHandle) -> Wakeup | None:
         return None
     atexit.register(wakeup.close)
     return wakeup
-
-
-def _chunks_so_far(storage: Storage, index: int) -> int:
-    names = [info.name for info in storage.list(protocol.host_log_prefix(index))]
-    parsed = [protocol.parse_host_object(name) for name in names]
-    return max((seq for item in parsed if item is not None for seq in [item[2]] if seq is not None), default=-1) + 1
 
 
 # -- starting, finding ---------------------------------------------------------------------------

@@ -187,7 +187,9 @@ class LogChunkWriter:
         self._screens = {stream: TerminalLine() for stream in (protocol.STDOUT, protocol.STDERR)}
         self._displays = _DisplayExtractor()
         self._segments: list[list[str]] = []
+        #: The next chunk's number: among the host's own chunks, or (in a session's cell) among the cell's.
         self._seq = 0
+        self._cell_seq = 0
         self._last_flush = time.monotonic()
 
     def feed(self, data: bytes, stream: str = protocol.STDOUT) -> None:
@@ -218,7 +220,7 @@ class LogChunkWriter:
                 self.flush(cell_end=True)
             else:
                 self.flush()
-                self.cell = int(parts[index + 2])
+                self.cell, self._cell_seq = int(parts[index + 2]), 0
         return parts[-1]
 
     def due(self) -> bool:
@@ -250,10 +252,15 @@ class LogChunkWriter:
         # A cell's end is written even when empty for the leader, whose output a cell waits for.
         if not segments and not (cell_end and self._host_index == protocol.LEADER_INDEX):
             return
-        name = protocol.host_log_chunk(self._host_index, self._seq)
+        in_cell = self.cell > 0  # a session's cell: its output lives with the cell
+        name = (protocol.cell_log_chunk(self.cell, self._host_index, self._cell_seq) if in_cell
+                else protocol.host_log_chunk(self._host_index, self._seq))
         try:
             write_record(self._storage, self._key, name, protocol.encode_log_chunk(segments, self.cell, end=cell_end))
-            self._seq += 1
+            if in_cell:
+                self._cell_seq += 1
+            else:
+                self._seq += 1
             if cell_end and self._on_cell_end is not None:
                 self._on_cell_end()
         except Exception as error:
@@ -262,15 +269,22 @@ class LogChunkWriter:
                 self._on_error(name, error)
 
 
-def read_log_segments(storage: Storage, host_index: int, key: bytes) -> list[tuple[str, str]]:
-    """A host's whole log as ``(stream, text)`` segments, its chunks in order; a chunk that does not
-    verify under ``key`` is replaced by one stderr line that says so, and nothing of it is shown."""
+def read_log_segments(storage: Storage, host_index: int, key: bytes, *, session: bool = False
+                      ) -> list[tuple[str, str]]:
+    """A host's whole log as ``(stream, text)`` segments, its chunks in order (``session``: then each cell's,
+    in order); a chunk that does not verify under ``key`` is replaced by one stderr line that says so, and
+    nothing of it is shown."""
     segments: list[tuple[str, str]] = []
-    for info in storage.list(protocol.host_log_prefix(host_index)):
+    names = [info.name for info in storage.list(protocol.host_log_prefix(host_index))]
+    if session:
+        cells = [(parsed, info.name) for info in storage.list(protocol.CELLS_DIR + "/")
+                 if (parsed := protocol.parse_cell_log_chunk(info.name)) and parsed[1] == host_index]
+        names += [name for _, name in sorted(cells)]
+    for name in names:
         try:
-            segments += read_log_chunk(storage, key, info.name).segments
+            segments += read_log_chunk(storage, key, name).segments
         except IntegrityError:
-            segments.append((protocol.STDERR, unverified_line(host_index, info.name) + "\n"))
+            segments.append((protocol.STDERR, unverified_line(host_index, name) + "\n"))
         except ObjectNotFoundError:
             continue
     return segments
@@ -286,9 +300,10 @@ def render_log(segments: list[tuple[str, str]]) -> str:
     return text + "\n".join(screen.partial())
 
 
-def read_log(storage: Storage, host_index: int, key: bytes) -> str:
-    """A host's whole log as a terminal shows it, stdout and stderr interleaved by line."""
-    return render_log(read_log_segments(storage, host_index, key))
+def read_log(storage: Storage, host_index: int, key: bytes, *, session: bool = False) -> str:
+    """A host's whole log as a terminal shows it, stdout and stderr interleaved by line (``session``: with
+    every cell's output)."""
+    return render_log(read_log_segments(storage, host_index, key, session=session))
 
 
 def last_lines(text: str, count: int = 10) -> list[str]:

@@ -38,7 +38,10 @@ def test_object_names_parse_back():
         assert protocol.parse_host_object(protocol.host_status(host)) == (host, "status", None)
         assert protocol.parse_host_object(protocol.host_heartbeat(host)) == (host, "heartbeat", None)
         assert protocol.parse_host_object(protocol.host_log_chunk(host, 12)) == (host, "log", 12)
+        assert protocol.parse_cell_log_chunk(protocol.cell_log_chunk(205, host, 3)) == (205, host, 3)
+        assert protocol.parse_host_object(protocol.cell_log_chunk(205, host, 3)) is None
         assert protocol.result_object(host) == ("result.pkl" if host == 0 else f"result-worker-{host}.pkl")
+    assert protocol.parse_cell_log_chunk(protocol.host_log_chunk(1, 3)) is None
     assert protocol.parse_worker_result("result-worker-10.pkl") == 10
     assert protocol.parse_worker_result("result.pkl") is None
 

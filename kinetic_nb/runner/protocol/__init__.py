@@ -25,6 +25,13 @@ A job lives under ``{storage root}/{job_id}/``::
     outputs/                     the cell's files (KINETIC_OUTPUT_DIR)
     handle.json                  client, for listing and reattaching
     cancel.json                  client, when the job is cancelled
+
+A session lives under ``{storage root}/sessions/{session_id}/``, as a job, and
+each cell under ``cells/{seq:06d}/``: ``payload.pkl``, its barrier's
+``ready-{i}`` and ``.leader_ready``, its outcome (``result.pkl``,
+``result-worker-{i}.pkl``), and ``log/{i}/{n:06d}.json``, host i's output
+during the cell (the hosts' own ``hosts/{i}/log/`` holds what they printed
+before the first cell).
 """
 
 from __future__ import annotations
@@ -95,6 +102,7 @@ from kinetic_nb.runner.protocol.names import (
     SESSIONS_DIR,
     cell_control,
     cell_dir,
+    cell_log_chunk,
     cell_ready,
     host_exit,
     host_heartbeat,
@@ -103,6 +111,7 @@ from kinetic_nb.runner.protocol.names import (
     host_stacks,
     host_status,
     parse_cell_control,
+    parse_cell_log_chunk,
     parse_host_object,
     parse_stacks_request,
     parse_worker_result,
@@ -169,6 +178,7 @@ __all__ = [
     "ResultPayload",
     "cell_control",
     "cell_dir",
+    "cell_log_chunk",
     "cell_ready",
     "decode_log_chunk",
     "decode_log_chunk_of_cell",
@@ -180,6 +190,7 @@ __all__ = [
     "host_stacks",
     "host_status",
     "parse_cell_control",
+    "parse_cell_log_chunk",
     "parse_host_object",
     "parse_stacks_request",
     "parse_worker_result",

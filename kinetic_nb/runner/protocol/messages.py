@@ -11,7 +11,7 @@ from kinetic_nb.runner.protocol.names import LEADER_INDEX
 
 #: Bumped whenever an object name, a payload key or a record's shape changes
 #: incompatibly; a host refuses a plan with another version.
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 
 
 class Phase(str, enum.Enum):

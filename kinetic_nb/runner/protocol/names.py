@@ -110,6 +110,21 @@ def cell_ready(host_index: int) -> str:
     return f"ready-{host_index}"
 
 
+def cell_log_chunk(seq: int, host_index: int, chunk: int) -> str:
+    """Host ``host_index``'s output during cell ``seq``, numbered from 0 in each cell: a cell's feed lists
+    (or looks up) its own chunks only, however many cells came before it."""
+    return f"{cell_dir(seq)}/log/{host_index}/{chunk:06d}.json"
+
+
+_CELL_LOG_RE = re.compile(r"^cells/(\d+)/log/(\d+)/(\d+)\.json$")
+
+
+def parse_cell_log_chunk(name: str) -> tuple[int, int, int] | None:
+    """``cells/{seq}/log/{i}/{n}.json`` as (cell, host index, chunk number); other names give None."""
+    match = _CELL_LOG_RE.match(name)
+    return (int(match.group(1)), int(match.group(2)), int(match.group(3))) if match else None
+
+
 def cell_control(seq: int, what: str) -> str:
     """``control/cell-{seq}-{what}.json``: ``submitted`` (a cell is waiting), ``failed``, ``interrupt``."""
     return f"{CONTROL_DIR}/cell-{seq:06d}-{what}.json"
