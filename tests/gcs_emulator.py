@@ -61,9 +61,10 @@ class GcsEmulator:
         A free loopback port is chosen when omitted.
     """
 
-    def __init__(self, root: Path, port: int | None = None):
+    def __init__(self, root: Path, port: int | None = None, *, backend: str = "filesystem"):
         self.root = Path(root)
         self.port = port or free_port()
+        self.backend = backend
         self.process: subprocess.Popen | None = None
 
     @property
@@ -81,7 +82,7 @@ class GcsEmulator:
         (self.root / "data").mkdir(parents=True, exist_ok=True)
         command = [
             str(emulator_binary()), "-scheme", "http", "-host", "127.0.0.1", "-port", str(self.port),
-            "-external-url", self.url, "-backend", "filesystem", "-filesystem-root", str(self.root / "data"),
+            "-external-url", self.url, "-backend", self.backend, "-filesystem-root", str(self.root / "data"),
             "-log-level", "warn",
         ]
         with open(self.log_path, "ab") as log:
