@@ -130,7 +130,7 @@ class HostRun:
         self.filename = "<kinetic cell>"
         self.plan: JobPlan | None = None
         self.phase = Phase.STARTUP
-        self._failure_reported = False
+        self.failure_reported = False
         #: Where this host's outcome goes, under which key: the job's own; a session's current cell's.
         self.outcome_storage = storage
         self.outcome_key = key
@@ -141,36 +141,44 @@ class HostRun:
         #: a session's cell spends milliseconds in each, and each write is a storage request on every host.
         self.status_defer_s: float | None = None
 
-    def _enter(self, phase: Phase, state: HostState | None = None) -> None:
+    def begin_cell(self, storage: Storage, key: bytes) -> None:
+        """A session's next cell: its outcome goes to ``storage`` under ``key``, and nothing of the last
+        cell's failure carries over."""
+        self.outcome_storage, self.outcome_key = storage, key
+        self.failure_reported = False
+        self.failure_line = self.failure_traceback = ""
+        self.phase = Phase.PAYLOAD_LOAD
+
+    def enter(self, phase: Phase, state: HostState | None = None) -> None:
         self.phase = phase
         self.status.update(state=state, phase=phase, record=self.status_defer_s is None, defer_s=self.status_defer_s)
 
     def run(self) -> int:
         try:
             self.status.start()
-            self._enter(Phase.PLAN_CHECK)
+            self.enter(Phase.PLAN_CHECK)
             plan = self.plan = self._check_plan()
             if plan.session:
                 return self._serve_session(plan)
-            self._enter(Phase.PAYLOAD_LOAD)
+            self.enter(Phase.PAYLOAD_LOAD)
             cell = self._load_payload(plan)
-            self._enter(Phase.START_BARRIER, HostState.READY)
+            self.enter(Phase.START_BARRIER, HostState.READY)
             barrier.start_barrier(self.storage, plan, self.key, self.host_index)
-            self._enter(Phase.DISTRIBUTED_INIT, HostState.RUNNING)
+            self.enter(Phase.DISTRIBUTED_INIT, HostState.RUNNING)
             frameworks.initialize(plan, self.host_index)
-            self._enter(Phase.EXECUTE)
+            self.enter(Phase.EXECUTE)
             namespace = cell[protocol.CELL_NAMESPACE]
             value = execute_cell(cell[protocol.CELL_SOURCE], self.filename, namespace, host_index=self.host_index,
                                  leader=self.is_leader)
             if self.is_leader:
-                self._report_success(value, namespace, cell[protocol.CELL_OUT_NAMES])
+                self.report_success(value, namespace, cell[protocol.CELL_OUT_NAMES])
             # A worker's value is never pickled: only the leader owns the cell's value.
             self.status.update(state=HostState.SUCCEEDED, phase=Phase.TEARDOWN)
         except HostStoppedError as stop:
-            self._report_failure(stop, stopped=True)
+            self.report_failure(stop, stopped=True)
             return protocol.EXIT_STOPPED
         except BaseException as error:  # noqa: BLE001 - SystemExit and KeyboardInterrupt are failures too
-            self._report_failure(error)
+            self.report_failure(error)
             return protocol.EXIT_FAILED
         self._tear_down()
         return protocol.EXIT_OK
@@ -179,7 +187,7 @@ class HostRun:
         """A session: start together, then serve cells until the session stops (see ``runner.session``)."""
         from kinetic_nb.runner.session_loop import SessionLoop
 
-        self._enter(Phase.START_BARRIER, HostState.READY)
+        self.enter(Phase.START_BARRIER, HostState.READY)
         barrier.start_barrier(self.storage, plan, self.key, self.host_index)
         return SessionLoop(self).serve()
 
@@ -215,8 +223,8 @@ class HostRun:
         cell[protocol.CELL_NAMESPACE] = namespace
         return cell
 
-    def _report_success(self, value: Any, namespace: dict[str, Any], out_names: list[str]) -> None:
-        self._enter(Phase.RESULT_SERIALIZATION)
+    def report_success(self, value: Any, namespace: dict[str, Any], out_names: list[str]) -> None:
+        self.enter(Phase.RESULT_SERIALIZATION)
         # A name the cell did not bind after all (a branch not taken) costs only itself: the client warns.
         missing = tuple(name for name in out_names if name not in namespace)
         outputs = {name: namespace[name] for name in out_names if name in namespace}
@@ -231,7 +239,7 @@ class HostRun:
             except Exception as error:
                 self._report_unpicklable(value, outputs, error)
                 raise
-            self._enter(Phase.RESULT_UPLOAD)
+            self.enter(Phase.RESULT_UPLOAD)
             self.outcome_storage.write_file(protocol.RESULT, sealing.stored(), exclusive=True)
 
     def _report_unpicklable(self, value: Any, outputs: dict[str, Any], error: Exception) -> None:
@@ -246,15 +254,15 @@ class HostRun:
         text = _safe_repr(culprit)
         failure = ResultSerializationError(f"{what} ({_describe(culprit)}) could not be pickled: {error}; its repr: {text}")
         failure.__cause__ = error
-        self._report_failure(failure, serialization_failed_repr=text)
+        self.report_failure(failure, serialization_failed_repr=text)
 
-    def _report_failure(
+    def report_failure(
         self, error: BaseException, *, stopped: bool = False, serialization_failed_repr: str | None = None
     ) -> None:
         """Write this host's failure payload and final status, at once."""
-        if self._failure_reported:
+        if self.failure_reported:
             return  # the first report, nearest the cause, stands
-        self._failure_reported = True
+        self.failure_reported = True
         state = HostState.STOPPED if stopped else HostState.FAILED
         first_line = self.failure_line = self.redactor.text(f"{exception_type_name(error)}: {error}".splitlines()[0])
         remote_traceback = self.redactor.text(cell_traceback(error, self.filename))

@@ -56,13 +56,14 @@ class HostRun(Protocol):
     failure_traceback: str
     outcome_storage: Storage
     outcome_key: bytes
-    _failure_reported: bool
 
-    def _enter(self, phase: Phase, state: HostState | None = None) -> None: ...
+    def begin_cell(self, storage: Storage, key: bytes) -> None: ...
 
-    def _report_success(self, value: Any, namespace: dict[str, Any], out_names: list[str]) -> None: ...
+    def enter(self, phase: Phase, state: HostState | None = None) -> None: ...
 
-    def _report_failure(self, error: BaseException, *, stopped: bool = False) -> None: ...
+    def report_success(self, value: Any, namespace: dict[str, Any], out_names: list[str]) -> None: ...
+
+    def report_failure(self, error: BaseException, *, stopped: bool = False) -> None: ...
 
 #: First and longest pause between two looks for the next cell: short right after a cell (the next
 #: one often follows at once), longer when idle, so idle hosts cost storage little.
@@ -125,7 +126,7 @@ class SessionLoop:
         """Initialize the framework (unless the first cell that imports it will), then run cells until stopped."""
         run = self.run
         if self.plan.framework not in ("auto", "none"):
-            run._enter(Phase.DISTRIBUTED_INIT, HostState.RUNNING)
+            run.enter(Phase.DISTRIBUTED_INIT, HostState.RUNNING)
             frameworks.initialize(self.plan, run.host_index)
             self.initialized = True
         run.status.update(state=HostState.IDLE, cell=0, names=held_names(self.namespace))
@@ -170,10 +171,7 @@ class SessionLoop:
     def _run_cell(self, seq: int) -> None:
         run = self.run
         cell_storage = self.storage.child(protocol.cell_dir(seq))
-        run.outcome_storage, run.outcome_key = cell_storage, cell_key(run.key, seq)
-        run._failure_reported = False
-        run.failure_line = run.failure_traceback = ""
-        run.phase = Phase.PAYLOAD_LOAD
+        run.begin_cell(cell_storage, cell_key(run.key, seq))
         run.status.update(state=HostState.RUNNING, phase=Phase.PAYLOAD_LOAD, cell=seq, cell_failed=False,
                           record=False, defer_s=STATUS_DEFER_S)
         try:
@@ -182,14 +180,14 @@ class SessionLoop:
             cell = envelope.load_sealed(cell_storage, protocol.PAYLOAD, run.outcome_key)
             run.filename = cell[protocol.CELL_FILENAME]
             values = load_notebook_values(cell, run.host_index)
-            run._enter(Phase.START_BARRIER, HostState.READY)
+            run.enter(Phase.START_BARRIER, HostState.READY)
             self.cell_barrier(cell_storage)
             self.namespace.update(values)
             if not self.initialized and cell.get(CELL_FRAMEWORK, "none") != "none":
-                run._enter(Phase.DISTRIBUTED_INIT, HostState.RUNNING)
+                run.enter(Phase.DISTRIBUTED_INIT, HostState.RUNNING)
                 frameworks.initialize(_with_framework(self.plan, cell[CELL_FRAMEWORK]), run.host_index)
                 self.initialized = True
-            run._enter(Phase.EXECUTE, HostState.RUNNING)
+            run.enter(Phase.EXECUTE, HostState.RUNNING)
             print(protocol.CELL_MARK.format(seq=seq), end="", flush=True)  # the agent: logs from here are this cell's
             with self._interruptible(seq):
                 self._stop_if_interrupted_early(seq)
@@ -198,13 +196,13 @@ class SessionLoop:
             sys.stdout.flush()
             sys.stderr.flush()
             if run.is_leader:
-                run._report_success(value, self.namespace, cell[protocol.CELL_OUT_NAMES])
+                run.report_success(value, self.namespace, cell[protocol.CELL_OUT_NAMES])
             failed = False
         except HostStoppedError as stop:
-            run._report_failure(stop, stopped=True)
+            run.report_failure(stop, stopped=True)
             failed = True
         except BaseException as error:  # noqa: BLE001 - SystemExit and KeyboardInterrupt fail the cell, not the host
-            run._report_failure(error)
+            run.report_failure(error)
             self._tell_the_agent(seq, error)
             failed = True
         sys.stderr.flush()
