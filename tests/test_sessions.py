@@ -246,3 +246,37 @@ def test_a_failed_session_cell_is_drawn_as_a_one_shot_jobs_failure(session):
     assert failed.log_tail[-1] == "host 1 failed in phase execute: ValueError: bad shard"
     assert leader.ended and failed.ended and failed.ended_at == failed.updated_at
     assert session.run("'up'").result() == "up"  # the session goes on
+
+
+def test_what_goes_wrong_after_an_interrupt_is_said_in_its_note_never_raised_instead(session, monkeypatch):
+    from kinetic_nb.errors import StorageError
+
+    cell = session.run("'quick'")
+    assert cell.result() == "quick"
+
+    def broken(**_):
+        raise StorageError("cannot write control/cell-000001-interrupt.json: Bad file descriptor")
+
+    monkeypatch.setattr(cell, "interrupt", broken)
+    note = cell._interrupt_and_report()
+    assert note.startswith(f"kinetic_nb: could not learn whether session {session.session_id} is still up after "
+                           "the interrupt (StorageError: cannot write")
+
+
+def test_whether_a_session_ended_costs_one_listing_on_a_bucket_and_a_cell_tells_it_without_one(gcs_root):
+    session = kinetic_nb.start(hosts=2, framework="none", storage=gcs_root, idle_timeout=600, echo=False)
+    try:
+        storage = session.storage
+        calls = []
+        real_list, real_read = storage.list, storage.read_bytes
+        storage.list = lambda prefix="": calls.append(("list", prefix)) or real_list(prefix)
+        storage.read_bytes = lambda name: calls.append(("read", name)) or real_read(name)
+        assert session.ended() is None
+        assert calls == [("read", "control/cancel.json"), ("list", "hosts/")]  # not one read per host
+        calls.clear()
+        assert session.ended(hosts_ended=False) is None and calls == [("read", "control/cancel.json")]
+        assert session.ended(hosts_ended=True) == "its hosts have ended"
+    finally:
+        del storage.list, storage.read_bytes
+        session.stop()
+    assert session.ended() == "stopped by the user"

@@ -114,7 +114,7 @@ class CellHandle(Handle):
         if self._failure is not None:  # read once: its objects are gone, the exception stays
             raise self._failure
         snapshot = self._wait(timeout, on_snapshot)
-        ended = self.session.ended()
+        ended = self.session.ended(hosts_ended=any(host.exit for host in snapshot.hosts))
         exits = {host.index: host.exit for host in snapshot.hosts if host.exit is not None}
         status = snapshot.status
         if status is JobStatus.CANCELLED:
@@ -212,7 +212,7 @@ class CellHandle(Handle):
         if not any(host.exit for host in snapshot.hosts) and now < self._next_ended_look:
             return False
         self._next_ended_look = now + ENDED_LOOK_S
-        return self.session.ended() is not None
+        return self.session.ended(hosts_ended=any(host.exit for host in snapshot.hosts)) is not None
 
     def _settled(self, snapshot: JobSnapshot) -> bool:
         """A session that ended: its hosts' ends are recorded (their agent stops them within the grace)."""
@@ -253,26 +253,32 @@ class CellHandle(Handle):
     cancel = interrupt
 
     def _interrupt_and_report(self, *, timeout: float | None = None) -> str:
-        """Interrupt, wait for every host to be back (or the session to end), and say which it was."""
-        self.interrupt(timeout=timeout)
+        """Interrupt, wait for every host to be back (or the session to end), and say which it was. Whatever
+        happens meanwhile (a second interrupt, a storage error) is said in that line: it never replaces the
+        interrupt the user made."""
         deadline = time.monotonic() + self.plan.grace_s + 5
         try:
+            self.interrupt(timeout=timeout)
             while time.monotonic() < deadline:
                 snapshot = self.snapshot()
                 if snapshot.status.done:
                     return (f"kinetic_nb: every host is back to idle and session {self.session.session_id} "
                             "is up")
-                if self.session.ended() is not None:
+                if self.session.ended(hosts_ended=any(host.exit for host in snapshot.hosts)) is not None:
                     break
                 time.sleep(0.05)
+            stuck = [host.index for host in self.snapshot().hosts if not host.exit and host.state in (
+                HostState.RUNNING.value, HostState.READY.value)]
+            return (f"kinetic_nb: session {self.session.session_id} ended: "
+                    f"{self.session.ended() or 'hosts ' + ', '.join(map(str, stuck)) + ' did not come back'}")
         except KeyboardInterrupt:  # a second interrupt: stop waiting, and still say what is known
             return (f"kinetic_nb: not waiting for the hosts to come back (interrupted again); the session's agent "
                     f"ends session {self.session.session_id} unless every host is back to idle within "
                     f"{self.plan.grace_s:g} s (%kinetic sessions shows its state)")
-        stuck = [host.index for host in self.snapshot().hosts if not host.exit and host.state in (
-            HostState.RUNNING.value, HostState.READY.value)]
-        return (f"kinetic_nb: session {self.session.session_id} ended: "
-                f"{self.session.ended() or 'hosts ' + ', '.join(map(str, stuck)) + ' did not come back'}")
+        except Exception as error:  # the note is best effort: the interrupt is what is raised
+            logger.debug("after the interrupt of cell %s", self.seq, exc_info=True)
+            return (f"kinetic_nb: could not learn whether session {self.session.session_id} is still up after "
+                    f"the interrupt ({type(error).__name__}: {error}); %kinetic sessions shows its state")
 
     def _stop_for_timeout(self) -> None:
         note = self._interrupt_and_report(timeout=self.timeout)

@@ -107,21 +107,33 @@ class Session:
 
     # -- state ---------------------------------------------------------------------------
 
-    def ended(self) -> str | None:
+    def ended(self, *, hosts_ended: bool | None = None) -> str | None:
         """Why the session ended, or None while it is up.
 
-        Asked on every poll of a cell, so it looks at a few objects by name
-        (the stop request, then each host's exit record), never a listing.
+        Asked on every poll of a cell, so it costs little: the stop request
+        by name, then whether a host's end is recorded: ``hosts_ended`` when
+        the caller has just looked (a cell's poll has), else each exit record
+        by name on a local disk and one listing of the hosts' records
+        elsewhere (one request, where each record by name is one per host).
         """
         try:
             return CancelRequest.from_json(read_record(self.storage, self.job.key, protocol.CANCEL)).reason
         except (ObjectNotFoundError, IntegrityError):  # none, or a forged one: the agents ignore it too
             pass
-        if self._ended_hosts or any(read_exit(self.storage, self.job.key, i) is not None
-                                    for i in range(self.plan.hosts)):
+        if not self._ended_hosts and hosts_ended is None:
+            hosts_ended = any(read_exit(self.storage, self.job.key, index) is not None for index in self._exits_listed())
+        if self._ended_hosts or hosts_ended:
             self._ended_hosts = True
             return "its hosts have ended"
         return None
+
+    def _exits_listed(self) -> list[int]:
+        """The hosts whose exit record may exist: every host on a local disk (a look by name is a stat), those
+        a listing of the hosts' records names elsewhere."""
+        if self.storage.local_path() is not None:
+            return list(range(self.plan.hosts))
+        listed = (protocol.parse_host_object(info.name) for info in self.storage.list(protocol.HOSTS_DIR + "/"))
+        return [item[0] for item in listed if item is not None and item[1] == "exit" and item[0] < self.plan.hosts]
 
     def state(self) -> str:
         return "up" if self.ended() is None else "ended"
