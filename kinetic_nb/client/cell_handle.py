@@ -44,7 +44,7 @@ class Session(Protocol):
     #: Where the hosts wake this notebook when they are back to idle (a local disk), else None.
     wakeup: Any
 
-    def ended(self) -> str | None: ...
+    def ended(self, *, hosts_ended: bool | None = None) -> str | None: ...
 
 __all__ = ["CellHandle"]
 
@@ -72,7 +72,7 @@ class CellHandle(Handle):
         self.key = cell_key(session.job.key, seq)
         self.plan = session.plan
         self.outputs: dict[str, Any] = {}
-        #: The session's hosts' records, read for this cell: its log chunks from where the last cell's ended.
+        #: The session's hosts' records, read for this cell, with the cell's own output.
         self.poller = JobPoller(session.storage, dataclasses.replace(self.plan, job_id=self.job_id),
                                 session.job.backend, key=session.job.key, on_leader_output=echo, cell=seq,
                                 label=f"{name or f'cell {seq}'} · session {session.session_id}")

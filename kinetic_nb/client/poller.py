@@ -364,11 +364,9 @@ class JobPoller:
         )
 
     def _cell_status(self, hosts: list[HostSnapshot]) -> JobStatus:
-        states = [host.state for host in hosts]
-        if all(state == HostState.SUCCEEDED.value for state in states):
+        if all(host.state == HostState.SUCCEEDED.value for host in hosts):
             return JobStatus.SUCCEEDED
-        if any(state in (HostState.PENDING.value, HostState.READY.value, HostState.RUNNING.value,
-                         HostState.QUIET.value) for state in states):
+        if not all(host.ended for host in hosts):
             return JobStatus.RUNNING if any(host.phase != Phase.STARTUP.value for host in hosts) else JobStatus.PENDING
         return JobStatus.CANCELLED if self.interrupted and not any(host.exit for host in hosts) else JobStatus.FAILED
 
@@ -376,8 +374,7 @@ class JobPoller:
         """A running host silent (no output, no phase change) for the grace since another ended is quiet: shown
         with its stacks, once fetched (the handle asks for them)."""
         if self.cell is not None:
-            ends = [host.updated_at for host in hosts if host.updated_at and host.state not in (
-                HostState.PENDING.value, HostState.READY.value, HostState.RUNNING.value)]
+            ends = [host.ended_at for host in hosts if host.ended and host.ended_at]
         else:
             ends = [records.exit.ended_at for records in self.records if records.exit and records.exit.ended_at]
         first_end = min(ends, default=None)
