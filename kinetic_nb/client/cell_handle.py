@@ -30,7 +30,7 @@ from kinetic_nb.errors import (
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.protocol import HostState, JobPlan
 from kinetic_nb.runner.records import read_record, write_record
-from kinetic_nb.runner.session_loop import cell_key
+from kinetic_nb.runner.group import cell_key
 from kinetic_nb.state import JobSnapshot, JobStatus
 
 

@@ -54,7 +54,7 @@ from kinetic_nb.runner.envelope import read_sealed, write_sealed
 from kinetic_nb.runner.job_keys import SESSION
 from kinetic_nb.runner.protocol import CancelRequest, HostState, JobPlan
 from kinetic_nb.runner.records import read_exit, read_host_status, read_record, write_record
-from kinetic_nb.runner.session_loop import CELL_FRAMEWORK, cell_key
+from kinetic_nb.runner.group import CELL_FRAMEWORK, cell_key
 from kinetic_nb.runner.wakeup import Wakeup, client_wakeup_path, wake, wakeup_path
 from kinetic_nb.state import JobSnapshot, JobStatus
 from kinetic_nb.storage import Storage, default_root, open_storage

@@ -1,15 +1,16 @@
-"""One host's part of a job, phase by phase.
+"""One process of the slice: its plan check, and how it reports what happened.
 
-startup -> plan check -> payload load -> start barrier -> distributed init ->
-execute -> result serialization -> result upload, then teardown. A failure in
-any phase writes this host's failure payload naming the phase, at once; the
-host then exits without waiting on its peers. Only the leader writes
-``result.pkl``; a worker writes ``result-worker-{i}.pkl`` only when it fails.
+startup -> plan check, then the group's cells (``runner.group``): payload
+load -> barrier -> distributed init -> execute -> result serialization ->
+result upload, then teardown (a one-shot job) or idle (a session). A failure
+in any phase writes this host's failure payload naming the phase, at once; a
+one-shot job's host then exits without waiting on its peers. Only the leader
+writes ``result.pkl``; a worker writes ``result-worker-{i}.pkl`` only when it
+fails.
 """
 
 from __future__ import annotations
 
-import builtins
 import copy
 import logging
 import os
@@ -19,9 +20,10 @@ from typing import Any
 
 import cloudpickle
 
-from kinetic_nb.errors import HostStoppedError, PlanError, RemoteHostError, ResultSerializationError
-from kinetic_nb.runner import barrier, envelope, frameworks, protocol, versions
-from kinetic_nb.runner.cell import execute_cell, load_notebook_values, run_cell
+from kinetic_nb.errors import PlanError, RemoteHostError, ResultSerializationError
+from kinetic_nb.runner import envelope, frameworks, protocol, versions
+from kinetic_nb.runner.cell import run_cell
+from kinetic_nb.runner.group import CellGroup
 from kinetic_nb.runner.host_variables import HOST_INDEX_VARIABLES, resolve_host_index
 from kinetic_nb.runner.job_keys import KEY_ENV, key_from_environment
 from kinetic_nb.runner.protocol import HostState, JobPlan, Phase, ResultPayload
@@ -154,42 +156,16 @@ class HostRun:
         self.status.update(state=state, phase=phase, record=self.status_defer_s is None, defer_s=self.status_defer_s)
 
     def run(self) -> int:
+        """Check the plan, then run this host's part of the group: the one cell of a one-shot job, or a
+        session's cells (``runner.group``)."""
         try:
             self.status.start()
             self.enter(Phase.PLAN_CHECK)
-            plan = self.plan = self._check_plan()
-            if plan.session:
-                return self._serve_session(plan)
-            self.enter(Phase.PAYLOAD_LOAD)
-            cell = self._load_payload(plan)
-            self.enter(Phase.START_BARRIER, HostState.READY)
-            barrier.start_barrier(self.storage, plan, self.key, self.host_index)
-            self.enter(Phase.DISTRIBUTED_INIT, HostState.RUNNING)
-            frameworks.initialize(plan, self.host_index)
-            self.enter(Phase.EXECUTE)
-            namespace = cell[protocol.CELL_NAMESPACE]
-            value = execute_cell(cell[protocol.CELL_SOURCE], self.filename, namespace, host_index=self.host_index,
-                                 leader=self.is_leader)
-            if self.is_leader:
-                self.report_success(value, namespace, cell[protocol.CELL_OUT_NAMES])
-            # A worker's value is never pickled: only the leader owns the cell's value.
-            self.status.update(state=HostState.SUCCEEDED, phase=Phase.TEARDOWN)
-        except HostStoppedError as stop:
-            self.report_failure(stop, stopped=True)
-            return protocol.EXIT_STOPPED
+            self.plan = self._check_plan()
         except BaseException as error:  # noqa: BLE001 - SystemExit and KeyboardInterrupt are failures too
             self.report_failure(error)
             return protocol.EXIT_FAILED
-        self._tear_down()
-        return protocol.EXIT_OK
-
-    def _serve_session(self, plan: JobPlan) -> int:
-        """A session: start together, then serve cells until the session stops (see ``runner.session``)."""
-        from kinetic_nb.runner.session_loop import SessionLoop
-
-        self.enter(Phase.START_BARRIER, HostState.READY)
-        barrier.start_barrier(self.storage, plan, self.key, self.host_index)
-        return SessionLoop(self).serve()
+        return CellGroup(self).serve()
 
     def _check_plan(self) -> JobPlan:
         if self.key is None:
@@ -214,14 +190,6 @@ class HostRun:
             print(f"kinetic_nb: {note}", file=sys.stderr)
         self.redactor = host_secrets(self._key_hex, plan.env_names)
         return plan
-
-    def _load_payload(self, plan: JobPlan) -> dict[str, Any]:
-        cell = envelope.load_sealed(self.storage, protocol.PAYLOAD, self.key)  # verified before it is unpickled
-        self.filename = cell[protocol.CELL_FILENAME]
-        namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
-        namespace.update(load_notebook_values(cell, self.host_index))
-        cell[protocol.CELL_NAMESPACE] = namespace
-        return cell
 
     def report_success(self, value: Any, namespace: dict[str, Any], out_names: list[str]) -> None:
         self.enter(Phase.RESULT_SERIALIZATION)
@@ -300,7 +268,7 @@ class HostRun:
             if not in_session:  # a session's host lives on after a failed cell
                 self.status.stop()
 
-    def _tear_down(self) -> None:
+    def tear_down(self) -> None:
         """Leave the framework's group; a problem now is a warning, the outcome is recorded."""
         try:
             frameworks.shut_down(self.plan)

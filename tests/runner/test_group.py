@@ -1,4 +1,4 @@
-"""A session host's loop, in process: the parts that need no peers."""
+"""A group's host, in process: the parts that need no peers."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from kinetic_nb.errors import KineticTimeoutError
 from kinetic_nb.runner import barrier
-from kinetic_nb.runner import session_loop as session
+from kinetic_nb.runner import group as session
 from kinetic_nb.runner.job_keys import new_key
 from kinetic_nb.storage import LocalStorage
 
@@ -23,10 +23,10 @@ def test_a_cell_barrier_waits_for_a_cell_not_for_the_start_window(tmp_path, monk
     monkeypatch.setattr(barrier, "WORKER_SLACK_S", 0.0)  # a worker waits a little longer than the leader
     monkeypatch.setattr(session, "MAX_LOOK_LOCAL_S", 0.02)
     storage = LocalStorage(str(tmp_path / "session"))
-    plan = types.SimpleNamespace(job_id=f"ks-test-{os.getpid()}", hosts=2, barrier_timeout_s=3000.0)
+    plan = types.SimpleNamespace(job_id=f"ks-test-{os.getpid()}", hosts=2, barrier_timeout_s=3000.0, session=True)
     # The parts of a HostRun the loop reads, for host 1 of 2: no peers, so the leader never answers.
     run = types.SimpleNamespace(storage=storage, plan=plan, host_index=1, is_leader=False, key=KEY, outcome_key=KEY)
-    loop = session.SessionLoop(run)
+    loop = session.CellGroup(run)
     try:
         with pytest.raises(KineticTimeoutError, match=r"^cell barrier: no word from the leader after 0.2 s$"):
             loop.cell_barrier(storage.child("cells/000001"))

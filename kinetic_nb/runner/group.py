@@ -1,30 +1,34 @@
-"""A session's host: up once, the framework initialized once, one namespace kept from cell to cell.
+"""A group of hosts runs numbered cells: one path for every cell, a one-shot job's or a session's.
 
-After the plan check and the coordinated start (the same as a one-shot job's),
-the host waits for ``cells/{seq}/payload.pkl`` (one object, looked at with a
-growing pause, never a listing), then for each cell:
+A one-shot ``%%kinetic`` cell is a group that runs one cell and ends: its
+payload is named in the plan (``payload.pkl``, its hash in the plan), its one
+barrier is the start barrier, its outcome lands at the job's root where the
+seed's rules expect it (``result.pkl``, ``result-worker-{i}.pkl``), and it has
+no idle state: after the cell the host leaves the framework's group and exits.
 
-- loads the cell's payload (verified under the cell's own key) and adds the
-  notebook values it ships to the namespace;
-- meets the other hosts at the cell's barrier (``cells/{seq}/ready-{i}``, the
-  leader's verdict in ``cells/{seq}/.leader_ready``), so a host that cannot
-  load the cell stops it everywhere before anyone enters a collective;
-- runs it, with SIGINT raising ``KeyboardInterrupt`` only while it runs;
-- writes the cell's outcome as a job does (the leader's ``result.pkl``, a
-  worker's ``result-worker-{i}.pkl`` only on failure) in the cell's directory;
-- goes back to idle, its status naming the cell, how it went and the names the
-  namespace now holds.
+A session is a group kept up. After the plan check and the start barrier the
+host initializes the framework (or leaves that to the first cell that imports
+one) and waits for ``cells/{seq}/payload.pkl`` (one object, looked at with a
+growing pause, never a listing); its cells' records live in ``cells/{seq}/``
+under the cell's own key, and each cell meets the other hosts at the cell's
+barrier (``cells/{seq}/ready-{i}``, the leader's verdict in
+``cells/{seq}/.leader_ready``). SIGINT raises ``KeyboardInterrupt`` only while
+a cell runs, and only when the interrupt names that cell. After a cell the host
+goes back to idle, its status naming the cell, how it went and the names the
+namespace now holds; a failure (``SystemExit`` and ``KeyboardInterrupt``
+included) fails the cell and leaves the namespace as the cell left it.
+Whether the session survives a failed cell is its agent's call (every host
+back to idle within the grace period).
 
-A failure, ``SystemExit`` and ``KeyboardInterrupt`` included, fails the cell
-and leaves the namespace as the cell left it; the host stays up. Whether the
-session survives the failure is its agent's call (every host back to idle
-within the grace period). Host-safe.
+Either way a cell is the same phases: payload load, barrier, distributed init
+(once per group), execute, then the leader's result or a host's failure. Host-safe.
 """
 
 from __future__ import annotations
 
 import builtins
 import contextlib
+import dataclasses
 import signal
 import sys
 import time
@@ -33,19 +37,21 @@ from typing import Any, Protocol
 
 from kinetic_nb.errors import HostStoppedError, IntegrityError, ObjectNotFoundError
 from kinetic_nb.runner import envelope, frameworks, job_keys, protocol
-from kinetic_nb.runner.barrier import CellMarkers, meet
+from kinetic_nb.runner.barrier import CellMarkers, meet, start_barrier
 from kinetic_nb.runner.cell import execute_cell, load_notebook_values
-from kinetic_nb.runner.protocol import FirstFailure, HostState, Phase
+from kinetic_nb.runner.protocol import FirstFailure, HostState, JobPlan, Phase
 from kinetic_nb.runner.records import read_record, write_record
 from kinetic_nb.runner.wakeup import open_wakeup, wake, wake_clients, wakeup_path
 from kinetic_nb.storage import Storage
 
+__all__ = ["CellGroup", "cell_key", "held_names"]
+
 
 class HostRun(Protocol):
-    """What a session's loop uses of its host's run (``runner.execute.HostRun``): its records and reports."""
+    """What a group uses of its host's run (``runner.execute.HostRun``): its records and reports."""
 
     storage: Storage
-    plan: Any
+    plan: JobPlan
     key: bytes
     host_index: int
     is_leader: bool
@@ -54,8 +60,7 @@ class HostRun(Protocol):
     filename: str
     failure_line: str
     failure_traceback: str
-    outcome_storage: Storage
-    outcome_key: bytes
+    status_defer_s: float | None
 
     def begin_cell(self, storage: Storage, key: bytes) -> None: ...
 
@@ -64,6 +69,8 @@ class HostRun(Protocol):
     def report_success(self, value: Any, namespace: dict[str, Any], out_names: list[str]) -> None: ...
 
     def report_failure(self, error: BaseException, *, stopped: bool = False) -> None: ...
+
+    def tear_down(self) -> None: ...
 
 #: First and longest pause between two looks for the next cell: short right after a cell (the next
 #: one often follows at once), longer when idle, so idle hosts cost storage little.
@@ -84,9 +91,11 @@ STATUS_DEFER_S = 0.05
 #: The longest a cell's barrier waits: its hosts are up, so the plan's start window for hosts that are still
 #: being scheduled (Kubernetes adds its pending limit, 45 minutes) is not a cell's to wait.
 CELL_BARRIER_TIMEOUT_S = 300.0
-#: Keys of a cell's payload that only sessions use.
-CELL_SEQ = "seq"
+#: The key of a session cell's payload that names the framework its hosts initialize (a session started with
+#: ``framework="auto"``: the first cell that imports one says which).
 CELL_FRAMEWORK = "framework"
+#: A one-shot job's one cell: the one its plan names.
+ONLY_CELL = 1
 #: Names a namespace always holds that are no cell's.
 _HIDDEN = frozenset({"__builtins__", "__name__"})
 
@@ -100,21 +109,33 @@ def held_names(namespace: dict[str, Any]) -> list[str]:
     return sorted(name for name in namespace if name not in _HIDDEN)
 
 
-class SessionLoop:
-    """Runs a session's cells on one host, through ``run``'s records and reports."""
+@dataclasses.dataclass(frozen=True)
+class CellPlace:
+    """Where a cell's payload and outcome live, and the key its records are sealed under."""
+
+    seq: int
+    storage: Storage
+    key: bytes
+
+
+class CellGroup:
+    """Runs a group's cells on one host, through ``run``'s records and reports: one cell, or a session's."""
 
     def __init__(self, run: HostRun):
         self.run = run
         self.storage = run.storage
         self.plan = run.plan
+        #: A session is a group kept up; a one-shot job's group runs the cell its plan names and ends.
+        self.kept = bool(self.plan.session)
         self.namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
         self.initialized = False
         #: A SIGINT arrived outside a cell (the agent interrupts every host at once, and this one had not yet
         #: entered the cell): the cell checks, on entering, whether the interrupt was meant for it.
         self._interrupt_pending = False
         self._max_look = MAX_LOOK_LOCAL_S if self.storage.local_path() else MAX_LOOK_REMOTE_S
-        #: On a local disk the notebook (and the cell's leader) wake this host at once through a socket.
-        self.wakeup = open_wakeup(self.plan.job_id, run.host_index) if self.storage.local_path() else None
+        #: On a local disk the notebook (and the cell's leader) wake a session's host at once through a socket.
+        self.wakeup = open_wakeup(self.plan.job_id, run.host_index) \
+            if self.kept and self.storage.local_path() else None
 
     def _sleep(self, seconds: float) -> None:
         if self.wakeup is not None:
@@ -123,23 +144,38 @@ class SessionLoop:
             time.sleep(seconds)
 
     def serve(self) -> int:
-        """Initialize the framework (unless the first cell that imports it will), then run cells until stopped."""
+        """Run the group's cells; return the host's exit code."""
+        if not self.kept:
+            return self._serve_once()
         run = self.run
-        if self.plan.framework not in ("auto", "none"):
-            run.enter(Phase.DISTRIBUTED_INIT, HostState.RUNNING)
-            frameworks.initialize(self.plan, run.host_index)
-            self.initialized = True
+        try:
+            run.enter(Phase.START_BARRIER, HostState.READY)
+            start_barrier(self.storage, self.plan, run.key, run.host_index)
+            if self.plan.framework not in ("auto", "none"):  # "auto": the first cell that imports one says which
+                self._initialize(self.plan.framework)
+        except BaseException as error:  # noqa: BLE001 - the session never came up
+            return self._exit_code(self._report(error))
         run.status.update(state=HostState.IDLE, cell=0, names=held_names(self.namespace))
         run.status_defer_s = STATUS_DEFER_S  # a quick cell's status is written once, when it is done
         signal.signal(signal.SIGINT, self._note_interrupt)  # an interrupt reaches a cell, never the loop
         seq = 1
         try:
             while self._wait_for(seq):
-                self._run_cell(seq)
+                self._run_cell(CellPlace(seq, self.storage.child(protocol.cell_dir(seq)), cell_key(run.key, seq)))
                 seq += 1
         finally:
             if self.wakeup is not None:
                 self.wakeup.close()
+        return protocol.EXIT_OK
+
+    def _serve_once(self) -> int:
+        """A one-shot job: its one cell, at the job's root under the job's key; then the host ends."""
+        run = self.run
+        error = self._run_cell(CellPlace(ONLY_CELL, self.storage, run.key))
+        if error is not None:
+            return self._exit_code(error)
+        run.status.update(state=HostState.SUCCEEDED, phase=Phase.TEARDOWN)
+        run.tear_down()
         return protocol.EXIT_OK
 
     def _wait_for(self, seq: int) -> bool:
@@ -168,51 +204,76 @@ class SessionLoop:
             cap = busy_look if time.monotonic() < busy_until else idle_look
             pause = min(pause * 1.5, cap)
 
-    def _run_cell(self, seq: int) -> None:
-        run = self.run
-        cell_storage = self.storage.child(protocol.cell_dir(seq))
-        run.begin_cell(cell_storage, cell_key(run.key, seq))
-        run.status.update(state=HostState.RUNNING, phase=Phase.PAYLOAD_LOAD, cell=seq, cell_failed=False,
-                          record=False, defer_s=STATUS_DEFER_S)
+    def _report(self, error: BaseException) -> BaseException:
+        self.run.report_failure(error, stopped=isinstance(error, HostStoppedError))
+        return error
+
+    @staticmethod
+    def _exit_code(error: BaseException) -> int:
+        return protocol.EXIT_STOPPED if isinstance(error, HostStoppedError) else protocol.EXIT_FAILED
+
+    def _initialize(self, framework: str) -> None:
+        self.run.enter(Phase.DISTRIBUTED_INIT, HostState.RUNNING)
+        plan = self.plan if framework == self.plan.framework else dataclasses.replace(self.plan, framework=framework)
+        frameworks.initialize(plan, self.run.host_index)
+        self.initialized = True
+
+    def _meet(self, place: CellPlace) -> None:
+        """The cell's barrier: a one-shot job's is its start barrier; a session's cells meet on markers."""
+        if self.kept:
+            self.cell_barrier(place.storage)
+        else:
+            start_barrier(self.storage, self.plan, self.run.key, self.run.host_index)
+
+    def _run_cell(self, place: CellPlace) -> BaseException | None:
+        """Run one cell; return its failure on this host (reported already), or None."""
+        run, seq = self.run, place.seq
+        run.begin_cell(place.storage, place.key)
+        if self.kept:
+            run.status.update(state=HostState.RUNNING, phase=Phase.PAYLOAD_LOAD, cell=seq, cell_failed=False,
+                              record=False, defer_s=STATUS_DEFER_S)
+        else:
+            run.enter(Phase.PAYLOAD_LOAD)
+        failure: BaseException | None = None
         try:
-            if self.interrupted(seq):  # interrupted while it waited behind another cell: it never runs
+            if self.kept and self.interrupted(seq):  # interrupted while it waited behind another cell: never runs
                 raise KeyboardInterrupt(f"cell {seq} was withdrawn before it started")
-            cell = envelope.load_sealed(cell_storage, protocol.PAYLOAD, run.outcome_key)
+            cell = envelope.load_sealed(place.storage, protocol.PAYLOAD, place.key)  # verified, then unpickled
             run.filename = cell[protocol.CELL_FILENAME]
             values = load_notebook_values(cell, run.host_index)
             run.enter(Phase.START_BARRIER, HostState.READY)
-            self.cell_barrier(cell_storage)
+            self._meet(place)
             self.namespace.update(values)
-            if not self.initialized and cell.get(CELL_FRAMEWORK, "none") != "none":
-                run.enter(Phase.DISTRIBUTED_INIT, HostState.RUNNING)
-                frameworks.initialize(_with_framework(self.plan, cell[CELL_FRAMEWORK]), run.host_index)
-                self.initialized = True
+            framework = cell.get(CELL_FRAMEWORK, self.plan.framework)
+            if not self.initialized and framework not in ("auto", "none"):
+                self._initialize(framework)
             run.enter(Phase.EXECUTE, HostState.RUNNING)
-            print(protocol.CELL_MARK.format(seq=seq), end="", flush=True)  # the agent: logs from here are this cell's
+            if self.kept:
+                print(protocol.CELL_MARK.format(seq=seq), end="", flush=True)  # the agent: logs from here are the cell's
             with self._interruptible(seq):
                 self._stop_if_interrupted_early(seq)
                 value = execute_cell(cell[protocol.CELL_SOURCE], run.filename, self.namespace,
                                      host_index=run.host_index, leader=run.is_leader)
             sys.stdout.flush()
             sys.stderr.flush()
-            if run.is_leader:
+            if run.is_leader:  # a worker's value is never pickled: only the leader owns the cell's value
                 run.report_success(value, self.namespace, cell[protocol.CELL_OUT_NAMES])
-            failed = False
-        except HostStoppedError as stop:
-            run.report_failure(stop, stopped=True)
-            failed = True
-        except BaseException as error:  # noqa: BLE001 - SystemExit and KeyboardInterrupt fail the cell, not the host
-            run.report_failure(error)
-            self._tell_the_agent(seq, error)
-            failed = True
+        except BaseException as error:  # noqa: BLE001 - SystemExit and KeyboardInterrupt fail the cell too
+            failure = self._report(error)
+            if self.kept and not isinstance(error, HostStoppedError):
+                self._tell_the_agent(seq, error)
+        if not self.kept:
+            return failure
         sys.stderr.flush()
         print(protocol.CELL_END_MARK.format(seq=seq), end="", flush=True)  # the agent stores the cell's output now
         # Back to idle in the phase the cell ended in (nothing is torn down), with its failure as it was shown.
+        failed = failure is not None
         run.status.update(state=HostState.IDLE, cell=seq, cell_failed=failed, names=held_names(self.namespace),
                           message=run.failure_line if failed else "",
                           traceback=run.failure_traceback if failed else "")
         if self.wakeup is not None:  # the notebooks waiting on this cell look now
             wake_clients(self.plan.job_id)
+        return failure
 
     def _note_interrupt(self, signum: int, frame: Any) -> None:
         self._interrupt_pending = True
@@ -243,6 +304,9 @@ class SessionLoop:
             if self.interrupted(seq):
                 raise KeyboardInterrupt
 
+        if not self.kept:  # a one-shot job's host is interrupted as any process is
+            yield
+            return
         previous = signal.signal(signal.SIGINT, interrupt_if_meant)
         try:
             yield
@@ -273,9 +337,3 @@ class SessionLoop:
         with contextlib.suppress(Exception):  # the agent also sees the host's status
             write_record(self.storage, self.run.key, protocol.cell_control(seq, "failed"), record.to_json(),
                          exclusive=True)
-
-
-def _with_framework(plan: Any, framework: str) -> Any:
-    import dataclasses
-
-    return dataclasses.replace(plan, framework=framework)
