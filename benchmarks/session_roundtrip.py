@@ -193,7 +193,7 @@ def engine_processes() -> list[psutil.Process]:
 
 def hosts_rss(session: kinetic_nb.Session) -> list[int]:
     """Each host process's resident set size in bytes (their pids from the hosts' status records)."""
-    pids = [read_host_status(session.storage, session.job.key, i).pid for i in range(HOSTS)]
+    pids = [read_host_status(session.storage, session.group.key, i).pid for i in range(HOSTS)]
     return [psutil.Process(pid).memory_info().rss for pid in pids]
 
 
@@ -299,7 +299,7 @@ def main() -> None:
         plain.run(TRIVIAL).result(timeout=HANG_S)
         time.sleep(IDLE_SETTLE_S)  # past the hosts' busy look after a cell
         for name, measured in (("6. idle CPU per host", plain), ("6b. the same, JAX session", session)):
-            hosts = [psutil.Process(read_host_status(measured.storage, measured.job.key, i).pid) for i in range(HOSTS)]
+            hosts = [psutil.Process(read_host_status(measured.storage, measured.group.key, i).pid) for i in range(HOSTS)]
             ours = cpu_percent([*hosts, hosts[0].parent()], IDLE_WINDOW_S)
             theirs = cpu_percent(engine_processes(), IDLE_WINDOW_S)
             print(f"{name:<34} {max(ours[:-1]):9.3f} %   vs {max(theirs, default=float('nan')):9.3f} % (an idle JAX "

@@ -16,7 +16,8 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "submit": "kinetic_nb.client.launch",
     "last_job": "kinetic_nb.client.launch",
-    "JobHandle": "kinetic_nb.client.job_handle",
+    "CellHandle": "kinetic_nb.client.cell_handle",
+    "JobHandle": "kinetic_nb.client.cell_handle",
     "HostSnapshot": "kinetic_nb.state",
     "JobSnapshot": "kinetic_nb.state",
     "JobStatus": "kinetic_nb.state",
@@ -32,6 +33,7 @@ _EXPORTS = {
     "doctor": "kinetic_nb.backends.kubernetes.doctor",
 }
 __all__ = [
+    "CellHandle",
     "HostSnapshot",
     "JobHandle",
     "JobSnapshot",
@@ -56,7 +58,7 @@ if TYPE_CHECKING:
     from kinetic_nb.accelerators import accelerator_names, resolve_accelerator
     from kinetic_nb.backends.kubernetes.doctor import doctor
     from kinetic_nb.client.catalog import attach, gc, jobs
-    from kinetic_nb.client.job_handle import JobHandle
+    from kinetic_nb.client.cell_handle import CellHandle, JobHandle
     from kinetic_nb.client.launch import last_job, submit
     from kinetic_nb.client.sessions import Session, attach_session, sessions, start
     from kinetic_nb.state import HostSnapshot, JobSnapshot, JobStatus
@@ -77,7 +79,7 @@ def load_ipython_extension(ipython: Any) -> None:
     """``%load_ext kinetic_nb``: register ``%%kinetic``, and show kinetic_nb's errors as one line.
 
     The magic imports ``kinetic_nb.notebook.display``, which registers the views a
-    ``JobHandle`` is shown by (``kinetic_nb.views``), as the first use of the API does.
+    ``CellHandle`` is shown by (``kinetic_nb.views``), as the first use of the API does.
     """
     from kinetic_nb.notebook.magics import KineticMagics, show_kinetic_errors_briefly
 

@@ -8,7 +8,7 @@ vocabulary of ``runner/protocol.py``, re-exported here so there is only one.
 
 A display is fed by a ``SnapshotSource``: anything with a ``plan`` (for the
 job's id and host count before the first poll) and a ``snapshot()`` method.
-A ``JobHandle`` is one; so is a test's fake.
+A ``CellHandle`` is one; so is a test's fake.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """How a handle is shown without the client importing the display: a registry of views.
 
 The client never imports the display (DESIGN, "Dependency rule"): a
-``JobHandle`` asks this registry by name instead, ``views.render("text",
+``CellHandle`` asks this registry by name instead, ``views.render("text",
 snapshot)``, and ``kinetic_nb.notebook.display`` fills the registry when it is
 imported (its ``__init__`` calls ``register`` for each of its views). The
 package root wires the two together: ``load_ipython_extension`` and the first
@@ -10,7 +10,7 @@ import the display, so a handle is shown however it was made.
 
 The views ``kinetic_nb.notebook.display`` registers:
 
-``text``      ``JobSnapshot -> str``: the plain-text table (``JobHandle.summary``)
+``text``      ``JobSnapshot -> str``: the plain-text table (``CellHandle.summary``)
 ``html``      ``JobSnapshot -> str``: the static HTML snapshot (``_repr_html_``)
 ``watch``     ``SnapshotSource -> Thread``: the live panel kept current (``watch``)
 ``timeline``  ``JobSnapshot -> Figure``: the phase plot (``timeline``)

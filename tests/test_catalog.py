@@ -120,7 +120,7 @@ def test_detached_cell_returns_a_handle_at_once(shell, tmp_path):
                             f"while not os.path.exists({str(go)!r}) and time.time() < deadline:\n"
                             f"    time.sleep(0.05)\n'later'")
     handle = result.result
-    assert isinstance(handle, kinetic_nb.JobHandle) and handle.detached
+    assert isinstance(handle, kinetic_nb.CellHandle) and handle.one_shot and handle.detached
     assert not handle.status().done  # returned while its hosts still wait
     go.touch()
     assert handle.result() == "later"
@@ -236,7 +236,7 @@ def test_a_job_or_session_of_another_protocol_is_refused_in_one_line_naming_both
     else:
         made = kinetic_nb.start(hosts=1, framework="none", idle_timeout=600, echo=False)
         made.stop()
-        storage, key, ident = made.storage, made.job.key, made.session_id
+        storage, key, ident = made.storage, made.group.key, made.session_id
     plan = json.loads(read_sealed(storage, protocol.PLAN, key))
     plan["protocol_version"] = protocol.PROTOCOL_VERSION + 1
     plan["client_versions"]["kinetic_nb"] = "9.9.9"

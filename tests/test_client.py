@@ -1,4 +1,4 @@
-"""submit() and JobHandle on real local host processes: the outcome rules end to end."""
+"""submit() and its CellHandle on real local host processes: the outcome rules end to end."""
 
 from __future__ import annotations
 

@@ -157,7 +157,8 @@ print(views.render("text", snapshot))
 PUBLIC_API = {
     "submit": "kinetic_nb.client.launch.submit",
     "last_job": "kinetic_nb.client.launch.last_job",
-    "JobHandle": "kinetic_nb.client.job_handle.JobHandle",
+    "CellHandle": "kinetic_nb.client.cell_handle.CellHandle",
+    "JobHandle": "kinetic_nb.client.cell_handle.CellHandle",
     "HostSnapshot": "kinetic_nb.state.HostSnapshot",
     "JobSnapshot": "kinetic_nb.state.JobSnapshot",
     "JobStatus": "kinetic_nb.state.JobStatus",

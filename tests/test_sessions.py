@@ -159,7 +159,7 @@ def test_an_idle_session_stops_itself():
     assert "idle for 1 s" in started.ended()
     with pytest.raises(SessionEndedError, match="idle for 1 s"):
         started.run("1")
-    started.job.wait(timeout=HANG_GUARD_S)  # every host gone
+    started.group.wait(timeout=HANG_GUARD_S)  # every host gone
 
 
 def test_the_magic_runs_cells_on_the_session_and_refuses_a_shape_that_does_not_fit():
@@ -197,7 +197,7 @@ def test_a_kernel_restart_leaves_the_session_up_and_attach_finds_its_state(stora
         assert printed[-1] == "'across a restart'", printed
         run(client, "%kinetic stop")
     session = kinetic_nb.attach_session(session_id)
-    session.job.wait(timeout=HANG_GUARD_S)
+    session.group.wait(timeout=HANG_GUARD_S)
     assert session.ended() is not None
 
 
@@ -225,7 +225,7 @@ def test_a_local_session_wakes_its_hosts_through_sockets_only_this_user_reaches(
         assert stat.S_IMODE(os.stat(os.path.dirname(paths[0])).st_mode) == 0o700
     finally:
         started.stop()
-    started.job.wait(timeout=HANG_GUARD_S)
+    started.group.wait(timeout=HANG_GUARD_S)
     assert not any(os.path.exists(path) for path in paths)  # gone with their hosts
     assert not os.path.exists(os.path.dirname(paths[0]))  # and the session's socket directory with them
 
@@ -280,3 +280,40 @@ def test_whether_a_session_ended_costs_one_listing_on_a_bucket_and_a_cell_tells_
         del storage.list, storage.read_bytes
         session.stop()
     assert session.ended() == "stopped by the user"
+
+
+def test_a_one_shot_job_and_a_session_cell_are_one_handle_type_with_one_set_of_methods(session):
+    # A one-shot job is a group that runs one cell: submit() and session.run() hand back the same type.
+    job = kinetic_nb.submit(HOST + "print('from', host)\nhost + 10", hosts=2, framework="none", echo=False)
+    cell = session.run(HOST + "print('from', host)\nhost + 20")
+    assert type(job) is type(cell) is kinetic_nb.CellHandle is kinetic_nb.JobHandle
+    assert job.one_shot and not cell.one_shot
+    assert (job.result(), cell.result()) == (10, 20)
+    for handle in (job, cell):
+        assert handle.leader_result() == handle.result()
+        assert handle.status() is kinetic_nb.JobStatus.SUCCEEDED
+        assert [host.index for host in handle.hosts()] == [0, 1]
+        assert "from 1" in handle.logs(1) and "from 0" in handle.logs(0)
+        assert "SUCCEEDED" in handle.summary()
+        with pytest.raises(ValueError, match=r"^host 2 is out of range for a 2-host job$"):
+            handle.logs(2)
+    # The one-shot job's hosts ended with its cell: no stacks to ask for. The session's are idle, up, and answer.
+    assert job.stacks() == {} and job.group.status() is kinetic_nb.JobStatus.SUCCEEDED
+    stacks = cell.stacks()
+    assert set(stacks) == {0, 1} and all("no answer" not in text for text in stacks.values())
+    assert not session.group.status().done
+
+
+def test_interrupt_stops_a_one_shot_job_and_only_the_cell_of_a_session(session):
+    job = kinetic_nb.submit("import time\ntime.sleep(600)", hosts=2, framework="none", echo=False)
+    cell = session.run("import time\ntime.sleep(600)")
+    deadline = time.monotonic() + HANG_GUARD_S
+    while not all(host.state == "running" for host in job.hosts() + cell.hosts()):
+        assert time.monotonic() < deadline, "the cells never ran"
+        time.sleep(0.05)
+    job.interrupt()  # a one-shot job's cell is its job: cancelled, its hosts gone
+    assert job.status() is kinetic_nb.JobStatus.CANCELLED
+    cell.interrupt()
+    with pytest.raises(KeyboardInterrupt):
+        cell.result(timeout=HANG_GUARD_S)
+    assert session.run("'still up'").result() == "still up"

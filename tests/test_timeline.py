@@ -1,4 +1,4 @@
-"""JobHandle.timeline(): one row per host, bars per phase, markers for failures."""
+"""CellHandle.timeline(): one row per host, bars per phase, markers for failures."""
 
 from __future__ import annotations
 

@@ -14,7 +14,8 @@ import time
 
 from kinetic_nb.backends import get_backend
 from kinetic_nb.client.catalog_records import listed_fields, listed_ids, owned_here, printable, read_record_bytes
-from kinetic_nb.client.job_handle import JobHandle, remove_job_objects
+from kinetic_nb.client.cell_handle import CellHandle
+from kinetic_nb.client.host_group import HostGroup, remove_job_objects
 from kinetic_nb.client.keys import delete_key, key_path, load_key, read_key_file
 from kinetic_nb.client.launch import print_to_stdout
 from kinetic_nb.client.plan import check_protocol
@@ -116,10 +117,10 @@ def _handle_record(job: Storage, access: _Access) -> dict:
     return record if isinstance(record, dict) else {}
 
 
-def _handle_for(job: Storage, record: dict, access: _Access, *, echo: bool = False) -> JobHandle:
+def _group_for(job: Storage, record: dict, access: _Access, *, echo: bool = False) -> HostGroup:
     plan = JobPlan.from_json(_read_record(job, protocol.PLAN, access))
     backend = get_backend(record.get("backend", "local"), **record.get("backend_options", {}))
-    return JobHandle(job, plan, backend, key=access.key, echo=print_to_stdout if echo else None,
+    return HostGroup(job, plan, backend, key=access.key, echo=print_to_stdout if echo else None,
                      submitted_at=record.get("submitted_at"), detached=True)
 
 
@@ -145,8 +146,8 @@ def _not_yours(job_id: str, job: Storage, *, trust_unsigned: bool) -> IntegrityE
 
 
 def attach(job_id: str, *, storage: str | None = None, echo: bool = False, key_file: str | None = None,
-           trust_unsigned: bool = False) -> JobHandle:
-    """A ``JobHandle`` for a job submitted earlier, from this kernel or another.
+           trust_unsigned: bool = False) -> CellHandle:
+    """A ``CellHandle`` on a job submitted earlier, from this kernel or another.
 
     The handle is detached: interrupting a wait on it never cancels the job.
     Everything read from the job is verified under its key: this user's own
@@ -196,7 +197,7 @@ def attach(job_id: str, *, storage: str | None = None, echo: bool = False, key_f
                                    "result, only for a job you ran yourself before signing existed")
         raise _not_yours(job_id, job, trust_unsigned=trust_unsigned)
     try:
-        handle = _handle_for(job, _handle_record(job, access), access, echo=echo)
+        handle = CellHandle(_group_for(job, _handle_record(job, access), access, echo=echo))
     except ObjectNotFoundError:
         raise ObjectNotFoundError(f"no job {job_id} in {root.uri} (its plan.json is missing)") from None
     check_protocol(handle.plan, f"job {job_id}")
@@ -208,7 +209,7 @@ def _current_status(job: Storage, record: dict, access: _Access) -> str:
     if record.get("status"):
         return record["status"]
     try:
-        return str(_handle_for(job, record, access).status())
+        return str(_group_for(job, record, access).status())
     except ObjectNotFoundError:
         return "UNKNOWN"
 
@@ -273,8 +274,8 @@ def parse_duration(text: str) -> float:
 def _clean_up_platform(job: Storage, record: dict, access: _Access) -> None:
     """Remove what the job's platform still holds for it (a cluster's objects; locally nothing)."""
     try:
-        handle = _handle_for(job, record, access)
-        handle.backend.cleanup(handle.plan)
+        group = _group_for(job, record, access)
+        group.backend.cleanup(group.plan)
     except ObjectNotFoundError:
         return  # no plan: cleaned up at its outcome, its platform's objects with it
     except Exception:  # the objects in storage go regardless
@@ -319,7 +320,7 @@ def collect(older_than: float | str, *, storage: str | None = None) -> list[tupl
         if time.time() - record.get("submitted_at", time.time()) < age:
             continue
         try:
-            live = _handle_for(job, record, access).status()
+            live = _group_for(job, record, access).status()
         except ObjectNotFoundError:
             live = None  # no plan: nothing of the job can still run
         except IntegrityError:

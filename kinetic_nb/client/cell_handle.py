@@ -1,8 +1,19 @@
-"""``CellHandle``: one cell of a session, with the one-shot handle's methods.
+"""``CellHandle``: one cell on a group of hosts, a one-shot job's only cell or a session's cell ``seq``.
 
-Its hosts' states for this cell come from their session-level records
-(``hosts/{i}/status.json`` names the cell a host is on, log chunks name the
-cell they belong to); its outcome from ``cells/{seq}/`` by the seed's rules.
+One type for both, with one set of methods (``result``, ``leader_result``,
+``wait``, ``stacks``, ``interrupt``, ``cancel``, ``summary``, ``watch``,
+``timeline``, ``hosts``, ``logs``). What differs is where the cell lives and
+what its end means:
+
+- a one-shot job's cell is its whole group: its records and outcome are the
+  job's own (``result.pkl`` at the job's root, as the seed's rules expect), it
+  is done when every host has ended, its timeout counts from submission, and
+  an interrupt cancels the job (a kernel restart's leaves it running);
+- a session's cell lives in ``cells/{seq}/`` under the cell's own key, the
+  hosts' session-level records name the cell they are on, it is done when
+  every host is back to idle, its timeout is its own, and an interrupt sends
+  ``KeyboardInterrupt`` into the cell on every host; its outcome is deleted
+  once read.
 """
 
 from __future__ import annotations
@@ -11,71 +22,99 @@ import contextlib
 import dataclasses
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from kinetic_nb.client.handle import STACKS_WAIT_S, Handle
-from kinetic_nb.client.job_handle import remove_job_objects
+from kinetic_nb.client.handle import Handle
+from kinetic_nb.client.host_group import STACKS_WAIT_S, HostGroup, check_host, remove_job_objects
 from kinetic_nb.client.outcome import read_leader, resolve_outcome
 from kinetic_nb.client.poller import JobPoller
 from kinetic_nb.client.waiting import wait_for
 from kinetic_nb.errors import (
     CellInterrupted,
     IntegrityError,
+    JobCancelledError,
     KineticTimeoutError,
     ObjectExistsError,
     ObjectNotFoundError,
 )
 from kinetic_nb.runner import protocol
-from kinetic_nb.runner.protocol import HostState, JobPlan
+from kinetic_nb.runner.group import ONLY_CELL, cell_key
+from kinetic_nb.runner.protocol import CancelRequest, HostState
 from kinetic_nb.runner.records import read_record, write_record
-from kinetic_nb.runner.group import cell_key
 from kinetic_nb.state import JobSnapshot, JobStatus
+
+__all__ = ["CellHandle", "JobHandle", "Session"]
+
+logger = logging.getLogger(__name__)
+
+#: jupyter_client interrupts a kernel right before it asks it to shut down for
+#: a restart (then SIGTERM at about 2.5 s, SIGKILL at 5 s). After an interrupt
+#: a one-shot cell returns at once, and its job is cancelled only when no shutdown
+#: request has arrived within this window, so a restart leaves the job running.
+RESTART_WINDOW_S = 2.0
+#: The hosts' agents stop a cell at its timeout; the notebook steps in only this much later.
+TIMEOUT_SLACK_S = 5.0
+#: Once a host has failed on its own, how long to let the others' records land
+#: before deciding (the cell still raises well within a second of the failure).
+SETTLE_S = 0.3
+#: While no host's end is recorded, whether the session was stopped is looked at no more often than this.
+ENDED_LOOK_S = 0.05
+#: How long a finished session cell waits for the hosts' last output to be stored (the agent writes it at once).
+OUTPUT_WAIT_S = 2.0
 
 
 class Session(Protocol):
     """What a cell uses of its session (``sessions.Session``)."""
 
-    job: Any  # the session's hosts as one long JobHandle
-    plan: JobPlan
-    storage: Any
+    group: HostGroup
     session_id: str
     #: Where the hosts wake this notebook when they are back to idle (a local disk), else None.
     wakeup: Any
 
     def ended(self, *, hosts_ended: bool | None = None) -> str | None: ...
 
-__all__ = ["CellHandle"]
-
-logger = logging.getLogger(__name__)
-
-#: While no host's end is recorded, whether the session was stopped is looked at no more often than this.
-ENDED_LOOK_S = 0.05
-#: How long a finished cell waits for the leader's output to be stored (the agent writes it at once).
-OUTPUT_WAIT_S = 2.0
-#: The agent interrupts a cell at its timeout; the notebook does it itself only this much after the grace.
-TIMEOUT_SLACK_S = 5.0
-
 
 class CellHandle(Handle):
-    """One cell of a session: its outcome by the seed's rules, its hosts, logs and stacks."""
+    """One cell on a group of hosts: wait for it, read its hosts and logs, get its outcome, stop it.
 
-    def __init__(self, session: Session, seq: int, *, timeout: float | None = None,
-                 echo: Callable[[str, str], None] | None = None, name: str | None = None):
+    Parameters
+    ----------
+    group : HostGroup
+        The hosts that run it.
+    session : Session, optional
+        The session the cell is ``seq`` of; None for a one-shot job's only cell.
+    seq : int
+        The cell's number in its group.
+    timeout : float, optional
+        A session cell's own timeout (a one-shot job's is in its plan).
+    echo : callable, optional
+        Where the leader's output goes as it arrives.
+    name : str, optional
+        The cell as the notebook knows it (``In[4]``), for the panel's header.
+    """
+
+    def __init__(self, group: HostGroup, *, session: Session | None = None, seq: int = ONLY_CELL,
+                 timeout: float | None = None, echo: Callable[[str, str], None] | None = None,
+                 name: str | None = None):
+        self.group = group
         self.session = session
         self.seq = seq
+        self.plan = group.plan
         self.timeout = timeout
-        self.echo = echo
-        #: Where the cell's outcome is stored, under the cell's own key.
-        self.storage = session.storage.child(protocol.cell_dir(seq))
-        self.key = cell_key(session.job.key, seq)
-        self.plan = session.plan
         self.outputs: dict[str, Any] = {}
-        #: The session's hosts' records, read for this cell, with the cell's own output.
-        self.poller = JobPoller(session.storage, dataclasses.replace(self.plan, job_id=self.job_id),
-                                session.job.backend, key=session.job.key, on_leader_output=echo, cell=seq,
-                                label=f"{name or f'cell {seq}'} · session {session.session_id}")
+        #: ``--out`` names the leader's cell did not bind (warned about; the rest came back).
+        self.missing_outputs: tuple[str, ...] = ()
+        if session is None:  # a one-shot job: its cell is the whole group, at its root, under its key
+            self.storage, self.key, self.poller = group.storage, group.key, group.poller
+        else:
+            self.storage = group.storage.child(protocol.cell_dir(seq))
+            self.key = cell_key(group.key, seq)
+            self.poller = JobPoller(group.storage, dataclasses.replace(self.plan, job_id=self.job_id), group.backend,
+                                    key=group.key, on_leader_output=echo, cell=seq,
+                                    label=f"{name or f'cell {seq}'} · session {session.session_id}")
         self._payload: Any = None
         self._failure: BaseException | None = None
         self._leader: Any = None
@@ -83,112 +122,282 @@ class CellHandle(Handle):
         self._next_ended_look = 0.0
 
     @property
-    def job_id(self) -> str:
-        return f"{self.session.session_id}/{protocol.cell_dir(self.seq)}"
+    def one_shot(self) -> bool:
+        """Whether this is a one-shot job's only cell (its end is the group's end)."""
+        return self.session is None
 
-    def ask_for_stacks(self, hosts: list[int], wait: float = STACKS_WAIT_S) -> dict[int, str]:
-        return self.session.job.ask_for_stacks(hosts, wait)
+    @property
+    def job_id(self) -> str:
+        return self.plan.job_id if self.session is None else f"{self.session.session_id}/{protocol.cell_dir(self.seq)}"
+
+    @property
+    def uri(self) -> str:
+        return self.storage.uri
+
+    @property
+    def backend(self) -> Any:
+        return self.group.backend
+
+    @property
+    def detached(self) -> bool:
+        """A detached cell's group is never cancelled by an interrupt of whoever waits for it."""
+        return self.group.detached
+
+    @detached.setter
+    def detached(self, value: bool) -> None:
+        self.group.detached = value
+
+    @property
+    def shutting_down(self) -> Callable[[], bool] | None:
+        """Set in a kernel: whether it is shutting down (a restart's interrupt leaves a one-shot job running)."""
+        return self.group.shutting_down
+
+    @shutting_down.setter
+    def shutting_down(self, value: Callable[[], bool] | None) -> None:
+        self.group.shutting_down = value
+
+    def write_record(self, **outcome: Any) -> None:
+        """Store the group's ``handle.json``, signed (see ``HostGroup.write_record``)."""
+        self.group.write_record(**outcome)
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.group.to_dict()
+
+    # -- the hosts ------------------------------------------------------------------------------
 
     def logs(self, host: int = protocol.LEADER_INDEX) -> str:
-        """Host ``host``'s output during this cell."""
+        """Host ``host``'s stdout and stderr during this cell (a one-shot job's: its whole log)."""
+        check_host(host, self.plan.hosts)
+        if self.session is None:
+            return self.group.logs(host)
         self.snapshot()
         return "".join(f"{line}\n" for line in self.poller.records[host].lines())
 
-    def stacks(self, host: int | None = None) -> dict[int, str]:
-        """Every running host's Python stacks (see ``JobHandle.stacks``)."""
-        return self.session.job.stacks(host)
+    def stacks(self, host: int | None = None, *, wait: float = STACKS_WAIT_S) -> dict[int, str]:
+        """Every running host's Python stacks, all threads, even while blocked in C code: host index to its
+        stacks, ``host`` only if given; a host that has not answered within ``wait`` seconds is reported as
+        "no answer" (see ``HostGroup.stacks``)."""
+        return self.group.stacks(host, wait=wait)
 
-    # -- the outcome ---------------------------------------------------------------------------
+    def ask_for_stacks(self, hosts: list[int], wait: float = STACKS_WAIT_S) -> dict[int, str]:
+        return self.group.ask_for_stacks(hosts, wait)
+
+    # -- waiting and the outcome ----------------------------------------------------------------
+
+    def wait(self, timeout: float | None = None, *, on_snapshot: Callable[[JobSnapshot], None] | None = None
+             ) -> JobStatus:
+        """Wait until the cell has ended on every host; return its state.
+
+        ``timeout`` bounds this wait only (the cell goes on); the cell's own
+        timeout stops it and raises ``KineticTimeoutError``. ``on_snapshot``
+        sees the hosts at most every ``SNAPSHOT_INTERVAL_S``, and always once
+        more at the end.
+        """
+        return self._wait(lambda snapshot: snapshot.status.done, timeout, on_snapshot).status
 
     def result(self, timeout: float | None = None, *,
                on_snapshot: Callable[[JobSnapshot], None] | None = None) -> Any:
         """The leader's value, or the right host's own exception (the seed's rules, root cause first).
 
-        When the session ended during the cell, the exception says so and
-        that ``restart()`` starts it again. An interrupt sends
-        ``KeyboardInterrupt`` into the cell on every host; the session stays
-        up when every host is back to idle within the grace period.
+        It raises as soon as one host has failed on its own account. An
+        interrupt cancels a one-shot job (unless it is detached; in a kernel
+        only when no restart follows) and re-raises ``KeyboardInterrupt``; in
+        a session it sends ``KeyboardInterrupt`` into the cell on every host
+        and raises ``CellInterrupted``, and the session stays up when every
+        host is back to idle within the grace period. When the session ended
+        during the cell, the exception says so and that ``restart()`` starts
+        it again.
         """
         if self._payload is not None:
             return self._payload.result
-        if self._failure is not None:  # read once: its objects are gone, the exception stays
+        if self._failure is not None:  # read once: a session cell's objects are gone, the exception stays
             raise self._failure
-        snapshot = self._wait(timeout, on_snapshot)
-        ended = self.session.ended(hosts_ended=any(host.exit for host in snapshot.hosts))
-        exits = {host.index: host.exit for host in snapshot.hosts if host.exit is not None}
+        snapshot, shown = self._wait_for_outcome(timeout, on_snapshot)
+        ended = None if self.session is None else self.session.ended(hosts_ended=any(h.exit for h in snapshot.hosts))
         status = snapshot.status
-        if status is JobStatus.CANCELLED:
+        if status is JobStatus.CANCELLED and self.session is not None:
             status = JobStatus.FAILED  # an interrupted cell's KeyboardInterrupts are its outcome
+        decided = JobStatus.FAILED
         try:
-            try:
-                self._payload = resolve_outcome(self.storage, self.poller.plan, status, exits, self.storage.list,
-                                                self.describe_host, key=self.key)
-            except BaseException:
+            self._payload = resolve_outcome(self.storage, self.poller.plan, status, self.poller.exits,
+                                            self._listing, self.describe_host, key=self.key,
+                                            lost=snapshot.lost if self.session is None else ())
+            decided = JobStatus.SUCCEEDED
+        except BaseException as error:
+            if isinstance(error, JobCancelledError):
+                decided = JobStatus.CANCELLED
+            if self.session is not None:
                 with contextlib.suppress(Exception):  # leader_result() still has the leader's own value
                     self._leader = read_leader(self.storage, self.key)
+            self._failure = self._explained(error, ended)
+            if self._failure is error:
                 raise
-            finally:
-                self._forget_outcome()
-        except KeyboardInterrupt as interrupt:
-            timeout = self.interrupted_at_timeout()
-            if timeout is None:
-                self._failure = interrupt
-                raise
-            error = KineticTimeoutError(f"cell {self.seq} ran past its timeout of {timeout:g} s and was interrupted")
-            error.add_note(self._fate())
-            self._failure = error
-            raise error from interrupt
-        except BaseException as error:
-            if ended is not None and isinstance(error, Exception):
-                error.add_note(f"The session {self.session.session_id} ended: {ended}. "
-                               "%kinetic restart (or session.restart()) starts it again.")
-            self._failure = error
-            raise
+            raise self._failure from error
+        finally:
+            if on_snapshot is not None and not shown:
+                # Decided while a host's end may still be being recorded: the panel's last word is the outcome.
+                on_snapshot(snapshot if snapshot.status.done else dataclasses.replace(snapshot, status=decided))
+            self._after_outcome(decided)
         self.outputs = dict(self._payload.outputs)
+        self.missing_outputs = self._payload.missing_outputs
         return self._payload.result
 
-    def _forget_outcome(self) -> None:
-        """Delete the cell's outcome objects once read (the leader's value, the workers' failures, the barrier's
-        markers), as a one-shot job's are: a long session does not pile up every cell's values. The payload
-        stays (its name is how the session numbers its cells), and so does the hosts' output (``logs()``)."""
+    def _wait_for_outcome(self, timeout: float | None, on_snapshot: Callable[[JobSnapshot], None] | None
+                          ) -> tuple[JobSnapshot, bool]:
+        """Wait until the outcome can be decided; the snapshot, and whether ``on_snapshot`` has seen it last."""
+        if self.session is not None:
+            return self._wait(self._session_cell_ready, timeout, on_snapshot), True
+        snapshot = self._wait(lambda snap: snap.decided, timeout, on_snapshot, show_last=False)
+        shown = snapshot.status.done
+        if shown:
+            if on_snapshot is not None:
+                on_snapshot(snapshot)
+        else:  # a moment for a lower-indexed host's own failure to land: the choice stays the lowest host's
+            settle = time.monotonic() + SETTLE_S
+            while not snapshot.status.done and time.monotonic() < settle:
+                time.sleep(0.02)
+                snapshot = self.snapshot()
+        if snapshot.lost:
+            self.group.report_lost_hosts(snapshot.lost)
+        return snapshot, shown
+
+    def _listing(self) -> list[Any]:
+        """The cell's records as the seed's rules read them: the poll's last listing of a one-shot job's
+        objects, one listing of a session cell's directory."""
+        return self.poller.listing if self.session is None else self.storage.list()
+
+    def _explained(self, error: BaseException, ended: str | None) -> BaseException:
+        """The exception the cell raises: a session cell interrupted at its timeout raises the timeout; one
+        whose session ended says so."""
+        if self.session is None:
+            return error
+        if isinstance(error, KeyboardInterrupt):
+            timeout = self.interrupted_at_timeout()
+            if timeout is None:
+                return error
+            timed_out = KineticTimeoutError(f"cell {self.seq} ran past its timeout of {timeout:g} s and was "
+                                            "interrupted")
+            timed_out.add_note(self._fate())
+            return timed_out
+        if ended is not None and isinstance(error, Exception):
+            error.add_note(f"The session {self.session.session_id} ended: {ended}. "
+                           "%kinetic restart (or session.restart()) starts it again.")
+        return error
+
+    def _after_outcome(self, decided: JobStatus) -> None:
+        """A one-shot job notes its outcome (and after a success removes all but handle.json and outputs/);
+        a session cell's outcome objects are deleted once read, as a one-shot job's are: a long session does
+        not pile up every cell's values. A cell's payload stays (its name is how the session numbers its
+        cells), and so does the hosts' output (``logs()``)."""
+        if self.session is None:
+            self.group.record_outcome(decided)
+            return
         try:
             remove_job_objects(self.storage, keep=(protocol.PAYLOAD, "log/"))
         except Exception:
             logger.debug("could not remove the outcome of cell %s", self.seq, exc_info=True)
 
-    def _wait(self, timeout: float | None, on_snapshot: Callable[[JobSnapshot], None] | None) -> JobSnapshot:
+    def _wait(self, ready: Callable[[JobSnapshot], bool], timeout: float | None,
+              on_snapshot: Callable[[JobSnapshot], None] | None, *, show_last: bool = True) -> JobSnapshot:
+        """The one wait loop, with this cell's deadlines, its interrupt and (locally) the hosts' wakeup."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        # The agent interrupts the cell at its timeout; the notebook steps in only if it has not, a while later.
-        cell_deadline = None if self.timeout is None else (time.monotonic() + self.timeout + self.plan.grace_s
-                                                           + TIMEOUT_SLACK_S)
-        def ready(snapshot: JobSnapshot) -> bool:
-            return snapshot.status.done or (self._session_ended(snapshot) and self._settled(snapshot))
+        # The agent stops the cell at its timeout; the notebook steps in only if it has not, a while later.
+        if self.session is None:
+            started = self.plan.created_at or self.poller.submitted_at
+            cell_deadline = None if self.plan.timeout_s is None else (
+                time.monotonic() + started + self.plan.timeout_s + TIMEOUT_SLACK_S - time.time())
+        else:
+            cell_deadline = None if self.timeout is None else (
+                time.monotonic() + self.timeout + self.plan.grace_s + TIMEOUT_SLACK_S)
 
         def check(snapshot: JobSnapshot) -> None:
             now = time.monotonic()
             if cell_deadline is not None and now > cell_deadline:
-                self._stop_for_timeout()
+                self._stop_for_timeout(on_snapshot)
             if deadline is not None and now > deadline:
-                raise KineticTimeoutError(f"cell {self.seq} of session {self.session.session_id} has not "
-                                          f"finished after {timeout:g} s; it goes on")
-
-        def sleep(seconds: float) -> None:
-            wakeup = self.session.wakeup
-            if wakeup is not None:  # the hosts wake it when they are back to idle
-                wakeup.sleep(seconds)
-            else:
-                time.sleep(seconds)
+                raise KineticTimeoutError(f"{self._name()} has not finished after {timeout:g} s; it goes on")
 
         try:
-            snapshot = wait_for(self.snapshot, ready, on_snapshot=on_snapshot, between=check, sleep=sleep)
-            snapshot = self._output_in(snapshot)
-            if on_snapshot is not None:
+            snapshot = wait_for(self.snapshot, ready, on_snapshot=on_snapshot, between=check, sleep=self._sleep)
+            if self.session is not None:
+                snapshot = self._output_in(snapshot)
+            elif self.stopped_at_timeout:
+                if on_snapshot is not None:
+                    on_snapshot(snapshot)
+                raise self._timeout_error(snapshot)
+            if on_snapshot is not None and show_last:
                 on_snapshot(snapshot)
             return snapshot
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as interrupt:
+            if self.session is None:
+                self._cancel_after_interrupt(interrupt)
+                raise
             interrupted = CellInterrupted(f"cell {self.seq} was interrupted on every host")
             interrupted.add_note(self._interrupt_and_report())
             raise interrupted from None
+
+    def _name(self) -> str:
+        return f"job {self.job_id}" if self.session is None else \
+            f"cell {self.seq} of session {self.session.session_id}"
+
+    def _sleep(self, seconds: float) -> None:
+        wakeup = None if self.session is None else self.session.wakeup
+        if wakeup is not None:  # the hosts wake it when they are back to idle
+            wakeup.sleep(seconds)
+        else:
+            time.sleep(seconds)
+
+    # -- a one-shot job's cell ------------------------------------------------------------------
+
+    def _cancel_after_interrupt(self, interrupt: KeyboardInterrupt) -> None:
+        """An interrupt of a one-shot cell cancels its job, unless detached; in a kernel, unless a restart
+        follows. The note says which."""
+        if self.detached:
+            interrupt.add_note(f"kinetic_nb: job {self.job_id} is detached and goes on; "
+                               f"%kinetic attach {self.job_id} to wait for it again")
+        elif self.shutting_down is None:  # a script: the interrupt may end it, so cancel now
+            self.cancel("interrupted")
+            interrupt.add_note(f"kinetic_nb: cancelled job {self.job_id} and stopped its {self.plan.hosts} hosts")
+        else:  # a kernel: control comes back at once; the cancel follows unless a shutdown does
+            threading.Thread(target=self._cancel_unless_shutting_down, name=f"kinetic-cancel-{self.job_id}",
+                             daemon=True).start()
+            interrupt.add_note(f"kinetic_nb: cancelling job {self.job_id} and its {self.plan.hosts} hosts "
+                               f"(a kernel restart leaves it running: %kinetic attach {self.job_id})")
+
+    def _cancel_unless_shutting_down(self) -> None:
+        """Cancel after an interrupt, unless the kernel turns out to be restarting or shutting down.
+
+        Jupyter interrupts a kernel right before it asks it to shut down for a
+        restart; the kernel's shutdown request is what tells the two apart.
+        """
+        deadline = time.monotonic() + RESTART_WINDOW_S
+        while time.monotonic() < deadline:
+            if self.shutting_down():
+                logger.info("kernel shutting down: job %s goes on", self.job_id)
+                return
+            time.sleep(0.02)
+        try:
+            self.cancel("interrupted")
+        except Exception:  # a background thread: say it, do not lose it
+            logger.warning("could not cancel job %s after an interrupt", self.job_id, exc_info=True)
+
+    @property
+    def stopped_at_timeout(self) -> bool:
+        """Whether a one-shot job was stopped because it ran past its plan's timeout (by its agent or here)."""
+        request = self.poller.cancel_request
+        return self.session is None and request is not None and request.reason == CancelRequest.TIMEOUT
+
+    def _timeout_error(self, snapshot: JobSnapshot) -> KineticTimeoutError:
+        where = [f"host {h.index}: {h.state}, phase {h.phase}" + (f", last line: {h.last_line}" if h.last_line else "")
+                 for h in snapshot.hosts]
+        return KineticTimeoutError(
+            f"job {self.job_id} ran past its timeout of {self.plan.timeout_s:g} s and was stopped; " + "; ".join(where)
+        )
+
+    # -- a session's cell -----------------------------------------------------------------------
+
+    def _session_cell_ready(self, snapshot: JobSnapshot) -> bool:
+        return snapshot.status.done or (self._session_ended(snapshot) and self._settled(snapshot))
 
     def _output_in(self, snapshot: JobSnapshot) -> JobSnapshot:
         """Wait (a moment at most) for the cell's last output: the leader's, so that its output precedes the
@@ -197,10 +406,7 @@ class CellHandle(Handle):
             host.index == protocol.LEADER_INDEX or snapshot.status is not JobStatus.SUCCEEDED)]
         deadline = time.monotonic() + OUTPUT_WAIT_S
         while not self.poller.output_complete.issuperset(wanted) and time.monotonic() < deadline:
-            if self.session.wakeup is not None:  # the agent wakes it once the chunk is stored
-                self.session.wakeup.sleep(0.002)
-            else:
-                time.sleep(0.002)
+            self._sleep(0.002)  # the agent wakes it once the chunk is stored
             snapshot = self.snapshot()
             wanted = [index for index in wanted if snapshot.hosts[index].exit is None]
         return snapshot
@@ -216,25 +422,14 @@ class CellHandle(Handle):
 
     def _settled(self, snapshot: JobSnapshot) -> bool:
         """A session that ended: its hosts' ends are recorded (their agent stops them within the grace)."""
-        return all(host.exit is not None for host in snapshot.hosts) or self.session.job.status().done
-
-    def interrupt(self, *, timeout: float | None = None) -> None:
-        """``KeyboardInterrupt`` in this cell on every host (the session's agent sends it); a cell still queued
-        behind another is withdrawn before it starts, and the running one is left alone. ``timeout``: the
-        cell's own, which it ran past (the agent normally interrupts it first)."""
-        self.poller.interrupted = True
-        request = {"at": time.time(), "reason": "user"} if timeout is None else {
-            "at": time.time(), "reason": "timeout", "timeout": timeout}
-        try:
-            write_record(self.session.storage, self.session.job.key, protocol.cell_control(self.seq, "interrupt"),
-                         json.dumps(request).encode())
-        except ObjectExistsError:
-            pass
+        return all(host.exit is not None for host in snapshot.hosts) or self.group.status().done
 
     def interrupted_at_timeout(self) -> float | None:
-        """The timeout the agent interrupted this cell at, or None when nobody did for a timeout."""
+        """The timeout the agent interrupted this session cell at, or None when nobody did for a timeout."""
+        if self.session is None:
+            return None
         try:
-            record = json.loads(read_record(self.session.storage, self.session.job.key,
+            record = json.loads(read_record(self.group.storage, self.group.key,
                                             protocol.cell_control(self.seq, "interrupt")))
         except (ObjectNotFoundError, IntegrityError, ValueError):
             return None
@@ -250,38 +445,79 @@ class CellHandle(Handle):
         return (f"kinetic_nb: session {self.session.session_id} ended: {ended}; %kinetic restart (or "
                 "session.restart()) starts it again")
 
-    cancel = interrupt
-
     def _interrupt_and_report(self, *, timeout: float | None = None) -> str:
         """Interrupt, wait for every host to be back (or the session to end), and say which it was. Whatever
         happens meanwhile (a second interrupt, a storage error) is said in that line: it never replaces the
         interrupt the user made."""
+        session_id = self.session.session_id
         deadline = time.monotonic() + self.plan.grace_s + 5
         try:
             self.interrupt(timeout=timeout)
             while time.monotonic() < deadline:
                 snapshot = self.snapshot()
                 if snapshot.status.done:
-                    return (f"kinetic_nb: every host is back to idle and session {self.session.session_id} "
-                            "is up")
+                    return f"kinetic_nb: every host is back to idle and session {session_id} is up"
                 if self.session.ended(hosts_ended=any(host.exit for host in snapshot.hosts)) is not None:
                     break
                 time.sleep(0.05)
             stuck = [host.index for host in self.snapshot().hosts if not host.exit and host.state in (
                 HostState.RUNNING.value, HostState.READY.value)]
-            return (f"kinetic_nb: session {self.session.session_id} ended: "
+            return (f"kinetic_nb: session {session_id} ended: "
                     f"{self.session.ended() or 'hosts ' + ', '.join(map(str, stuck)) + ' did not come back'}")
         except KeyboardInterrupt:  # a second interrupt: stop waiting, and still say what is known
             return (f"kinetic_nb: not waiting for the hosts to come back (interrupted again); the session's agent "
-                    f"ends session {self.session.session_id} unless every host is back to idle within "
+                    f"ends session {session_id} unless every host is back to idle within "
                     f"{self.plan.grace_s:g} s (%kinetic sessions shows its state)")
         except Exception as error:  # the note is best effort: the interrupt is what is raised
             logger.debug("after the interrupt of cell %s", self.seq, exc_info=True)
-            return (f"kinetic_nb: could not learn whether session {self.session.session_id} is still up after "
+            return (f"kinetic_nb: could not learn whether session {session_id} is still up after "
                     f"the interrupt ({type(error).__name__}: {error}); %kinetic sessions shows its state")
 
-    def _stop_for_timeout(self) -> None:
+    # -- stopping -------------------------------------------------------------------------------
+
+    def interrupt(self, *, timeout: float | None = None) -> None:
+        """Stop the cell on every host.
+
+        A session's cell gets ``KeyboardInterrupt`` on every host (the
+        session's agent sends it), and the session stays up; a cell still
+        queued behind another is withdrawn before it starts, and the running
+        one is left alone. A one-shot job's cell is its job: it is cancelled.
+        ``timeout``: the cell's own, which it ran past (the agent normally
+        interrupts it first).
+        """
+        if self.session is None:
+            self.cancel("interrupted")
+            return
+        self.poller.interrupted = True
+        request = {"at": time.time(), "reason": "user"} if timeout is None else {
+            "at": time.time(), "reason": "timeout", "timeout": timeout}
+        try:
+            write_record(self.group.storage, self.group.key, protocol.cell_control(self.seq, "interrupt"),
+                         json.dumps(request).encode())
+        except ObjectExistsError:
+            pass
+
+    def cancel(self, reason: str = "cancelled by the user") -> None:
+        """Stop the cell: a one-shot job's hosts are stopped (returns once they are gone, or after a bounded
+        wait); a session's cell is interrupted, and the session's hosts stay up."""
+        if self.session is None:
+            self.group.cancel(reason)
+        else:
+            self.interrupt()
+
+    def _stop_for_timeout(self, on_snapshot: Callable[[JobSnapshot], None] | None) -> None:
+        """The notebook's backstop for an agent that did not stop the cell at its timeout."""
+        if self.session is None:
+            self.cancel(CancelRequest.TIMEOUT)
+            snapshot = self.snapshot()
+            if on_snapshot is not None:
+                on_snapshot(snapshot)
+            raise self._timeout_error(snapshot)
         note = self._interrupt_and_report(timeout=self.timeout)
         error = KineticTimeoutError(f"cell {self.seq} ran past its timeout of {self.timeout:g} s and was interrupted")
         error.add_note(note)
         raise error
+
+
+#: What ``submit`` returned before a cell's handle was one type: the same class, under the name scripts know.
+JobHandle = CellHandle

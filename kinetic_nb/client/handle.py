@@ -1,8 +1,10 @@
-"""What every handle on running hosts shares, a one-shot job's or a session cell's: its snapshot (with a
-quiet host's stacks), its hosts, the panel and its text twin, the timeline, and the leader's own value.
+"""What a cell's handle reads and shows, whichever group it runs on: its snapshot (with a quiet host's
+stacks), its hosts, the panel and its text twin, the timeline, and the leader's own value.
 
-A handle reads through one :class:`~kinetic_nb.client.poller.JobPoller` (a whole job's, or one cell's);
-the subclasses add how the hosts are waited for, decided and stopped.
+:class:`~kinetic_nb.client.cell_handle.CellHandle` is the one handle type; this
+base keeps its reading and showing apart from its waiting, deciding and stopping.
+It reads through one :class:`~kinetic_nb.client.poller.JobPoller` (a whole
+one-shot job's, or one session cell's).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from kinetic_nb import views
+from kinetic_nb.client.host_group import STACKS_WAIT_S
 from kinetic_nb.client.outcome import read_leader
 from kinetic_nb.client.poller import JobPoller
 from kinetic_nb.errors import ObjectNotFoundError
@@ -17,15 +20,11 @@ from kinetic_nb.runner.protocol import JobPlan, ResultPayload
 from kinetic_nb.state import HostSnapshot, HostState, JobSnapshot, JobStatus
 from kinetic_nb.storage import Storage
 
-__all__ = ["STACKS_WAIT_S", "Handle"]
-
-#: How long a stacks request waits for the hosts' answers: the agent gives each
-#: host 1.5 s to dump, and a remote store adds its own latency.
-STACKS_WAIT_S = 5.0
+__all__ = ["Handle"]
 
 
 class Handle:
-    """Hosts running one cell (a one-shot job is one cell): read them, show them, get the leader's value."""
+    """A cell's hosts as the notebook reads and shows them, and the leader's own value."""
 
     poller: JobPoller
     plan: JobPlan

@@ -1,4 +1,4 @@
-"""``submit``: store a cell's plan and payload, launch its hosts, and hand back its ``JobHandle``."""
+"""``submit``: store a cell's plan and payload, launch its hosts, and hand back its ``CellHandle``."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from typing import Any
 
 from kinetic_nb.accelerators import Accelerator, local_notice
 from kinetic_nb.backends import Backend, JobSecrets, get_backend
+from kinetic_nb.client.cell_handle import CellHandle
 from kinetic_nb.client.echo import show_output
-from kinetic_nb.client.job_handle import JobHandle
+from kinetic_nb.client.host_group import HostGroup
 from kinetic_nb.client.keys import create_key
 from kinetic_nb.client.plan import check_shape, choose_framework, make_plan, new_job_id, prepare_cell, resolve_slice
 from kinetic_nb.errors import (
@@ -26,7 +27,7 @@ from kinetic_nb.storage import LocalStorage, Storage, default_root, open_storage
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["JobHandle", "last_job", "submit"]
+__all__ = ["CellHandle", "last_job", "submit"]
 
 
 def choose_backend(backend: str | Backend, options: Mapping[str, Any] | None) -> Backend:
@@ -41,7 +42,7 @@ def choose_backend(backend: str | Backend, options: Mapping[str, Any] | None) ->
 def launch_hosts(group_id: str, kind: str, root: Storage, backend: Backend, acc: Accelerator, hosts: int, *,
                  framework: str, env: Mapping[str, str], quiet: bool, payload: bytes | None = None,
                  echo: Callable[[str, str], None] | None = None, detached: bool = False, keep: bool = False,
-                 **plan_options: Any) -> JobHandle:
+                 **plan_options: Any) -> HostGroup:
     """The one launch path of a group of hosts, a one-shot job's (``kind`` JOB, its cell's ``payload``) or a
     session's (SESSION): the plan, the backend's preflight, the key, the sealed plan and handle record, then the
     hosts. Nothing is stored before the preflight passed; the key exists before anything of the group is."""
@@ -58,10 +59,10 @@ def launch_hosts(group_id: str, kind: str, root: Storage, backend: Backend, acc:
     if payload is not None:
         write_sealed(storage, protocol.PAYLOAD, key, payload, exclusive=True)
     write_sealed(storage, protocol.PLAN, key, plan.to_json(), exclusive=True)
-    handle = JobHandle(storage, plan, backend, key=key, echo=echo, detached=detached, keep=keep)
-    handle.write_record(**({"kind": "session"} if kind == SESSION else {}))
+    group = HostGroup(storage, plan, backend, key=key, echo=echo, detached=detached, keep=keep)
+    group.write_record(**({"kind": "session"} if kind == SESSION else {}))
     backend.launch(storage, plan, JobSecrets(key=key, env=dict(env)))
-    return handle
+    return group
 
 
 def warn_if_shared(root: Storage) -> None:
@@ -77,10 +78,10 @@ def warn_if_shared(root: Storage) -> None:
                       "can write", KineticWarning, stacklevel=3)
 
 
-_last_handle: JobHandle | None = None
+_last_handle: CellHandle | None = None
 
 
-def last_job() -> JobHandle | None:
+def last_job() -> CellHandle | None:
     """The most recent job submitted from this process (what the last ``%%kinetic`` ran)."""
     return _last_handle
 
@@ -109,8 +110,8 @@ def submit(
     detach: bool = False,
     keep: bool = False,
     backend_options: Mapping[str, Any] | None = None,
-) -> JobHandle:
-    """Run ``source`` on every host of a slice; return at once with a ``JobHandle``.
+) -> CellHandle:
+    """Run ``source`` on every host of a slice; return at once with a ``CellHandle`` on its one cell.
 
     Parameters
     ----------
@@ -128,7 +129,7 @@ def submit(
     namespace : mapping, optional
         Where the cell's free names are looked up (the notebook's namespace).
     out : iterable of str
-        Leader variables to bring back in ``JobHandle.outputs``.
+        Leader variables to bring back in ``CellHandle.outputs``.
     env : mapping, optional
         Extra environment variables for every host. Their values are secrets:
         held as ``SecretValue`` (masked in every repr), redacted from the hosts'
@@ -163,10 +164,11 @@ def submit(
     chosen_backend = choose_backend(backend, backend_options)
     acc, host_count = resolve_slice(hosts, accelerator)
     payload = prepare_cell(source, namespace, filename=f"<{cell_name}>", out=out)
-    handle = launch_hosts(new_job_id(), JOB, open_storage(storage or default_root()), chosen_backend, acc, host_count,
+    group = launch_hosts(new_job_id(), JOB, open_storage(storage or default_root()), chosen_backend, acc, host_count,
                           framework=choose_framework(framework, payload.modules), env=env, quiet=quiet,
                           payload=payload.data, echo=print_to_stdout if echo is True else (echo or None),
                           detached=detach, keep=keep, timeout=timeout, grace=grace)
+    handle = CellHandle(group)
     global _last_handle
     _last_handle = handle
     if detach:

@@ -30,7 +30,7 @@ from typing import Any
 from kinetic_nb.backends import Backend, get_backend
 from kinetic_nb.client.catalog_records import listed_ids, owned_here, printable
 from kinetic_nb.client.cell_handle import CellHandle
-from kinetic_nb.client.job_handle import JobHandle, remove_job_objects
+from kinetic_nb.client.host_group import HostGroup, remove_job_objects
 from kinetic_nb.client.keys import delete_key, load_key
 from kinetic_nb.client.launch import choose_backend, launch_hosts, print_to_stdout
 from kinetic_nb.client.plan import (
@@ -51,10 +51,10 @@ from kinetic_nb.errors import (
 )
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.envelope import read_sealed, write_sealed
+from kinetic_nb.runner.group import CELL_FRAMEWORK, cell_key
 from kinetic_nb.runner.job_keys import SESSION
 from kinetic_nb.runner.protocol import CancelRequest, HostState, JobPlan
 from kinetic_nb.runner.records import read_exit, read_host_status, read_record, write_record
-from kinetic_nb.runner.group import CELL_FRAMEWORK, cell_key
 from kinetic_nb.runner.wakeup import Wakeup, client_wakeup_path, wake, wakeup_path
 from kinetic_nb.state import JobSnapshot, JobStatus
 from kinetic_nb.storage import Storage, default_root, open_storage
@@ -78,9 +78,9 @@ class SessionEndedError(KineticError):
 class Session:
     """A slice kept up across cells. Run cells with :meth:`run`; ``stop``, ``restart``."""
 
-    def __init__(self, job: JobHandle, *, echo: Callable[[str, str], None] | None = None):
-        #: The hosts as one long job: their states, logs, stacks, and stopping them.
-        self.job = job
+    def __init__(self, group: HostGroup, *, echo: Callable[[str, str], None] | None = None):
+        #: The session's hosts: their states, logs, stacks, and stopping them.
+        self.group = group
         self.echo = echo
         self.cells_run = 0
         self._ended_hosts = False
@@ -92,15 +92,15 @@ class Session:
 
     @property
     def session_id(self) -> str:
-        return self.job.job_id
+        return self.group.job_id
 
     @property
     def plan(self) -> JobPlan:
-        return self.job.plan
+        return self.group.plan
 
     @property
     def storage(self) -> Storage:
-        return self.job.storage
+        return self.group.storage
 
     def __repr__(self) -> str:
         return f"<Session {self.session_id} {self.plan.hosts} hosts {self.state()}>"
@@ -117,11 +117,11 @@ class Session:
         elsewhere (one request, where each record by name is one per host).
         """
         try:
-            return CancelRequest.from_json(read_record(self.storage, self.job.key, protocol.CANCEL)).reason
+            return CancelRequest.from_json(read_record(self.storage, self.group.key, protocol.CANCEL)).reason
         except (ObjectNotFoundError, IntegrityError):  # none, or a forged one: the agents ignore it too
             pass
         if not self._ended_hosts and hosts_ended is None:
-            hosts_ended = any(read_exit(self.storage, self.job.key, index) is not None for index in self._exits_listed())
+            hosts_ended = any(read_exit(self.storage, self.group.key, index) is not None for index in self._exits_listed())
         if self._ended_hosts or hosts_ended:
             self._ended_hosts = True
             return "its hosts have ended"
@@ -140,12 +140,12 @@ class Session:
 
     def held_names(self) -> list[str]:
         """The names the leader's namespace holds after its last cell."""
-        status = read_host_status(self.storage, self.job.key, protocol.LEADER_INDEX)
+        status = read_host_status(self.storage, self.group.key, protocol.LEADER_INDEX)
         return list(status.names) if status is not None else []
 
     def summary(self) -> str:
         """Hosts, their states, uptime, cells run and the idle countdown, as text."""
-        snapshot = self.job.snapshot()
+        snapshot = self.group.snapshot()
         uptime = time.time() - self.plan.created_at
         lines = [f"session {self.session_id} · {snapshot.backend} · {self.plan.accelerator} · {self.plan.hosts} hosts "
                  f"· framework {self.plan.framework} · up {uptime:.0f} s · {self._last_seq} cells"]
@@ -182,12 +182,12 @@ class Session:
             if self.plan.framework == "auto" else None
         payload = prepare_cell(source, namespace or {}, filename=f"<{cell_name}>", out=out, held=held, extra=extra)
         if self.wakeup is None and self.storage.local_path() is not None:
-            self.wakeup = _client_wakeup(self.job)
+            self.wakeup = _client_wakeup(self.group)
         seq = self._submit(payload.data, timeout)
         printer = print_to_stdout if echo is True else (echo or self.echo)
         # The panel names the cell as the notebook does (In[4]); a cell from the API by its number.
         name = cell_name.removeprefix("kinetic ") if cell_name != "kinetic cell" else None
-        return CellHandle(self, seq, timeout=timeout, echo=printer, name=name)
+        return CellHandle(self.group, session=self, seq=seq, timeout=timeout, echo=printer, name=name)
 
     def cell(self, seq: int) -> CellHandle:
         """A handle on cell ``seq`` of this session, run from this kernel or another (its outcome, hosts, logs)."""
@@ -197,7 +197,7 @@ class Session:
             self.storage.child(protocol.cell_dir(seq)).read_bytes(protocol.PAYLOAD)
         except ObjectNotFoundError:
             raise ValueError(f"session {self.session_id} has no cell {seq}") from None
-        return CellHandle(self, seq, echo=self.echo)
+        return CellHandle(self.group, session=self, seq=seq, echo=self.echo)
 
     def _submit(self, data: bytes, timeout: float | None = None) -> int:
         """Store the cell under the next free number: cells from two kernels run one at a time, in order."""
@@ -207,7 +207,7 @@ class Session:
                 name = f"{protocol.cell_dir(seq)}/{protocol.PAYLOAD}"
                 try:
                     write_sealed(self.storage.child(protocol.cell_dir(seq)), protocol.PAYLOAD,
-                                 cell_key(self.job.key, seq), data, exclusive=True)
+                                 cell_key(self.group.key, seq), data, exclusive=True)
                     break
                 except ObjectExistsError:
                     logger.debug("%s taken by another kernel", name)
@@ -218,7 +218,7 @@ class Session:
             for index in range(self.plan.hosts):
                 wake(wakeup_path(self.session_id, index))
         # The cell's timeout travels with it: the agent enforces it, with or without this kernel.
-        write_record(self.storage, self.job.key, protocol.cell_control(seq, "submitted"),
+        write_record(self.storage, self.group.key, protocol.cell_control(seq, "submitted"),
                      json.dumps({"at": time.time(), "timeout": timeout}).encode())
         return seq
 
@@ -228,13 +228,13 @@ class Session:
         """Stop every host and the agent, whatever state they are in (some may have ended already); wait a
         while for them; say what happened, in one line. The session's records stay (``gc`` removes them)."""
         try:
-            read_record(self.storage, self.job.key, protocol.CANCEL)  # stopped already: its agents know
+            read_record(self.storage, self.group.key, protocol.CANCEL)  # stopped already: its agents know
         except (ObjectNotFoundError, IntegrityError):
-            self.job.backend.cancel(self.storage, self.plan, reason, self.job.key)
+            self.group.backend.cancel(self.storage, self.plan, reason, self.group.key)
         deadline = time.monotonic() + STOP_WAIT_S
         while True:
-            running = [index for index in range(self.plan.hosts) if read_exit(self.storage, self.job.key, index) is None]
-            agent_gone = self.job.backend.agent_gone(self.plan)
+            running = [index for index in range(self.plan.hosts) if read_exit(self.storage, self.group.key, index) is None]
+            agent_gone = self.group.backend.agent_gone(self.plan)
             if (not running and agent_gone is not False) or time.monotonic() > deadline:
                 break
             time.sleep(0.05)
@@ -252,16 +252,16 @@ class Session:
     def restart(self) -> Session:
         """Stop this session and start a fresh one of the same shape (fresh state)."""
         self.stop("stopped for a restart")
-        return _start_from(self.job, echo=self.echo)
+        return _start_from(self.group, echo=self.echo)
 
 
 #: How long ``stop`` waits for the hosts and the agent to be gone.
 STOP_WAIT_S = 10.0
 
 
-def _client_wakeup(job: JobHandle) -> Wakeup | None:
+def _client_wakeup(group: HostGroup) -> Wakeup | None:
     try:
-        wakeup = Wakeup(client_wakeup_path(job.job_id))
+        wakeup = Wakeup(client_wakeup_path(group.job_id))
     except OSError:
         return None
     atexit.register(wakeup.close)
@@ -301,9 +301,9 @@ def start(*, hosts: int | None = None, accelerator: str | None = None, backend: 
     check_shape(hosts=hosts, grace=grace, idle_timeout=idle_timeout)
     chosen = choose_backend(backend, backend_options)
     acc, host_count = resolve_slice(hosts, accelerator)
-    job = launch_hosts(new_job_id("ks"), SESSION, _root(storage), chosen, acc, host_count, framework=framework,
-                       env=env or {}, quiet=quiet, detached=True, grace=grace, idle_timeout=idle_timeout or None)
-    session = Session(job, echo=print_to_stdout if echo is True else (echo or None))
+    group = launch_hosts(new_job_id("ks"), SESSION, _root(storage), chosen, acc, host_count, framework=framework,
+                         env=env or {}, quiet=quiet, detached=True, grace=grace, idle_timeout=idle_timeout or None)
+    session = Session(group, echo=print_to_stdout if echo is True else (echo or None))
     _wait_until_idle(session, ready_timeout, on_snapshot)
     return session
 
@@ -315,9 +315,9 @@ def _wait_until_idle(session: Session, timeout: float, on_snapshot: Callable[[Jo
         ended = session.ended()
         if ended is not None or snapshot.status.done or any(host.exit for host in snapshot.hosts):
             if on_snapshot is not None:  # the panel's last word: the hosts as they ended
-                on_snapshot(session.job.snapshot())
+                on_snapshot(session.group.snapshot())
             try:
-                session.job.result()
+                CellHandle(session.group).result()  # the hosts' failures at the start, by the seed's rules
             except BaseException as error:
                 raise SessionEndedError(f"session {session.session_id} did not start: {error}") from error
             raise SessionEndedError(f"session {session.session_id} did not start: {ended}")
@@ -325,18 +325,18 @@ def _wait_until_idle(session: Session, timeout: float, on_snapshot: Callable[[Jo
             session.stop("stopped: its hosts were not ready in time")
             raise KineticTimeoutError(f"session {session.session_id}: hosts were not idle after {timeout:g} s")
 
-    snapshot = wait_for(session.job.snapshot, lambda snap: all(host.state == HostState.IDLE.value for host in snap.hosts),
+    snapshot = wait_for(session.group.snapshot, lambda snap: all(host.state == HostState.IDLE.value for host in snap.hosts),
                         on_snapshot=on_snapshot, between=check)
     if on_snapshot is not None:
         on_snapshot(dataclasses.replace(snapshot, status=JobStatus.SUCCEEDED, label=f"session {session.session_id} (framework {session.plan.framework}) is up"))
 
 
-def _start_from(job: JobHandle, *, echo: Any) -> Session:
-    plan = job.plan
-    record = json.loads(read_sealed(job.storage, protocol.HANDLE, job.key))
+def _start_from(group: HostGroup, *, echo: Any) -> Session:
+    plan = group.plan
+    record = json.loads(read_sealed(group.storage, protocol.HANDLE, group.key))
     return start(hosts=plan.hosts, accelerator=plan.accelerator if plan.accelerator != "cpu" else None,
                  backend=get_backend(record.get("backend", "local"), **record.get("backend_options", {})),
-                 framework=plan.framework, storage=job.storage.uri.rsplit(f"/{protocol.SESSIONS_DIR}/", 1)[0],
+                 framework=plan.framework, storage=group.storage.uri.rsplit(f"/{protocol.SESSIONS_DIR}/", 1)[0],
                  idle_timeout=plan.idle_timeout_s, grace=plan.grace_s, echo=echo, quiet=True)
 
 
@@ -362,8 +362,8 @@ def attach_session(session_id: str, *, storage: str | None = None, echo: Any = T
         raise ObjectNotFoundError(f"no session {session_id} in {_root(storage).uri}") from None
     check_protocol(plan, f"session {session_id}")
     backend = get_backend(record.get("backend", "local"), **record.get("backend_options", {}))
-    job = JobHandle(session_storage, plan, backend, key=key, submitted_at=record.get("submitted_at"), detached=True)
-    session = Session(job, echo=print_to_stdout if echo is True else (echo or None))
+    group = HostGroup(session_storage, plan, backend, key=key, submitted_at=record.get("submitted_at"), detached=True)
+    session = Session(group, echo=print_to_stdout if echo is True else (echo or None))
     seqs = [int(info.name.split("/")[1]) for info in session_storage.list(protocol.CELLS_DIR + "/")
             if info.name.endswith("/" + protocol.PAYLOAD)]
     session._last_seq = max(seqs, default=0)
@@ -412,13 +412,13 @@ def collect_ended(older_than_s: float, *, storage: str | None = None) -> list[tu
             continue  # another user's, or planted
         try:
             session = attach_session(session_id, storage=storage, echo=False)
-            if time.time() - session.plan.created_at < older_than_s or not session.job.status().done:
+            if time.time() - session.plan.created_at < older_than_s or not session.group.status().done:
                 continue  # too recent, or a host still runs: never pulled from under it
             freed = sum(info.size for info in session.storage.list())
         except (KineticError, OSError, ValueError, TypeError, LookupError):
             logger.debug("session %s cannot be collected", session_id, exc_info=True)
             continue  # unreadable: kept for whoever investigates
-        backend = session.job.backend
+        backend = session.group.backend
         try:
             backend.cleanup(session.plan)
         except Exception:

@@ -26,7 +26,6 @@ from traitlets import Float, Unicode
 from kinetic_nb.client import backend_options, catalog
 from kinetic_nb.client.catalog_records import printable
 from kinetic_nb.client.cell_handle import CellHandle
-from kinetic_nb.client.job_handle import JobHandle
 from kinetic_nb.client.launch import submit
 from kinetic_nb.client.plan import check_shape
 from kinetic_nb.client.sessions import Session, SessionEndedError, attach_session
@@ -195,7 +194,7 @@ class KineticMagics(_BackendSettings):
               help="After a host fails, the others get S seconds (default 10) to report before they are stopped.")
     @argument("--storage", default=None, metavar="URI", help="Where the job's objects live (file://...).")
     @argument("--detach", action="store_true",
-              help="Return a JobHandle at once, with its live panel; an interrupt never cancels it.")
+              help="Return a CellHandle at once, with its live panel; an interrupt never cancels it.")
     @argument("--keep", action="store_true", help="Keep all of the job's objects after a success.")
     @argument("--quiet", action="store_true",
               help="No panel and no kinetic notices; the leader's output and the outcome still show.")
@@ -276,12 +275,12 @@ class KineticMagics(_BackendSettings):
             return handle
         return self._wait_and_show(handle, out, quiet=args.quiet)
 
-    def _wait_and_show(self, handle: JobHandle | CellHandle, out: list[str], *, quiet: bool = False) -> Any:
+    def _wait_and_show(self, handle: CellHandle, out: list[str], *, quiet: bool = False) -> Any:
         """Wait with a live view; its final update lands before the cell returns, so a saved notebook keeps it."""
-        if isinstance(handle, JobHandle):  # a session's cell is interrupted on its hosts, never cancelled
+        if handle.one_shot:  # a session's cell is interrupted on its hosts, never cancelled
             handle.shutting_down = lambda: bool(getattr(self.shell, "exit_now", False))  # set by a shutdown request
         # A session's cell keeps a one-line panel once it succeeded: its output and value say the rest.
-        view = None if quiet else live_view(handle.plan.hosts, brief=isinstance(handle, CellHandle))
+        view = None if quiet else live_view(handle.plan.hosts, brief=not handle.one_shot)
         try:
             value = handle.result(on_snapshot=view.update if view else None)
         finally:

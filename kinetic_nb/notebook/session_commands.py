@@ -97,7 +97,7 @@ def check_cell_fits_session(session: Session, args: Any, backend_options: Mappin
         if hosts != plan.hosts or (args.accelerator is not None and acc.name != plan.accelerator):
             given.append(" ".join(flag for flag, value in (("-n", args.hosts), ("-a", args.accelerator))
                                   if value is not None for flag in (f"{flag} {value}",)))
-    if args.backend != "local" and args.backend != session.job.backend.name:
+    if args.backend != "local" and args.backend != session.group.backend.name:
         given.append(f"-b {args.backend}")
     if args.framework != "auto" and args.framework != plan.framework:
         given.append(f"--framework {args.framework}")

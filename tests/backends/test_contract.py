@@ -234,7 +234,7 @@ def test_a_session_on_the_kubernetes_double_over_fake_gcs_server(tmp_path, monke
     try:
         session = kinetic_nb.start(hosts=2, backend="kubernetes", framework="none", storage=gcs_root,
                                    idle_timeout=600, echo=False)
-        assert started.is_set() and session.job.backend.name == "kubernetes"
+        assert started.is_set() and session.group.backend.name == "kubernetes"
         assert session.run("kept = 'on the pods'\n1").result() == 1
         assert session.run("kept").result() == "on the pods"  # the pods' namespaces live across cells
         with pytest.raises(ValueError, match="broke"):

@@ -57,9 +57,9 @@ def _wait_until_idle_on(session, seq: int) -> None:
     the leader's output of it stored (its last chunk says it is the cell's last)."""
     deadline = time.monotonic() + HANG_GUARD_S
     while time.monotonic() < deadline:
-        statuses = [read_host_status(session.storage, session.job.key, index) for index in range(HOSTS)]
+        statuses = [read_host_status(session.storage, session.group.key, index) for index in range(HOSTS)]
         chunks = [info.name for info in session.storage.list(f"{protocol.cell_dir(seq)}/log/0/")]
-        last = read_log_chunk(session.storage, session.job.key, chunks[-1]) if chunks else None
+        last = read_log_chunk(session.storage, session.group.key, chunks[-1]) if chunks else None
         if all(status is not None and status.state == "idle" and status.cell == seq for status in statuses) \
                 and last is not None and last.end:
             return

@@ -121,7 +121,7 @@ def test_a_session_cell_on_gs_reads_no_earlier_cells_log_chunks(gcs_root, monkey
     re-read every earlier chunk: 575 chunk reads a cell at cell 600), so a cell's reads do not grow."""
     session = kinetic_nb.start(hosts=2, framework="none", storage=gcs_root, idle_timeout=600, echo=False)
     try:
-        storage = session.job.storage
+        storage = session.group.storage
         reads: list[str] = []
         real_read = storage.read_bytes
         monkeypatch.setattr(storage, "read_bytes", lambda name: reads.append(name) or real_read(name))

@@ -2,8 +2,8 @@
 
 Fed by values only: a ``JobSnapshot`` or a ``SnapshotSource`` (anything with a
 ``plan`` and a ``snapshot()``, see ``kinetic_nb.state``), never a backend, the
-poller or a ``JobHandle``'s other methods. Importing this package registers its
-views in ``kinetic_nb.views``, which is how a ``JobHandle`` is shown
+poller or a ``CellHandle``'s other methods. Importing this package registers its
+views in ``kinetic_nb.views``, which is how a ``CellHandle`` is shown
 (``summary``, ``_repr_html_``, ``watch``, ``timeline``) without the client
 importing the display.
 """

@@ -33,7 +33,7 @@ class Phase(str, enum.Enum):
 
 
 class HostState(str, enum.Enum):
-    """What the panel and ``JobHandle.hosts()`` say about a host."""
+    """What the panel and ``CellHandle.hosts()`` say about a host."""
 
     PENDING = "pending"
     READY = "ready"

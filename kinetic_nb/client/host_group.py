@@ -1,0 +1,241 @@
+"""``HostGroup``: the hosts of a one-shot job or of a session, as the notebook holds them.
+
+Where their records live and under which key, the backend that runs them and
+the record that lists them (``handle.json``): stop them, ask for their stacks,
+read a host's whole log. The cells they run are seen through a
+:class:`~kinetic_nb.client.cell_handle.CellHandle`.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from kinetic_nb.backends import Backend
+from kinetic_nb.client.poller import JobPoller
+from kinetic_nb.client.waiting import wait_for
+from kinetic_nb.errors import IntegrityError, KineticTimeoutError, ObjectExistsError, ObjectNotFoundError
+from kinetic_nb.runner import protocol
+from kinetic_nb.runner.envelope import write_sealed
+from kinetic_nb.runner.logs import read_log
+from kinetic_nb.runner.protocol import FirstFailure, JobPlan
+from kinetic_nb.runner.records import read_record, unverified_line, write_record
+from kinetic_nb.state import JobSnapshot, JobStatus
+from kinetic_nb.storage import Storage
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["STACKS_WAIT_S", "HostGroup", "remove_job_objects"]
+
+#: After a cancel, how long to wait for the hosts to be gone.
+CANCEL_WAIT_S = 10.0
+#: Deletes in flight when a job's objects are removed (one request each on gs://).
+DELETE_WORKERS = 8
+#: How long a stacks request waits for the hosts' answers: the agent gives each
+#: host 1.5 s to dump, and a remote store adds its own latency.
+STACKS_WAIT_S = 5.0
+
+
+class HostGroup:
+    """The hosts of a one-shot job or a session: their records, key and backend; stop them, read them."""
+
+    def __init__(self, storage: Storage, plan: JobPlan, backend: Backend, *, key: bytes | None,
+                 echo: Callable[[str, str], None] | None = None, submitted_at: float | None = None,
+                 detached: bool = False, keep: bool = False):
+        self.storage = storage
+        self.plan = plan
+        self.backend = backend
+        #: The group's key: every record read is verified under it. None only for a job from before
+        #: signing that the caller chose to trust (``attach(..., trust_unsigned=True)``).
+        self.key = key
+        #: handle.json's revision: each write counts up from the highest this group has seen.
+        self._handle_revision = 0
+        #: A detached job is never cancelled by an interrupt of whoever waits for it.
+        self.detached = detached
+        #: Keep every object after a success (by default only handle.json and outputs/ stay).
+        self.keep = keep
+        #: Set in a kernel (the magic does): whether the kernel is shutting down, which
+        #: tells a restart's interrupt from the user's. None: cancel at once on an interrupt.
+        self.shutting_down: Callable[[], bool] | None = None
+        #: Every host's records, the whole group's (a one-shot job's cell reads through it too).
+        self.poller = JobPoller(storage, plan, backend, key=key, submitted_at=submitted_at, on_leader_output=echo)
+        self.outcome_recorded = False
+        self._submitted_wall = submitted_at if submitted_at is not None else time.time()
+
+    @property
+    def job_id(self) -> str:
+        return self.plan.job_id
+
+    @property
+    def uri(self) -> str:
+        return self.storage.uri
+
+    def __repr__(self) -> str:
+        return f"<HostGroup {self.job_id} {self.plan.hosts} hosts>"
+
+    def snapshot(self) -> JobSnapshot:
+        """Every host as it is now (one poll of the group's records)."""
+        return self.poller.poll()
+
+    def status(self) -> JobStatus:
+        return self.snapshot().status
+
+    def wait(self, timeout: float) -> JobStatus:
+        """Wait until every host has ended (a stopped session's, say); ``KineticTimeoutError`` after ``timeout``
+        seconds. A cell's own wait is its handle's (``CellHandle.wait``)."""
+        deadline = time.monotonic() + timeout
+
+        def check(snapshot: JobSnapshot) -> None:
+            if time.monotonic() > deadline:
+                raise KineticTimeoutError(f"the hosts of {self.job_id} had not all ended after {timeout:g} s")
+
+        return wait_for(self.snapshot, lambda snapshot: snapshot.status.done, between=check).status
+
+    def logs(self, host: int = protocol.LEADER_INDEX) -> str:
+        """Host ``host``'s whole stdout and stderr so far."""
+        check_host(host, self.plan.hosts)
+        text = read_log(self.storage, host, self.key, session=self.plan.session)
+        if not text and self.outcome_recorded:  # cleaned up after success: the tail the poller kept
+            text = "".join(f"{line}\n" for line in self.poller.snapshot().hosts[host].log_tail)
+        return text
+
+    def stacks(self, host: int | None = None, *, wait: float = STACKS_WAIT_S) -> dict[int, str]:
+        """Every running host's Python stacks, all threads, even while blocked in C code.
+
+        Each host's agent makes its host dump its stacks into storage; a host
+        that has not answered within ``wait`` seconds is reported as "no
+        answer", never waited for. Hosts that have ended are left out.
+
+        Parameters
+        ----------
+        host : int, optional
+            Only this host.
+        wait : float
+            Seconds to wait for the answers.
+
+        Returns
+        -------
+        dict of int to str
+            Host index to its stacks, as ``faulthandler`` prints them.
+        """
+        if host is not None:
+            check_host(host, self.plan.hosts)
+        running = [h.index for h in self.poller.poll().hosts if h.exit is None and host in (None, h.index)]
+        return self.ask_for_stacks(running, wait) if running else {}
+
+    def ask_for_stacks(self, hosts: list[int], wait: float = STACKS_WAIT_S) -> dict[int, str]:
+        """Write the next stacks request and collect the answers of ``hosts`` for ``wait`` seconds at most."""
+        asked = [protocol.parse_stacks_request(i.name) for i in self.storage.list(protocol.CONTROL_DIR + "/")]
+        seq = max([number for number in asked if number is not None], default=-1) + 1
+        write_record(self.storage, self.key, protocol.stacks_request(seq),
+                     json.dumps({"at": time.time(), "hosts": hosts}).encode())
+        wanted = {protocol.host_stacks(index, seq): index for index in hosts}
+        answers: dict[int, str] = {}
+        deadline = time.monotonic() + wait
+        while True:
+            for info in self.storage.list(protocol.HOSTS_DIR + "/"):
+                index = wanted.get(info.name)
+                if index is not None and index not in answers:
+                    answers[index] = self._read_shown(info.name, index).decode(errors="replace")
+            if len(answers) == len(hosts) or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        return {index: answers.get(index, f"no answer: host {index} did not answer within {wait:g} s\n")
+                for index in hosts}
+
+    def _read_shown(self, name: str, index: int) -> bytes:
+        """A host's record to show, once it verifies; the line that says it did not, otherwise."""
+        try:
+            return read_record(self.storage, self.key, name) if self.key is not None else self.storage.read_bytes(name)
+        except IntegrityError:
+            return unverified_line(index, name).encode() + b"\n"
+
+    def cancel(self, reason: str = "cancelled by the user") -> None:
+        """Stop every host; returns once they are gone (or after a bounded wait)."""
+        if self.status().done:
+            return
+        self.backend.cancel(self.storage, self.plan, reason, self.key)
+        deadline = time.monotonic() + CANCEL_WAIT_S
+        while not self.status().done and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def report_lost_hosts(self, lost: list[int]) -> None:
+        """Tell the agents of a lost host, as an agent tells of a failed one: they stop theirs after the grace."""
+        record = FirstFailure(host_index=lost[0], at=time.time(), description="was lost (no heartbeat)")
+        try:
+            write_record(self.storage, self.key, protocol.FAILED, record.to_json(), exclusive=True)
+        except ObjectExistsError:
+            pass  # an agent saw a failure first
+        except Exception:  # bookkeeping must not hide the outcome
+            logger.warning("could not record the lost hosts of %s", self.job_id, exc_info=True)
+
+    def record_outcome(self, status: JobStatus) -> None:
+        """Note the outcome in handle.json; after a success, remove all but handle.json and outputs/."""
+        if self.outcome_recorded:
+            return
+        self.outcome_recorded = True
+        try:
+            if status is JobStatus.SUCCEEDED and not self.keep:
+                remove_job_objects(self.storage, keep=(protocol.HANDLE, protocol.OUTPUTS_DIR + "/"))
+            self.write_record(status=str(status), decided_at=time.time())
+        except Exception:  # bookkeeping must not hide the outcome
+            logger.warning("could not record the outcome of %s", self.job_id, exc_info=True)
+        try:  # a cluster's objects: a LeaderWorkerSet's parked pods hold their TPUs
+            self.backend.cleanup(self.plan)
+        except Exception:
+            logger.warning("could not clean up the cluster objects of %s", self.job_id, exc_info=True)
+
+    # -- reattaching ---------------------------------------------------------------
+
+    def write_record(self, **outcome: Any) -> None:
+        """Store handle.json, signed: what lists the job and lets any kernel of this user attach to it."""
+        if self.key is None:
+            raise IntegrityError(f"job {self.job_id} has no key here: its record cannot be signed")
+        self._handle_revision += 1  # readers never go back to a lower one: an older handle replayed is ignored
+        record = {**self.to_dict(), **outcome, "revision": self._handle_revision}
+        write_sealed(self.storage, protocol.HANDLE, self.key, json.dumps(record).encode())
+
+    def to_dict(self) -> dict[str, Any]:
+        """What handle.json holds: enough to list the job and attach to it from any kernel."""
+        record = {"job_id": self.job_id, "uri": self.uri, "backend": self.backend.name, "hosts": self.plan.hosts,
+                  "accelerator": self.plan.accelerator, "submitted_at": self._submitted_wall}
+        options = self.backend.options()
+        if options:  # where a cluster job lives: namespace, context, ...
+            record["backend_options"] = options
+        return record
+
+
+def check_host(host: int, hosts: int) -> None:
+    """``ValueError`` naming the host when ``host`` is not one of ``hosts``."""
+    if not (isinstance(host, int) and 0 <= host < hosts):
+        raise ValueError(f"host {host!r} is out of range for a {hosts}-host job")
+
+
+def remove_job_objects(storage: Storage, keep: Iterable[str] = ()) -> None:
+    """Delete a job's objects, except those whose names start with one of ``keep``
+    (with nothing kept, a ``file://`` job's directory goes too)."""
+    keep = tuple(keep)
+    doomed = [info.name for info in storage.list() if not info.name.startswith(keep)]
+
+    def delete(name: str) -> None:
+        try:
+            storage.delete(name)
+        except ObjectNotFoundError:
+            pass
+
+    # A remote store answers one delete per request: several in flight.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=DELETE_WORKERS) as pool:
+        list(pool.map(delete, doomed))
+    root = storage.local_path()
+    if root:  # file://: also the directories the deletes left empty
+        for directory, _, _ in sorted(os.walk(root), key=lambda entry: -len(entry[0])):
+            if directory != root or not keep:
+                try:
+                    os.rmdir(directory)
+                except OSError:
+                    pass  # not empty: something was kept, or a file appeared
