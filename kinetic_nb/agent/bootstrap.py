@@ -28,9 +28,6 @@ import os
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 
 KEY_FILE_ENV = "KINETIC_JOB_KEY_FILE"
 KEY_BYTES = 32
@@ -74,6 +71,10 @@ def unseal(key, name, data):
 
 
 def _get(url, headers):
+    # Imported here: the agent imports this module for its constants, and urllib costs every job ~10 ms.
+    import urllib.error
+    import urllib.request
+
     for attempt in range(ATTEMPTS):
         try:
             with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=60) as answer:
@@ -107,6 +108,8 @@ def fetch(job_uri, name):
     else:
         token = json.loads(_get(TOKEN_URL, {"Metadata-Flavor": "Google"}))["access_token"]
         base, headers = "https://storage.googleapis.com", {"Authorization": f"Bearer {token}"}
+    import urllib.parse
+
     quoted = urllib.parse.quote(bucket, safe="") + "/o/" + urllib.parse.quote(object_name, safe="")
     return _get(f"{base}/storage/v1/b/{quoted}?alt=media", headers)
 

@@ -324,9 +324,15 @@ class Agent:
                 remove_session_sockets(self.plan.job_id)
         if summary.failed:
             self._report_first_failure(host.index, summary)
-        if not any(other.alive for other in self.hosts.values()):
+        last = not any(other.alive for other in self.hosts.values())
+        if last:
             self._publish_outputs()  # before the last exit record: the client is done once it lands
         self.write_record(protocol.host_exit(host.index), summary.to_json())
+        if not self.plan.session and self.storage.local_path() is not None:
+            # A one-shot job's notebook, waiting on a local disk, looks now: a host's end decides its cell.
+            wake_clients(self.plan.job_id)
+            if last:
+                remove_session_sockets(self.plan.job_id)
 
     def _report_first_failure(self, index: int, summary: ExitSummary) -> None:
         if self.first_failure_at is None:

@@ -22,7 +22,6 @@ import contextlib
 import dataclasses
 import json
 import logging
-import threading
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -50,11 +49,6 @@ __all__ = ["CellHandle", "JobHandle", "Session"]
 
 logger = logging.getLogger(__name__)
 
-#: jupyter_client interrupts a kernel right before it asks it to shut down for
-#: a restart (then SIGTERM at about 2.5 s, SIGKILL at 5 s). After an interrupt
-#: a one-shot cell returns at once, and its job is cancelled only when no shutdown
-#: request has arrived within this window, so a restart leaves the job running.
-RESTART_WINDOW_S = 2.0
 #: The hosts' agents stop a cell at its timeout; the notebook steps in only this much later.
 TIMEOUT_SLACK_S = 5.0
 #: Once a host has failed on its own, how long to let the others' records land
@@ -330,7 +324,7 @@ class CellHandle(Handle):
             return snapshot
         except KeyboardInterrupt as interrupt:
             if self.session is None:
-                self._cancel_after_interrupt(interrupt)
+                self.group.cancel_after_interrupt(interrupt)
                 raise
             interrupted = CellInterrupted(f"cell {self.seq} was interrupted on every host")
             interrupted.add_note(self._interrupt_and_report())
@@ -341,45 +335,16 @@ class CellHandle(Handle):
             f"cell {self.seq} of session {self.session.session_id}"
 
     def _sleep(self, seconds: float) -> None:
-        wakeup = None if self.session is None else self.session.wakeup
-        if wakeup is not None:  # the hosts wake it when they are back to idle
-            wakeup.sleep(seconds)
+        """On a local disk the hosts (a session's, back to idle) or their agent (a one-shot job's, when a host
+        ends) wake the notebook before ``seconds`` are up."""
+        if self.session is None:
+            self.group.sleep(seconds)
+        elif self.session.wakeup is not None:
+            self.session.wakeup.sleep(seconds)
         else:
             time.sleep(seconds)
 
     # -- a one-shot job's cell ------------------------------------------------------------------
-
-    def _cancel_after_interrupt(self, interrupt: KeyboardInterrupt) -> None:
-        """An interrupt of a one-shot cell cancels its job, unless detached; in a kernel, unless a restart
-        follows. The note says which."""
-        if self.detached:
-            interrupt.add_note(f"kinetic_nb: job {self.job_id} is detached and goes on; "
-                               f"%kinetic attach {self.job_id} to wait for it again")
-        elif self.shutting_down is None:  # a script: the interrupt may end it, so cancel now
-            self.cancel("interrupted")
-            interrupt.add_note(f"kinetic_nb: cancelled job {self.job_id} and stopped its {self.plan.hosts} hosts")
-        else:  # a kernel: control comes back at once; the cancel follows unless a shutdown does
-            threading.Thread(target=self._cancel_unless_shutting_down, name=f"kinetic-cancel-{self.job_id}",
-                             daemon=True).start()
-            interrupt.add_note(f"kinetic_nb: cancelling job {self.job_id} and its {self.plan.hosts} hosts "
-                               f"(a kernel restart leaves it running: %kinetic attach {self.job_id})")
-
-    def _cancel_unless_shutting_down(self) -> None:
-        """Cancel after an interrupt, unless the kernel turns out to be restarting or shutting down.
-
-        Jupyter interrupts a kernel right before it asks it to shut down for a
-        restart; the kernel's shutdown request is what tells the two apart.
-        """
-        deadline = time.monotonic() + RESTART_WINDOW_S
-        while time.monotonic() < deadline:
-            if self.shutting_down():
-                logger.info("kernel shutting down: job %s goes on", self.job_id)
-                return
-            time.sleep(0.02)
-        try:
-            self.cancel("interrupted")
-        except Exception:  # a background thread: say it, do not lose it
-            logger.warning("could not cancel job %s after an interrupt", self.job_id, exc_info=True)
 
     @property
     def stopped_at_timeout(self) -> bool:

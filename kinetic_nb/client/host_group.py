@@ -9,9 +9,11 @@ read a host's whole log. The cells they run are seen through a
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -25,6 +27,7 @@ from kinetic_nb.runner.envelope import write_sealed
 from kinetic_nb.runner.logs import read_log
 from kinetic_nb.runner.protocol import FirstFailure, JobPlan
 from kinetic_nb.runner.records import read_record, unverified_line, write_record
+from kinetic_nb.runner.wakeup import Wakeup, client_wakeup_path
 from kinetic_nb.state import JobSnapshot, JobStatus
 from kinetic_nb.storage import Storage
 
@@ -36,6 +39,11 @@ __all__ = ["STACKS_WAIT_S", "HostGroup", "remove_job_objects"]
 CANCEL_WAIT_S = 10.0
 #: Deletes in flight when a job's objects are removed (one request each on gs://).
 DELETE_WORKERS = 8
+#: jupyter_client interrupts a kernel right before it asks it to shut down for
+#: a restart (then SIGTERM at about 2.5 s, SIGKILL at 5 s). After an interrupt
+#: a one-shot cell returns at once, and its job is cancelled only when no shutdown
+#: request has arrived within this window, so a restart leaves the job running.
+RESTART_WINDOW_S = 2.0
 #: How long a stacks request waits for the hosts' answers: the agent gives each
 #: host 1.5 s to dump, and a remote store adds its own latency.
 STACKS_WAIT_S = 5.0
@@ -65,6 +73,9 @@ class HostGroup:
         #: Every host's records, the whole group's (a one-shot job's cell reads through it too).
         self.poller = JobPoller(storage, plan, backend, key=key, submitted_at=submitted_at, on_leader_output=echo)
         self.outcome_recorded = False
+        #: On a local disk a one-shot job's agent wakes the notebook when a host ends (``runner.wakeup``);
+        #: made at the first wait, None until then, False where no socket can be made.
+        self._wakeup: Wakeup | bool | None = None
         self._submitted_wall = submitted_at if submitted_at is not None else time.time()
 
     @property
@@ -95,6 +106,27 @@ class HostGroup:
                 raise KineticTimeoutError(f"the hosts of {self.job_id} had not all ended after {timeout:g} s")
 
         return wait_for(self.snapshot, lambda snapshot: snapshot.status.done, between=check).status
+
+    def sleep(self, seconds: float) -> None:
+        """Pause between two looks at a one-shot job's hosts: on a local disk, until its agent says a host
+        ended (what decides a one-shot cell), ``seconds`` at most."""
+        if self._wakeup is None:
+            self._wakeup = False
+            if self.storage.local_path() is not None and not self.plan.session:
+                with contextlib.suppress(OSError):
+                    self._wakeup = Wakeup(client_wakeup_path(self.job_id))
+        if self._wakeup:
+            self._wakeup.sleep(seconds)
+        else:
+            time.sleep(seconds)
+
+    def close_wakeup(self) -> None:
+        """The socket goes once the outcome is decided (the job's agent removes the directory it was in)."""
+        if self._wakeup:
+            self._wakeup.close()
+            with contextlib.suppress(OSError):
+                os.rmdir(os.path.dirname(self._wakeup.path))
+        self._wakeup = False
 
     def logs(self, host: int = protocol.LEADER_INDEX) -> str:
         """Host ``host``'s whole stdout and stderr so far."""
@@ -164,6 +196,38 @@ class HostGroup:
         while not self.status().done and time.monotonic() < deadline:
             time.sleep(0.05)
 
+    def cancel_after_interrupt(self, interrupt: KeyboardInterrupt) -> None:
+        """An interrupt of a one-shot job's wait cancels the job, unless detached; in a kernel, unless a
+        restart follows. The note on ``interrupt`` says which."""
+        if self.detached:
+            interrupt.add_note(f"kinetic_nb: job {self.job_id} is detached and goes on; "
+                               f"%kinetic attach {self.job_id} to wait for it again")
+        elif self.shutting_down is None:  # a script: the interrupt may end it, so cancel now
+            self.cancel("interrupted")
+            interrupt.add_note(f"kinetic_nb: cancelled job {self.job_id} and stopped its {self.plan.hosts} hosts")
+        else:  # a kernel: control comes back at once; the cancel follows unless a shutdown does
+            threading.Thread(target=self._cancel_unless_shutting_down, name=f"kinetic-cancel-{self.job_id}",
+                             daemon=True).start()
+            interrupt.add_note(f"kinetic_nb: cancelling job {self.job_id} and its {self.plan.hosts} hosts "
+                               f"(a kernel restart leaves it running: %kinetic attach {self.job_id})")
+
+    def _cancel_unless_shutting_down(self) -> None:
+        """Cancel after an interrupt, unless the kernel turns out to be restarting or shutting down.
+
+        Jupyter interrupts a kernel right before it asks it to shut down for a
+        restart; the kernel's shutdown request is what tells the two apart.
+        """
+        deadline = time.monotonic() + RESTART_WINDOW_S
+        while time.monotonic() < deadline:
+            if self.shutting_down():
+                logger.info("kernel shutting down: job %s goes on", self.job_id)
+                return
+            time.sleep(0.02)
+        try:
+            self.cancel("interrupted")
+        except Exception:  # a background thread: say it, do not lose it
+            logger.warning("could not cancel job %s after an interrupt", self.job_id, exc_info=True)
+
     def report_lost_hosts(self, lost: list[int]) -> None:
         """Tell the agents of a lost host, as an agent tells of a failed one: they stop theirs after the grace."""
         record = FirstFailure(host_index=lost[0], at=time.time(), description="was lost (no heartbeat)")
@@ -179,6 +243,7 @@ class HostGroup:
         if self.outcome_recorded:
             return
         self.outcome_recorded = True
+        self.close_wakeup()
         try:
             if status is JobStatus.SUCCEEDED and not self.keep:
                 remove_job_objects(self.storage, keep=(protocol.HANDLE, protocol.OUTPUTS_DIR + "/"))

@@ -10,13 +10,16 @@ differs from its own (:func:`refusal`). A different framework version is only
 noted in the host's log: values rarely depend on it, and the cell may pin it.
 
 Host-safe: the standard library and cloudpickle only; a framework's version is
-read from its installed metadata, never by importing it.
+read from the name of its installed metadata directory, never by importing it
+(nor ``importlib.metadata``, whose imports would cost every job's agent about
+20 ms before it can start a host).
 """
 
 from __future__ import annotations
 
-import importlib.metadata
+import os
 import platform
+import sys
 from collections.abc import Iterable, Mapping
 
 import cloudpickle
@@ -39,11 +42,32 @@ def installed_versions(packages: Iterable[str] = FRAMEWORK_PACKAGES) -> dict[str
     """``{"python": "3.11.9", "cloudpickle": "3.1.1", "jax": "0.4.35", ...}``: what is installed here."""
     versions = {"python": platform.python_version(), "cloudpickle": cloudpickle.__version__}
     for package in packages:
-        try:
-            versions[package] = importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            continue
+        version = installed_version(package)
+        if version is not None:
+            versions[package] = version
     return versions
+
+
+def installed_version(package: str) -> str | None:
+    """The version of the distribution ``package`` (a plain name: ``jax``, ``torch``) that Python would import,
+    or None when none is installed.
+
+    As ``importlib.metadata.version`` finds it: the first ``{name}-{version}.dist-info`` (or ``.egg-info``)
+    directory on ``sys.path``, whose name carries the version (the wheel and packaging specifications).
+    """
+    prefix = f"{package.lower()}-"
+    for entry in sys.path:
+        try:
+            names = os.listdir(entry or ".")
+        except OSError:  # not a directory (a zip), or gone
+            continue
+        for name in names:
+            lowered = name.lower()
+            if lowered.startswith(prefix) and lowered.endswith((".dist-info", ".egg-info")):
+                version = name[len(prefix):].rsplit(".", 1)[0]
+                if version[:1].isdigit():
+                    return version
+    return None
 
 
 def _minor(version: str) -> tuple[str, ...]:

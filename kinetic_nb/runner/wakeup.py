@@ -2,8 +2,9 @@
 
 Each host of a session on a local disk sleeps on a unix datagram socket in
 a 0700 directory of this user's (``~/.cache/kinetic_nb/agents/{session}/host-{i}.sock``,
-a notebook waiting on a cell ``client-{pid}.sock`` beside them): only this user
-can reach it. A datagram carries nothing but "look now": what
+a notebook waiting on a cell ``client-{pid}.sock`` beside them; a notebook
+waiting on a one-shot job's cell has one too, in the job's directory, which
+the job's agent wakes whenever a host ends): only this user can reach it. A datagram carries nothing but "look now": what
 to do still comes from storage, verified as ever, so the socket needs no
 signature and storage stays the record. Where no socket can be made (a long
 path, a remote host), the host simply keeps looking at storage. Host-safe.

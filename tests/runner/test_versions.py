@@ -60,3 +60,22 @@ def test_every_host_refuses_a_plan_from_another_python_and_the_cell_says_why(mon
                                  "shipped from the notebook are bytecode of one Python minor version (use an image "
                                  "with Python 2.7)")
     assert {host.state for host in handle.hosts()} <= {"failed", "stopped"}
+
+
+def test_a_framework_version_is_read_as_importlib_metadata_reads_it(tmp_path, monkeypatch):
+    import importlib.metadata
+
+    for package in ("jax", "jaxlib", "cloudpickle", "numpy"):  # installed here (the test extra)
+        assert versions.installed_version(package) == importlib.metadata.version(package)
+    assert versions.installed_version("no-such-framework") is None
+    # The first directory on sys.path that holds the distribution wins, as it does for an import; a name that
+    # only starts the same (jax_cuda12_plugin, jaxlib for jax) is another distribution.
+    first, second = tmp_path / "first", tmp_path / "second"
+    (first / "Torch-9.1.0+cpu.dist-info").mkdir(parents=True)
+    (first / "torch_extra-1.0.dist-info").mkdir()
+    (second / "torch-8.0.0.dist-info").mkdir(parents=True)
+    (tmp_path / "plain-file").write_text("not a directory on the path")
+    monkeypatch.setattr("sys.path", [str(tmp_path / "plain-file"), str(tmp_path / "gone"), str(first), str(second)])
+    assert versions.installed_version("torch") == "9.1.0+cpu"
+    assert versions.installed_version("torch_extra") == "1.0"
+    assert versions.installed_version("jax") is None
