@@ -51,7 +51,7 @@ def test_jobs_attach_and_gc(storage_root):
     listed = {record.job_id: record for record in jobs.jobs()}
     assert listed[kept.job_id].status == "SUCCEEDED" and listed[running.job_id].status in ("PENDING", "RUNNING")
     again = jobs.attach(kept.job_id)
-    assert again.result() == "kept" and again.detached
+    assert again.result() == "kept" and again.group.detached
     with pytest.raises(FileNotFoundError, match="no job kn-19990101-000000-abc"):
         jobs.attach("kn-19990101-000000-abc")
     kept_record = agent_files(kept.job_id)[1]  # the agent's own record (its log went, being empty)
@@ -120,7 +120,7 @@ def test_detached_cell_returns_a_handle_at_once(shell, tmp_path):
                             f"while not os.path.exists({str(go)!r}) and time.time() < deadline:\n"
                             f"    time.sleep(0.05)\n'later'")
     handle = result.result
-    assert isinstance(handle, kinetic_nb.CellHandle) and handle.one_shot and handle.detached
+    assert isinstance(handle, kinetic_nb.CellHandle) and handle.one_shot and handle.group.detached
     assert not handle.status().done  # returned while its hosts still wait
     go.touch()
     assert handle.result() == "later"

@@ -130,32 +130,8 @@ class CellHandle(Handle):
 
     @property
     def backend(self) -> Any:
+        """The backend that runs the cell's hosts."""
         return self.group.backend
-
-    @property
-    def detached(self) -> bool:
-        """A detached cell's group is never cancelled by an interrupt of whoever waits for it."""
-        return self.group.detached
-
-    @detached.setter
-    def detached(self, value: bool) -> None:
-        self.group.detached = value
-
-    @property
-    def shutting_down(self) -> Callable[[], bool] | None:
-        """Set in a kernel: whether it is shutting down (a restart's interrupt leaves a one-shot job running)."""
-        return self.group.shutting_down
-
-    @shutting_down.setter
-    def shutting_down(self, value: Callable[[], bool] | None) -> None:
-        self.group.shutting_down = value
-
-    def write_record(self, **outcome: Any) -> None:
-        """Store the group's ``handle.json``, signed (see ``HostGroup.write_record``)."""
-        self.group.write_record(**outcome)
-
-    def to_dict(self) -> dict[str, Any]:
-        return self.group.to_dict()
 
     # -- the hosts ------------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -115,6 +116,8 @@ class HostGroup:
             if self.storage.local_path() is not None and not self.plan.session:
                 with contextlib.suppress(OSError):
                     self._wakeup = Wakeup(client_wakeup_path(self.job_id))
+                    # A handle dropped before its outcome (detached, given up on) takes its socket with it.
+                    self._close_socket = weakref.finalize(self, _close_wakeup, self._wakeup)
         if self._wakeup:
             self._wakeup.sleep(seconds)
         else:
@@ -123,9 +126,7 @@ class HostGroup:
     def close_wakeup(self) -> None:
         """The socket goes once the outcome is decided (the job's agent removes the directory it was in)."""
         if self._wakeup:
-            self._wakeup.close()
-            with contextlib.suppress(OSError):
-                os.rmdir(os.path.dirname(self._wakeup.path))
+            self._close_socket()
         self._wakeup = False
 
     def logs(self, host: int = protocol.LEADER_INDEX) -> str:
@@ -273,6 +274,12 @@ class HostGroup:
         if options:  # where a cluster job lives: namespace, context, ...
             record["backend_options"] = options
         return record
+
+
+def _close_wakeup(wakeup: Wakeup) -> None:
+    wakeup.close()
+    with contextlib.suppress(OSError):  # its directory, unless a host's or another notebook's socket is there
+        os.rmdir(os.path.dirname(wakeup.path))
 
 
 def check_host(host: int, hosts: int) -> None:

@@ -67,8 +67,6 @@ __all__ = ["Session", "SessionEndedError", "attach_session", "sessions", "start"
 DEFAULT_IDLE_TIMEOUT_S = 3600.0
 #: A session id, matched whole (``fullmatch``): ASCII digits only, and nothing after it (not even a newline).
 _SESSION_ID = re.compile(r"ks-[0-9]{8}-[0-9]{6}-[0-9a-f]+")
-#: How long a finished cell waits for the leader's output to be stored (the agent writes it at once).
-OUTPUT_WAIT_S = 2.0
 
 
 class SessionEndedError(KineticError):

@@ -271,14 +271,14 @@ class KineticMagics(_BackendSettings):
         except (CaptureError, UnknownAcceleratorError, ValueError) as error:
             raise UsageError(str(error)) from None
         if args.detach:
-            handle.detached = True
+            handle.group.detached = True
             return handle
         return self._wait_and_show(handle, out, quiet=args.quiet)
 
     def _wait_and_show(self, handle: CellHandle, out: list[str], *, quiet: bool = False) -> Any:
         """Wait with a live view; its final update lands before the cell returns, so a saved notebook keeps it."""
         if handle.one_shot:  # a session's cell is interrupted on its hosts, never cancelled
-            handle.shutting_down = lambda: bool(getattr(self.shell, "exit_now", False))  # set by a shutdown request
+            handle.group.shutting_down = lambda: bool(getattr(self.shell, "exit_now", False))  # set by a shutdown request
         # A session's cell keeps a one-line panel once it succeeded: its output and value say the rest.
         view = None if quiet else live_view(handle.plan.hosts, brief=not handle.one_shot)
         try:
