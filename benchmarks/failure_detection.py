@@ -37,6 +37,9 @@ import time
 import psutil
 
 import kinetic_nb
+from kinetic_nb.agent.local_state import AgentState
+from kinetic_nb.agent.processes import process_start
+from kinetic_nb.backends.local import agent_files
 from kinetic_nb.errors import JobFailedError
 
 CELL = """
@@ -52,15 +55,17 @@ multihost_utils.sync_global_devices('never completes')
 """
 
 
-def job_pids(job_uri: str) -> list[int]:
-    found = []
-    for process in psutil.process_iter(["cmdline"]):
-        try:
-            if job_uri in " ".join(process.info["cmdline"] or ()):
-                found.append(process.pid)
-        except psutil.Error:
-            continue
-    return found
+def job_pids(job_id: str) -> list[int]:
+    """The job's agent (by its own record: its pid and when it started) and every process under it: an agent
+    forked by a notebook's warm agent carries that one's command line, not the job's."""
+    state = AgentState.read(agent_files(job_id)[1])
+    if state is None or process_start(state.pid) != state.process_start:
+        return []
+    try:
+        agent = psutil.Process(state.pid)
+        return [agent.pid, *(child.pid for child in agent.children(recursive=True))]
+    except psutil.NoSuchProcess:
+        return []
 
 
 def measure(hosts: int, grace: float, peers: str) -> tuple[float, float]:
@@ -75,7 +80,7 @@ def measure(hosts: int, grace: float, peers: str) -> tuple[float, float]:
         raise AssertionError("the job should have failed")
     with open(death_file) as death:
         died_at = float(death.read())
-    while job_pids(handle.uri):
+    while job_pids(handle.job_id):
         time.sleep(0.02)
     gone_at = time.time()
     os.unlink(death_file)
@@ -87,24 +92,21 @@ def measure_timeout_without_client(timeout: float, grace: float) -> float:
     script = textwrap.dedent(f"""
         import time, kinetic_nb
         job = kinetic_nb.submit("import time\\ntime.sleep(600)", hosts=4, timeout={timeout}, grace={grace})
-        print(job.uri, job.plan.created_at, flush=True)
+        print(job.job_id, job.plan.created_at, flush=True)
         time.sleep(600)
     """)
     kernel = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
-    uri, created_at = kernel.stdout.readline().split()
+    job_id, created_at = kernel.stdout.readline().split()
     time.sleep(1)
     kernel.kill()
     kernel.wait()
-    while job_pids(uri):
+    while job_pids(job_id):
         time.sleep(0.02)
     return time.time() - float(created_at)
 
 
 def measure_agent_death() -> float:
     """Seconds from the job's agent being SIGKILLed to the cell raising."""
-    from kinetic_nb.agent.local_state import AgentState
-    from kinetic_nb.backends.local import agent_files
-
     handle = kinetic_nb.submit("import time\nprint('up', flush=True)\ntime.sleep(600)", hosts=4)
     while not all(host.last_line == "up" for host in handle.hosts()):
         time.sleep(0.05)

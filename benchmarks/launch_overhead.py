@@ -2,9 +2,13 @@
 
 The floor, measured in the same run: the same number of parallel
 ``python -c "import kinetic_nb.runner"`` processes, started and waited for.
-The goal is a trivial cell (no framework) within 1.5x of the floor. JAX and
-torch initialisation are printed separately, as the extra time over the
-trivial cell.
+The goal is a trivial cell (no framework) within 1.5x of the floor. From a
+notebook's second local job on, the job's agent is forked by the notebook's
+warm agent (``kinetic_nb.agent.warm``), past its imports: that is the "cell"
+column. The "cold" column is the same cell with every agent started afresh
+(``KINETIC_WARM_AGENT=0``), as a notebook's first job is. JAX and torch
+initialisation are printed separately, as the extra time over the trivial
+cell.
 
 The Ray column is the same trivial cell with ``-b ray`` on a 4-node Ray
 cluster this script starts on this machine (``tests/ray_cluster.py``: 1 CPU
@@ -30,6 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tests' Ray cluster helper
 
 import kinetic_nb
+from kinetic_nb.backends.warm_agent import WARM_AGENT_ENV
 
 #: Nodes of the local Ray cluster the Ray column runs on: one host per node, so up to 4 hosts.
 RAY_NODES = 4
@@ -47,6 +52,15 @@ def cell_seconds(source: str, hosts: int, framework: str, **options) -> float:
     started = time.perf_counter()
     kinetic_nb.submit(source, hosts=hosts, framework=framework, **options).result()
     return time.perf_counter() - started
+
+
+def cold_cell_seconds(source: str, hosts: int, framework: str) -> float:
+    """The cell with its agent started afresh, as a notebook's first job's is."""
+    os.environ[WARM_AGENT_ENV] = "0"
+    try:
+        return cell_seconds(source, hosts, framework)
+    finally:
+        del os.environ[WARM_AGENT_ENV]
 
 
 def ray_cluster(skip: bool) -> contextlib.AbstractContextManager:
@@ -70,11 +84,13 @@ def main() -> None:
     parser.add_argument("--no-ray", action="store_true", help="skip the Ray column (no local Ray cluster)")
     args = parser.parse_args()
     os.environ.setdefault("KINETIC_STORAGE", tempfile.mkdtemp(prefix="kinetic-bench-"))
-    cell_seconds("None", 1, "none")  # warm the page cache once
+    cell_seconds("None", 1, "none")  # warm the page cache once, and start this process's warm agent
 
     print(f"median of {args.repeat} runs; floor = N parallel `python -c 'import kinetic_nb.runner'`; "
+          "cold = the cell with its agent started afresh (a notebook's first job); "
           f"ray = the cell with -b ray on a local {RAY_NODES}-node Ray cluster")
-    print(f"{'hosts':>5}  {'floor s':>8}  {'cell s':>8}  {'ratio':>6}  {'ray s':>8}  {'ray/cell':>8}  (goal <= 1.50)")
+    print(f"{'hosts':>5}  {'floor s':>8}  {'cell s':>8}  {'ratio':>6}  {'cold s':>8}  {'ratio':>6}  {'ray s':>8}  "
+          f"{'ray/cell':>8}  (goal <= 1.50)")
     trivial = {}
     with ray_cluster(args.no_ray) as cluster:
         on_ray = {"backend": "ray", "backend_options": {"address": cluster.address}} if cluster else None
@@ -83,11 +99,13 @@ def main() -> None:
         for hosts in args.hosts:
             floor = median_of(args.repeat, floor_seconds, hosts)
             trivial[hosts] = median_of(args.repeat, cell_seconds, "None", hosts, "none")
+            cold = median_of(args.repeat, cold_cell_seconds, "None", hosts, "none")
             ray = "-"
             if on_ray and hosts <= RAY_NODES:
                 ray_s = median_of(args.repeat, functools.partial(cell_seconds, "None", hosts, "none", **on_ray))
                 ray = f"{ray_s:8.3f}  {ray_s / trivial[hosts]:8.2f}"
-            print(f"{hosts:>5}  {floor:8.3f}  {trivial[hosts]:8.3f}  {trivial[hosts] / floor:6.2f}  {ray:>8}")
+            print(f"{hosts:>5}  {floor:8.3f}  {trivial[hosts]:8.3f}  {trivial[hosts] / floor:6.2f}  {cold:8.3f}  "
+                  f"{cold / floor:6.2f}  {ray:>8}")
     if args.no_frameworks:
         return
     print("\nframework initialisation (import + distributed init + teardown), over the trivial cell:")

@@ -18,6 +18,8 @@ from .fixtures_ray import ray_cluster  # noqa: F401 - the 4-node Ray cluster, fo
 #: it forks share its command line; anything a cell starts inherits the variable.
 _JOB_COMMAND = "kinetic_nb.agent"
 _JOB_VARIABLE = "KINETIC_JOB_URI"
+#: A notebook's warm agent, whose command line every agent and host it forks keeps (``kinetic_nb.agent.warm``).
+_WARM_COMMAND = "kinetic_nb.agent.warm"
 #: This session's jobs all live below it (another test run's jobs are not ours to judge).
 _session_root = ""
 #: How long a finished job's supervisor may take to exit after the test.
@@ -54,11 +56,22 @@ def job_processes() -> list[psutil.Process]:
             command = " ".join(process.info["cmdline"] or ())
             if (_JOB_COMMAND in command and _session_root in command) or (
                 _session_root in process.environ().get(_JOB_VARIABLE, "\0")
-            ):
+            ) or _forked_by_a_warm_agent(process, command):
                 found.append(process)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
     return found
+
+
+def _forked_by_a_warm_agent(process: psutil.Process, command: str) -> bool:
+    """A job's agent or host that a notebook's warm agent forked (of this test run's notebooks): they carry the
+    warm agent's command line, and its environment as it started (this run's storage root). The warm agent
+    itself is the notebook's, and ends with it: it is the one whose parent is the notebook it names."""
+    if _WARM_COMMAND not in command or _session_root not in process.environ().get("KINETIC_STORAGE", "\0"):
+        return False
+    words = command.split()
+    notebook = int(words[words.index("--parent") + 1])
+    return process.ppid() != notebook
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         refuse(storage, key, error)
         return 2
     ready = _detach() if args.detach else None
-    state = AgentState(pid=os.getpid(), started_at=time.time())
+    state = AgentState(pid=os.getpid(), started_at=time.time(), process_start=processes.process_start(os.getpid()))
 
     def keep_state(**changes) -> None:
         nonlocal state

@@ -18,6 +18,8 @@ class AgentState:
 
     pid: int
     started_at: float
+    #: When the process started, by the kernel's clock (``processes.process_start``): a reused pid is not it.
+    process_start: int | None = None
     #: The first storage error it met, as one line ("ENOSPC: No space left on device (hosts/1/...)").
     storage_error: str = ""
     #: It finished supervising (every host ended); a dead agent that never said so died.

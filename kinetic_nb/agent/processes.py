@@ -36,6 +36,19 @@ def _prctl(option: int, value: int) -> None:
         pass
 
 
+def process_start(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks after boot, ``/proc/PID/stat``), or None when it is gone or a
+    zombie: with the pid, what tells a process from a later one that reused its pid."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()  # after the command name, which may hold anything
+    except OSError:
+        return None
+    if fields[0] in (b"Z", b"X"):  # dead, not yet reaped
+        return None
+    return int(fields[19])
+
+
 def die_with_parent(parent_pid: int) -> None:
     """Have the kernel SIGKILL this process when its parent dies, and die now if it already has.
 

@@ -1,7 +1,9 @@
 """The ``local`` backend: a job's hosts are processes on this machine.
 
 ``launch`` starts one detached host agent per job (``python -m
-kinetic_nb.agent --all-hosts``) that forks and supervises every host;
+kinetic_nb.agent --all-hosts``) that forks and supervises every host; from
+the second job on, the notebook's warm agent forks it, past its imports
+(``backends.warm_agent``);
 everything else goes through storage, so a kernel restart, an interrupt or a
 second kernel sees the same job. The agent's own log and record live in a
 per-user directory outside the job's storage, so a client can still tell why
@@ -21,8 +23,9 @@ import time
 from collections.abc import Mapping
 
 from kinetic_nb.agent.local_state import AgentState
-from kinetic_nb.agent.processes import host_count_problem
+from kinetic_nb.agent.processes import host_count_problem, process_start
 from kinetic_nb.backends.base import Backend, JobSecrets, PlatformView, register
+from kinetic_nb.backends.warm_agent import launch_warm
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.logs import last_lines
 from kinetic_nb.runner.protocol import ExitSummary, JobPlan
@@ -64,16 +67,19 @@ def agent_files(job_id: str) -> tuple[str, str]:
     return str(directory / f"{job_id}.log"), str(directory / f"{job_id}.json")
 
 
-def _alive(pid: int, job_id: str) -> bool:
-    """Whether ``pid`` is still the agent of ``job_id`` (a reused pid runs something else)."""
+def _alive(state: AgentState, job_id: str) -> bool:
+    """Whether the agent ``state`` names still runs: its pid, started when it says (a reused pid runs something
+    else); for a record without its start, its command line naming the job."""
+    if state.process_start is not None:
+        return process_start(state.pid) == state.process_start
     try:
-        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+        with open(f"/proc/{state.pid}/cmdline", "rb") as cmdline:
             return job_id.encode() in cmdline.read()
     except FileNotFoundError:
         return False
     except OSError:  # no /proc: ask the kernel whether the pid exists at all
         try:
-            os.kill(pid, 0)
+            os.kill(state.pid, 0)
             return True
         except ProcessLookupError:
             return False
@@ -109,11 +115,14 @@ class LocalBackend(Backend):
 
     def launch(self, storage: Storage, plan: JobPlan, secrets: JobSecrets) -> None:
         log_path, state_path = agent_files(plan.job_id)
+        arguments = ["--job", storage.uri, "--all-hosts", "--key-stdin", "--log", log_path, "--state", state_path]
+        # -e values: never on a command line; the key: never in an environment, where /proc/PID/environ shows it.
+        if launch_warm(arguments, {**os.environ, **secrets.env}, secrets.key.hex(), log_path):
+            return  # this notebook's warm agent forked the job's agent, past its imports
         log = open(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")  # noqa: SIM115
         try:
             launcher = self._agents[plan.job_id] = subprocess.Popen(
-                [sys.executable, "-m", "kinetic_nb.agent", "--job", storage.uri, "--all-hosts", "--detach",
-                 "--key-stdin", "--log", log_path, "--state", state_path],
+                [sys.executable, "-m", "kinetic_nb.agent", *arguments, "--detach"],
                 env={**os.environ, **secrets.env},  # -e values: never on a command line
                 stdin=subprocess.PIPE,  # the key: never in an environment, where /proc/PID/environ shows it
                 stdout=log,
@@ -165,9 +174,9 @@ class LocalBackend(Backend):
         return launcher.returncode
 
     def agent_gone(self, plan: JobPlan) -> bool | None:
-        """Whether the job's agent process has ended (by its record's pid, checked against its command line)."""
+        """Whether the job's agent process has ended (by its record's pid and start time)."""
         state = AgentState.read(agent_files(plan.job_id)[1])
-        return state is None or not _alive(state.pid, plan.job_id)
+        return state is None or not _alive(state, plan.job_id)
 
     def _agent_death(self, plan: JobPlan, state: AgentState | None) -> str | None:
         """Why the job's agent is gone while hosts have no exit record, or None while it lives."""
@@ -181,7 +190,7 @@ class LocalBackend(Backend):
         if state is not None:
             if state.finished:
                 return "the job's agent ended without recording how this host ended"
-            if _alive(state.pid, plan.job_id):
+            if _alive(state, plan.job_id):
                 return None
             return f"the job's agent (pid {state.pid}) died"
         if time.time() - (plan.created_at or time.time()) > AGENT_START_TIMEOUT_S:

@@ -17,6 +17,9 @@ from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
 import kinetic_nb
+from kinetic_nb.agent.local_state import AgentState
+from kinetic_nb.agent.processes import process_start
+from kinetic_nb.backends.local import agent_files
 from kinetic_nb.client import catalog
 from kinetic_nb.client.keys import load_key
 from kinetic_nb.errors import JobFailedError, KineticTimeoutError
@@ -38,15 +41,16 @@ def session():
 
 
 def agent_and_hosts(session) -> list[psutil.Process]:
-    """The session's agent and host processes on this machine (their command lines name its storage)."""
-    found = []
-    for process in psutil.process_iter(["pid", "cmdline"]):
-        try:
-            if session.storage.uri in " ".join(process.info["cmdline"] or ()):
-                found.append(process)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    return found
+    """The session's agent (by its record: its pid and when it started) and every process under it."""
+    state = AgentState.read(agent_files(session.session_id)[1])
+    assert state is not None and state.process_start is not None, "the session's agent never recorded itself"
+    if process_start(state.pid) != state.process_start:
+        return []
+    agent = psutil.Process(state.pid)
+    try:
+        return [agent, *agent.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
 
 
 def value_of(cell):
@@ -127,6 +131,7 @@ def test_stop_ends_every_host_and_the_agent_whatever_state_they_are_in(session):
     deadline = time.monotonic() + HANG_GUARD_S
     while not any(host.exit for host in cell.hosts()) and time.monotonic() < deadline:
         time.sleep(0.05)
+    assert len(agent_and_hosts(session)) == 3  # the agent and hosts 0 and 2 (host 1 has exited)
     said = session.stop()
     assert said == f"session {session.session_id} stopped: its 3 hosts and its agent have ended"
     assert agent_and_hosts(session) == []
