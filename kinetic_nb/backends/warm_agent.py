@@ -11,6 +11,7 @@ next job. ``KINETIC_WARM_AGENT=0`` turns it off.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import logging
@@ -108,3 +109,6 @@ def stop_warm_agent() -> None:
         if _warm is not None and _warm.owner == os.getpid():
             _warm.stop()
         _warm = None
+
+
+atexit.register(stop_warm_agent)  # it would end with this process anyway: stopped and reaped first
