@@ -18,6 +18,7 @@ their job ends, so a kernel restart leaves a job running. Host-safe.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import os
@@ -25,9 +26,11 @@ import select
 import socket
 import struct
 import sys
+import time
 
 from kinetic_nb.agent import __main__ as agent_main  # the imports every job's agent needs, made once here
-from kinetic_nb.agent.processes import die_with_parent
+from kinetic_nb.agent.local_state import AgentState
+from kinetic_nb.agent.processes import die_with_parent, process_start
 
 #: A request is one JSON object (the agent's arguments, environment, working directory, key); it is small.
 MAX_REQUEST_BYTES = 4 * 1024 * 1024
@@ -120,10 +123,24 @@ def _become_agent(request: dict) -> int:
     except BaseException as error:  # noqa: BLE001 - said in the agent's log, which the notebook quotes
         print(f"kinetic agent: could not start from the warm agent: {type(error).__name__}: {error}",
               file=sys.stderr)
+        _record_ended(request)
         code = 1
     sys.stdout.flush()
     sys.stderr.flush()
     return code if isinstance(code, int) else 1
+
+
+def _record_ended(request: dict) -> None:
+    """Say in the agent's own record that it ended (before it started any host, unless its record says
+    otherwise): the notebook then reports it at once, with its log's tail, instead of after the start timeout."""
+    argv = request.get("argv") or []
+    if "--state" not in argv[:-1]:
+        return
+    path = argv[argv.index("--state") + 1]
+    with contextlib.suppress(Exception):
+        if AgentState.read(path) is None:
+            AgentState(pid=os.getpid(), started_at=time.time(), process_start=process_start(os.getpid()),
+                       finished=True).write(path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -115,3 +115,37 @@ def _stop_the_warm_agent():
     warm_agent.stop_warm_agent()
     yield
     warm_agent.stop_warm_agent()
+
+
+def test_an_agent_the_warm_agent_could_not_start_says_so_in_its_record_and_log_at_once(tmp_path):
+    import json
+    import socket
+
+    name = f"kinetic-warm-test-{os.getpid()}"
+    server = subprocess.Popen([sys.executable, "-m", "kinetic_nb.agent.warm", "--parent", str(os.getpid()),
+                               "--name", name])
+    state, log = tmp_path / "agent.json", tmp_path / "agent.log"
+    # The notebook's working directory is gone by the time the agent would enter it.
+    request = {"argv": ["--job", f"file://{tmp_path}/job", "--all-hosts", "--key-stdin", "--state", str(state)],
+               "env": dict(os.environ), "cwd": str(tmp_path / "gone"), "key": "00" * 32, "log": str(log)}
+    try:
+        deadline = time.monotonic() + HANG_GUARD_S
+        while True:
+            try:
+                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+                    connection.connect("\0" + name)
+                    connection.sendall(json.dumps(request).encode())
+                    connection.shutdown(socket.SHUT_WR)
+                    forked = int(connection.recv(64))
+                break
+            except ConnectionRefusedError:  # still importing
+                assert time.monotonic() < deadline, "the warm agent never listened"
+                time.sleep(0.05)
+        while (recorded := AgentState.read(str(state))) is None:
+            assert time.monotonic() < deadline, "the agent that could not start left no record"
+            time.sleep(0.05)
+        assert recorded is not None and recorded.finished and recorded.pid == forked
+        assert "could not start from the warm agent: FileNotFoundError" in log.read_text()
+    finally:
+        server.kill()
+        server.wait()
