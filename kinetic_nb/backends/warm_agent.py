@@ -3,10 +3,10 @@
 One per notebook process, started beside the first local job (which starts
 its own agent, as every job does without one) and used from the next on. A
 job goes to it only when it would start the agent a fresh interpreter would:
-the same Python, and the same ``PYTHON*`` variables (which act when an
-interpreter starts, not after); otherwise, or when it does not answer at
-once, the job's agent starts afresh and the warm agent is replaced for the
-next job. ``KINETIC_WARM_AGENT=0`` turns it off.
+the same Python, and the same variables that act when a process starts
+(``PYTHON*``, the dynamic loader's ``LD_*``: :func:`startup_variables`);
+otherwise, or when it does not answer at once, the job's agent starts afresh
+and the warm agent is replaced for the next job. ``KINETIC_WARM_AGENT=0`` turns it off.
 """
 
 from __future__ import annotations
@@ -27,10 +27,12 @@ from kinetic_nb.agent.warm import peer_credentials
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["WARM_AGENT_ENV", "launch_warm", "stop_warm_agent"]
+__all__ = ["WARM_AGENT_ENV", "launch_warm", "startup_variables", "stop_warm_agent"]
 
 #: ``0`` starts every local job's agent afresh.
 WARM_AGENT_ENV = "KINETIC_WARM_AGENT"
+#: Environment variables that act when a process starts, not after (see :func:`startup_variables`).
+STARTUP_PREFIXES = ("PYTHON", "LD_", "GLIBC_TUNABLES", "MALLOC_")
 #: A warm agent answers at once or not at all: past this, the job's agent starts afresh.
 ANSWER_TIMEOUT_S = 2.0
 
@@ -77,6 +79,13 @@ class WarmAgent:
             self.process.wait(5)
 
 
+def startup_variables(env: Mapping[str, str]) -> dict[str, str]:
+    """The variables of ``env`` that act only when a process starts: the interpreter's (``PYTHON*``) and the C
+    library's (the dynamic loader's ``LD_*``, ``GLIBC_TUNABLES``, ``MALLOC_*``). A warm agent forks; it
+    does not start again, so a job whose variables differ from its own gets an agent started afresh."""
+    return {name: value for name, value in env.items() if name.startswith(STARTUP_PREFIXES)}
+
+
 _warm: WarmAgent | None = None
 _lock = threading.Lock()
 
@@ -87,7 +96,7 @@ def launch_warm(argv: list[str], env: Mapping[str, str], key_hex: str, log: str)
     if os.environ.get(WARM_AGENT_ENV, "1") == "0":
         return False
     global _warm
-    startup = {name: value for name, value in env.items() if name.startswith("PYTHON")}
+    startup = startup_variables(env)
     with _lock:
         if _warm is not None and _warm.serves(sys.executable, startup):
             # One that does not answer is still importing: this job starts its own agent, the next uses it.

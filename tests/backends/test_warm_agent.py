@@ -149,3 +149,12 @@ def test_an_agent_the_warm_agent_could_not_start_says_so_in_its_record_and_log_a
     finally:
         server.kill()
         server.wait()
+
+
+def test_the_variables_that_act_when_a_process_starts_are_what_a_warm_agent_must_share():
+    env = {"PYTHONPATH": "src", "LD_LIBRARY_PATH": "/opt/cuda/lib64", "LD_PRELOAD": "libx.so",
+           "GLIBC_TUNABLES": "glibc.malloc.arena_max=2", "MALLOC_ARENA_MAX": "2",
+           "HOME": "/root", "CUDA_VISIBLE_DEVICES": "0", "MY_PYTHON": "read by the cell, after the start"}
+    assert warm_agent.startup_variables(env) == {
+        "PYTHONPATH": "src", "LD_LIBRARY_PATH": "/opt/cuda/lib64", "LD_PRELOAD": "libx.so",
+        "GLIBC_TUNABLES": "glibc.malloc.arena_max=2", "MALLOC_ARENA_MAX": "2"}
