@@ -65,8 +65,6 @@ class Session(Protocol):
 
     group: HostGroup
     session_id: str
-    #: Where the hosts wake this notebook when they are back to idle (a local disk), else None.
-    wakeup: Any
 
     def ended(self, *, hosts_ended: bool | None = None) -> str | None: ...
 
@@ -313,12 +311,7 @@ class CellHandle(Handle):
     def _sleep(self, seconds: float) -> None:
         """On a local disk the hosts (a session's, back to idle) or their agent (a one-shot job's, when a host
         ends) wake the notebook before ``seconds`` are up."""
-        if self.session is None:
-            self.group.sleep(seconds)
-        elif self.session.wakeup is not None:
-            self.session.wakeup.sleep(seconds)
-        else:
-            time.sleep(seconds)
+        self.group.sleep(seconds)
 
     # -- a one-shot job's cell ------------------------------------------------------------------
 

@@ -74,8 +74,8 @@ class HostGroup:
         #: Every host's records, the whole group's (a one-shot job's cell reads through it too).
         self.poller = JobPoller(storage, plan, backend, key=key, submitted_at=submitted_at, on_leader_output=echo)
         self.outcome_recorded = False
-        #: On a local disk a one-shot job's agent wakes the notebook when a host ends (``runner.wakeup``);
-        #: made at the first wait, None until then, False where no socket can be made.
+        #: On a local disk the hosts wake the notebook through this socket (:meth:`open_wakeup`); None until
+        #: it is made, False where none can be, or once it is closed.
         self._wakeup: Wakeup | bool | None = None
         self._submitted_wall = submitted_at if submitted_at is not None else time.time()
 
@@ -108,23 +108,28 @@ class HostGroup:
 
         return wait_for(self.snapshot, lambda snapshot: snapshot.status.done, between=check).status
 
-    def sleep(self, seconds: float) -> None:
-        """Pause between two looks at a one-shot job's hosts: on a local disk, until its agent says a host
-        ended (what decides a one-shot cell), ``seconds`` at most."""
+    def open_wakeup(self) -> None:
+        """On a local disk, the socket through which the hosts wake this notebook: a session's hosts when they
+        are back to idle, a one-shot job's agent when a host ends (``runner.wakeup``). Made once; opened before
+        a cell is submitted, so that no wakeup is lost."""
         if self._wakeup is None:
             self._wakeup = False
-            if self.storage.local_path() is not None and not self.plan.session:
+            if self.storage.local_path() is not None:
                 with contextlib.suppress(OSError):
                     self._wakeup = Wakeup(client_wakeup_path(self.job_id))
                     # A handle dropped before its outcome (detached, given up on) takes its socket with it.
                     self._close_socket = weakref.finalize(self, _close_wakeup, self._wakeup)
+
+    def sleep(self, seconds: float) -> None:
+        """Pause between two looks at the hosts: ``seconds`` at most, less when they wake this notebook."""
+        self.open_wakeup()
         if self._wakeup:
             self._wakeup.sleep(seconds)
         else:
             time.sleep(seconds)
 
     def close_wakeup(self) -> None:
-        """The socket goes once the outcome is decided (the job's agent removes the directory it was in)."""
+        """The socket goes once a one-shot job's outcome is decided, or its session is stopped."""
         if self._wakeup:
             self._close_socket()
         self._wakeup = False

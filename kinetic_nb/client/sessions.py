@@ -16,7 +16,6 @@ and ``attach_session()`` work from any kernel of the same user.
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import json
 import logging
@@ -51,11 +50,11 @@ from kinetic_nb.errors import (
 )
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.envelope import read_sealed, write_sealed
-from kinetic_nb.runner.group import CELL_FRAMEWORK, cell_key
+from kinetic_nb.runner.group import cell_key
 from kinetic_nb.runner.job_keys import SESSION
 from kinetic_nb.runner.protocol import CancelRequest, HostState, JobPlan
 from kinetic_nb.runner.records import read_exit, read_host_status, read_record, write_record
-from kinetic_nb.runner.wakeup import Wakeup, client_wakeup_path, wake, wakeup_path
+from kinetic_nb.runner.wakeup import wake, wakeup_path
 from kinetic_nb.state import JobSnapshot, JobStatus
 from kinetic_nb.storage import Storage, default_root, open_storage
 
@@ -83,9 +82,6 @@ class Session:
         self.cells_run = 0
         self._ended_hosts = False
         self._last_seq = 0
-        #: On a local disk the hosts wake this notebook when they are back to idle (see ``runner.wakeup``);
-        #: made with the first cell this notebook runs.
-        self.wakeup: Wakeup | None = None
         self._lock = threading.Lock()
 
     @property
@@ -176,11 +172,10 @@ class Session:
         out = list(out)
         held = self.held_names()
         # With framework "auto", the hosts initialize the one the first cell that imports one uses.
-        extra = (lambda modules: {CELL_FRAMEWORK: choose_framework("auto", modules)}) \
+        extra = (lambda modules: {protocol.CELL_FRAMEWORK: choose_framework("auto", modules)}) \
             if self.plan.framework == "auto" else None
         payload = prepare_cell(source, namespace or {}, filename=f"<{cell_name}>", out=out, held=held, extra=extra)
-        if self.wakeup is None and self.storage.local_path() is not None:
-            self.wakeup = _client_wakeup(self.group)
+        self.group.open_wakeup()  # before the cell is stored: its hosts wake this notebook when they are done
         seq = self._submit(payload.data, timeout)
         printer = print_to_stdout if echo is True else (echo or self.echo)
         # The panel names the cell as the notebook does (In[4]); a cell from the API by its number.
@@ -236,9 +231,7 @@ class Session:
             if (not running and agent_gone is not False) or time.monotonic() > deadline:
                 break
             time.sleep(0.05)
-        if self.wakeup is not None:
-            self.wakeup.close()
-            self.wakeup = None
+        self.group.close_wakeup()
         if running:
             return (f"session {self.session_id}: asked to stop, but host{'s' if len(running) > 1 else ''} "
                     f"{', '.join(map(str, running))} had not ended after {STOP_WAIT_S:g} s")
@@ -255,15 +248,6 @@ class Session:
 
 #: How long ``stop`` waits for the hosts and the agent to be gone.
 STOP_WAIT_S = 10.0
-
-
-def _client_wakeup(group: HostGroup) -> Wakeup | None:
-    try:
-        wakeup = Wakeup(client_wakeup_path(group.job_id))
-    except OSError:
-        return None
-    atexit.register(wakeup.close)
-    return wakeup
 
 
 # -- starting, finding ---------------------------------------------------------------------------

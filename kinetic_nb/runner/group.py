@@ -91,9 +91,6 @@ STATUS_DEFER_S = 0.05
 #: The longest a cell's barrier waits: its hosts are up, so the plan's start window for hosts that are still
 #: being scheduled (Kubernetes adds its pending limit, 45 minutes) is not a cell's to wait.
 CELL_BARRIER_TIMEOUT_S = 300.0
-#: The key of a session cell's payload that names the framework its hosts initialize (a session started with
-#: ``framework="auto"``: the first cell that imports one says which).
-CELL_FRAMEWORK = "framework"
 #: A one-shot job's one cell: the one its plan names.
 ONLY_CELL = 1
 #: Names a namespace always holds that are no cell's.
@@ -244,7 +241,7 @@ class CellGroup:
             run.enter(Phase.START_BARRIER, HostState.READY)
             self._meet(place)
             self.namespace.update(values)
-            framework = cell.get(CELL_FRAMEWORK, self.plan.framework)
+            framework = cell.get(protocol.CELL_FRAMEWORK, self.plan.framework)
             if not self.initialized and framework not in ("auto", "none"):
                 self._initialize(framework)
             run.enter(Phase.EXECUTE, HostState.RUNNING)

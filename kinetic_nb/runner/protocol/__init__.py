@@ -52,6 +52,7 @@ from kinetic_nb.runner.protocol.log_chunks import (
 )
 from kinetic_nb.runner.protocol.messages import (
     CELL_FILENAME,
+    CELL_FRAMEWORK,
     CELL_NAMESPACE,
     CELL_OUT_NAMES,
     CELL_SOURCE,
@@ -125,6 +126,7 @@ __all__ = [
     "CELLS_DIR",
     "CELL_END_MARK",
     "CELL_FILENAME",
+    "CELL_FRAMEWORK",
     "CELL_MARK",
     "CELL_MARK_RE",
     "CELL_NAMESPACE",

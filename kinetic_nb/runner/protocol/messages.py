@@ -83,6 +83,9 @@ CELL_SOURCE = "source"
 CELL_FILENAME = "filename"
 CELL_NAMESPACE = "namespace"  # {name: cloudpickled bytes}, unpickled one by one on the host
 CELL_OUT_NAMES = "out"
+#: A session cell's framework, when the session was started with ``framework="auto"``: the first cell that
+#: imports one says which its hosts initialize.
+CELL_FRAMEWORK = "framework"
 
 # Exit codes of ``python -m kinetic_nb.runner``.
 EXIT_OK = 0
