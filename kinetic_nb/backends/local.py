@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from kinetic_nb.agent.local_state import AgentState
 from kinetic_nb.agent.processes import host_count_problem, process_start
 from kinetic_nb.backends.base import Backend, JobSecrets, PlatformView, register
-from kinetic_nb.backends.warm_agent import launch_warm
+from kinetic_nb.backends.warm_agent import launch_warm, warm_agent_wanted
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.logs import last_lines
 from kinetic_nb.runner.protocol import ExitSummary, JobPlan
@@ -104,6 +104,7 @@ class LocalBackend(Backend):
         problem = platform_problem(sys.platform) or host_count_problem(plan.hosts)
         if problem:
             raise ValueError(problem)
+        warm_agent_wanted()  # a KINETIC_WARM_AGENT it cannot read is said before anything is stored
 
     def coordinator_address(self, job_id: str) -> str:
         return f"127.0.0.1:{_free_port()}"

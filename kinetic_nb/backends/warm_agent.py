@@ -27,7 +27,7 @@ from kinetic_nb.agent.warm import peer_credentials
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["WARM_AGENT_ENV", "launch_warm", "startup_variables", "stop_warm_agent"]
+__all__ = ["WARM_AGENT_ENV", "launch_warm", "startup_variables", "stop_warm_agent", "warm_agent_wanted"]
 
 #: ``0`` starts every local job's agent afresh.
 WARM_AGENT_ENV = "KINETIC_WARM_AGENT"
@@ -79,6 +79,14 @@ class WarmAgent:
             self.process.wait(5)
 
 
+def warm_agent_wanted() -> bool:
+    """Whether ``KINETIC_WARM_AGENT`` allows a warm agent (unset or 1); ``ValueError`` naming any other value."""
+    setting = os.environ.get(WARM_AGENT_ENV, "1")
+    if setting not in ("0", "1"):
+        raise ValueError(f"{WARM_AGENT_ENV} must be 0 (start every local job's agent afresh) or 1, got {setting!r}")
+    return setting == "1"
+
+
 def startup_variables(env: Mapping[str, str]) -> dict[str, str]:
     """The variables of ``env`` that act only when a process starts: the interpreter's (``PYTHON*``) and the C
     library's (the dynamic loader's ``LD_*``, ``GLIBC_TUNABLES``, ``MALLOC_*``). A warm agent forks; it
@@ -93,7 +101,7 @@ _lock = threading.Lock()
 def launch_warm(argv: list[str], env: Mapping[str, str], key_hex: str, log: str) -> bool:
     """Have this notebook's warm agent fork the agent ``python -m kinetic_nb.agent ARGV`` would start; False
     when it cannot (there is none yet, it is stale, or it did not answer): start one then, for the next job."""
-    if os.environ.get(WARM_AGENT_ENV, "1") == "0":
+    if not warm_agent_wanted():
         return False
     global _warm
     startup = startup_variables(env)

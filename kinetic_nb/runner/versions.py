@@ -41,8 +41,7 @@ _LABELS = {"python": "Python", "cloudpickle": "cloudpickle"}
 def installed_versions(packages: Iterable[str] = FRAMEWORK_PACKAGES) -> dict[str, str]:
     """``{"python": "3.11.9", "cloudpickle": "3.1.1", "jax": "0.4.35", ...}``: what is installed here."""
     versions = {"python": platform.python_version(), "cloudpickle": cloudpickle.__version__}
-    for package in packages:
-        version = installed_version(package)
+    for package, version in _installed(packages).items():
         if version is not None:
             versions[package] = version
     return versions
@@ -55,19 +54,29 @@ def installed_version(package: str) -> str | None:
     As ``importlib.metadata.version`` finds it: the first ``{name}-{version}.dist-info`` (or ``.egg-info``)
     directory on ``sys.path``, whose name carries the version (the wheel and packaging specifications).
     """
-    prefix = f"{package.lower()}-"
+    return _installed([package])[package]
+
+
+def _installed(packages: Iterable[str]) -> dict[str, str | None]:
+    """Each package's version (None: not installed), from one look at each directory on ``sys.path``."""
+    found: dict[str, str | None] = dict.fromkeys(packages)
+    prefixes = {f"{package.lower()}-": package for package in found}
     for entry in sys.path:
+        if all(version is not None for version in found.values()):
+            break
         try:
             names = os.listdir(entry or ".")
         except OSError:  # not a directory (a zip), or gone
             continue
         for name in names:
             lowered = name.lower()
-            if lowered.startswith(prefix) and lowered.endswith((".dist-info", ".egg-info")):
+            if not lowered.endswith((".dist-info", ".egg-info")):
+                continue
+            for prefix, package in prefixes.items():
                 version = name[len(prefix):].rsplit(".", 1)[0]
-                if version[:1].isdigit():
-                    return version
-    return None
+                if found[package] is None and lowered.startswith(prefix) and version[:1].isdigit():
+                    found[package] = version
+    return found
 
 
 def _minor(version: str) -> tuple[str, ...]:

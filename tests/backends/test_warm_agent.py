@@ -158,3 +158,14 @@ def test_the_variables_that_act_when_a_process_starts_are_what_a_warm_agent_must
     assert warm_agent.startup_variables(env) == {
         "PYTHONPATH": "src", "LD_LIBRARY_PATH": "/opt/cuda/lib64", "LD_PRELOAD": "libx.so",
         "GLIBC_TUNABLES": "glibc.malloc.arena_max=2", "MALLOC_ARENA_MAX": "2"}
+
+
+def test_a_setting_it_cannot_read_is_one_line_before_anything_is_stored_or_started(monkeypatch, storage_root):
+    root = Path(storage_root.removeprefix("file://"))
+    before = sorted(path.name for path in root.iterdir()) if root.exists() else []
+    monkeypatch.setenv(warm_agent.WARM_AGENT_ENV, "off")
+    with pytest.raises(ValueError, match=r"^KINETIC_WARM_AGENT must be 0 \(start every local job's agent afresh\) "
+                                         r"or 1, got 'off'$"):
+        kinetic_nb.submit("1", hosts=2, framework="none")
+    assert (sorted(path.name for path in root.iterdir()) if root.exists() else []) == before
+    assert warm_agent._warm is None  # and no warm agent was started for it
