@@ -112,7 +112,8 @@ def test_a_killed_host_ends_the_session_and_the_cell_says_so(session):
                               "time.sleep(600)")
     with pytest.raises(JobFailedError, match="host 1 was killed by SIGKILL") as info:
         cell.result(timeout=HANG_GUARD_S)
-    assert any("The session" in note and "ended" in note and "restart" in note for note in info.value.__notes__)
+    assert any(note.startswith(f"kinetic_nb: session {session.session_id} ended: ") and "%kinetic restart" in note
+               for note in info.value.__notes__), info.value.__notes__
     assert session.ended() is not None
     with pytest.raises(SessionEndedError, match="has ended"):
         session.run("1")

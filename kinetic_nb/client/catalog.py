@@ -19,11 +19,11 @@ from kinetic_nb.client.host_group import HostGroup, remove_job_objects
 from kinetic_nb.client.keys import delete_key, key_path, load_key, read_key_file
 from kinetic_nb.client.launch import print_to_stdout
 from kinetic_nb.client.plan import check_protocol
-from kinetic_nb.client.sessions import collect_ended
+from kinetic_nb.client.sessions import SESSION_ID, attach_session
 from kinetic_nb.errors import IntegrityError, KineticError, ObjectNotFoundError, StorageError, UnsignedJobError
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.envelope import is_sealed, read_unsigned_bytes, unseal
-from kinetic_nb.runner.job_keys import JOB
+from kinetic_nb.runner.job_keys import JOB, SESSION
 from kinetic_nb.runner.protocol import JobPlan
 from kinetic_nb.storage import Storage, default_root, open_storage
 
@@ -271,23 +271,29 @@ def parse_duration(text: str) -> float:
     return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
 
 
-def _clean_up_platform(job: Storage, record: dict, access: _Access) -> None:
-    """Remove what the job's platform still holds for it (a cluster's objects; locally nothing)."""
+def _remove(job_id: str, storage: Storage, record: dict, plan: JobPlan | None) -> int:
+    """Remove a job or session this user owns whose hosts have all ended: what its platform still holds for it
+    (a cluster's objects; none without a plan), its objects, its key, and what this machine keeps of it (a
+    local agent's log and record). Returns the bytes its storage held."""
+    freed = sum(info.size for info in storage.list())
     try:
-        group = _group_for(job, record, access)
-        group.backend.cleanup(group.plan)
-    except ObjectNotFoundError:
-        return  # no plan: cleaned up at its outcome, its platform's objects with it
-    except Exception:  # the objects in storage go regardless
-        logger.warning("could not clean up the %s objects of %s", record.get("backend"), job.uri, exc_info=True)
-
-
-def _forget_on_this_machine(job_id: str, record: dict) -> None:
-    """What the job's backend keeps outside storage (a local job's agent log and record)."""
-    try:
-        get_backend(record.get("backend", "local"), **record.get("backend_options", {})).forget(job_id)
-    except Exception:  # the job itself is gone regardless
-        logger.warning("could not remove what this machine keeps of %s", job_id, exc_info=True)
+        backend = get_backend(record.get("backend", "local"), **record.get("backend_options", {}))
+    except Exception:  # a backend this kernel cannot make: the objects in storage go regardless
+        logger.warning("could not clean up the %s objects of %s", record.get("backend"), job_id, exc_info=True)
+        backend = None
+    if backend is not None and plan is not None:
+        try:
+            backend.cleanup(plan)
+        except Exception:
+            logger.warning("could not clean up the platform's objects of %s", job_id, exc_info=True)
+    remove_job_objects(storage)
+    delete_key(job_id)
+    if backend is not None:
+        try:
+            backend.forget(job_id)
+        except Exception:
+            logger.warning("could not remove what this machine keeps of %s", job_id, exc_info=True)
+    return freed
 
 
 def gc(older_than: float | str, *, storage: str | None = None) -> list[str]:
@@ -320,17 +326,31 @@ def collect(older_than: float | str, *, storage: str | None = None) -> list[tupl
         if time.time() - record.get("submitted_at", time.time()) < age:
             continue
         try:
-            live = _group_for(job, record, access).status()
+            group = _group_for(job, record, access)
         except ObjectNotFoundError:
-            live = None  # no plan: nothing of the job can still run
+            group = None  # no plan: nothing of the job can still run
         except IntegrityError:
             continue
-        if live is not None and not live.done:
+        if group is not None and not group.status().done:
             continue  # never pull a job's objects from under a live host
-        freed = sum(info.size for info in job.list())
-        _clean_up_platform(job, record, access)
-        remove_job_objects(job)
-        delete_key(job_id)
-        _forget_on_this_machine(job_id, record)
-        removed.append((job_id, freed))
-    return removed + collect_ended(age, storage=storage)
+        removed.append((job_id, _remove(job_id, job, record, group.plan if group else None)))
+    return removed + _collect_sessions(age, storage)
+
+
+def _collect_sessions(age: float, storage: str | None) -> list[tuple[str, int]]:
+    """This user's sessions started longer than ``age`` seconds ago whose every host has ended, removed."""
+    root = open_storage(storage or default_root()).child(protocol.SESSIONS_DIR)
+    removed = []
+    for session_id, _ in listed_ids(root, SESSION_ID, protocol.HANDLE):
+        if owned_here(root.child(session_id)) is False or load_key(session_id, SESSION) is None:
+            continue  # another user's, or planted
+        try:
+            session = attach_session(session_id, storage=storage, echo=False)
+            if time.time() - session.plan.created_at < age or not session.group.status().done:
+                continue  # too recent, or a host still runs: never pulled from under it
+        except _ROW_ERRORS:
+            logger.debug("session %s cannot be collected", session_id, exc_info=True)
+            continue  # unreadable: kept for whoever investigates
+        record = session.group.to_dict()
+        removed.append((session_id, _remove(session_id, session.storage, record, session.plan)))
+    return removed

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from kinetic_nb.client.handle import Handle
+from kinetic_nb import views
 from kinetic_nb.client.host_group import STACKS_WAIT_S, HostGroup, check_host, remove_job_objects
 from kinetic_nb.client.outcome import read_leader, resolve_outcome
 from kinetic_nb.client.poller import JobPoller
@@ -41,9 +41,9 @@ from kinetic_nb.errors import (
 )
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.group import ONLY_CELL, cell_key
-from kinetic_nb.runner.protocol import CancelRequest, HostState
+from kinetic_nb.runner.protocol import CancelRequest
 from kinetic_nb.runner.records import read_record, write_record
-from kinetic_nb.state import JobSnapshot, JobStatus
+from kinetic_nb.state import HostSnapshot, HostState, JobSnapshot, JobStatus
 
 __all__ = ["CellHandle", "JobHandle", "Session"]
 
@@ -69,7 +69,7 @@ class Session(Protocol):
     def ended(self, *, hosts_ended: bool | None = None) -> str | None: ...
 
 
-class CellHandle(Handle):
+class CellHandle:
     """One cell on a group of hosts: wait for it, read its hosts and logs, get its outcome, stop it.
 
     Parameters
@@ -131,6 +131,105 @@ class CellHandle(Handle):
         """The backend that runs the cell's hosts."""
         return self.group.backend
 
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.job_id} {self.plan.hosts} hosts {self.status()}>"
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def snapshot(self) -> JobSnapshot:
+        """The hosts as they are now; only records that changed are read.
+
+        A host that has turned quiet gets its stacks fetched, once, so the
+        panel can show where it is stuck.
+        """
+        snapshot = self.poller.poll()
+        quiet = [h.index for h in snapshot.hosts if h.state == HostState.QUIET and h.index not in self.poller.stacks]
+        if quiet:
+            for index in quiet:
+                self.poller.stacks[index] = ""  # asked: a watcher polling meanwhile does not ask again
+            self.poller.stacks.update(self.group.ask_for_stacks(quiet, STACKS_WAIT_S))
+            snapshot = self.poller.snapshot()
+        self._snapshot = snapshot
+        return snapshot
+
+    def status(self) -> JobStatus:
+        """PENDING, RUNNING, SUCCEEDED, FAILED or CANCELLED."""
+        return self.snapshot().status
+
+    def hosts(self) -> list[HostSnapshot]:
+        """Every host's state, phase, last log line and (once it ended) exit summary."""
+        return list(self.snapshot().hosts)
+
+    def describe_host(self, index: int) -> str:
+        """How one host ended (or where it is), its phase and last log lines, as a verb phrase."""
+        host = (self._snapshot or self.snapshot()).hosts[index]
+        summary = host.exit
+        if summary is not None:
+            text = summary.describe()
+        elif host.state == HostState.LOST:
+            text = "was lost (no heartbeat and no exit record)"
+            if self.poller.platform.problem:  # the platform may know why: a storage error, say
+                text += f" ({self.poller.platform.problem})"
+        else:
+            text = f"was {host.state}"
+        if summary is not None and summary.recorded_success:
+            return text + " after recording success"
+        if host.updated_at is not None:
+            text += f" in phase {host.phase}"
+        lines = [line for line in host.log_tail if line.strip()][-5:]
+        if lines:
+            text += "; last log lines:\n" + "\n".join(f"    {line}" for line in lines)
+        others = [line for line in (summary.stderr_tail if summary else ()) if line not in host.log_tail]
+        if others:  # what the host's own log does not hold: its agent's last words, say
+            text += "\n  last lines recorded with its end:\n" + "\n".join(f"    {line}" for line in others[-8:])
+        return text
+
+    # -- showing ------------------------------------------------------------------------------
+
+    def summary(self) -> str:
+        """A plain-text table: the state and each host's state, phase and exit."""
+        return views.render("text", self.snapshot())
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(repr(self) if cycle else self.summary())
+
+    def _repr_html_(self) -> str:
+        """A static snapshot that survives in a saved notebook and on nbviewer."""
+        return views.render("html", self.snapshot())
+
+    def watch(self) -> None:
+        """Show the live panel (or its text twin) and keep it current in the background; return at once.
+
+        The hosts' agent stops them at their timeout; the display only reads.
+        """
+        views.render("watch", self)
+
+    def timeline(self) -> Any:
+        """A matplotlib Figure: one row per host, one bar per phase (needs the ``plots`` extra)."""
+        return views.render("timeline", self.snapshot())
+
+    # -- the leader's own value ---------------------------------------------------------------
+
+    def leader_result(self) -> Any:
+        """The leader's own value as soon as it has recorded it, whatever happened to the other hosts.
+
+        ``result()`` applies the outcome rules (a worker's failure fails the
+        cell); this reads only the leader's payload, so a finished value is
+        never lost to a stuck worker, a cancel or an interrupt. Raises the
+        leader's own exception if it failed, and ``ObjectNotFoundError`` while
+        it has recorded nothing.
+        """
+        if self._payload is not None:
+            return self._payload.result
+        if self._leader is None:
+            self._leader = read_leader(self.storage, self.key)
+        if self._leader is None:
+            raise ObjectNotFoundError(f"the leader of {self.job_id} has recorded no result yet")
+        if not self._leader.payload.success:
+            raise self._leader.exception(self.job_id)
+        self.outputs = dict(self._leader.payload.outputs)
+        return self._leader.payload.result
+
     # -- the hosts ------------------------------------------------------------------------------
 
     def logs(self, host: int = protocol.LEADER_INDEX) -> str:
@@ -146,9 +245,6 @@ class CellHandle(Handle):
         stacks, ``host`` only if given; a host that has not answered within ``wait`` seconds is reported as
         "no answer" (see ``HostGroup.stacks``)."""
         return self.group.stacks(host, wait=wait)
-
-    def ask_for_stacks(self, hosts: list[int], wait: float = STACKS_WAIT_S) -> dict[int, str]:
-        return self.group.ask_for_stacks(hosts, wait)
 
     # -- waiting and the outcome ----------------------------------------------------------------
 
@@ -248,8 +344,7 @@ class CellHandle(Handle):
             timed_out.add_note(self._fate())
             return timed_out
         if ended is not None and isinstance(error, Exception):
-            error.add_note(f"The session {self.session.session_id} ended: {ended}. "
-                           "%kinetic restart (or session.restart()) starts it again.")
+            error.add_note(self._fate())
         return error
 
     def _after_outcome(self, decided: JobStatus) -> None:
@@ -283,10 +378,11 @@ class CellHandle(Handle):
             if cell_deadline is not None and now > cell_deadline:
                 self._stop_for_timeout(on_snapshot)
             if deadline is not None and now > deadline:
-                raise KineticTimeoutError(f"{self._name()} has not finished after {timeout:g} s; it goes on")
+                name = f"job {self.job_id}" if self.session is None else f"cell {self.seq} of session {self.session.session_id}"
+                raise KineticTimeoutError(f"{name} has not finished after {timeout:g} s; it goes on")
 
         try:
-            snapshot = wait_for(self.snapshot, ready, on_snapshot=on_snapshot, between=check, sleep=self._sleep)
+            snapshot = wait_for(self.snapshot, ready, on_snapshot=on_snapshot, between=check, sleep=self.group.sleep)
             if self.session is not None:
                 snapshot = self._output_in(snapshot)
             elif self.stopped_at_timeout:
@@ -303,15 +399,6 @@ class CellHandle(Handle):
             interrupted = CellInterrupted(f"cell {self.seq} was interrupted on every host")
             interrupted.add_note(self._interrupt_and_report())
             raise interrupted from None
-
-    def _name(self) -> str:
-        return f"job {self.job_id}" if self.session is None else \
-            f"cell {self.seq} of session {self.session.session_id}"
-
-    def _sleep(self, seconds: float) -> None:
-        """On a local disk the hosts (a session's, back to idle) or their agent (a one-shot job's, when a host
-        ends) wake the notebook before ``seconds`` are up."""
-        self.group.sleep(seconds)
 
     # -- a one-shot job's cell ------------------------------------------------------------------
 
@@ -331,7 +418,9 @@ class CellHandle(Handle):
     # -- a session's cell -----------------------------------------------------------------------
 
     def _session_cell_ready(self, snapshot: JobSnapshot) -> bool:
-        return snapshot.status.done or (self._session_ended(snapshot) and self._settled(snapshot))
+        """Done, or the session ended and its hosts' ends are recorded (their agent stops them within the grace)."""
+        return snapshot.status.done or (self._session_ended(snapshot) and (
+            all(host.exit is not None for host in snapshot.hosts) or self.group.status().done))
 
     def _output_in(self, snapshot: JobSnapshot) -> JobSnapshot:
         """Wait (a moment at most) for the cell's last output: the leader's, so that its output precedes the
@@ -340,23 +429,19 @@ class CellHandle(Handle):
             host.index == protocol.LEADER_INDEX or snapshot.status is not JobStatus.SUCCEEDED)]
         deadline = time.monotonic() + OUTPUT_WAIT_S
         while not self.poller.output_complete.issuperset(wanted) and time.monotonic() < deadline:
-            self._sleep(0.002)  # the agent wakes it once the chunk is stored
+            self.group.sleep(0.002)  # the agent wakes it once the chunk is stored
             snapshot = self.snapshot()
             wanted = [index for index in wanted if snapshot.hosts[index].exit is None]
         return snapshot
 
-    def _session_ended(self, snapshot: JobSnapshot) -> bool:
+    def _session_ended(self, snapshot: JobSnapshot, *, look_now: bool = False) -> bool:
         """Whether the session has ended: looked at once a host's end is recorded, and otherwise (a stop
         from another kernel, say) every ENDED_LOOK_S, so that a quick cell's polls stay a few stats."""
-        now = time.monotonic()
-        if not any(host.exit for host in snapshot.hosts) and now < self._next_ended_look:
+        now, hosts_ended = time.monotonic(), any(host.exit for host in snapshot.hosts)
+        if not (hosts_ended or look_now) and now < self._next_ended_look:
             return False
         self._next_ended_look = now + ENDED_LOOK_S
-        return self.session.ended(hosts_ended=any(host.exit for host in snapshot.hosts)) is not None
-
-    def _settled(self, snapshot: JobSnapshot) -> bool:
-        """A session that ended: its hosts' ends are recorded (their agent stops them within the grace)."""
-        return all(host.exit is not None for host in snapshot.hosts) or self.group.status().done
+        return self.session.ended(hosts_ended=hosts_ended) is not None
 
     def interrupted_at_timeout(self) -> float | None:
         """The timeout the agent interrupted this session cell at, or None when nobody did for a timeout."""
@@ -371,10 +456,10 @@ class CellHandle(Handle):
             return None
         return float(record.get("timeout") or 0)
 
-    def _fate(self) -> str:
-        """The session's fate after this cell, in one line."""
-        ended = self.session.ended()
-        if ended is None:
+    def _fate(self, stuck: list[int] | None = None) -> str:
+        """The session's fate after this cell, in one line (``stuck``: hosts that did not come back)."""
+        ended = self.session.ended() or (stuck and f"hosts {', '.join(map(str, stuck))} did not come back")
+        if not ended:
             return f"kinetic_nb: every host is back to idle and session {self.session.session_id} is up"
         return (f"kinetic_nb: session {self.session.session_id} ended: {ended}; %kinetic restart (or "
                 "session.restart()) starts it again")
@@ -389,15 +474,11 @@ class CellHandle(Handle):
             self.interrupt(timeout=timeout)
             while time.monotonic() < deadline:
                 snapshot = self.snapshot()
-                if snapshot.status.done:
-                    return f"kinetic_nb: every host is back to idle and session {session_id} is up"
-                if self.session.ended(hosts_ended=any(host.exit for host in snapshot.hosts)) is not None:
+                if snapshot.status.done or self._session_ended(snapshot, look_now=True):
                     break
                 time.sleep(0.05)
-            stuck = [host.index for host in self.snapshot().hosts if not host.exit and host.state in (
-                HostState.RUNNING.value, HostState.READY.value)]
-            return (f"kinetic_nb: session {session_id} ended: "
-                    f"{self.session.ended() or 'hosts ' + ', '.join(map(str, stuck)) + ' did not come back'}")
+            return self._fate([host.index for host in self.snapshot().hosts if not host.exit and host.state in (
+                HostState.RUNNING.value, HostState.READY.value)])
         except KeyboardInterrupt:  # a second interrupt: stop waiting, and still say what is known
             return (f"kinetic_nb: not waiting for the hosts to come back (interrupted again); the session's agent "
                     f"ends session {session_id} unless every host is back to idle within "

@@ -317,23 +317,24 @@ class JobPoller:
         return JobSnapshot(self.plan.job_id, self.backend.name, self.plan.accelerator, status,
                            self.submitted_at, now, tuple(hosts), label=self.label)
 
+    def _host(self, index: int, state: str, status: HostStatus | None, started_at: float | None,
+              waiting: str = "") -> HostSnapshot:
+        """Host ``index`` in ``state``, as far as ``status`` (None: nothing of it yet) tells; ``waiting``: why,
+        when nothing does."""
+        records = self.records[index]
+        return HostSnapshot(
+            index=index, state=state, phase=status.phase if status else Phase.STARTUP.value, started_at=started_at,
+            updated_at=status.updated_at if status else None, heartbeat_at=records.heartbeat_at,
+            last_line=records.last_line(), log_tail=records.lines(),
+            message=status.message if status else waiting, traceback=status.traceback if status else "",
+            exit=records.exit, history=tuple((phase, float(at)) for phase, at in status.history) if status else (),
+        )
+
     def _job_host(self, index: int, now: float) -> HostSnapshot:
         records = self.records[index]
         status = records.status
-        return HostSnapshot(
-            index=index,
-            state=host_state(status, records.exit, records.heartbeat_at, now),
-            phase=status.phase if status else Phase.STARTUP.value,
-            started_at=status.started_at if status else None,
-            updated_at=status.updated_at if status else None,
-            heartbeat_at=records.heartbeat_at,
-            last_line=records.last_line(),
-            log_tail=records.lines(),
-            message=status.message if status else self._platform_reasons().get(index, ""),
-            traceback=status.traceback if status else "",
-            exit=records.exit,
-            history=tuple((phase, float(at)) for phase, at in status.history) if status else (),
-        )
+        return self._host(index, host_state(status, records.exit, records.heartbeat_at, now), status,
+                          status.started_at if status else None, self._platform_reasons().get(index, ""))
 
     def _cell_host(self, index: int) -> HostSnapshot:
         """Host ``index`` as this cell sees it: pending while on an earlier cell, its cell's outcome once back
@@ -352,16 +353,8 @@ class JobPoller:
             state = HostState.RUNNING.value  # its failure counts once it is back to idle
         else:
             state = status.state
-        current = status is not None and status.cell == self.cell
-        return HostSnapshot(
-            index=index, state=state, phase=status.phase if current else Phase.STARTUP.value,
-            started_at=(status.history[0][1] if current and status.history else None),
-            updated_at=status.updated_at if current else None, heartbeat_at=records.heartbeat_at,
-            last_line=records.last_line(), log_tail=records.lines(),
-            message=status.message if current else "", traceback=status.traceback if current else "",
-            exit=records.exit,
-            history=tuple((phase, float(at)) for phase, at in status.history) if current else (),
-        )
+        current = status if status is not None and status.cell == self.cell else None  # what it says of this cell
+        return self._host(index, state, current, current.history[0][1] if current and current.history else None)
 
     def _cell_status(self, hosts: list[HostSnapshot]) -> JobStatus:
         if all(host.state == HostState.SUCCEEDED.value for host in hosts):

@@ -29,8 +29,8 @@ from typing import Any
 from kinetic_nb.backends import Backend, get_backend
 from kinetic_nb.client.catalog_records import listed_ids, owned_here, printable
 from kinetic_nb.client.cell_handle import CellHandle
-from kinetic_nb.client.host_group import HostGroup, remove_job_objects
-from kinetic_nb.client.keys import delete_key, load_key
+from kinetic_nb.client.host_group import HostGroup
+from kinetic_nb.client.keys import load_key
 from kinetic_nb.client.launch import choose_backend, launch_hosts, print_to_stdout
 from kinetic_nb.client.plan import (
     check_protocol,
@@ -65,7 +65,7 @@ __all__ = ["Session", "SessionEndedError", "attach_session", "sessions", "start"
 #: A session with no cell for this long stops itself (a forgotten TPU slice costs money).
 DEFAULT_IDLE_TIMEOUT_S = 3600.0
 #: A session id, matched whole (``fullmatch``): ASCII digits only, and nothing after it (not even a newline).
-_SESSION_ID = re.compile(r"ks-[0-9]{8}-[0-9]{6}-[0-9a-f]+")
+SESSION_ID = re.compile(r"ks-[0-9]{8}-[0-9]{6}-[0-9a-f]+")
 
 
 class SessionEndedError(KineticError):
@@ -324,7 +324,7 @@ def _start_from(group: HostGroup, *, echo: Any) -> Session:
 
 def attach_session(session_id: str, *, storage: str | None = None, echo: Any = True) -> Session:
     """A running session from any kernel of the same user: its hosts and their state as they are."""
-    if not _SESSION_ID.fullmatch(session_id):
+    if not SESSION_ID.fullmatch(session_id):
         raise ValueError(f"{printable(repr(session_id))} is not a session id (they look like "
                          "ks-20250101-120000-a1b2c3; %kinetic sessions lists them)")
     session_storage = _root(storage).child(session_id)
@@ -361,7 +361,7 @@ def sessions(*, storage: str | None = None, limit: int = 20) -> list[dict[str, A
     """
     root = _root(storage)
     found: list[dict[str, Any]] = []
-    for session_id, _ in listed_ids(root, _SESSION_ID, protocol.HANDLE):
+    for session_id, _ in listed_ids(root, SESSION_ID, protocol.HANDLE):
         if len(found) >= limit:
             break
         if owned_here(root.child(session_id)) is False or load_key(session_id, SESSION) is None:
@@ -381,32 +381,3 @@ def sessions(*, storage: str | None = None, limit: int = 20) -> list[dict[str, A
             found.append({"session_id": session_id, "hosts": 0, "accelerator": "", "cells": 0,
                           "state": f"UNREADABLE: {reason}"})
     return found
-
-
-def collect_ended(older_than_s: float, *, storage: str | None = None) -> list[tuple[str, int]]:
-    """Remove this user's sessions started longer than ``older_than_s`` ago whose every host has ended: their
-    records, cells, key and what this machine keeps of them. A live session is never touched, nor one that
-    is not this user's. Returns each removed session's id and the bytes its storage held."""
-    root = _root(storage)
-    removed = []
-    for session_id, _ in listed_ids(root, _SESSION_ID, protocol.HANDLE):
-        if owned_here(root.child(session_id)) is False or load_key(session_id, SESSION) is None:
-            continue  # another user's, or planted
-        try:
-            session = attach_session(session_id, storage=storage, echo=False)
-            if time.time() - session.plan.created_at < older_than_s or not session.group.status().done:
-                continue  # too recent, or a host still runs: never pulled from under it
-            freed = sum(info.size for info in session.storage.list())
-        except (KineticError, OSError, ValueError, TypeError, LookupError):
-            logger.debug("session %s cannot be collected", session_id, exc_info=True)
-            continue  # unreadable: kept for whoever investigates
-        backend = session.group.backend
-        try:
-            backend.cleanup(session.plan)
-        except Exception:
-            logger.warning("could not clean up the platform's objects of %s", session_id, exc_info=True)
-        remove_job_objects(session.storage)
-        delete_key(session_id)
-        backend.forget(session_id)
-        removed.append((session_id, freed))
-    return removed

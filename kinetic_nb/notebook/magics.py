@@ -9,6 +9,7 @@ import datetime
 import keyword
 import shlex
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -23,7 +24,7 @@ from IPython.core.magic_arguments import (
 from IPython.utils.process import arg_split
 from traitlets import Float, Unicode
 
-from kinetic_nb.client import backend_options, catalog
+from kinetic_nb.client import backend_options, catalog, sessions
 from kinetic_nb.client.catalog_records import printable
 from kinetic_nb.client.cell_handle import CellHandle
 from kinetic_nb.client.launch import submit
@@ -32,10 +33,10 @@ from kinetic_nb.client.sessions import Session, SessionEndedError, attach_sessio
 from kinetic_nb.errors import CaptureError, IntegrityError, KineticError, ObjectNotFoundError, UnknownAcceleratorError
 from kinetic_nb.notebook.display import live_view
 from kinetic_nb.notebook.session_commands import (
+    SLICE_FLAGS,
     check_cell_fits_session,
     doctor_parser,
     session_start_parser,
-    sessions_of,
     start_session,
 )
 from kinetic_nb.runner.redact import MASK, SecretValue
@@ -138,6 +139,15 @@ _LINE_PARSERS = {
 }
 
 
+def _arguments(flags: tuple[tuple[tuple, dict], ...]) -> Callable[[Any], Any]:
+    """``flags`` as a magic's ``@argument`` lines, in their order."""
+    def add(func: Any) -> Any:
+        for names, options in reversed(flags):
+            func = argument(*names, **options)(func)
+        return func
+    return add
+
+
 def _backend_flags(func: Any) -> Any:
     """Add every registered backend's flags to a magic, grouped under the backend's name in its help."""
     for backend in reversed(backend_options.backends()):
@@ -177,18 +187,11 @@ class KineticMagics(_BackendSettings):
             raise UsageError(str(error)) from None
 
     @magic_arguments()
-    @argument("-n", "--hosts", type=int, default=None, help="Number of hosts (default: the accelerator's, or 1).")
-    @argument("-a", "--accelerator", default=None,
-              help="Accelerator name, e.g. tpu-v5e-16 or gpu-h100x8 (simulated on CPU locally).")
-    @argument("-b", "--backend", default="local", choices=list(backend_options.names()),
-              help="Where the hosts run: " + "; ".join(f"{backend.name}: {backend.summary}"
-                                                       for backend in backend_options.backends()) + ".")
+    @_arguments(SLICE_FLAGS)
     @argument("--framework", default="auto", choices=["auto", "jax", "torch", "none"],
               help="What to initialize before the cell; auto decides by the cell's imports.")
     @argument("-o", "--out", action="append", default=[], metavar="NAME[,NAME]",
               help="Copy these leader variables into the notebook.")
-    @argument("-e", "--env", action="append", default=[], metavar="KEY=VALUE", type=SecretValue,
-              help="Set an environment variable on every host (repeatable).")
     @argument("--timeout", type=float, default=None, metavar="S", help="Stop the job after S seconds.")
     @argument("--grace", type=float, default=None, metavar="S",
               help="After a host fails, the others get S seconds (default 10) to report before they are stopped.")
@@ -362,7 +365,7 @@ class KineticMagics(_BackendSettings):
         return self.session
 
     def _line_sessions(self, args: Any) -> None:
-        found = sessions_of(args.storage, args.limit)
+        found = sessions.sessions(storage=args.storage, limit=args.limit)
         if not found:
             print("no kinetic sessions yet")
         for record in found:
@@ -412,10 +415,10 @@ class KineticMagics(_BackendSettings):
     def _line_gc(self, args: Any) -> None:
         removed = catalog.collect(args.older_than, storage=args.storage)
         jobs = [job_id for job_id, _ in removed if not job_id.startswith("ks-")]
-        sessions = [job_id for job_id, _ in removed if job_id.startswith("ks-")]
+        ended = len(removed) - len(jobs)
         freed = sum(size for _, size in removed)
-        print(f"removed {len(jobs)} job{'s' if len(jobs) != 1 else ''} and {len(sessions)} "
-              f"session{'s' if len(sessions) != 1 else ''}, {freed / 1e6:.1f} MB"
+        print(f"removed {len(jobs)} job{'s' if len(jobs) != 1 else ''} and {ended} "
+              f"session{'s' if ended != 1 else ''}, {freed / 1e6:.1f} MB"
               + (": " + ", ".join(job_id for job_id, _ in removed) if removed else ""))
 
 

@@ -19,41 +19,50 @@ from kinetic_nb.notebook.display import live_view
 from kinetic_nb.runner.redact import SecretValue
 from kinetic_nb.state import JobSnapshot
 
+#: The flags that choose a slice, the same for ``%%kinetic`` and ``%kinetic start``: (names, argparse options).
+SLICE_FLAGS = (
+    (("-n", "--hosts"), dict(type=int, default=None, help="Number of hosts (default: the accelerator's, or 1).")),
+    (("-a", "--accelerator"), dict(default=None, help="Accelerator name, e.g. tpu-v5e-16 or gpu-h100x8 (simulated "
+                                                       "on CPU locally).")),
+    (("-b", "--backend"), dict(default="local", choices=list(backend_options.names()), help="Where the hosts run: " +
+                               "; ".join(f"{backend.name}: {backend.summary}" for backend in backend_options.backends())
+                               + ".")),
+    (("-e", "--env"), dict(action="append", default=[], metavar="KEY=VALUE", type=SecretValue,
+                           help="Set an environment variable on every host (repeatable).")),
+)
+
+
+def add_backend_flags(parser: MagicArgumentParser, backends: list[Any]) -> MagicArgumentParser:
+    """Each of ``backends``' own flags, its name in their help."""
+    for backend in backends:
+        for flag in backend.flags:
+            parser.add_argument(flag.flag, **flag.argparse_options(f" (-b {backend.name})"))
+    return parser
+
 
 def session_start_parser(make_parser: Callable[..., MagicArgumentParser]) -> MagicArgumentParser:
-    """``%kinetic start``: the shaping flags of ``%%kinetic``, each backend's own, and ``--idle-timeout``."""
-    parser = make_parser(
+    """``%kinetic start``: the flags that choose a slice, each backend's own, and ``--idle-timeout``."""
+    return add_backend_flags(make_parser(
         "%kinetic start",
-        (("-n", "--hosts"), dict(type=int, default=None, help="Number of hosts.")),
-        (("-a", "--accelerator"), dict(default=None, help="Accelerator name, e.g. tpu-v5e-16.")),
-        (("-b", "--backend"), dict(default="local", choices=list(backend_options.names()), help="Where the hosts run.")),
+        *SLICE_FLAGS,
         (("--framework",), dict(default="auto", choices=["auto", "jax", "torch", "none"],
                                 help="Initialize it once at start; auto: when the first cell imports one.")),
-        (("-e", "--env"), dict(action="append", default=[], metavar="KEY=VALUE", type=SecretValue,
-                               help="An environment variable for every host (repeatable).")),
         (("--grace", ), dict(type=float, default=None, metavar="S",
                              help="After a failed or interrupted cell, the hosts get S seconds to be back.")),
         (("--idle-timeout",), dict(type=float, default=sessions.DEFAULT_IDLE_TIMEOUT_S, metavar="S",
                                    help="Stop the session after S seconds with no cell (0: never).")),
-    )
-    for backend in backend_options.backends():
-        for flag in backend.flags:
-            parser.add_argument(flag.flag, **flag.argparse_options(f" (-b {backend.name})"))
-    return parser
+    ), backend_options.backends())
 
 
 def doctor_parser(parser_for: Any) -> Any:
     """``%kinetic doctor``: ``-a``, ``--storage``, ``-b`` among the backends that have a doctor, and their flags."""
     checked = backend_options.doctor_backends()
-    parser = parser_for(
+    return add_backend_flags(parser_for(
         "%kinetic doctor",
         (("-a", "--accelerator"), dict(default=None, help="The accelerator to check for, e.g. tpu-v5e-16.")),
         (("-b", "--backend"), dict(default=checked[0].name if checked else None,
-                                   choices=[backend.name for backend in checked], help="The backend to check.")))
-    for backend in checked:
-        for flag in backend.flags:
-            parser.add_argument(flag.flag, **flag.argparse_options(f" (-b {backend.name})"))
-    return parser
+                                   choices=[backend.name for backend in checked], help="The backend to check."))),
+        checked)
 
 
 def start_session(args: Any, backend_options: Mapping[str, Any], env: Mapping[str, str]) -> Session:
@@ -115,7 +124,3 @@ def check_cell_fits_session(session: Session, args: Any, backend_options: Mappin
         raise UsageError(f"this notebook runs its cells on session {session.session_id} ({plan.hosts} hosts, "
                          f"{plan.accelerator}, framework {plan.framework}): {'; '.join(given)} does not fit it; "
                          "%%kinetic --once runs a one-shot job beside it")
-
-
-def sessions_of(storage: str | None, limit: int = 20) -> list[dict[str, Any]]:
-    return sessions.sessions(storage=storage, limit=limit)
