@@ -35,16 +35,33 @@ goal from issue 13:
    hosts also run JAX's threads (no goal); each against an idle JAX engine's,
    with the agent's own beside it.
 
+Then the remote table (``--remote-only`` runs it alone): a 4-host session on
+``gs://``, the emulator behind ``benchmarks/delay_proxy.py``, which delays each
+request by D:
+
+R1. the trivial cell's median at D = 0, 10, 25 and 50 ms, and ``k``, the
+    storage round trips on its critical path (the fit ``t0 + k·D``); goal
+    k <= 12 on storage alone (issue 24; k <= 3 is the direct channel's);
+R2. requests per trivial cell, by kind, at D = 0;
+R3. the most writes one object name takes in any one second over 100
+    back-to-back cells; goal <= 1 (Cloud Storage answers 429 above it);
+R4. requests per idle host per second (the agent's included), over 10 s with
+    no cell; goal <= 0.1;
+R5. a cell after 10 s idle against a back-to-back one, at D = 25 ms; goal
+    <= 1.5x.
+
 Everything it starts (engines, sessions, the emulator, the Ray cluster) it stops, also on error.
 ipyparallel is a benchmark-only dependency, not the package's:
 
     pip install ipyparallel
     python benchmarks/session_roundtrip.py [--runs 21] [--starts 3] [--cells 200] [--age 600] [--no-ray]
+                                           [--remote-only]
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import os
 import shutil
@@ -64,6 +81,7 @@ except ImportError:
 import psutil
 
 import kinetic_nb
+from benchmarks.delay_proxy import DelayProxy, fit_k, most_writes_per_second
 from kinetic_nb.errors import ObjectNotFoundError
 from kinetic_nb.runner.records import read_host_status
 from kinetic_nb.storage import Storage
@@ -257,6 +275,61 @@ def ray_trivial_cells(runs: int, view: ipyparallel.DirectView) -> tuple[float, f
         return paired_medians(runs, lambda: session.run(TRIVIAL).result(timeout=HANG_S), lambda: view.execute(TRIVIAL, block=True))
 
 
+#: The delays of the remote table, per request (Cloud Storage answers in tens of milliseconds).
+DELAYS_S = (0.0, 0.010, 0.025, 0.050)
+REMOTE_BURST = 100
+IDLE_FOR_S = 10.0
+
+
+def remote_table(stack: contextlib.ExitStack, workdir: Path, runs: int) -> None:
+    """Rows R1-R5: a gs:// session behind the delay proxy (its own emulator, in memory)."""
+    emulator = stack.enter_context(GcsEmulator(workdir / "emulator-remote", backend="memory"))
+    emulator.create_bucket(BUCKET)
+    proxy = stack.enter_context(DelayProxy(emulator))
+    stack.callback(os.environ.update, {"STORAGE_EMULATOR_HOST": os.environ.get("STORAGE_EMULATOR_HOST", "")})
+    os.environ["STORAGE_EMULATOR_HOST"] = proxy.url  # this notebook's storage client, and the hosts'
+    session = start_session(stack, framework="none", storage=f"gs://{BUCKET}/remote")
+
+    def cell() -> float:
+        return timed(lambda: session.run(TRIVIAL).result(timeout=HANG_S))[0]
+
+    medians = []
+    for delay in DELAYS_S:
+        proxy.delay_s = delay
+        cell()
+        medians.append(statistics.median(cell() for _ in range(runs)))
+    t0, k = fit_k(list(DELAYS_S), medians)
+    print("R1. trivial cell on gs:// at D = " + ", ".join(f"{d * 1000:g}" for d in DELAYS_S) + " ms: "
+          + ", ".join(f"{m:.3f}" for m in medians) + f" s; fit {t0:.3f} s + k·D, k = {k:.1f}  goal <= 12 "
+          "(storage alone)")
+
+    proxy.delay_s = 0.0
+    time.sleep(2)  # past the hosts' busy looks: what follows is the cells'
+    mark = proxy.mark()
+    for _ in range(REMOTE_BURST):
+        cell()
+    burst = proxy.since(mark)
+    kinds = collections.Counter(request.kind for request in burst)
+    print(f"R2. requests per trivial cell      {len(burst) / REMOTE_BURST:.1f}: "
+          + ", ".join(f"{kind} {count / REMOTE_BURST:.1f}" for kind, count in kinds.most_common()))
+    most, name = most_writes_per_second(burst)
+    print(f"R3. most writes of one object in 1 s over {REMOTE_BURST} cells: {most} ({name})  goal <= 1")
+
+    proxy.delay_s = 0.025
+    back_to_back = statistics.median(cell() for _ in range(runs))
+    after_idle = []
+    for attempt in range(3):
+        time.sleep(3)  # the hosts settle into idle
+        mark = proxy.mark()
+        time.sleep(IDLE_FOR_S - 3)
+        idle = proxy.since(mark)
+        if attempt == 0:
+            print(f"R4. idle requests per host per s   {len(idle) / (IDLE_FOR_S - 3) / HOSTS:.2f} (the agent's "
+                  f"included: {collections.Counter(r.kind for r in idle).most_common()})  goal <= 0.1")
+        after_idle.append(cell())
+    row("R5. cell after 10 s idle, D=25 ms", statistics.median(after_idle), back_to_back, "<= 1.5x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=21, help="cells per median (at least 21 for the goals)")
@@ -264,6 +337,7 @@ def main() -> None:
     parser.add_argument("--cells", type=int, default=200, help="trivial cells between the two RSS readings")
     parser.add_argument("--age", type=int, default=600, help="cells of the gs:// session of row 4b")
     parser.add_argument("--no-ray", action="store_true", help="skip row 1b (a local Ray cluster)")
+    parser.add_argument("--remote-only", action="store_true", help="only the remote table (rows R1-R5)")
     args = parser.parse_args()
     sys.stdout.reconfigure(line_buffering=True)  # each row as it is measured, also into a file
     workdir = Path(tempfile.mkdtemp(prefix="kinetic-bench-"))
@@ -273,6 +347,9 @@ def main() -> None:
           f"load average {os.getloadavg()[0]:.1f} at the start")
     with contextlib.ExitStack() as stack:
         stack.callback(shutil.rmtree, workdir, ignore_errors=True)
+        if args.remote_only:
+            remote_table(stack, workdir, args.runs)
+            return
         view = start_engines(stack, workdir)
         session = start_session(stack, framework="jax")
 
@@ -316,6 +393,8 @@ def main() -> None:
             print(f"{name:<34} {max(ours[:-1]):9.3f} %   vs {max(theirs, default=float('nan')):9.3f} % (an idle JAX "
                   f"engine); the agent {ours[-1]:.3f} %  goal <= 0.1% per host"
                   + ("" if measured is plain else " (none: JAX's own threads)"))
+
+        remote_table(stack, workdir, args.runs)
 
 
 if __name__ == "__main__":

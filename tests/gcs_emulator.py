@@ -17,6 +17,7 @@ import platform
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -180,6 +181,15 @@ class Fault:
         return self.seen < self.times and method == self.method and self.path_contains in path
 
 
+class _QuietServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        """A client that hangs up before its answer (a host stopped mid-request) is no error of the proxy's."""
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
 class FaultProxy:
     """A loopback HTTP proxy in front of an emulator that injects ``Fault``s, in order.
 
@@ -195,6 +205,9 @@ class FaultProxy:
 
         class Handler(http.server.BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            #: An answer's headers and body go out in two writes: with Nagle's algorithm and the client's delayed
+            #: acknowledgement, the second would wait about 40 ms.
+            disable_nagle_algorithm = True
 
             def log_message(self, *args: object) -> None:
                 pass
@@ -226,8 +239,7 @@ class FaultProxy:
 
             do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = handle_one
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
+        self.server = _QuietServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self._thread = threading.Thread(target=self.server.serve_forever, name="fault-proxy", daemon=True)
         self._lock = threading.Lock()
