@@ -22,6 +22,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -54,8 +55,6 @@ TIMEOUT_SLACK_S = 5.0
 #: Once a host has failed on its own, how long to let the others' records land
 #: before deciding (the cell still raises well within a second of the failure).
 SETTLE_S = 0.3
-#: While no host's end is recorded, whether the session was stopped is looked at no more often than this.
-ENDED_LOOK_S = 0.05
 #: How long a finished session cell waits for the hosts' last output to be stored (the agent writes it at once).
 OUTPUT_WAIT_S = 2.0
 
@@ -107,11 +106,12 @@ class CellHandle:
             self.poller = JobPoller(group.storage, dataclasses.replace(self.plan, job_id=self.job_id), group.backend,
                                     key=group.key, on_leader_output=echo, cell=seq,
                                     label=f"{name or f'cell {seq}'} · session {session.session_id}")
+        #: A session cell's outcome objects being deleted on a bucket, in the background, once it was decided.
+        self.cleanup: threading.Thread | None = None
         self._payload: Any = None
         self._failure: BaseException | None = None
         self._leader: Any = None
         self._snapshot: JobSnapshot | None = None
-        self._next_ended_look = 0.0
 
     @property
     def one_shot(self) -> bool:
@@ -277,7 +277,6 @@ class CellHandle:
         if self._failure is not None:  # read once: a session cell's objects are gone, the exception stays
             raise self._failure
         snapshot, shown = self._wait_for_outcome(timeout, on_snapshot)
-        ended = None if self.session is None else self.session.ended(hosts_ended=any(h.exit for h in snapshot.hosts))
         status = snapshot.status
         if status is JobStatus.CANCELLED and self.session is not None:
             status = JobStatus.FAILED  # an interrupted cell's KeyboardInterrupts are its outcome
@@ -293,7 +292,7 @@ class CellHandle:
             if self.session is not None:
                 with contextlib.suppress(Exception):  # leader_result() still has the leader's own value
                     self._leader = read_leader(self.storage, self.key)
-            self._failure = self._explained(error, ended)
+            self._failure = self._explained(error, snapshot)
             if self._failure is error:
                 raise
             raise self._failure from error
@@ -330,11 +329,12 @@ class CellHandle:
         objects, one listing of a session cell's directory."""
         return self.poller.listing if self.session is None else self.storage.list()
 
-    def _explained(self, error: BaseException, ended: str | None) -> BaseException:
+    def _explained(self, error: BaseException, snapshot: JobSnapshot) -> BaseException:
         """The exception the cell raises: a session cell interrupted at its timeout raises the timeout; one
         whose session ended says so."""
         if self.session is None:
             return error
+        ended = self.session.ended(hosts_ended=self._session_ended(snapshot))
         if isinstance(error, KeyboardInterrupt):
             timeout = self.interrupted_at_timeout()
             if timeout is None:
@@ -355,6 +355,14 @@ class CellHandle:
         if self.session is None:
             self.group.record_outcome(decided)
             return
+        if self.storage.local_path() is not None:
+            self._remove_outcome()
+        else:  # on a bucket a listing and a round of deletes: not on the way to the cell's value
+            self.cleanup = threading.Thread(target=self._remove_outcome, name=f"kinetic-cleanup-{self.job_id}",
+                                            daemon=True)
+            self.cleanup.start()
+
+    def _remove_outcome(self) -> None:
         try:
             remove_job_objects(self.storage, keep=(protocol.PAYLOAD, "log/"))
         except Exception:
@@ -434,14 +442,12 @@ class CellHandle:
             wanted = [index for index in wanted if snapshot.hosts[index].exit is None]
         return snapshot
 
-    def _session_ended(self, snapshot: JobSnapshot, *, look_now: bool = False) -> bool:
-        """Whether the session has ended: looked at once a host's end is recorded, and otherwise (a stop
-        from another kernel, say) every ENDED_LOOK_S, so that a quick cell's polls stay a few stats."""
-        now, hosts_ended = time.monotonic(), any(host.exit for host in snapshot.hosts)
-        if not (hosts_ended or look_now) and now < self._next_ended_look:
-            return False
-        self._next_ended_look = now + ENDED_LOOK_S
-        return self.session.ended(hosts_ended=hosts_ended) is not None
+    @staticmethod
+    def _session_ended(snapshot: JobSnapshot) -> bool:
+        """Whether the session has ended, as its hosts' records tell: however it ends (a stop from any kernel,
+        its idle timeout, a failure), its agent ends every host, and each host's end is recorded. So a poll
+        needs no look at the stop request (a read that finds nothing, on every look of every cell)."""
+        return any(host.exit for host in snapshot.hosts)
 
     def interrupted_at_timeout(self) -> float | None:
         """The timeout the agent interrupted this session cell at, or None when nobody did for a timeout."""
@@ -474,7 +480,7 @@ class CellHandle:
             self.interrupt(timeout=timeout)
             while time.monotonic() < deadline:
                 snapshot = self.snapshot()
-                if snapshot.status.done or self._session_ended(snapshot, look_now=True):
+                if snapshot.status.done or self._session_ended(snapshot):
                     break
                 time.sleep(0.05)
             return self._fate([host.index for host in self.snapshot().hosts if not host.exit and host.state in (

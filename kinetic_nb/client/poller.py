@@ -14,6 +14,7 @@ and the backend.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import dataclasses
 import json
 import logging
@@ -49,6 +50,8 @@ __all__ = ["LOG_TAIL_LINES", "JobPoller"]
 
 #: Lines of each host's log the poller keeps for the panel's drill-down.
 LOG_TAIL_LINES = 200
+#: Records read at once on a remote store.
+READERS = 16
 
 
 class _HostRecords:
@@ -133,12 +136,19 @@ class JobPoller:
         self._handle_revision = 0
         self._lock = threading.Lock()  # a background watcher and the caller may poll at once
 
+    def version_read(self, name: str) -> str | None:
+        """The version of record ``name`` this poller last read (as its listing named it), or None."""
+        return self._versions.get(name)
+
     @property
     def exits(self) -> dict[int, ExitSummary]:
         return {i: r.exit for i, r in enumerate(self.records) if r.exit is not None}
 
     def _read(self, name: str) -> bytes | None:
         self.requests["read"] += 1
+        return self._fetch(name)
+
+    def _fetch(self, name: str) -> bytes | None:
         try:
             return self.storage.read_bytes(name)
         except ObjectNotFoundError:
@@ -150,10 +160,12 @@ class JobPoller:
             if self.cell is not None:
                 if self.storage.local_path() is not None:
                     self._look_by_name()
-                else:  # the hosts' records, and the cell's output
+                else:  # the hosts' records, and the cell's output: two listings at once
                     self.requests["list"] += 2
-                    self._absorb([*self.storage.list(protocol.HOSTS_DIR + "/"),
-                                  *self.storage.list(protocol.cell_dir(self.cell) + "/log/")])
+                    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+                        hosts, output = pool.map(self.storage.list, (protocol.HOSTS_DIR + "/",
+                                                                     protocol.cell_dir(self.cell) + "/log/"))
+                    self._absorb([*hosts, *output])
                 self._close_echo_when_done()
                 snapshot = self.snapshot()
                 self._status = snapshot.status
@@ -216,7 +228,8 @@ class JobPoller:
         self._absorb(found)
 
     def _absorb(self, listing: list[ObjectInfo]) -> None:
-        ended: list[ObjectInfo] = []
+        changed: list[tuple[int, str, ObjectInfo]] = []
+        ended: list[tuple[int, str, ObjectInfo]] = []
         for info in listing:
             if info.name == protocol.CANCEL:
                 self._absorb_cancel(info)
@@ -226,7 +239,7 @@ class JobPoller:
                 if in_cell is not None:
                     if in_cell[0] == self.cell and in_cell[1] < self.plan.hosts \
                             and self._versions.get(info.name) != info.version:
-                        self._absorb_record(in_cell[1], "log", info)
+                        changed.append((in_cell[1], "log", info))
                     continue
             parsed = protocol.parse_host_object(info.name)
             if parsed is None or parsed[0] >= self.plan.hosts:
@@ -239,13 +252,24 @@ class JobPoller:
             elif kind == "stacks" or self._versions.get(info.name) == info.version:
                 continue  # stacks are read on request (``stacks()``); an unchanged record is not read again
             elif kind == "exit":
-                ended.append(info)  # read after this listing's log chunks: a host's output precedes its end
+                ended.append((index, kind, info))  # taken after this listing's log chunks: output precedes an end
             elif kind == "log" and self.cell is not None:
                 continue  # what the host printed before its first cell
             else:
-                self._absorb_record(index, kind, info)
-        for info in ended:
-            self._absorb_record(protocol.parse_host_object(info.name)[0], "exit", info)
+                changed.append((index, kind, info))
+        changed += ended
+        for (index, kind, info), data in zip(changed, self._read_all([info.name for _, _, info in changed]),
+                                             strict=True):
+            self._absorb_record(index, kind, info, data)
+
+    def _read_all(self, names: list[str]) -> list[bytes | None]:
+        """The records named, in order: read together on a remote store, where each read is a round trip
+        (a cell's end brings every host's status and last chunk at once), one by one on a local disk."""
+        self.requests["read"] += len(names)
+        if len(names) < 2 or self.storage.local_path() is not None:
+            return [self._fetch(name) for name in names]
+        with concurrent.futures.ThreadPoolExecutor(max_workers=min(len(names), READERS)) as pool:
+            return list(pool.map(self._fetch, names))
 
     def _close_echo_when_done(self) -> None:
         if self._echo is not None and (self.records[protocol.LEADER_INDEX].exit is not None
@@ -263,10 +287,9 @@ class JobPoller:
         except IntegrityError as error:  # a forged cancel: the hosts' agents ignore it too
             logger.warning("ignored: %s", error)
 
-    def _absorb_record(self, index: int, kind: str, info: ObjectInfo) -> None:
-        """Read one changed record of host ``index``, verified before anything of it is used."""
+    def _absorb_record(self, index: int, kind: str, info: ObjectInfo, data: bytes | None) -> None:
+        """One changed record of host ``index`` as read (None: gone), verified before anything of it is used."""
         records = self.records[index]
-        data = self._read(info.name)
         if data is None:
             return
         self._versions[info.name] = info.version

@@ -81,6 +81,10 @@ class Session:
         self.echo = echo
         self.cells_run = 0
         self._ended_hosts = False
+        #: The leader's status as the last listing of the hosts' records showed it (its version), on a bucket.
+        self._listed_leader_status: str | None = None
+        #: The last cell run from this kernel: its poll read the leader's status when the cell ended.
+        self._last_cell: CellHandle | None = None
         self._last_seq = 0
         self._lock = threading.Lock()
 
@@ -126,14 +130,24 @@ class Session:
         a listing of the hosts' records names elsewhere."""
         if self.storage.local_path() is not None:
             return list(range(self.plan.hosts))
-        listed = (protocol.parse_host_object(info.name) for info in self.storage.list(protocol.HOSTS_DIR + "/"))
+        listing = self.storage.list(protocol.HOSTS_DIR + "/")
+        leader_status = protocol.host_status(protocol.LEADER_INDEX)
+        self._listed_leader_status = next((info.version for info in listing if info.name == leader_status), None)
+        listed = (protocol.parse_host_object(info.name) for info in listing)
         return [item[0] for item in listed if item is not None and item[1] == "exit" and item[0] < self.plan.hosts]
 
     def state(self) -> str:
         return "up" if self.ended() is None else "ended"
 
     def held_names(self) -> list[str]:
-        """The names the leader's namespace holds after its last cell."""
+        """The names the leader's namespace holds after its last cell: as this kernel's last cell read them
+        when the last listing shows the same status (on a bucket a read is a round trip before the cell)."""
+        last, listed = self._last_cell, self._listed_leader_status
+        if last is not None and listed is not None and last.poller.version_read(
+                protocol.host_status(protocol.LEADER_INDEX)) == listed:
+            status = last.poller.records[protocol.LEADER_INDEX].status
+            if status is not None:
+                return list(status.names)
         status = read_host_status(self.storage, self.group.key, protocol.LEADER_INDEX)
         return list(status.names) if status is not None else []
 
@@ -180,7 +194,8 @@ class Session:
         printer = print_to_stdout if echo is True else (echo or self.echo)
         # The panel names the cell as the notebook does (In[4]); a cell from the API by its number.
         name = cell_name.removeprefix("kinetic ") if cell_name != "kinetic cell" else None
-        return CellHandle(self.group, session=self, seq=seq, timeout=timeout, echo=printer, name=name)
+        self._last_cell = CellHandle(self.group, session=self, seq=seq, timeout=timeout, echo=printer, name=name)
+        return self._last_cell
 
     def cell(self, seq: int) -> CellHandle:
         """A handle on cell ``seq`` of this session, run from this kernel or another (its outcome, hosts, logs)."""

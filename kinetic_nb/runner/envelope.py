@@ -440,16 +440,20 @@ def load_sealed(storage: Storage, name: str, key: bytes) -> Any:
     to unpickle; a stream (a download) is verified into a temporary file in
     its one pass. Either way the value is never held twice.
     """
-    where = f"{storage.uri}/{name}"
     with storage.open_read(name) as file:
-        if _seekable(file):
-            length = verify_file(key, name, file, where=where)
-            file.seek(0)
-            return cloudpickle.load(_Body(file, length))
-        with tempfile.TemporaryFile() as spool:
-            length = verify_file(key, name, file, where=where, copy_to=spool)
-            spool.seek(0)
-            return cloudpickle.load(_Body(spool, length))
+        return load_sealed_file(file, name, key, where=f"{storage.uri}/{name}")
+
+
+def load_sealed_file(file: IO[bytes], name: str, key: bytes, *, where: str) -> Any:
+    """:func:`load_sealed` of an object already open (a host that looked for it by opening it)."""
+    if _seekable(file):
+        length = verify_file(key, name, file, where=where)
+        file.seek(0)
+        return cloudpickle.load(_Body(file, length))
+    with tempfile.TemporaryFile() as spool:
+        length = verify_file(key, name, file, where=where, copy_to=spool)
+        spool.seek(0)
+        return cloudpickle.load(_Body(spool, length))
 
 
 def load_payload(storage: Storage, name: str, key: bytes | None) -> Any:

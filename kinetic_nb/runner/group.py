@@ -27,13 +27,14 @@ Either way a cell is the same phases: payload load, barrier, distributed init
 from __future__ import annotations
 
 import builtins
+import concurrent.futures
 import contextlib
 import dataclasses
 import signal
 import sys
 import time
-from collections.abc import Iterator
-from typing import Any, Protocol
+from collections.abc import Callable, Iterator
+from typing import IO, Any, Protocol
 
 from kinetic_nb.errors import HostStoppedError, IntegrityError, ObjectNotFoundError
 from kinetic_nb.runner import envelope, frameworks, job_keys, protocol
@@ -130,6 +131,7 @@ class CellGroup:
         #: entered the cell): the cell checks, on entering, whether the interrupt was meant for it.
         self._interrupt_pending = False
         self._max_look = MAX_LOOK_LOCAL_S if self.storage.local_path() else MAX_LOOK_REMOTE_S
+        self._helper: concurrent.futures.ThreadPoolExecutor | None = None
         #: On a local disk the notebook (and the cell's leader) wake a session's host at once through a socket.
         self.wakeup = open_wakeup(self.plan.job_id, run.host_index) \
             if self.kept and self.storage.local_path() else None
@@ -157,8 +159,10 @@ class CellGroup:
         signal.signal(signal.SIGINT, self._note_interrupt)  # an interrupt reaches a cell, never the loop
         seq = 1
         try:
-            while self._wait_for(seq):
-                self._run_cell(CellPlace(seq, self.storage.child(protocol.cell_dir(seq)), cell_key(run.key, seq)))
+            while (payload := self._wait_for(seq)) is not None:
+                with payload:
+                    self._run_cell(CellPlace(seq, self.storage.child(protocol.cell_dir(seq)), cell_key(run.key, seq)),
+                                   payload)
                 seq += 1
         finally:
             if self.wakeup is not None:
@@ -175,8 +179,9 @@ class CellGroup:
         run.tear_down()
         return protocol.EXIT_OK
 
-    def _wait_for(self, seq: int) -> bool:
-        """Wait for cell ``seq``'s payload; False once the session is stopped.
+    def _wait_for(self, seq: int) -> IO[bytes] | None:
+        """Wait for cell ``seq``'s payload; the payload, open (a look is an attempt to open it: on a bucket,
+        the request that finds it is the first of its read); None once the session is stopped.
 
         Right after a cell the next one often follows at once (a loop, a
         script): the first second looks every few milliseconds, then less often.
@@ -190,12 +195,12 @@ class CellGroup:
         busy_look = BUSY_LOOK_S if self.storage.local_path() else BUSY_LOOK_REMOTE_S
         next_cancel_look = 0.0
         while True:
-            if self.storage.exists(payload):
-                return True
+            with contextlib.suppress(ObjectNotFoundError):
+                return self.storage.open_read(payload)
             now = time.monotonic()
             if now >= next_cancel_look:  # the agent also stops its hosts itself: a slower look will do
                 if self.storage.exists(protocol.CANCEL):
-                    return False
+                    return None
                 next_cancel_look = now + CANCEL_LOOK_S
             self._sleep(pause)
             cap = busy_look if time.monotonic() < busy_until else idle_look
@@ -222,8 +227,9 @@ class CellGroup:
         else:
             start_barrier(self.storage, self.plan, self.run.key, self.run.host_index)
 
-    def _run_cell(self, place: CellPlace) -> BaseException | None:
-        """Run one cell; return its failure on this host (reported already), or None."""
+    def _run_cell(self, place: CellPlace, payload: IO[bytes] | None = None) -> BaseException | None:
+        """Run one cell (its payload open already, or read from ``place``); return its failure on this host
+        (reported already), or None."""
         run, seq = self.run, place.seq
         run.begin_cell(place.storage, place.key)
         if self.kept:
@@ -233,9 +239,15 @@ class CellGroup:
             run.enter(Phase.PAYLOAD_LOAD)
         failure: BaseException | None = None
         try:
-            if self.kept and self.interrupted(seq):  # interrupted while it waited behind another cell: never runs
+            # Interrupted while it waited behind another cell, it never runs: asked while the payload loads (on a
+            # bucket each is a round trip).
+            withdrawn = self._asking(self.interrupted, seq) if self.kept else None
+            # Verified, then unpickled.
+            cell = envelope.load_sealed(place.storage, protocol.PAYLOAD, place.key) if payload is None else \
+                envelope.load_sealed_file(payload, protocol.PAYLOAD, place.key,
+                                          where=f"{place.storage.uri}/{protocol.PAYLOAD}")
+            if withdrawn is not None and withdrawn.result():
                 raise KeyboardInterrupt(f"cell {seq} was withdrawn before it started")
-            cell = envelope.load_sealed(place.storage, protocol.PAYLOAD, place.key)  # verified, then unpickled
             run.filename = cell[protocol.CELL_FILENAME]
             values = load_notebook_values(cell, run.host_index)
             run.enter(Phase.START_BARRIER, HostState.READY)
@@ -271,6 +283,16 @@ class CellGroup:
         if self.wakeup is not None:  # the notebooks waiting on this cell look now
             wake_clients(self.plan.job_id)
         return failure
+
+    def _asking(self, question: Callable[[int], bool], seq: int) -> concurrent.futures.Future[bool]:
+        """``question(seq)``, asked beside what the caller does next on a bucket; at once on a local disk."""
+        if self.storage.local_path() is not None:
+            answer: concurrent.futures.Future[bool] = concurrent.futures.Future()
+            answer.set_result(question(seq))
+            return answer
+        if self._helper is None:
+            self._helper = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="kinetic-ask")
+        return self._helper.submit(question, seq)
 
     def _note_interrupt(self, signum: int, frame: Any) -> None:
         self._interrupt_pending = True

@@ -78,7 +78,9 @@ def test_a_trivial_cells_requests_are_the_same_at_cell_5_and_cell_205(gcs_root, 
         for measured in (5, 205):
             while seq < measured - 1:
                 seq += 1
-                assert session.run(f"{seq}").result(timeout=HANG_GUARD_S) == seq
+                earlier = session.run(f"{seq}")
+                assert earlier.result(timeout=HANG_GUARD_S) == seq
+            earlier.cleanup.join()  # its outcome's deletes, in the background on a bucket: never counted as this cell's
             seq += 1
             count.kinds.clear()
             count.on = True
@@ -87,12 +89,32 @@ def test_a_trivial_cells_requests_are_the_same_at_cell_5_and_cell_205(gcs_root, 
             _wait_until_idle_on(session, seq)
             count.on = True
             assert cell.result(timeout=HANG_GUARD_S) == seq
+            cell.cleanup.join()  # its outcome's deletes, in the background on a bucket
             count.on = False
             # google-cloud-storage looks the bucket up after a 404, from a thread of its own: when those land
             # is a matter of timing, so they are left out (the 404s that cause them are counted).
             counts[measured] = {kind: n for kind, n in count.kinds.items() if kind != "GET bucket"}
         assert counts[5] == counts[205], counts
-        # One look at the hosts (their records, the cell's output), the cell's outcome, its cleanup.
+        # Lists: whether the session is up (the hosts' records), one look at the hosts (their records and the
+        # cell's output, side by side), its cleanup. Reads: the stop request, each host's status and the leader's
+        # output, the outcome (its metadata, then its bytes); the names the leader holds are the last cell's.
         assert counts[5].get("GET list", 0) <= 4, counts
+        assert counts[5].get("GET object", 0) <= 1 + HOSTS + 1 + 2, counts
+    finally:
+        session.stop()
+
+
+def test_the_names_the_hosts_hold_are_read_again_after_another_kernels_cell(gcs_root):
+    """The held names a cell is not shipped come from this kernel's last cell only while the leader's status
+    is the one that cell read: after another kernel's cell they are read again, so a name that cell bound on
+    the hosts is taken from the hosts, not from this notebook."""
+    session = kinetic_nb.start(hosts=2, framework="none", storage=gcs_root, idle_timeout=600, echo=False)
+    try:
+        assert session.run("a = 1\na").result(timeout=HANG_GUARD_S) == 1
+        other = kinetic_nb.attach_session(session.session_id, storage=gcs_root, echo=False)  # a second kernel
+        assert other.run("y = 'bound on the hosts'\ny").result(timeout=HANG_GUARD_S) == "bound on the hosts"
+        cell = session.run("y", namespace={"y": "the notebook's"})
+        assert cell.result(timeout=HANG_GUARD_S) == "bound on the hosts"
+        assert {"a", "y"} <= set(session.held_names())
     finally:
         session.stop()
