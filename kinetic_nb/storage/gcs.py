@@ -87,6 +87,13 @@ def _client() -> Any:
                 client = storage.Client(project=project, credentials=AnonymousCredentials())
             else:
                 client = _authenticated_client(storage)
+            # google-cloud-storage 3.17 keeps bucket metadata for its OpenTelemetry spans: it fetches the bucket
+            # in the background on its first request and looks it up again after every 404, each a billed
+            # request that needs storage.buckets.get. Lookups that find nothing are routine here (the next
+            # cell's payload, a verdict not yet written), so this client goes without (the library's own
+            # switch is a process-wide variable that would also change the notebook's other clients).
+            if getattr(client, "_bucket_metadata_cache", None) is not None:
+                client._bucket_metadata_cache = None
             _clients[key] = client
         return client
 
@@ -334,12 +341,35 @@ class GcsStorage(Storage):
         return self._call("read", "read", name, download)
 
     def open_read(self, name: str) -> IO[bytes]:
+        """The object's first chunk is the first request (a record, a cell's payload or value, is one request
+        whole); a larger object is read on in ranges pinned to the generation that chunk came from."""
+        from google.api_core.exceptions import RequestRangeNotSatisfiable
+
         blob = self._blob(name)
-        self._call("metadata", "read", name, lambda _: blob.reload(retry=None, timeout=REQUEST_TIMEOUT_S))
-        # Pinned to the generation just seen (fake-gcs-server ignores ifGenerationMatch on downloads,
-        # but honours an explicit generation, as Cloud Storage does).
+
+        def first_chunk(_: int) -> bytes:
+            sink = _Sink()
+            try:
+                blob.download_to_file(sink, start=0, end=TRANSFER_CHUNK_BYTES - 1, checksum=None, retry=None,
+                                      timeout=REQUEST_TIMEOUT_S, single_shot_download=True)
+            except RequestRangeNotSatisfiable:  # an empty object: no range of it exists (RFC 9110, 416)
+                return b""
+            return sink.value()
+
+        head = self._call("read", "read", name, first_chunk)
+        if len(head) < TRANSFER_CHUNK_BYTES:
+            return io.BufferedReader(_RangeReader(self, name, None, len(head), head=head))
+        # Pinned to the generation the first chunk came from (fake-gcs-server ignores ifGenerationMatch on
+        # downloads, but honours an explicit generation, as Cloud Storage does): its size, then its other ranges.
+        if blob.generation is None:  # a store that did not say which generation it sent: learn one, start again
+            self._call("metadata", "read", name, lambda _: blob.reload(retry=None, timeout=REQUEST_TIMEOUT_S))
+            head = b""
         pinned = _client().bucket(self.bucket_name).blob(self._key(name), generation=blob.generation)
-        return io.BufferedReader(_RangeReader(self, name, pinned, blob.size or 0))
+        try:
+            self._call("metadata", "read", name, lambda _: pinned.reload(retry=None, timeout=REQUEST_TIMEOUT_S))
+        except ObjectNotFoundError:
+            raise StorageError(f"{self._target(name)} was replaced or deleted while it was being read") from None
+        return io.BufferedReader(_RangeReader(self, name, pinned, pinned.size or 0, head=head))
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
         key_prefix = self.prefix + prefix
@@ -410,14 +440,14 @@ class _RangeReader(io.RawIOBase):
     The chunk last fetched is all it holds; ``readinto`` copies from it into the caller's buffer.
     """
 
-    def __init__(self, storage: GcsStorage, name: str, blob: Any, size: int):
+    def __init__(self, storage: GcsStorage, name: str, blob: Any, size: int, *, head: bytes = b""):
         super().__init__()
         self._storage = storage
         self._name = name
         self._blob = blob
         self._size = size
-        self._fetched = 0  # bytes of the object fetched so far
-        self._chunk = memoryview(b"")
+        self._fetched = len(head)  # bytes of the object fetched so far (its first chunk, fetched on opening)
+        self._chunk = memoryview(head)
 
     def readable(self) -> bool:
         return True

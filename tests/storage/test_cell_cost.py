@@ -91,15 +91,17 @@ def test_a_trivial_cells_requests_are_the_same_at_cell_5_and_cell_205(gcs_root, 
             assert cell.result(timeout=HANG_GUARD_S) == seq
             cell.cleanup.join()  # its outcome's deletes, in the background on a bucket
             count.on = False
-            # google-cloud-storage looks the bucket up after a 404, from a thread of its own: when those land
-            # is a matter of timing, so they are left out (the 404s that cause them are counted).
-            counts[measured] = {kind: n for kind, n in count.kinds.items() if kind != "GET bucket"}
+            counts[measured] = dict(count.kinds)
         assert counts[5] == counts[205], counts
+        # google-cloud-storage 3.17 would look the bucket up after each 404 (the stop request), from a thread of
+        # its own: the notebook's client goes without that.
+        assert "GET bucket" not in counts[5], counts
         # Lists: whether the session is up (the hosts' records), one look at the hosts (their records and the
         # cell's output, side by side), its cleanup. Reads: the stop request, each host's status and the leader's
-        # output, the outcome (its metadata, then its bytes); the names the leader holds are the last cell's.
+        # output, the outcome (one request, its first chunk being all of it); the names the leader holds are the
+        # last cell's.
         assert counts[5].get("GET list", 0) <= 4, counts
-        assert counts[5].get("GET object", 0) <= 1 + HOSTS + 1 + 2, counts
+        assert counts[5].get("GET object", 0) <= 1 + HOSTS + 1 + 1, counts
     finally:
         session.stop()
 
