@@ -270,12 +270,24 @@ class GcsStorage(Storage):
         return error
 
     def _bucket_exists(self) -> bool:
-        """Whether the bucket exists: asked once per storage family, only after a 404."""
+        """Whether the bucket exists: asked once per storage family, only after a 404, by listing one object.
+        A listing needs only what the hosts have (``roles/storage.objectUser``); a look at the bucket itself
+        needs ``storage.buckets.get``, and without it a missing object would read as a denied one."""
         if self._shared.bucket_seen:
             return True
-        bucket = _client().bucket(self.bucket_name)
-        exists = self._call("metadata", "check the bucket of", "",
-                            lambda _: bucket.exists(retry=None, timeout=REQUEST_TIMEOUT_S))
+
+        def look(_: int) -> bool:
+            try:
+                pages = _client().list_blobs(self.bucket_name, prefix=self.prefix or None, max_results=1,
+                                             fields="items(name)", retry=None, timeout=REQUEST_TIMEOUT_S).pages
+                next(pages, None)
+            except Exception as error:
+                if _status(error) == 404:
+                    return False
+                raise
+            return True
+
+        exists = self._call("list", "check the bucket of", "", look)
         self._shared.bucket_seen = exists
         return exists
 

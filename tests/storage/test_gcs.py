@@ -93,6 +93,19 @@ def test_permission_denied_is_one_line_naming_the_bucket_and_object(gcs_emulator
     assert faults[0].seen == 1  # a permanent error is not retried
 
 
+def test_a_missing_object_is_missing_to_a_client_that_may_not_look_at_the_bucket(gcs_emulator, gcs_root, monkeypatch):
+    """roles/storage.objectUser, what docs/gke.md grants the hosts, has no storage.buckets.get: whether the
+    bucket exists is told by listing one object, so a routine miss (the next cell's payload) stays a miss."""
+    faults = [Fault("GET", f"/b/{TEST_BUCKET}?", 403, times=100)]  # the bucket's own metadata, not its objects
+    with FaultProxy(gcs_emulator, faults) as proxy:
+        storage = through(proxy, monkeypatch, gcs_root)  # a fresh client: it has listed nothing yet
+        with pytest.raises(ObjectNotFoundError):
+            storage.read_bytes("cells/000001/payload.pkl")
+        with pytest.raises(ObjectNotFoundError):
+            storage.child("cells/000002").open_read("payload.pkl")
+    assert faults[0].seen == 0
+
+
 def test_a_missing_bucket_is_a_clear_error_naming_it(gcs_emulator, monkeypatch):
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator.url)
     storage = open_storage("gs://no-such-bucket/jobs")
