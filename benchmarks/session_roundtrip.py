@@ -51,7 +51,7 @@ R5. a cell after 10 s idle against a back-to-back one, at D = 25 ms; goal
     <= 1.5x.
 
 Everything it starts (engines, sessions, the emulator, the Ray cluster) it stops, also on error.
-ipyparallel is a benchmark-only dependency, not the package's:
+ipyparallel is a benchmark-only dependency, not the package's (``--remote-only`` needs none):
 
     pip install ipyparallel
     python benchmarks/session_roundtrip.py [--runs 21] [--starts 3] [--cells 200] [--age 600] [--no-ray]
@@ -74,10 +74,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tests' emulator and Ray cluster
 
-try:
-    import ipyparallel
-except ImportError:
-    sys.exit("session_roundtrip.py needs ipyparallel (a benchmark-only dependency): pip install ipyparallel")
 import psutil
 
 import kinetic_nb
@@ -342,14 +338,24 @@ def main() -> None:
     sys.stdout.reconfigure(line_buffering=True)  # each row as it is measured, also into a file
     workdir = Path(tempfile.mkdtemp(prefix="kinetic-bench-"))
     os.environ["KINETIC_STORAGE"] = str(workdir / "jobs")
+    if args.remote_only:  # kinetic_nb alone: no engines
+        print(f"{HOSTS} hosts; medians of {args.runs} cells; {os.cpu_count()} CPUs, load average "
+              f"{os.getloadavg()[0]:.1f} at the start")
+        with contextlib.ExitStack() as stack:
+            stack.callback(shutil.rmtree, workdir, ignore_errors=True)
+            remote_table(stack, workdir, args.runs)
+        return
+    global ipyparallel
+    try:
+        import ipyparallel
+    except ImportError:
+        sys.exit("session_roundtrip.py needs ipyparallel (a benchmark-only dependency): pip install ipyparallel "
+                 "(--remote-only runs without it)")
     print(f"{HOSTS} hosts; ipyparallel {ipyparallel.__version__} engines vs a local kinetic session; "
           f"medians of {args.runs} cells, {args.starts} starts; {os.cpu_count()} CPUs, "
           f"load average {os.getloadavg()[0]:.1f} at the start")
     with contextlib.ExitStack() as stack:
         stack.callback(shutil.rmtree, workdir, ignore_errors=True)
-        if args.remote_only:
-            remote_table(stack, workdir, args.runs)
-            return
         view = start_engines(stack, workdir)
         session = start_session(stack, framework="jax")
 
