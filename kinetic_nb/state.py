@@ -23,12 +23,13 @@ from typing import Protocol
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.environment_install import LOG_PREFIX as ENVIRONMENT_LOG_PREFIX
 from kinetic_nb.runner.protocol import ExitSummary, HostState, HostStatus, JobPlan, Phase
-from kinetic_nb.runner.status import HEARTBEAT_INTERVAL_S
+from kinetic_nb.runner.status import HEARTBEAT_INTERVAL_S, IDLE_HEARTBEAT_INTERVAL_S
 
 __all__ = [
     "CHATTER",
     "CHATTER_STARTS",
     "FINE_STATES",
+    "IDLE_LOST_AFTER_S",
     "INIT_LOST_AFTER_S",
     "LOST_AFTER_S",
     "SNAPSHOT_INTERVAL_S",
@@ -50,6 +51,8 @@ LOST_AFTER_S = 5 * HEARTBEAT_INTERVAL_S
 #: The same in the framework's distributed init, which may hold the interpreter while it connects to its peers
 #: (on a loaded machine, longer than LOST_AFTER_S): the framework's own init timeout bounds that phase.
 INIT_LOST_AFTER_S = 60.0
+#: An idle session host beats seldom (``runner.status.IDLE_HEARTBEAT_INTERVAL_S``): lost after four missed beats.
+IDLE_LOST_AFTER_S = 4 * IDLE_HEARTBEAT_INTERVAL_S
 #: A live view is redrawn at most this often (each redraw is a widget message).
 SNAPSHOT_INTERVAL_S = 0.25
 #: Lines a framework prints for itself on every run: JAX's CPU collectives
@@ -304,7 +307,9 @@ def host_state(status: HostStatus | None, summary: ExitSummary | None, heartbeat
             return HostState.FAILED.value
         return HostState.SUCCEEDED.value
     in_init = status is not None and status.phase == Phase.DISTRIBUTED_INIT.value
-    if heartbeat_at is not None and now - heartbeat_at > (INIT_LOST_AFTER_S if in_init else LOST_AFTER_S):
+    idle = status is not None and status.state == HostState.IDLE.value
+    allowed = INIT_LOST_AFTER_S if in_init else IDLE_LOST_AFTER_S if idle else LOST_AFTER_S
+    if heartbeat_at is not None and now - heartbeat_at > allowed:
         return HostState.LOST.value
     return status.state if status else HostState.PENDING.value
 

@@ -11,7 +11,7 @@ import time
 import psutil
 import pytest
 
-from .fixtures_gcs import gcs_emulator, gcs_root  # noqa: F401 - the fake-gcs-server fixtures, for every test
+from .fixtures_gcs import gcs_emulator, gcs_root, storage_only  # noqa: F401 - the fake-gcs-server fixtures, for every test
 from .fixtures_ray import ray_cluster  # noqa: F401 - the 4-node Ray cluster, for every test that asks
 
 #: Every local job process carries one of these: the supervisor and the hosts

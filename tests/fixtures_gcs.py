@@ -41,3 +41,12 @@ def gcs_root(gcs_emulator: GcsEmulator, monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator.url)
     session = str(tmp_path_factory.getbasetemp()).strip("/")
     return f"gs://{TEST_BUCKET}/{session}/{os.urandom(6).hex()}"
+
+
+@pytest.fixture
+def storage_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The notebook has no route to a session's hub: its cells travel through storage, the fallback a test of
+    the storage path measures (the hosts still use their channel among themselves)."""
+    from kinetic_nb.backends.local import LocalBackend
+
+    monkeypatch.setattr(LocalBackend, "channel_route", lambda self, plan, announced: None)

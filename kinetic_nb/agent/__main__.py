@@ -17,6 +17,7 @@ from kinetic_nb.agent.supervisor import Agent
 from kinetic_nb.agent.watch import wait_for_job_end
 from kinetic_nb.errors import IntegrityError
 from kinetic_nb.runner import protocol
+from kinetic_nb.runner.channel import CHANNEL_ENV, parse_address
 from kinetic_nb.runner.envelope import read_sealed, write_sealed
 from kinetic_nb.runner.environment_install import installed_environment
 from kinetic_nb.runner.execute import exception_type_name
@@ -102,6 +103,14 @@ def main(argv: list[str] | None = None) -> int:
                   on_storage_error=lambda text: keep_state(storage_error=text),
                   redactor=host_secrets(key.hex(), plan.env_names))
     signal.signal(signal.SIGTERM, agent.stop_on_signal)  # a pod's deletion: record the hosts as stopped
+    if plan.session and storage.local_path() is None:  # a session on a bucket: its cells skip the bucket
+        hub = parse_address(os.environ.get(CHANNEL_ENV, ""))  # where a backend placed the hub (host 0's node)
+        if args.all_hosts:
+            agent.open_hub()
+        elif hub is not None and protocol.LEADER_INDEX in indices:
+            agent.open_hub(hub, agents=plan.hosts - 1)
+        elif hub is not None:
+            agent.join_hub(hub)
     agent.start_hosts()
     install = None if args.all_hosts else installed_environment()
     if install is not None:  # what pip said while this pod installed its environment: first in the host's log

@@ -154,6 +154,13 @@ class CellWatch:
                                  "collective or in C code, where no interrupt reaches)")
                 return
 
+    def idle(self) -> bool:
+        """Whether every host is idle, with no cell's return or timeout to watch (on the hosts' statuses as
+        the channel carries them: no request)."""
+        if self._returns_due or self._timeouts:
+            return False
+        return all(status is not None and status.state == HostState.IDLE.value for status in self._statuses().values())
+
     def _check_idle(self) -> None:
         """End the session once no cell has run for the idle timeout, counted from the end of the last one:
         a cell that runs is never idle time, however long it runs."""

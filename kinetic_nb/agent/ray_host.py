@@ -31,6 +31,7 @@ import tempfile
 import threading
 
 from kinetic_nb.runner import protocol
+from kinetic_nb.runner.channel import CHANNEL_ENV
 from kinetic_nb.runner.host_variables import host_environment, resolve_host_index
 from kinetic_nb.runner.job_keys import KEY_ENV
 from kinetic_nb.runner.logs import last_lines
@@ -73,7 +74,7 @@ class RayHost:
             return f"{address}:{probe.getsockname()[1]}"
 
     def start(self, job_uri: str, plan_json: bytes, bundle_index: int, coordinator: str,
-              secrets: dict[str, str]) -> dict[str, object]:
+              secrets: dict[str, str], channel: str = "") -> dict[str, object]:
         """Start this host's agent; returns the host's ``index`` and its ``node_id``.
 
         The index is the bundle's, unless the node says otherwise (a TPU VM's
@@ -99,6 +100,8 @@ class RayHost:
                                                                            secrets.items() if name != KEY_ENV}})
         env.update({"KINETIC_COORDINATOR_ADDRESS": coordinator, "JAX_COORDINATOR_ADDRESS": coordinator,
                     "MASTER_ADDR": host, "MASTER_PORT": port, NODE_ID_ENV: where["node_id"]})
+        if channel:  # a session's hub, on host 0's node: its agent listens there, every other host joins it
+            env[CHANNEL_ENV] = channel
         descriptor, self.agent_log = tempfile.mkstemp(prefix=f"kinetic-{plan.job_id}-{index}-", suffix=".log")
         actor_pid = os.getpid()
         with os.fdopen(descriptor, "wb") as log:

@@ -28,6 +28,7 @@ import contextlib
 import dataclasses
 import errno
 import functools
+import json
 import logging
 import os
 import selectors
@@ -35,6 +36,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -43,11 +45,13 @@ from kinetic_nb.agent import processes
 from kinetic_nb.agent.cells import CellWatch
 from kinetic_nb.errors import IntegrityError, ObjectExistsError, ObjectNotFoundError
 from kinetic_nb.runner import protocol
+from kinetic_nb.runner.channel import CHANNEL_ENV, Channel, Hub
 from kinetic_nb.runner.execute import run_host  # imported once here, not in every forked host
 from kinetic_nb.runner.logs import LogChunkWriter
 from kinetic_nb.runner.protocol import CancelRequest, ExitSummary, FirstFailure, HostState, JobPlan
 from kinetic_nb.runner.records import read_host_status, read_record, write_record
 from kinetic_nb.runner.redact import Redactor
+from kinetic_nb.runner.relayed import Relay, RelayedStorage, hosts_agreed
 from kinetic_nb.runner.stacks import STACKS_FILE_ENV, STACKS_SIGNAL
 from kinetic_nb.runner.wakeup import remove_session_sockets, wake_clients, wakeup_path
 from kinetic_nb.storage import LocalStorage, Storage
@@ -61,6 +65,11 @@ TERM_TO_KILL_S = 0.5
 CONTROL_POLL_LOCAL_S = 0.25
 #: The same on remote storage, where each look is a request and 256 agents may be looking.
 CONTROL_POLL_REMOTE_S = 1.0
+#: With the session's hub here, a notebook's control records arrive through it: storage is listed this often
+#: (for a notebook with no channel), every CONTROL_POLL_REMOTE_S while a cell runs.
+CONTROL_POLL_IDLE_CHANNEL_S = 10.0
+#: How long another host's agent keeps trying to join the leader's hub (it starts at about the same time).
+HUB_JOIN_S = 60.0
 #: How long to keep reading a finished host's pipes for its last output.
 DRAIN_S = 0.5
 #: How long a host has to answer a stacks request before it is reported as not answering.
@@ -155,10 +164,72 @@ class Agent:
         self.cells = CellWatch(self) if plan.session else None
         self._next_control_look = 0.0
         self._control_poll_s = CONTROL_POLL_LOCAL_S if storage.local_path() else CONTROL_POLL_REMOTE_S
+        #: A session's hub (``runner.channel``), when this agent runs every host of a session on a bucket.
+        self.hub: Hub | None = None
+        #: The leader's hub, which this agent (another host's) joins once its host is forked.
+        self._hub_address: tuple[str, int] | None = None
+        self._relay: Relay | None = None
+        self._listed_control: set[str] = set()
+        self._handled_control: frozenset[str] = frozenset()
         started = plan.created_at or time.time()
         self._deadline = started + plan.timeout_s if plan.timeout_s else None
 
     # -- starting -------------------------------------------------------------------
+
+    def open_hub(self, address: tuple[str, int] = ("127.0.0.1", 0), agents: int = 0) -> None:
+        """Listen for the session's channel before the hosts are forked (they are told where in their
+        environment); from here on this agent's records go through it too. ``agents``: how many other hosts'
+        agents join it (a backend with an agent per host)."""
+        self.hub = Hub(self.key, address, hosts=self.plan.hosts, agents=agents, on_record=self._heard,
+                       on_lost=self._left_the_channel)
+        self._relay = Relay(self.storage, serves=lambda name: name.startswith((protocol.HOSTS_DIR + "/",
+                                                                             protocol.CELLS_DIR + "/")),
+                            on_error=self._storage_failed)
+        self.storage = RelayedStorage(self._relay)
+
+    def _start_hub(self) -> None:
+        """Accept the hosts and notebooks (threads: only once every host is forked), and say where."""
+        self.hub.start()
+        self.write_record(protocol.CHANNEL, json.dumps({"address": self.hub.address_text}).encode())
+
+    def _heard(self, name: str, data: object) -> None:
+        """The hosts' start verdict, through the hub: when it says they use the channel, so does this agent."""
+        if name == protocol.LEADER_READY and hosts_agreed(self.hub.mirror, self.key):
+            self._relay.attach(lambda name, data: self.hub.publish(name, data), self.hub.mirror)
+
+    def join_hub(self, address: tuple[str, int]) -> None:
+        """Another host's agent: its records (its host's output, its end) go through the leader's hub too, once
+        it has joined (tried in the background, once its host is forked, while the leader's agent starts;
+        storage until then). Its reads are storage's, or what the channel carried (its host's status)."""
+        self._relay = Relay(self.storage, serves=lambda name: False, on_error=self._storage_failed)
+        self.storage = RelayedStorage(self._relay)
+        self._hub_address = address
+
+    def _start_joining(self, address: tuple[str, int]) -> None:
+        role = f"agent-{self.indices[0]}"
+
+        def join() -> None:
+            deadline = time.monotonic() + HUB_JOIN_S
+            while time.monotonic() < deadline:
+                try:
+                    channel = Channel.open(address, self.key, role, on_broken=self._relay.fall_back)
+                except (OSError, IntegrityError):
+                    time.sleep(0.2)
+                    continue
+                self._relay.attach(channel.send, channel.mirror)
+                return
+            print(f"kinetic agent: could not join the session's hub at {address[0]}:{address[1]}; the session's "
+                  "cells travel through storage", file=sys.stderr, flush=True)
+
+        threading.Thread(target=join, name="kinetic-join-hub", daemon=True).start()
+
+    def _left_the_channel(self, role: str) -> None:
+        """A host or an agent left the channel (it ended, or its link broke): everyone goes back to storage,
+        together, so that no host waits on the channel for a record another one stored."""
+        if self.hub is not None:
+            self.hub.close()
+        if self._relay is not None:
+            self._relay.fall_back(f"{role} left the channel")
 
     def start_hosts(self) -> None:
         # Hosts write their files to a local directory: the job's own outputs/
@@ -174,6 +245,8 @@ class Agent:
         for index in self.indices:
             stacks_path = os.path.join(self.scratch, f"stacks-{index}.txt")
             env = {**self.environment(index, output_dir), STACKS_FILE_ENV: stacks_path}
+            if self.hub is not None:
+                env[CHANNEL_ENV] = self.hub.address_text
             out_read, out_write = os.pipe()
             err_read, err_write = os.pipe()
             pid = os.fork()
@@ -197,12 +270,18 @@ class Agent:
                 self.selector.register(host.pidfd, selectors.EVENT_READ, index)
             except (AttributeError, OSError):
                 pass  # no pidfds here: the loop's timeout bounds how late an end is seen
+        if self.hub is not None:
+            self._start_hub()
+        elif self._hub_address is not None:
+            self._start_joining(self._hub_address)
 
     def _become_host(self, env: dict[str, str], out_write: int, err_write: int) -> None:
         code = protocol.EXIT_FAILED
         try:
             os.setpgid(0, 0)
             os.umask(HOST_UMASK)
+            if self.hub is not None:  # the hub's socket is the agent's
+                self.hub.close()
             signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the agent's own handler is not the host's
             processes.die_with_parent(self.pid)
             for other in self.hosts.values():
@@ -241,6 +320,10 @@ class Agent:
                 self._enforce_timeout()
                 self._stop_survivors_if_due()
         finally:
+            if self.hub is not None:
+                self.hub.close()
+            if self._relay is not None:
+                self._relay.close()  # what waits to be stored is stored before the agent ends
             self.selector.close()
             processes.end_adopted_orphans()
             shutil.rmtree(self.scratch, ignore_errors=True)
@@ -344,14 +427,20 @@ class Agent:
 
     def _look_at_control(self) -> None:
         now = time.monotonic()
-        if now < self._next_control_look:
-            return
-        self._next_control_look = now + self._control_poll_s
-        try:
-            names = [info.name for info in self.storage.list(protocol.CONTROL_DIR + "/")]
-        except Exception as error:  # noqa: BLE001 - the hosts are still supervised
-            self._storage_failed(protocol.CONTROL_DIR, error)
-            return
+        relay = self._relay
+        carried = frozenset(name for name, *_ in relay.mirror.entries(protocol.CONTROL_DIR + "/")) \
+            if relay is not None and relay.up else frozenset()
+        if now >= self._next_control_look:
+            self._next_control_look = now + self._control_look_s()
+            try:
+                self._listed_control = {info.name for info in self.storage.list(protocol.CONTROL_DIR + "/")}
+            except Exception as error:  # noqa: BLE001 - the hosts are still supervised
+                self._storage_failed(protocol.CONTROL_DIR, error)
+                return
+        elif carried <= self._handled_control:
+            return  # nothing new through the channel, and storage is not due
+        self._handled_control = carried
+        names = sorted(self._listed_control | carried)
         if protocol.CANCEL in names and not self.cancelled and self.verified(protocol.CANCEL):
             self.cancelled = True
             self.stop_all()
@@ -364,6 +453,13 @@ class Agent:
                 self.dump_stacks(requests[-1])
         if self.cells is not None:
             self.cells.look(names)
+
+    def _control_look_s(self) -> float:
+        """How long until storage's control records are listed again: seldom while a session with its hub up
+        is idle (its notebooks' records come through the channel), else as ever."""
+        if self._relay is not None and self._relay.up and self.cells is not None and self.cells.idle():
+            return CONTROL_POLL_IDLE_CHANNEL_S
+        return self._control_poll_s
 
     def stop_on_signal(self, signum: int, frame: object = None) -> None:
         """SIGTERM to the agent (a pod being deleted, a machine shutting down): stop the hosts, record them, end."""

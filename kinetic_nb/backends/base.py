@@ -157,6 +157,11 @@ class Backend(abc.ABC):
         """Whether the job's agent on this machine has ended; None where the platform runs it (a pod, an actor)."""
         return None
 
+    def channel_route(self, plan: JobPlan, announced: tuple[str, int]) -> tuple[str, int] | None:
+        """Where this notebook reaches a session's hub that listens at ``announced`` (``runner.channel``), or
+        None where this backend has no route to it yet (its cells then travel through storage)."""
+        return None
+
     def forget(self, job_id: str) -> None:  # noqa: B027 - a hook: most backends keep nothing on this machine
         """Remove what this machine keeps of a job outside its storage, when the job is collected (``gc``)."""
 

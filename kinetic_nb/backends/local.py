@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -173,6 +174,19 @@ class LocalBackend(Backend):
         del self._agents[job_id]
         self._launcher_codes[job_id] = launcher.returncode
         return launcher.returncode
+
+    def channel_route(self, plan: JobPlan, announced: tuple[str, int]) -> tuple[str, int] | None:
+        """The hub listens on this machine's loopback: reached as it says."""
+        return announced
+
+    def cancel(self, storage: Storage, plan: JobPlan, reason: str, key: bytes | None) -> None:
+        """The cancel record, and to a session's agent on this machine a SIGTERM, which stops its hosts at once
+        as on a pod's deletion (an idle session's agent lists its control records only every few seconds)."""
+        super().cancel(storage, plan, reason, key)
+        state = AgentState.read(agent_files(plan.job_id)[1]) if plan.session else None
+        if state is not None and _alive(state, plan.job_id):
+            with contextlib.suppress(OSError):
+                os.kill(state.pid, signal.SIGTERM)
 
     def agent_gone(self, plan: JobPlan) -> bool | None:
         """Whether the job's agent process has ended (by its record's pid and start time)."""

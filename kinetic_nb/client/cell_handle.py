@@ -43,7 +43,8 @@ from kinetic_nb.errors import (
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.group import ONLY_CELL, cell_key
 from kinetic_nb.runner.protocol import CancelRequest
-from kinetic_nb.runner.records import read_record, write_record
+from kinetic_nb.runner.records import read_record
+from kinetic_nb.runner.relayed import STORE_INTERVAL_S
 from kinetic_nb.state import HostSnapshot, HostState, JobSnapshot, JobStatus
 
 __all__ = ["CellHandle", "JobHandle", "Session"]
@@ -64,8 +65,15 @@ class Session(Protocol):
 
     group: HostGroup
     session_id: str
+    #: The session's records: through its direct channel while that is up, else plain storage.
+    records: Any
 
     def ended(self, *, hosts_ended: bool | None = None) -> str | None: ...
+
+    def sleep(self, seconds: float) -> None: ...
+
+    def share(self, name: str, body: bytes, key: bytes | None = None, *, sealed_as: str | None = None,
+              exclusive: bool = False) -> None: ...
 
 
 class CellHandle:
@@ -101,9 +109,9 @@ class CellHandle:
         if session is None:  # a one-shot job: its cell is the whole group, at its root, under its key
             self.storage, self.key, self.poller = group.storage, group.key, group.poller
         else:
-            self.storage = group.storage.child(protocol.cell_dir(seq))
+            self.storage = session.records.child(protocol.cell_dir(seq))
             self.key = cell_key(group.key, seq)
-            self.poller = JobPoller(group.storage, dataclasses.replace(self.plan, job_id=self.job_id), group.backend,
+            self.poller = JobPoller(session.records, dataclasses.replace(self.plan, job_id=self.job_id), group.backend,
                                     key=group.key, on_leader_output=echo, cell=seq,
                                     label=f"{name or f'cell {seq}'} · session {session.session_id}")
         #: A session cell's outcome objects being deleted on a bucket, in the background, once it was decided.
@@ -351,7 +359,7 @@ class CellHandle:
         """A one-shot job notes its outcome (and after a success removes all but handle.json and outputs/);
         a session cell's outcome objects are deleted once read, as a one-shot job's are: a long session does
         not pile up every cell's values. A cell's payload stays (its name is how the session numbers its
-        cells), and so does the hosts' output (``logs()``)."""
+        cells), and so do the hosts' output (``logs()``) and their ends of it (a later cell's held names)."""
         if self.session is None:
             self.group.record_outcome(decided)
             return
@@ -363,8 +371,11 @@ class CellHandle:
             self.cleanup.start()
 
     def _remove_outcome(self) -> None:
+        storage = getattr(self.storage, "plain", self.storage)
+        if storage is not self.storage:  # through the channel: what the hosts store comes a moment later
+            time.sleep(STORE_INTERVAL_S + 0.5)
         try:
-            remove_job_objects(self.storage, keep=(protocol.PAYLOAD, "log/"))
+            remove_job_objects(storage, keep=(protocol.PAYLOAD, "log/", protocol.CELL_DONE_PREFIX))
         except Exception:
             logger.debug("could not remove the outcome of cell %s", self.seq, exc_info=True)
 
@@ -390,7 +401,8 @@ class CellHandle:
                 raise KineticTimeoutError(f"{name} has not finished after {timeout:g} s; it goes on")
 
         try:
-            snapshot = wait_for(self.snapshot, ready, on_snapshot=on_snapshot, between=check, sleep=self.group.sleep)
+            sleep = self.group.sleep if self.session is None else self.session.sleep
+            snapshot = wait_for(self.snapshot, ready, on_snapshot=on_snapshot, between=check, sleep=sleep)
             if self.session is not None:
                 snapshot = self._output_in(snapshot)
             elif self.stopped_at_timeout:
@@ -437,7 +449,7 @@ class CellHandle:
             host.index == protocol.LEADER_INDEX or snapshot.status is not JobStatus.SUCCEEDED)]
         deadline = time.monotonic() + OUTPUT_WAIT_S
         while not self.poller.output_complete.issuperset(wanted) and time.monotonic() < deadline:
-            self.group.sleep(0.002)  # the agent wakes it once the chunk is stored
+            self.session.sleep(0.002)  # the agent wakes it once the chunk is stored
             snapshot = self.snapshot()
             wanted = [index for index in wanted if snapshot.hosts[index].exit is None]
         return snapshot
@@ -513,8 +525,7 @@ class CellHandle:
         request = {"at": time.time(), "reason": "user"} if timeout is None else {
             "at": time.time(), "reason": "timeout", "timeout": timeout}
         try:
-            write_record(self.group.storage, self.group.key, protocol.cell_control(self.seq, "interrupt"),
-                         json.dumps(request).encode())
+            self.session.share(protocol.cell_control(self.seq, "interrupt"), json.dumps(request).encode())
         except ObjectExistsError:
             pass
 

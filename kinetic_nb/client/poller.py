@@ -136,10 +136,6 @@ class JobPoller:
         self._handle_revision = 0
         self._lock = threading.Lock()  # a background watcher and the caller may poll at once
 
-    def version_read(self, name: str) -> str | None:
-        """The version of record ``name`` this poller last read (as its listing named it), or None."""
-        return self._versions.get(name)
-
     @property
     def exits(self) -> dict[int, ExitSummary]:
         return {i: r.exit for i, r in enumerate(self.records) if r.exit is not None}
@@ -160,11 +156,11 @@ class JobPoller:
             if self.cell is not None:
                 if self.storage.local_path() is not None:
                     self._look_by_name()
-                else:  # the hosts' records, and the cell's output: two listings at once
+                else:  # the hosts' records, and the cell's (its output, its hosts' ends): two listings at once
                     self.requests["list"] += 2
                     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
                         hosts, output = pool.map(self.storage.list, (protocol.HOSTS_DIR + "/",
-                                                                     protocol.cell_dir(self.cell) + "/log/"))
+                                                                     protocol.cell_dir(self.cell) + "/"))
                     self._absorb([*hosts, *output])
                 self._close_echo_when_done()
                 snapshot = self.snapshot()
@@ -230,6 +226,9 @@ class JobPoller:
     def _absorb(self, listing: list[ObjectInfo]) -> None:
         changed: list[tuple[int, str, ObjectInfo]] = []
         ended: list[tuple[int, str, ObjectInfo]] = []
+        # A host whose end of this cell is listed: that record is its status, whatever its status.json says now.
+        done = {parsed[1] for info in listing if (parsed := protocol.parse_cell_done(info.name)) is not None
+                and parsed[0] == self.cell} if self.cell is not None else set()
         for info in listing:
             if info.name == protocol.CANCEL:
                 self._absorb_cancel(info)
@@ -241,6 +240,12 @@ class JobPoller:
                             and self._versions.get(info.name) != info.version:
                         changed.append((in_cell[1], "log", info))
                     continue
+                ended_cell = protocol.parse_cell_done(info.name)
+                if ended_cell is not None:  # a host's status as the cell left it: stored at once, by its own name
+                    if ended_cell[0] == self.cell and ended_cell[1] < self.plan.hosts \
+                            and info.name not in self._versions:
+                        changed.append((ended_cell[1], "status", info))
+                    continue
             parsed = protocol.parse_host_object(info.name)
             if parsed is None or parsed[0] >= self.plan.hosts:
                 continue
@@ -249,7 +254,7 @@ class JobPoller:
             self._started = True
             if kind == "heartbeat":
                 records.heartbeat_at = info.updated
-            elif kind == "stacks" or self._versions.get(info.name) == info.version:
+            elif kind == "stacks" or self._versions.get(info.name) == info.version or (kind == "status" and index in done):
                 continue  # stacks are read on request (``stacks()``); an unchanged record is not read again
             elif kind == "exit":
                 ended.append((index, kind, info))  # taken after this listing's log chunks: output precedes an end

@@ -16,11 +16,13 @@ and ``attach_session()`` work from any kernel of the same user.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import os
 import re
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -49,11 +51,13 @@ from kinetic_nb.errors import (
     ObjectNotFoundError,
 )
 from kinetic_nb.runner import protocol
-from kinetic_nb.runner.envelope import read_sealed, write_sealed
+from kinetic_nb.runner.channel import NOTEBOOK, STORED, Channel, ChannelClosed, parse_address
+from kinetic_nb.runner.envelope import read_sealed, seal
 from kinetic_nb.runner.group import cell_key
 from kinetic_nb.runner.job_keys import SESSION
-from kinetic_nb.runner.protocol import CancelRequest, HostState, JobPlan
-from kinetic_nb.runner.records import read_exit, read_host_status, read_record, write_record
+from kinetic_nb.runner.protocol import CancelRequest, HostState, HostStatus, JobPlan
+from kinetic_nb.runner.records import open_record, read_exit, read_host_status, read_record
+from kinetic_nb.runner.relayed import CARRY_MAX_BYTES, Relay, RelayedStorage, hosts_agreed
 from kinetic_nb.runner.wakeup import wake, wakeup_path
 from kinetic_nb.state import JobSnapshot, JobStatus
 from kinetic_nb.storage import Storage, default_root, open_storage
@@ -81,12 +85,20 @@ class Session:
         self.echo = echo
         self.cells_run = 0
         self._ended_hosts = False
-        #: The leader's status as the last listing of the hosts' records showed it (its version), on a bucket.
-        self._listed_leader_status: str | None = None
         #: The last cell run from this kernel: its poll read the leader's status when the cell ended.
         self._last_cell: CellHandle | None = None
         self._last_seq = 0
         self._lock = threading.Lock()
+        #: The direct channel to the session's hub (``runner.channel``) while it is up; cells read their records
+        #: through :attr:`records`, which is plain storage without it.
+        self.channel: Channel | None = None
+        self._relay = self._new_relay()
+        self.records = RelayedStorage(self._relay)
+        self._announced: tuple[str, int] | bool | None = False  # False: not looked up yet
+        self._next_join = 0.0
+        self._said_no_channel = False
+        self._channel_problem: str | None = None
+        self._channel_seen = 0
 
     @property
     def session_id(self) -> str:
@@ -114,6 +126,11 @@ class Session:
         by name on a local disk and one listing of the hosts' records
         elsewhere (one request, where each record by name is one per host).
         """
+        if self._channel_up and hosts_ended is None:  # however it ends, its hosts' ends come through the channel
+            hosts_ended = any(name.endswith("/exit.json") for name, *_ in self._relay.mirror.entries(
+                protocol.HOSTS_DIR + "/"))
+            if not hosts_ended:
+                return None
         try:
             return CancelRequest.from_json(read_record(self.storage, self.group.key, protocol.CANCEL)).reason
         except (ObjectNotFoundError, IntegrityError):  # none, or a forged one: the agents ignore it too
@@ -130,26 +147,41 @@ class Session:
         a listing of the hosts' records names elsewhere."""
         if self.storage.local_path() is not None:
             return list(range(self.plan.hosts))
-        listing = self.storage.list(protocol.HOSTS_DIR + "/")
-        leader_status = protocol.host_status(protocol.LEADER_INDEX)
-        self._listed_leader_status = next((info.version for info in listing if info.name == leader_status), None)
-        listed = (protocol.parse_host_object(info.name) for info in listing)
+        listed = (protocol.parse_host_object(info.name) for info in self.storage.list(protocol.HOSTS_DIR + "/"))
         return [item[0] for item in listed if item is not None and item[1] == "exit" and item[0] < self.plan.hosts]
 
     def state(self) -> str:
         return "up" if self.ended() is None else "ended"
 
     def held_names(self) -> list[str]:
-        """The names the leader's namespace holds after its last cell: as this kernel's last cell read them
-        when the last listing shows the same status (on a bucket a read is a round trip before the cell)."""
-        last, listed = self._last_cell, self._listed_leader_status
-        if last is not None and listed is not None and last.poller.version_read(
-                protocol.host_status(protocol.LEADER_INDEX)) == listed:
-            status = last.poller.records[protocol.LEADER_INDEX].status
-            if status is not None:
-                return list(status.names)
-        status = read_host_status(self.storage, self.group.key, protocol.LEADER_INDEX)
+        """The names the leader's namespace holds after the last cell that ended: through the channel, its latest
+        status as carried; else its end of this kernel's last cell, unless a later cell (another kernel's) has
+        ended since, whose end record is then read (each cell's is looked up by name: one request when there is
+        none, however old the session)."""
+        if self._channel_up:  # the leader's latest status, as the channel carried it
+            name = protocol.host_status(protocol.LEADER_INDEX)
+            data = self._relay.mirror.get(name)
+            if isinstance(data, bytes):
+                with contextlib.suppress(IntegrityError, ValueError):
+                    return list(HostStatus.from_json(open_record(self.group.key, name, data, where=name)).names)
+        last = self._last_cell
+        status = last.poller.records[protocol.LEADER_INDEX].status \
+            if last is not None and last.seq == self._last_seq else None
+        while (newer := self._leader_end(self._last_seq + 1)) is not None:
+            status, self._last_seq = newer, self._last_seq + 1
+        if status is None and self._last_seq:  # a kernel that attached: the last cell's end, as its leader left it
+            status = self._leader_end(self._last_seq)
+        if status is None:  # no cell has ended yet: the leader's status as stored
+            status = read_host_status(self.storage, self.group.key, protocol.LEADER_INDEX)
         return list(status.names) if status is not None else []
+
+    def _leader_end(self, seq: int) -> HostStatus | None:
+        """The leader's status as cell ``seq`` left it (``cells/{seq}/done-0``), or None while it has not ended."""
+        name = protocol.cell_done(seq, protocol.LEADER_INDEX)
+        try:
+            return HostStatus.from_json(read_record(self.storage, self.group.key, name))
+        except (ObjectNotFoundError, IntegrityError, ValueError):
+            return None
 
     def summary(self) -> str:
         """Hosts, their states, uptime, cells run and the idle countdown, as text."""
@@ -168,6 +200,90 @@ class Session:
             lines.append(f"{host.index:>5}{'*' if host.is_leader else ' '}  {host.state:<9}  {host.last_line[:100]}")
         return "\n".join(lines)
 
+    # -- the direct channel -----------------------------------------------------------------
+
+    @property
+    def _channel_up(self) -> bool:
+        return self.channel is not None and self.channel.broken is None
+
+    def join_channel(self) -> bool:
+        """Open the direct channel to the session's hub, where it has one and this backend can reach it; whether
+        it is up. Where it cannot be opened (or broke), the cell says why once and goes through storage, and it
+        is tried again a minute later."""
+        if self._channel_up:
+            return True
+        if self._channel_problem is not None:  # said once, before the next cell (never at a session's end)
+            self._say_no_channel(self._channel_problem)
+            self._channel_problem = None
+        if self._announced is False:
+            try:
+                record = json.loads(read_record(self.storage, self.group.key, protocol.CHANNEL))
+                self._announced = parse_address(str(record.get("address", "")))
+            except (ObjectNotFoundError, IntegrityError, ValueError, AttributeError):
+                self._announced = None  # a session with no hub (a local disk, a backend without one)
+        if self._announced is None or time.monotonic() < self._next_join:
+            return False
+        route = self.group.backend.channel_route(self.plan, self._announced)
+        if route is None:
+            self._announced = None
+            return False
+        try:
+            channel = Channel.open(route, self.group.key, NOTEBOOK, timeout=CHANNEL_OPEN_S,
+                                   on_broken=self._channel_broke)
+        except (OSError, IntegrityError) as error:
+            self._next_join = time.monotonic() + CHANNEL_RETRY_S
+            self._say_no_channel(f"it could not be opened ({error})")
+            return False
+        if not hosts_agreed(channel.mirror, self.group.key):  # a host could not join it: for the session's life
+            channel.close("the session's hosts do not use it")
+            self._announced, self._channel_problem = None, None
+            self._say_no_channel("not every host of the session could join it")
+            return False
+        self.channel = channel
+        self._relay = self._new_relay()  # a relay that fell back stays plain: a new channel, a new one
+        self.records = RelayedStorage(self._relay)
+        self._relay.attach(channel.send, channel.mirror)
+        return True
+
+    def _new_relay(self) -> Relay:
+        return Relay(self.group.storage, serves=lambda name: name.startswith((protocol.HOSTS_DIR + "/",
+                                                                             protocol.CELLS_DIR + "/")))
+
+    def _channel_broke(self, reason: str) -> None:
+        self._relay.fall_back(reason)
+        self._next_join = time.monotonic() + CHANNEL_RETRY_S
+        self._channel_problem = f"it broke ({reason})"
+
+    def _say_no_channel(self, why: str) -> None:
+        if not self._said_no_channel:
+            self._said_no_channel = True
+            print(f"kinetic_nb: session {self.session_id}'s direct channel: {why}; its cells travel through "
+                  f"storage (tried again after {CHANNEL_RETRY_S:g} s)", file=sys.stderr, flush=True)
+
+    def share(self, name: str, body: bytes, key: bytes | None = None, *, sealed_as: str | None = None,
+              exclusive: bool = False) -> None:
+        """Store record ``name`` sealed under ``key`` as ``sealed_as`` (the session's key, as ``name``, by
+        default), and pass it through the channel while it is up: its hosts and agent hear it at once, storage
+        keeps it."""
+        data = seal(key or self.group.key, sealed_as or name, body)
+        self.storage.write_bytes(name, data, exclusive=exclusive)
+        if self._channel_up:
+            with contextlib.suppress(ChannelClosed):
+                self.channel.send(name, data if len(data) <= CARRY_MAX_BYTES else STORED)
+
+    def sleep(self, seconds: float) -> None:
+        """Pause between two looks at a cell: less when the channel brings something."""
+        if self._channel_up:  # what arrived since the last pause ends this one at once
+            self._channel_seen = self.channel.mirror.wait(seconds, since=self._channel_seen)
+        else:
+            self.group.sleep(seconds)
+
+    def close_channel(self) -> None:
+        if self.channel is not None:
+            self.channel.close("closed by the notebook")
+            self._relay.fall_back("closed by the notebook")
+            self.channel = None
+
     # -- cells ---------------------------------------------------------------------------
 
     def run(self, source: str, *, out: Iterable[str] = (), namespace: Mapping[str, Any] | None = None,
@@ -184,6 +300,8 @@ class Session:
                                     "or session.restart())")
         check_shape(timeout=timeout)
         out = list(out)
+        if self.storage.local_path() is None:
+            self.join_channel()
         held = self.held_names()
         # With framework "auto", the hosts initialize the one the first cell that imports one uses.
         extra = (lambda modules: {protocol.CELL_FRAMEWORK: choose_framework("auto", modules)}) \
@@ -214,8 +332,7 @@ class Session:
             while True:
                 name = f"{protocol.cell_dir(seq)}/{protocol.PAYLOAD}"
                 try:
-                    write_sealed(self.storage.child(protocol.cell_dir(seq)), protocol.PAYLOAD,
-                                 cell_key(self.group.key, seq), data, exclusive=True)
+                    self.share(name, data, cell_key(self.group.key, seq), sealed_as=protocol.PAYLOAD, exclusive=True)
                     break
                 except ObjectExistsError:
                     logger.debug("%s taken by another kernel", name)
@@ -225,9 +342,13 @@ class Session:
         if self.storage.local_path() is not None:  # the hosts are on this machine: wake them now
             for index in range(self.plan.hosts):
                 wake(wakeup_path(self.session_id, index))
-        # The cell's timeout travels with it: the agent enforces it, with or without this kernel.
-        write_record(self.storage, self.group.key, protocol.cell_control(seq, "submitted"),
-                     json.dumps({"at": time.time(), "timeout": timeout}).encode())
+        # The cell's timeout travels with it: the agent enforces it, with or without this kernel. Through the
+        # channel the agent has it at once: storage keeps it in the background, off the cell's way.
+        submitted = (protocol.cell_control(seq, "submitted"), json.dumps({"at": time.time(), "timeout": timeout}).encode())
+        if self._channel_up:
+            threading.Thread(target=self.share, args=submitted, name=f"kinetic-submitted-{seq}").start()
+        else:
+            self.share(*submitted)
         return seq
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -239,6 +360,10 @@ class Session:
             read_record(self.storage, self.group.key, protocol.CANCEL)  # stopped already: its agents know
         except (ObjectNotFoundError, IntegrityError):
             self.group.backend.cancel(self.storage, self.plan, reason, self.group.key)
+            if self._channel_up:  # the agent hears it at once
+                with contextlib.suppress(ChannelClosed):
+                    self.channel.send(protocol.CANCEL, seal(self.group.key, protocol.CANCEL,
+                                                            CancelRequest(reason=reason, at=time.time()).to_json()))
         deadline = time.monotonic() + STOP_WAIT_S
         while True:
             running = [index for index in range(self.plan.hosts) if read_exit(self.storage, self.group.key, index) is None]
@@ -247,6 +372,7 @@ class Session:
                 break
             time.sleep(0.05)
         self.group.close_wakeup()
+        self.close_channel()
         if running:
             return (f"session {self.session_id}: asked to stop, but host{'s' if len(running) > 1 else ''} "
                     f"{', '.join(map(str, running))} had not ended after {STOP_WAIT_S:g} s")
@@ -263,6 +389,9 @@ class Session:
 
 #: How long ``stop`` waits for the hosts and the agent to be gone.
 STOP_WAIT_S = 10.0
+#: How long opening the direct channel may take, and how long after a failure it is tried again.
+CHANNEL_OPEN_S = 5.0
+CHANNEL_RETRY_S = 60.0
 
 
 # -- starting, finding ---------------------------------------------------------------------------

@@ -138,13 +138,15 @@ class CellMarkers:
 
 def meet(storage: Storage, key: bytes, *, leader: bool, hosts: int, timeout: float, sighting: Sighting,
          what: str, sleep: Callable[[float], None] = time.sleep, max_pause: float = MAX_POLL_S,
-         on_go: Callable[[], None] | None = None) -> None:
-    """The barrier: return when the leader says go; ``HostStoppedError`` when a host failed first (the leader
-    tells the workers so), ``KineticTimeoutError`` when hosts never get ready (the leader tells them too).
+         on_go: Callable[[], None] | None = None, channel: Callable[[], bool] | None = None) -> LeaderReady:
+    """The barrier: return the leader's verdict once it says go; ``HostStoppedError`` when a host failed first
+    (the leader tells the workers so), ``KineticTimeoutError`` when hosts never get ready (the leader tells
+    them too).
 
     ``storage`` holds the verdict (the job's, or the cell's directory), sealed under ``key``; ``what`` names the
     barrier in errors; ``sleep`` pauses between looks (a session host's may be woken); ``on_go`` runs once the
-    leader has said go (it wakes the workers).
+    leader has said go (it wakes the workers); ``channel()``, asked by the leader as it says go, is whether the
+    hosts' cells travel through the session's channel (the verdict says so to every host).
     """
     deadline = time.monotonic() + timeout + (0.0 if leader else WORKER_SLACK_S)
     pause = FIRST_POLL_S
@@ -156,14 +158,16 @@ def meet(storage: Storage, key: bytes, *, leader: bool, hosts: int, timeout: flo
                 write_verdict(storage, key, LeaderReady(False, *failure))
                 raise HostStoppedError(protocol.stopped_message(*failure))
             if len(sighting.ready()) == hosts:
-                write_verdict(storage, key, LeaderReady(True))
+                verdict = LeaderReady(True, channel=bool(channel is not None and channel()))
+                write_verdict(storage, key, verdict)
                 if on_go is not None:
                     on_go()
-                return
+                return verdict
         else:
             failed_in = sighting.leader_failed()  # looked at before the verdict: see CellMarkers.leader_failed
-            if leader_said_go(storage, key):
-                return
+            verdict = leader_said_go(storage, key)
+            if verdict is not None:
+                return verdict
             if failed_in is not None:
                 raise HostStoppedError(protocol.stopped_message(protocol.LEADER_INDEX, failed_in))
         sleep(pause)
@@ -175,10 +179,13 @@ def meet(storage: Storage, key: bytes, *, leader: bool, hosts: int, timeout: flo
     raise KineticTimeoutError(f"{what}: hosts {', '.join(map(str, missing))} were not ready after {timeout:g} s")
 
 
-def start_barrier(storage: Storage, plan: JobPlan, key: bytes, host_index: int) -> None:
-    """A job's (or a session's) start: every host has checked the plan and loaded the payload."""
-    meet(storage, key, leader=host_index == protocol.LEADER_INDEX, hosts=plan.hosts,
-         timeout=plan.barrier_timeout_s, sighting=HostStatuses(storage, key), what="start barrier")
+def start_barrier(storage: Storage, plan: JobPlan, key: bytes, host_index: int, *,
+                  channel: Callable[[], bool] | None = None) -> LeaderReady:
+    """A job's (or a session's) start: every host has checked the plan and loaded the payload (and a session's
+    has tried to join its channel: ``channel``, see :func:`meet`). The leader's verdict."""
+    return meet(storage, key, leader=host_index == protocol.LEADER_INDEX, hosts=plan.hosts,
+                timeout=plan.barrier_timeout_s, sighting=HostStatuses(storage, key), what="start barrier",
+                channel=channel)
 
 
 def write_verdict(storage: Storage, key: bytes, verdict: LeaderReady) -> None:
@@ -186,13 +193,13 @@ def write_verdict(storage: Storage, key: bytes, verdict: LeaderReady) -> None:
     write_record(storage, key, protocol.LEADER_READY, verdict.to_json())
 
 
-def leader_said_go(storage: Storage, key: bytes) -> bool:
-    """Whether the leader's verdict in ``storage`` is go (False while there is none, or none that verifies);
+def leader_said_go(storage: Storage, key: bytes) -> LeaderReady | None:
+    """The leader's verdict in ``storage`` once it is go (None while there is none, or none that verifies);
     ``HostStoppedError`` if abort."""
     try:
         verdict = LeaderReady.from_json(read_record(storage, key, protocol.LEADER_READY))
     except (ObjectNotFoundError, IntegrityError):
-        return False
+        return None
     if not verdict.go:
         raise HostStoppedError(protocol.stopped_message(verdict.failed_host, verdict.failed_phase))
-    return True
+    return verdict

@@ -23,11 +23,13 @@ import cloudpickle
 from kinetic_nb.errors import PlanError, RemoteHostError, ResultSerializationError
 from kinetic_nb.runner import envelope, frameworks, protocol, versions
 from kinetic_nb.runner.cell import run_cell
+from kinetic_nb.runner.channel import announced_address
 from kinetic_nb.runner.group import CellGroup
 from kinetic_nb.runner.host_variables import HOST_INDEX_VARIABLES, resolve_host_index
 from kinetic_nb.runner.job_keys import KEY_ENV, key_from_environment
 from kinetic_nb.runner.protocol import HostState, JobPlan, Phase, ResultPayload
 from kinetic_nb.runner.redact import Redactor, host_secrets
+from kinetic_nb.runner.relayed import Relay, RelayedStorage
 from kinetic_nb.runner.stacks import enable_stack_dumps
 from kinetic_nb.runner.status import StatusReporter
 from kinetic_nb.storage import Storage, open_storage
@@ -57,7 +59,17 @@ def run_host(job_uri: str, key: bytes | None = None) -> int:
     key_hex = key.hex() if key is not None else None
     storage = open_storage(job_uri)
     host_index = resolve_host_index(os.environ)
-    return HostRun(storage, host_index, key, key_hex=key_hex).run()
+    relay = None
+    if announced_address() is not None and storage.local_path() is None:
+        # A session's host whose hub listens nearby: its records go through the channel once it is joined.
+        relay = Relay(storage, serves=lambda name: name.startswith(protocol.CELLS_DIR + "/"),
+                      holds=protocol.is_cell_marker)
+        storage = RelayedStorage(relay)
+    try:
+        return HostRun(storage, host_index, key, key_hex=key_hex).run()
+    finally:
+        if relay is not None:
+            relay.close()  # what waits to be stored is stored before the host ends
 
 
 def exception_type_name(exc: BaseException) -> str:

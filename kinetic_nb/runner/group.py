@@ -30,6 +30,7 @@ import builtins
 import concurrent.futures
 import contextlib
 import dataclasses
+import io
 import signal
 import sys
 import time
@@ -40,8 +41,10 @@ from kinetic_nb.errors import HostStoppedError, IntegrityError, ObjectNotFoundEr
 from kinetic_nb.runner import envelope, frameworks, job_keys, protocol
 from kinetic_nb.runner.barrier import CellMarkers, meet, start_barrier
 from kinetic_nb.runner.cell import execute_cell, load_notebook_values
-from kinetic_nb.runner.protocol import FirstFailure, HostState, JobPlan, Phase
-from kinetic_nb.runner.records import read_record, write_record
+from kinetic_nb.runner.channel import STORED, Channel, ChannelClosed, announced_address
+from kinetic_nb.runner.protocol import FirstFailure, HostState, JobPlan, LeaderReady, Phase
+from kinetic_nb.runner.records import open_record, read_record, write_record
+from kinetic_nb.runner.relayed import CARRY_MAX_BYTES, RelayedStorage
 from kinetic_nb.runner.wakeup import open_wakeup, wake, wake_clients, wakeup_path
 from kinetic_nb.storage import Storage
 
@@ -80,6 +83,12 @@ MAX_LOOK_LOCAL_S = 0.02
 MAX_LOOK_REMOTE_S = 1.0
 #: An idle host's longest pause between two looks for the next cell when its wakeup socket is open.
 IDLE_LOOK_LOCAL_S = 1.0
+#: With the channel up, the cell comes through it: only the leader looks at storage, for a cell from a notebook
+#: that has no channel: BUSY_LOOK_REMOTE_S after a cell, the pause growing to this when idle.
+IDLE_LOOK_CHANNEL_S = 10.0
+#: How long the leader, once every host is ready at the start, waits for the hub's word that all joined it (each
+#: host joins before it says it is ready; another host's agent joins beside it, and may be slower on a busy node).
+ALL_JOINED_WAIT_S = 10.0
 #: For this long after a cell the next one is looked for at least this often.
 BUSY_S = 1.0
 BUSY_LOOK_S = 0.002
@@ -135,12 +144,55 @@ class CellGroup:
         #: On a local disk the notebook (and the cell's leader) wake a session's host at once through a socket.
         self.wakeup = open_wakeup(self.plan.job_id, run.host_index) \
             if self.kept and self.storage.local_path() else None
+        #: A session's channel to its hub (``runner.channel``), once open: cells and records travel through it.
+        self.channel: Channel | None = None
+        self._channel_seen = 0
 
     def _sleep(self, seconds: float) -> None:
         if self.wakeup is not None:
             self.wakeup.sleep(seconds)
+        elif self._channel_up:
+            self._channel_seen = self.channel.mirror.wait(seconds, since=self._channel_seen)
         else:
             time.sleep(seconds)
+
+    @property
+    def _channel_up(self) -> bool:
+        return self.channel is not None and self.channel.broken is None
+
+    def _join_channel(self) -> None:
+        """Join the session's hub, when this host was told where it is and its storage can go behind it. A host
+        that cannot goes on through storage, and so does every host: the channel is used only when the leader's
+        start verdict says every host joined it."""
+        address = announced_address()
+        if address is None or not isinstance(self.storage, RelayedStorage):
+            return
+        try:
+            self.channel = Channel.open(address, self.run.key, f"host-{self.run.host_index}",
+                                        on_broken=self.storage.relay.fall_back)
+        except (OSError, IntegrityError) as error:
+            print(f"kinetic host {self.run.host_index}: no channel to the session's hub ({error}); the session's "
+                  "cells travel through storage", file=sys.stderr, flush=True)
+
+    def _all_joined(self) -> bool:
+        """The leader, as it says go: whether the hub has said that every host joined."""
+        return self.channel is not None and self.channel.complete.wait(ALL_JOINED_WAIT_S)
+
+    def _use_channel(self, verdict: LeaderReady) -> None:
+        """From here on, this host's records go through the channel, when the verdict says every host's do; the
+        leader passes the verdict on through it, so that its agent and the notebooks know it too."""
+        if self.channel is None:
+            return
+        if not verdict.channel:
+            self.channel.close("the session's hosts did not all join the channel")
+            self.channel = None
+            return
+        self.storage.relay.attach(self.channel.send, self.channel.mirror)
+        if self.run.is_leader:
+            with contextlib.suppress(ChannelClosed):
+                self.channel.send(protocol.LEADER_READY, envelope.seal(self.run.key, protocol.LEADER_READY,
+                                                                       verdict.to_json()))
+        self.run.status.beat()
 
     def serve(self) -> int:
         """Run the group's cells; return the host's exit code."""
@@ -148,8 +200,10 @@ class CellGroup:
             return self._serve_once()
         run = self.run
         try:
+            self._join_channel()  # before this host says it is ready: the leader's verdict says if all joined
             run.enter(Phase.START_BARRIER, HostState.READY)
-            start_barrier(self.storage, self.plan, run.key, run.host_index)
+            verdict = start_barrier(self.storage, self.plan, run.key, run.host_index, channel=self._all_joined)
+            self._use_channel(verdict)
             if self.plan.framework not in ("auto", "none"):  # "auto": the first cell that imports one says which
                 self._initialize(self.plan.framework)
         except BaseException as error:  # noqa: BLE001 - the session never came up
@@ -167,6 +221,8 @@ class CellGroup:
         finally:
             if self.wakeup is not None:
                 self.wakeup.close()
+            if self.channel is not None:
+                self.channel.close("the host is done")
         return protocol.EXIT_OK
 
     def _serve_once(self) -> int:
@@ -187,6 +243,10 @@ class CellGroup:
         script): the first second looks every few milliseconds, then less often.
         """
         payload = f"{protocol.cell_dir(seq)}/{protocol.PAYLOAD}"
+        if self._channel_up:
+            found = self._wait_on_channel(payload)
+            if found is not False:
+                return found
         pause, busy_until = FIRST_LOOK_S, time.monotonic() + BUSY_S
         # Idle on a local disk, the notebook wakes this host through its socket when it submits a cell (and
         # the agent stops it with a signal): a slow look is only a safety net for a wakeup that went missing.
@@ -205,6 +265,37 @@ class CellGroup:
             self._sleep(pause)
             cap = busy_look if time.monotonic() < busy_until else idle_look
             pause = min(pause * 1.5, cap)
+
+    def _wait_on_channel(self, payload: str) -> IO[bytes] | bool | None:
+        """Wait for the payload through the channel: the payload, open; None once the session is stopped (its
+        agent stops the hosts with a signal too); False when the channel broke meanwhile (storage then).
+
+        Only the leader looks at storage, seldom when idle, for a cell from a notebook with no channel, and
+        passes it on through the channel to the others.
+        """
+        plain = self.storage.plain
+        pause = BUSY_LOOK_REMOTE_S
+        next_look = time.monotonic() + pause
+        while self._channel_up:
+            with contextlib.suppress(ObjectNotFoundError):
+                return self.storage.open_read(payload)
+            now = time.monotonic()
+            if self.run.is_leader and now >= next_look:
+                try:
+                    return self._share(payload, plain.read_bytes(payload))
+                except ObjectNotFoundError:
+                    pass
+                pause = min(pause * 1.5, IDLE_LOOK_CHANNEL_S)
+                next_look = now + pause
+            self._sleep(max(0.0, next_look - time.monotonic()) if self.run.is_leader else IDLE_LOOK_CHANNEL_S)
+        return False
+
+    def _share(self, name: str, data: bytes) -> IO[bytes]:
+        """A cell found in storage, passed on to the other hosts through the channel (or the news that it is
+        there, when it is too large to carry); the payload, open."""
+        with contextlib.suppress(Exception):
+            self.channel.send(name, data if len(data) <= CARRY_MAX_BYTES else STORED)
+        return io.BytesIO(data)
 
     def _report(self, error: BaseException) -> BaseException:
         self.run.report_failure(error, stopped=isinstance(error, HostStoppedError))
@@ -232,6 +323,8 @@ class CellGroup:
         (reported already), or None."""
         run, seq = self.run, place.seq
         run.begin_cell(place.storage, place.key)
+        if self._channel_up:  # the barrier markers of cells before the last are nobody's to store any more
+            self.storage.relay.let_go(lambda name: (protocol.cell_marker_seq(name) or seq) >= seq - 1)
         if self.kept:
             run.status.update(state=HostState.RUNNING, phase=Phase.PAYLOAD_LOAD, cell=seq, cell_failed=False,
                               record=False, defer_s=STATUS_DEFER_S)
@@ -241,7 +334,7 @@ class CellGroup:
         try:
             # Interrupted while it waited behind another cell, it never runs: asked while the payload loads (on a
             # bucket each is a round trip).
-            withdrawn = self._asking(self.interrupted, seq) if self.kept else None
+            withdrawn = self._asking(self._withdrawn, seq) if self.kept else None
             # Verified, then unpickled.
             cell = envelope.load_sealed(place.storage, protocol.PAYLOAD, place.key) if payload is None else \
                 envelope.load_sealed_file(payload, protocol.PAYLOAD, place.key,
@@ -280,13 +373,17 @@ class CellGroup:
         run.status.update(state=HostState.IDLE, cell=seq, cell_failed=failed, names=held_names(self.namespace),
                           message=run.failure_line if failed else "",
                           traceback=run.failure_traceback if failed else "")
+        # The cell's end by its own name, at once: through the channel status.json is stored at most once a second,
+        # and the names the leader holds after a cell are read from it (``Session.held_names``).
+        with contextlib.suppress(Exception):
+            write_record(self.storage, run.key, protocol.cell_done(seq, run.host_index), run.status.current())
         if self.wakeup is not None:  # the notebooks waiting on this cell look now
             wake_clients(self.plan.job_id)
         return failure
 
     def _asking(self, question: Callable[[int], bool], seq: int) -> concurrent.futures.Future[bool]:
         """``question(seq)``, asked beside what the caller does next on a bucket; at once on a local disk."""
-        if self.storage.local_path() is not None:
+        if self.storage.local_path() is not None or self._channel_up:  # a stat, or what the channel carried
             answer: concurrent.futures.Future[bool] = concurrent.futures.Future()
             answer.set_result(question(seq))
             return answer
@@ -294,15 +391,39 @@ class CellGroup:
             self._helper = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="kinetic-ask")
         return self._helper.submit(question, seq)
 
+    def _withdrawn(self, seq: int) -> bool:
+        """Whether cell ``seq`` was interrupted before it started: with the channel up, as the channel carried
+        it (an interrupt from a notebook with no channel still reaches the host as its agent's signal)."""
+        if self._channel_up:
+            return self._carried_interrupt(seq)
+        return self.interrupted(seq)
+
+    def _carried_interrupt(self, seq: int) -> bool:
+        name = protocol.cell_control(seq, "interrupt")
+        data = self.channel.mirror.get(name)
+        if not isinstance(data, bytes):
+            return False
+        try:
+            open_record(self.run.key, name, data, where=f"the channel's {name}")
+        except IntegrityError:
+            return False
+        return True
+
+    @property
+    def _plain_storage(self) -> Storage:
+        return self.storage.plain if isinstance(self.storage, RelayedStorage) else self.storage
+
     def _note_interrupt(self, signum: int, frame: Any) -> None:
         self._interrupt_pending = True
 
     def interrupted(self, seq: int) -> bool:
         """Whether the notebook (or the agent, at the cell's timeout) asked to interrupt cell ``seq``: a record
         verified under the session's key, so that nobody else can stop a cell."""
+        if self._channel_up and self._carried_interrupt(seq):
+            return True
         name = protocol.cell_control(seq, "interrupt")
         try:
-            read_record(self.storage, self.run.key, name)
+            read_record(self._plain_storage, self.run.key, name)
         except (ObjectNotFoundError, IntegrityError):
             return False
         return True

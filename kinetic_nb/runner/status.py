@@ -20,6 +20,9 @@ logger = logging.getLogger(__name__)
 #: How often a live host rewrites its heartbeat; a reader that sees no new
 #: heartbeat for several intervals can suspect the host is gone.
 HEARTBEAT_INTERVAL_S = 2.0
+#: How often an idle session host does: nobody waits on it, and each beat is a request on a bucket (a reader
+#: gives an idle host several of these before it calls it lost: ``state.IDLE_LOST_AFTER_S``).
+IDLE_HEARTBEAT_INTERVAL_S = 60.0
 
 
 class StatusReporter:
@@ -39,6 +42,8 @@ class StatusReporter:
         self._changed = threading.Event()
         #: When a deferred change is due to be written (monotonic), or None when none waits.
         self._due_at: float | None = None
+        #: When the last heartbeat was written (monotonic).
+        self._beat_at = time.monotonic()
         now = time.time()
         history = [[Phase.STARTUP.value, now]]
         install = installed_environment()
@@ -73,6 +78,7 @@ class StatusReporter:
         """
         with self._lock:
             now = time.time()
+            was_idle = self._status.state == HostState.IDLE.value
             history = self._status.history
             if session.get("cell", self._status.cell) != self._status.cell:
                 history = []  # a session's timeline is its current cell's
@@ -88,6 +94,8 @@ class StatusReporter:
                 history=history,
                 **session,
             )
+        if was_idle and state is not None and state != HostState.IDLE:
+            self._changed.set()  # a cell begins: the heartbeat thread beats at its busy pace again
         if record:  # False: remembered, and written with the next change
             self._write_status()
         elif defer_s is not None:
@@ -100,12 +108,27 @@ class StatusReporter:
         self._stop.set()
         self._changed.set()
 
+    def current(self) -> bytes:
+        """The status as last changed, as its record holds it."""
+        with self._lock:
+            return self._status.to_json()
+
+    def beat(self) -> None:
+        """A heartbeat now, out of turn (a host that just joined its session's channel)."""
+        self._beat_once()
+
+    def _interval(self) -> float:
+        return IDLE_HEARTBEAT_INTERVAL_S if self._status.state == HostState.IDLE.value else HEARTBEAT_INTERVAL_S
+
     def _beat(self) -> None:
-        """Beat every HEARTBEAT_INTERVAL_S, and write a deferred change when it is due."""
+        """Beat every HEARTBEAT_INTERVAL_S (IDLE_HEARTBEAT_INTERVAL_S while idle, and at once on leaving idle),
+        and write a deferred change when it is due."""
         next_beat = time.monotonic() + HEARTBEAT_INTERVAL_S
         while not self._stop.is_set():
             with self._lock:
                 due_at = self._due_at
+                if self._status.state != HostState.IDLE.value:
+                    next_beat = min(next_beat, self._beat_at + HEARTBEAT_INTERVAL_S)
             wake_at = next_beat if due_at is None else min(next_beat, due_at)
             if self._changed.wait(max(0.0, wake_at - time.monotonic())):
                 self._changed.clear()
@@ -115,9 +138,10 @@ class StatusReporter:
                 self._write_status(only_if_due=True)
             if now >= next_beat:
                 self._beat_once()
-                next_beat = now + HEARTBEAT_INTERVAL_S
+                next_beat = now + self._interval()
 
     def _beat_once(self) -> None:
+        self._beat_at = time.monotonic()
         self._write(self._heartbeat_name, b"")
 
     def _write_status(self, only_if_due: bool = False) -> None:

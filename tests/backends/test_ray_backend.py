@@ -9,6 +9,7 @@ lives across cells, and nothing of ours is left in the cluster.
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -18,6 +19,7 @@ from kinetic_nb.agent.ray_host import RayHost, StorageNotSharedError
 from kinetic_nb.backends import get_backend
 from kinetic_nb.backends.ray.backend import RAY_NAMESPACE, actor_name, connect
 from kinetic_nb.errors import JobFailedError, KineticError
+from kinetic_nb.runner import protocol
 from kinetic_nb.runner.protocol import ExitSummary
 from kinetic_nb.runner.records import read_exit
 from kinetic_nb.state import JobStatus
@@ -187,6 +189,34 @@ def test_a_session_keeps_its_hosts_across_cells_and_survives_a_failure_and_an_in
     finally:
         session.stop()
     assert session.ended() is not None
+
+
+def test_a_session_on_a_bucket_runs_its_cells_through_the_hub_on_host_0s_node(ray_cluster, gcs_root):
+    """On ``gs://`` a Ray session's cells skip the bucket: host 0's agent listens on its node, every other host
+    and agent joins it, and the notebook reaches it there; the outcome rules and the hosts' output hold."""
+    # The cluster's processes were started without the emulator's address: the hosts get it as a -e value.
+    session = kinetic_nb.start(hosts=4, backend="ray", framework="none", storage=gcs_root, idle_timeout=600,
+                               echo=False, backend_options={"address": ray_cluster.address},
+                               env={"STORAGE_EMULATOR_HOST": os.environ["STORAGE_EMULATOR_HOST"]})
+    try:
+        assert session.run("import os\nx = 1\nprint('on', os.environ['KINETIC_HOST_INDEX'])").result() is None
+        assert session.channel is not None and session.channel.broken is None
+        assert session.channel.link.sock.getpeername()[0] == "127.0.0.2"  # host 0's node, not this machine's 127.0.0.1
+        # The hosts met at the cell's barrier through the channel (every agent had joined the hub).
+        assert session.channel.mirror.get(f"{protocol.cell_dir(1)}/{protocol.cell_ready(3)}") == b""
+        failing = session.run("if os.environ['KINETIC_HOST_INDEX'] in ('2', '3'):\n"
+                              "    print('about to fail')\n    raise ValueError('bad on ' + os.environ['KINETIC_HOST_INDEX'])")
+        with pytest.raises(ValueError, match="bad on 2"):
+            failing.result()
+        assert "about to fail" in failing.logs(3)  # a worker's output came through its agent's link
+        assert session.run("x + 1").result() == 2
+        assert session.channel.broken is None
+    finally:
+        session.stop()
+        # The actors themselves cannot reach the emulator (only the hosts got its address), so the last one
+        # cannot see every host's end and remove the placement group, as it does on a bucket it can read.
+        session.group.backend.cleanup(session.plan)
+    assert ray_cluster.wait_until_nothing_is_left() == []
 
 
 def test_nothing_of_ours_is_left_in_the_cluster(ray_cluster):

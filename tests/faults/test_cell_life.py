@@ -142,10 +142,11 @@ def test_a_cells_outcome_goes_once_read_and_gc_removes_ended_sessions_never_a_li
     ended = kinetic_nb.start(hosts=2, framework="none", idle_timeout=600, echo=False)
     try:
         assert len(value_of(ended.run("b'x' * 5_000_000"))) == 5_000_000
-        # The 5 MB value, read, is gone; the payload stays (it numbers the session's cells), and so does the
-        # leader's output of the cell (its last chunk, empty here).
-        assert [info.name for info in ended.storage.list("cells/000001/")] == ["cells/000001/log/0/000000.json",
-                                                                             "cells/000001/payload.pkl"]
+        # The 5 MB value, read, is gone; the payload stays (it numbers the session's cells), and so do the
+        # leader's output of the cell (its last chunk, empty here) and each host's end of it (the names a later
+        # cell finds the leader holding).
+        assert [info.name for info in ended.storage.list("cells/000001/")] == [
+            "cells/000001/done-0", "cells/000001/done-1", "cells/000001/log/0/000000.json", "cells/000001/payload.pkl"]
         ended.stop()
         removed = dict(catalog.collect(0, storage=storage_root))
         assert ended.session_id in removed and live.session_id not in removed

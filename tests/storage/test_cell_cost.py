@@ -2,7 +2,8 @@
 
 The notebook's storage requests of a trivial 4-host cell on ``gs://`` (the
 emulator), counted as HTTP requests through the notebook's own client, are the
-same at cell 5 as at cell 205. Timing is taken out of the count: the cell is
+same at cell 5 as at cell 205. The notebook has no route to the session's
+channel here (``storage_only``): this is the storage path's cost. Timing is taken out of the count: the cell is
 submitted, its hosts are seen idle while nothing is counted (and not through
 its handle), and only then is its outcome asked for, so each count holds
 exactly one look at the hosts.
@@ -13,6 +14,8 @@ from __future__ import annotations
 import collections
 import re
 import time
+
+import pytest
 
 import kinetic_nb
 from kinetic_nb.runner import protocol
@@ -67,7 +70,7 @@ def _wait_until_idle_on(session, seq: int) -> None:
     raise AssertionError(f"the hosts were not idle after cell {seq} within {HANG_GUARD_S} s")
 
 
-def test_a_trivial_cells_requests_are_the_same_at_cell_5_and_cell_205(gcs_root, monkeypatch):
+def test_a_trivial_cells_requests_are_the_same_at_cell_5_and_cell_205(gcs_root, monkeypatch, storage_only):
     session = kinetic_nb.start(hosts=HOSTS, framework="none", storage=gcs_root, idle_timeout=600, echo=False)
     try:
         # Pages of 100 names, not the API's 1000: a listing that grows with the session's age shows by cell 205.
@@ -97,19 +100,23 @@ def test_a_trivial_cells_requests_are_the_same_at_cell_5_and_cell_205(gcs_root, 
         # its own: the notebook's client goes without that.
         assert "GET bucket" not in counts[5], counts
         # Lists: whether the session is up (the hosts' records), one look at the hosts (their records and the
-        # cell's output, side by side), its cleanup. Reads: the stop request, each host's status and the leader's
-        # output, the outcome (one request, its first chunk being all of it); the names the leader holds are the
-        # last cell's.
+        # cell's, side by side), its cleanup. Reads: the stop request, each host's end of the cell (its own
+        # record: the hosts' status.json is stored at most once a second), the leader's output, the outcome (one
+        # request, its first chunk being all of it), and the leader's status for the names it holds.
         assert counts[5].get("GET list", 0) <= 4, counts
-        assert counts[5].get("GET object", 0) <= 1 + HOSTS + 1 + 1, counts
+        assert counts[5].get("GET object", 0) <= 1 + HOSTS + 1 + 1 + 1, counts
     finally:
         session.stop()
 
 
-def test_the_names_the_hosts_hold_are_read_again_after_another_kernels_cell(gcs_root):
+@pytest.mark.parametrize("route", ["storage", "channel"])
+def test_the_names_the_hosts_hold_are_read_again_after_another_kernels_cell(gcs_root, route, request):
     """The held names a cell is not shipped come from this kernel's last cell only while the leader's status
     is the one that cell read: after another kernel's cell they are read again, so a name that cell bound on
-    the hosts is taken from the hosts, not from this notebook."""
+    the hosts is taken from the hosts, not from this notebook. Through the channel, the leader's latest status
+    is what the channel carried, whichever kernel's cell it ended."""
+    if route == "storage":
+        request.getfixturevalue("storage_only")
     session = kinetic_nb.start(hosts=2, framework="none", storage=gcs_root, idle_timeout=600, echo=False)
     try:
         assert session.run("a = 1\na").result(timeout=HANG_GUARD_S) == 1

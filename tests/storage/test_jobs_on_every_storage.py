@@ -116,7 +116,7 @@ def test_files_the_cell_writes_land_in_outputs(root):
     assert handle.storage.read_bytes("outputs/shard-1.txt") == b"1"
 
 
-def test_a_session_cell_on_gs_reads_no_earlier_cells_log_chunks(gcs_root, monkeypatch):
+def test_a_session_cell_on_gs_reads_no_earlier_cells_log_chunks(gcs_root, monkeypatch, storage_only):
     """A cell's feed reads what is new for it: over 20 cells no log chunk is read twice (each cell's handle
     re-read every earlier chunk: 575 chunk reads a cell at cell 600), so a cell's reads do not grow."""
     session = kinetic_nb.start(hosts=2, framework="none", storage=gcs_root, idle_timeout=600, echo=False)

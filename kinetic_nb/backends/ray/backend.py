@@ -199,6 +199,11 @@ class RayBackend(Backend):
 
     # -- the Backend interface -----------------------------------------------------
 
+    def channel_route(self, plan: JobPlan, announced: tuple[str, int]) -> tuple[str, int] | None:
+        """The hub listens on host 0's node, at that node's address: reached as it says where the notebook is
+        on the cluster's network (a notebook on a node, or on this machine's test cluster)."""
+        return announced
+
     def coordinator_address(self, job_id: str) -> str:
         """A placeholder: host 0's actor picks the real port on its node once placed."""
         return PLACEHOLDER_COORDINATOR
@@ -223,7 +228,7 @@ class RayBackend(Backend):
         actors, starts = [], []
         plan_json = plan.to_json()
         environment = secrets.environment()
-        coordinator = None
+        coordinator = channel = None
         for index, bundle in enumerate(bundles):
             actor = actor_class.options(
                 name=actor_name(plan.job_id, index), namespace=RAY_NAMESPACE, lifetime="detached",
@@ -234,8 +239,11 @@ class RayBackend(Backend):
             ).remote()
             if coordinator is None:  # host 0's node, once placed: every start waits for it
                 coordinator = actor.reserve_coordinator.remote()
+                if plan.session and storage.local_path() is None:  # its hub too (``runner.channel``)
+                    channel = actor.reserve_coordinator.remote()
             actors.append(actor)
-            starts.append(actor.start.remote(storage.uri, plan_json, index, coordinator, environment))
+            starts.append(actor.start.remote(storage.uri, plan_json, index, coordinator, environment,
+                                             "" if channel is None else channel))
         with self._lock:
             self._jobs[plan.job_id] = _Job(storage, group, bundles, self.strategy, actors, starts, time.time())
 

@@ -11,7 +11,7 @@ from kinetic_nb.runner.protocol.names import LEADER_INDEX
 
 #: Bumped whenever an object name, a payload key or a record's shape changes
 #: incompatibly; a host refuses a plan with another version.
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
 
 
 class Phase(str, enum.Enum):
@@ -254,11 +254,13 @@ class ExitSummary:
 
 @dataclasses.dataclass(frozen=True)
 class LeaderReady:
-    """``.leader_ready``: the leader's verdict at the start barrier."""
+    """``.leader_ready``: the leader's verdict at the start barrier (a session's: whether its cells travel
+    through the channel, every host having joined it; ``runner.channel``)."""
 
     go: bool
     failed_host: int | None = None
     failed_phase: str | None = None
+    channel: bool = False
 
     def to_json(self) -> bytes:
         return _to_json(self)

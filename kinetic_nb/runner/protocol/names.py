@@ -9,6 +9,8 @@ PAYLOAD = "payload.pkl"
 LEADER_READY = ".leader_ready"
 RESULT = "result.pkl"
 HANDLE = "handle.json"
+#: Where a session's hub listens (``runner.channel``), sealed: written by the leader's agent once it listens.
+CHANNEL = "channel.json"
 #: What steers every host's agent: one listing of this prefix per look, whatever the number of hosts.
 CONTROL_DIR = "control"
 CANCEL = f"{CONTROL_DIR}/cancel.json"
@@ -108,6 +110,39 @@ def cell_dir(seq: int) -> str:
 def cell_ready(host_index: int) -> str:
     """Host ``host_index`` has loaded the cell and waits at its barrier (inside the cell's directory)."""
     return f"ready-{host_index}"
+
+
+#: What the name of a host's end of a cell begins with, inside the cell's directory.
+CELL_DONE_PREFIX = "done-"
+
+
+_CELL_MARKER_RE = re.compile(r"^cells/(\d+)/(ready-\d+|\.leader_ready)$")
+
+
+def is_cell_marker(name: str) -> bool:
+    """Whether ``name`` is one of a cell's barrier markers (``ready-{i}``, the leader's verdict)."""
+    return _CELL_MARKER_RE.match(name) is not None
+
+
+def cell_marker_seq(name: str) -> int | None:
+    match = _CELL_MARKER_RE.match(name)
+    return int(match.group(1)) if match else None
+
+
+def cell_done(seq: int, host_index: int) -> str:
+    """Host ``host_index``'s status as cell ``seq`` left it (its own name each cell, so written at once where
+    ``status.json`` is stored at most once a second: a notebook reading storage sees the cell end without
+    waiting for it)."""
+    return f"{cell_dir(seq)}/{CELL_DONE_PREFIX}{host_index}"
+
+
+_CELL_DONE_RE = re.compile(r"^cells/(\d+)/done-(\d+)$")
+
+
+def parse_cell_done(name: str) -> tuple[int, int] | None:
+    """``cells/{seq}/done-{i}`` as (cell, host index); other names give None."""
+    match = _CELL_DONE_RE.match(name)
+    return (int(match.group(1)), int(match.group(2))) if match else None
 
 
 def cell_log_chunk(seq: int, host_index: int, chunk: int) -> str:

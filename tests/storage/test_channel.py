@@ -1,0 +1,307 @@
+"""A session's direct channel (``runner.channel``): a cell on a bucket travels notebook -> hub -> hosts and
+back without the bucket, the channel refuses what does not verify, a channel cut mid-cell leaves the cell to
+storage, and a second kernel sees the same cells.
+
+The hub is real (the session's agent's), the hosts are real processes, storage
+is fake-gcs-server; a notebook's route to the hub goes through a loopback TCP
+forward that the test can cut, as a killed port-forward is.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import pytest
+
+import kinetic_nb
+from kinetic_nb.backends.local import LocalBackend
+from kinetic_nb.client.sessions import attach_session
+from kinetic_nb.errors import IntegrityError, JobFailedError
+from kinetic_nb.runner import protocol
+from kinetic_nb.runner.channel import Channel, Hub, connect
+from kinetic_nb.runner.envelope import seal
+from kinetic_nb.runner.job_keys import new_key
+from kinetic_nb.storage import open_storage
+from tests.tcp_forward import TcpForward
+
+from .test_cell_cost import RequestCount
+
+HOSTS = 4
+GUARD_S = 30.0
+
+
+def wait_until(predicate, what: str, guard: float = GUARD_S) -> None:
+    deadline = time.monotonic() + guard
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} within {guard:g} s")
+        time.sleep(0.02)
+
+
+class ForwardedLocal(LocalBackend):
+    """The local backend, its notebook reaching the hub through a forward the test holds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.forward: TcpForward | None = None
+
+    def channel_route(self, plan, announced):
+        self.forward = TcpForward(announced)
+        return self.forward.address
+
+
+# -- the channel alone ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def hub_and_key():
+    """A hub of a 2-host session, listening; closed after the test."""
+    key = new_key()
+    hub = Hub(key, hosts=2)
+    hub.start()
+    yield hub, key
+    hub.close()
+
+
+class Tap:
+    """A connection's socket with every frame it sends kept (``frames``), and optionally altered on the way."""
+
+    def __init__(self, sock):
+        self._sock = sock
+        self.frames: list[bytes] = []
+        self.alter = None
+
+    def sendall(self, data):
+        self.frames.append(bytes(data))
+        return self._sock.sendall(self.alter(bytes(data)) if self.alter else data)
+
+    def __getattr__(self, name):
+        return getattr(self._sock, name)
+
+
+def _closed_by_the_hub(link) -> bool:
+    link.sock.settimeout(5)
+    try:
+        while data := link.sock.recv(1 << 16):  # whatever the hub had sent before, then the end
+            pass
+        return data == b""  # whatever the hub had sent is read first
+    except OSError:
+        return True
+
+
+@pytest.mark.parametrize("attack", ["altered", "replayed", "reordered"])
+def test_a_frame_that_is_altered_replayed_or_reordered_is_refused_and_its_connection_closed(attack, hub_and_key):
+    hub, key = hub_and_key
+    link = connect(hub.address, key, "notebook")
+    try:
+        tap = link.sock = Tap(link.sock)
+        link.send({"name": "cells/000001/ready-1", "at": time.time()}, b"first")
+        wait_until(lambda: hub.mirror.get("cells/000001/ready-1") == b"first", "the first record arrived")
+        if attack == "altered":  # one bit of the record, after the tag was made over the intact frame
+            tap.alter = lambda data: data[:-1] + bytes([data[-1] ^ 1])
+            link.send({"name": "cells/000001/ready-3", "at": time.time()}, b"third")
+        elif attack == "replayed":  # the first frame again, word for word
+            tap.sendall(tap.frames[0])
+        else:  # the next frame's tag with a later number: as if one frame were dropped in between
+            link._sent += 1
+            link.send({"name": "cells/000001/ready-3", "at": time.time()}, b"third")
+        assert _closed_by_the_hub(link), "the hub kept a connection that sent a frame that does not verify"
+        assert hub.mirror.get("cells/000001/ready-3") is None
+        wait_until(lambda: hub.peers() == [], "the hub let the connection go")
+    finally:
+        link.close()
+
+
+def test_nobody_without_the_sessions_key_joins_or_is_joined(hub_and_key):
+    hub, key = hub_and_key
+    with pytest.raises((IntegrityError, ConnectionError)):
+        connect(hub.address, new_key(), "notebook", timeout=5)
+    wait_until(lambda: hub.peers() == [], "the hub let the connection go")
+    impostor = Hub(new_key(), hosts=1)  # a listener that does not hold the key: the peer refuses it
+    impostor.start()
+    try:
+        with pytest.raises(IntegrityError, match="does not hold this session's key"):
+            connect(impostor.address, key, "notebook", timeout=5)
+    finally:
+        impostor.close()
+
+
+def test_a_newcomer_gets_what_the_hub_holds_and_hosts_get_no_hosts_records(hub_and_key):
+    hub, key = hub_and_key
+    hub.publish("hosts/1/status.json", b"status")
+    hub.publish("cells/000001/payload.pkl", b"payload")
+    notebook = Channel.open(hub.address, key, "notebook")
+    host = Channel.open(hub.address, key, "host-1")
+    assert notebook.mirror.get("hosts/1/status.json") == b"status"
+    assert host.mirror.get("hosts/1/status.json") is None
+    assert host.mirror.get("cells/000001/payload.pkl") == b"payload"
+    notebook.send("cells/000002/payload.pkl", b"next")
+    wait_until(lambda: host.mirror.get("cells/000002/payload.pkl") == b"next", "the host heard the next cell")
+    notebook.close()
+    host.close()
+
+
+# -- a session on a bucket -------------------------------------------------------------------------------------
+
+
+def test_a_session_cell_on_a_bucket_travels_through_the_channel_and_storage_still_gets_every_record(gcs_root,
+                                                                                                 monkeypatch):
+    from kinetic_nb.storage import gcs as kinetic_gcs
+
+    session = kinetic_nb.start(hosts=HOSTS, framework="none", storage=gcs_root, idle_timeout=600, echo=False)
+    try:
+        assert session.run("x = 41").result(timeout=GUARD_S) is None
+        assert session.channel is not None and session.channel.broken is None
+        # The hosts met at the cell's barrier through the channel, not the bucket.
+        assert session.channel.mirror.get(f"{protocol.cell_dir(1)}/{protocol.cell_ready(3)}") == b""
+        session._last_cell.cleanup.join()  # the last cell's objects removed (in the background) before counting
+        count = RequestCount(kinetic_gcs._client(), monkeypatch)
+        count.on = True
+        handle = session.run("x + 1")
+        assert handle.result(timeout=GUARD_S) == 42
+        count.on = False
+        # The notebook's own requests: the payload, and the cell's timeout in the background: no look at all.
+        assert count.kinds.get("GET object", 0) == 0 and count.kinds.get("GET list", 0) == 0, count.kinds
+        # Storage is still the record: every host's status names the cell, within a second or so.
+        plain = open_storage(session.storage.uri)
+
+        def stored_idle_after_cell_2() -> bool:
+            from kinetic_nb.runner.records import read_host_status
+            statuses = [read_host_status(plain, session.group.key, index) for index in range(HOSTS)]
+            return all(status is not None and status.cell == 2 and status.state == "idle" for status in statuses)
+
+        wait_until(stored_idle_after_cell_2, "every host's status of cell 2 was stored")
+    finally:
+        session.stop()
+
+
+def test_a_channel_cut_mid_cell_leaves_the_cell_to_storage_and_it_ends_by_the_usual_rules(gcs_root, capsys):
+    backend = ForwardedLocal()
+    session = kinetic_nb.start(hosts=HOSTS, framework="none", storage=gcs_root, idle_timeout=600, echo=False,
+                               backend=backend)
+    try:
+        assert session.run("import time, os\nx = 1").result(timeout=GUARD_S) is None
+        assert backend.forward is not None and session.channel.broken is None
+        handle = session.run("time.sleep(1.5)\nx + 1")
+        time.sleep(0.5)
+        backend.forward.cut()
+        assert handle.result(timeout=GUARD_S) == 2
+        assert session.channel.broken is not None
+        # The next cells go through storage, and the failure rules hold there: the lowest failing host's own error.
+        failing = session.run("if int(os.environ['KINETIC_HOST_INDEX']) >= 2:\n"
+                              "    raise ValueError(f\"no on {os.environ['KINETIC_HOST_INDEX']}\")\n")
+        with pytest.raises(ValueError, match="no on 2"):
+            failing.result(timeout=GUARD_S)
+        said = capsys.readouterr().err
+        assert said.count("direct channel: it broke") == 1, said
+        assert session.run("x + 2").result(timeout=GUARD_S) == 3
+    finally:
+        session.stop()
+
+
+@pytest.mark.parametrize("second_route", ["storage", "channel"])
+def test_a_second_kernel_sees_the_cells_the_first_runs_through_the_channel(gcs_root, monkeypatch, second_route):
+    first = kinetic_nb.start(hosts=HOSTS, framework="none", storage=gcs_root, idle_timeout=600, echo=False)
+    try:
+        assert first.run("x = 1").result(timeout=GUARD_S) is None
+        second = attach_session(first.session_id, storage=gcs_root, echo=False)
+        if second_route == "storage":  # the second kernel's route is refused: it works through storage
+            monkeypatch.setattr(LocalBackend, "channel_route", lambda self, plan, announced: None)
+        assert second.run("x = x + 10\nx").result(timeout=GUARD_S) == 11
+        assert (second.channel is not None) == (second_route == "channel")
+        assert first.run("x = x + 100\nx").result(timeout=GUARD_S) == 111
+        assert first.channel is not None and first.channel.broken is None
+        assert second.cell(3).logs() == ""
+        assert second.run("x").result(timeout=GUARD_S) == 111
+        assert first.run("x * 2").result(timeout=GUARD_S) == 222
+        seqs = sorted(int(info.name.split("/")[1]) for info in open_storage(first.storage.uri).list("cells/")
+                      if info.name.endswith("/" + protocol.PAYLOAD))
+        assert seqs == [1, 2, 3, 4, 5]
+    finally:
+        first.stop()
+
+
+def test_a_forged_record_on_the_channel_is_refused_by_its_reader(gcs_root):
+    """A record passed on by the hub is verified as the same object read from storage would be: a cell's
+    payload sealed under another key never runs."""
+    session = kinetic_nb.start(hosts=2, framework="none", storage=gcs_root, idle_timeout=600, echo=False)
+    try:
+        assert session.run("x = 5").result(timeout=GUARD_S) is None
+        forged = seal(new_key(), protocol.PAYLOAD, b"not a cell")
+        session.channel.send(f"{protocol.cell_dir(2)}/{protocol.PAYLOAD}", forged)
+        handle = session.run("x")  # the next free number is 2 in storage; the hosts hold a forged cell 2
+        with pytest.raises(IntegrityError):
+            handle.result(timeout=GUARD_S)
+    finally:
+        session.stop()
+
+
+
+def test_a_mirror_keeps_the_latest_cells_only_and_says_so():
+    from kinetic_nb.runner.channel import KEEP_CELLS, Mirror
+
+    mirror = Mirror()
+    for seq in range(1, 11):
+        mirror.put(f"{protocol.cell_dir(seq)}/payload.pkl", b"cell")
+        mirror.put(f"hosts/0/log/{seq:06d}.json", b"chunk")
+    kept = sorted({int(name.split("/")[1]) for name, *_ in mirror.entries("cells/")})
+    assert kept == list(range(11 - KEEP_CELLS, 11))
+    assert not mirror.covers(f"{protocol.cell_dir(10 - KEEP_CELLS)}/result.pkl")
+    assert mirror.covers(f"{protocol.cell_dir(11 - KEEP_CELLS)}/result.pkl") and mirror.covers("hosts/0/status.json")
+
+
+def test_a_name_written_ten_times_in_a_second_is_stored_at_most_once_a_second_and_last_as_written(tmp_path):
+    from kinetic_nb.runner.relayed import STORE_INTERVAL_S, WriteBehind
+
+    stored = []
+    storage = open_storage(str(tmp_path))
+    real = storage.write_bytes
+
+    def write_bytes(name, data, *, exclusive=False):
+        stored.append((time.monotonic(), name, data))
+        real(name, data, exclusive=exclusive)
+
+    storage.write_bytes = write_bytes
+    behind = WriteBehind(storage)
+    for revision in range(10):
+        behind.put("hosts/0/status.json", b"%d" % revision)
+        time.sleep(0.1)
+    time.sleep(STORE_INTERVAL_S * 1.2)  # the last one stored on its schedule (closing would store it at once)
+    behind.close()
+    times = [at for at, _, _ in stored]
+    assert all(later - earlier >= STORE_INTERVAL_S * 0.99 for earlier, later in itertools.pairwise(times)), times
+    assert 1 <= len(stored) <= 2 and storage.read_bytes("hosts/0/status.json") == b"9"
+
+
+def test_the_hub_says_complete_only_once_every_host_has_joined(hub_and_key):
+    """The leader's start verdict puts the session's cells on the channel only when the hub has said that every
+    host joined it: one host that could not join keeps every host on storage, none waits on a channel."""
+    hub, key = hub_and_key
+    leader = Channel.open(hub.address, key, "host-0")
+    notebook = Channel.open(hub.address, key, "notebook")
+    assert not leader.complete.wait(0.3)
+    worker = Channel.open(hub.address, key, "host-1")
+    assert leader.complete.wait(5) and worker.complete.wait(5)
+    assert not notebook.complete.is_set()
+    for channel in (leader, worker, notebook):
+        channel.close()
+
+
+@pytest.mark.parametrize("victim", [0, 2], ids=["leader", "worker"])
+def test_a_host_killed_mid_cell_on_the_channel_fails_the_cell_naming_it_and_ends_the_session(gcs_root, victim):
+    """A host that dies leaves the channel: everyone goes back to storage, the cell fails by the usual rules
+    (the dead host named, with its signal), and the session ends, with no wait on a channel nobody feeds."""
+    session = kinetic_nb.start(hosts=3, framework="none", storage=gcs_root, idle_timeout=600, echo=False, grace=2)
+    try:
+        assert session.run("import os, signal, time").result(timeout=GUARD_S) is None
+        started = time.monotonic()
+        handle = session.run(f"if os.environ['KINETIC_HOST_INDEX'] == '{victim}':\n"
+                             "    os.kill(os.getpid(), signal.SIGKILL)\n"
+                             "time.sleep(60)")
+        with pytest.raises(JobFailedError, match=f"host {victim} was killed by SIGKILL") as info:
+            handle.result(timeout=GUARD_S)
+        assert time.monotonic() - started < GUARD_S
+        assert "session" in "\n".join(getattr(info.value, "__notes__", [])) and session.ended() is not None
+    finally:
+        session.stop()
