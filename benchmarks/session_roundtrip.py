@@ -322,6 +322,8 @@ def remote_table(stack: contextlib.ExitStack, workdir: Path, runs: int, *, chann
     else:
         backend, options = routed(LocalBackend, channel=channel)(), {}
     session = start_session(stack, framework="none", storage=f"gs://{BUCKET}/remote", backend=backend, **options)
+    if ray_address:  # its actors cannot read the emulator themselves: the backend removes what they would have
+        stack.callback(backend.cleanup, session.plan)
     session.run("None").result(timeout=HANG_S)
     assert (session.channel is not None) == channel, "the channel is not as this table says"
 

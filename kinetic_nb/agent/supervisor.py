@@ -68,6 +68,9 @@ CONTROL_POLL_REMOTE_S = 1.0
 #: With the session's hub here, a notebook's control records arrive through it: storage is listed this often
 #: (for a notebook with no channel), every CONTROL_POLL_REMOTE_S while a cell runs.
 CONTROL_POLL_IDLE_CHANNEL_S = 10.0
+#: Another host's agent with the channel up: storage listed only as a safety net (the leader's agent passes on
+#: what it finds there).
+CONTROL_POLL_THROUGH_HUB_S = 60.0
 #: How long another host's agent keeps trying to join the leader's hub (it starts at about the same time).
 HUB_JOIN_S = 60.0
 #: How long to keep reading a finished host's pipes for its last output.
@@ -170,6 +173,7 @@ class Agent:
         self._hub_address: tuple[str, int] | None = None
         self._relay: Relay | None = None
         self._listed_control: set[str] = set()
+        self._passed_on: set[str] = set()
         self._handled_control: frozenset[str] = frozenset()
         started = plan.created_at or time.time()
         self._deadline = started + plan.timeout_s if plan.timeout_s else None
@@ -428,8 +432,11 @@ class Agent:
     def _look_at_control(self) -> None:
         now = time.monotonic()
         relay = self._relay
+        up = relay is not None and relay.up
         carried = frozenset(name for name, *_ in relay.mirror.entries(protocol.CONTROL_DIR + "/")) \
-            if relay is not None and relay.up else frozenset()
+            if up else frozenset()
+        if not up:  # back on storage (the channel broke): at storage's pace from now
+            self._next_control_look = min(self._next_control_look, now + self._control_poll_s)
         if now >= self._next_control_look:
             self._next_control_look = now + self._control_look_s()
             try:
@@ -437,6 +444,8 @@ class Agent:
             except Exception as error:  # noqa: BLE001 - the hosts are still supervised
                 self._storage_failed(protocol.CONTROL_DIR, error)
                 return
+            if self.hub is not None and up:
+                self._pass_on(self._listed_control - carried)
         elif carried <= self._handled_control:
             return  # nothing new through the channel, and storage is not due
         self._handled_control = carried
@@ -454,10 +463,25 @@ class Agent:
         if self.cells is not None:
             self.cells.look(names)
 
+    def _pass_on(self, names: set[str]) -> None:
+        """Control records found in storage that the channel has not carried (a notebook without it wrote
+        them), passed on through the hub: the other hosts' agents list storage only if the channel breaks."""
+        for name in sorted(names - self._passed_on):
+            self._passed_on.add(name)
+            try:
+                self.hub.publish(name, self.storage.plain.read_bytes(name))
+            except Exception:  # noqa: BLE001 - gone meanwhile, or unreadable: the agents verify what they act on
+                continue
+
     def _control_look_s(self) -> float:
-        """How long until storage's control records are listed again: seldom while a session with its hub up
-        is idle (its notebooks' records come through the channel), else as ever."""
-        if self._relay is not None and self._relay.up and self.cells is not None and self.cells.idle():
+        """How long until storage's control records are listed again: with the channel up, another host's agent
+        hears them through it (from the leader's agent, which lists storage seldom while the session is idle);
+        else as ever."""
+        if self._relay is None or not self._relay.up:
+            return self._control_poll_s
+        if self.hub is None:
+            return CONTROL_POLL_THROUGH_HUB_S
+        if self.cells is not None and self.cells.idle():
             return CONTROL_POLL_IDLE_CHANNEL_S
         return self._control_poll_s
 

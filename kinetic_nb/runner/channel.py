@@ -197,8 +197,14 @@ def _accept(sock: socket.socket, secret: bytes) -> Link:
 #: outside cells this many chunks: a long session's mirrors do not grow with its age.
 KEEP_CELLS = 4
 KEEP_HOST_CHUNKS = 64
-_CELL_RE = re.compile(r"^cells/(\d+)/")
+_CELL_RE = re.compile(r"^(?:cells/(\d+)/|control/cell-(\d+)-)")
 _HOST_CHUNK_RE = re.compile(r"^hosts/(\d+)/log/(\d+)\.json$")
+
+
+def _cell_of(name: str) -> int | None:
+    """The cell a record belongs to (its directory's, or its control record's), or None."""
+    match = _CELL_RE.match(name)
+    return None if match is None else int(match[1] or match[2])
 
 
 class Mirror:
@@ -222,10 +228,10 @@ class Mirror:
 
     def _let_go(self, name: str) -> None:
         """A new cell lets the oldest kept one go; a host's new output chunk, its oldest kept one."""
-        cell = _CELL_RE.match(name)
-        if cell is not None and int(cell[1]) - KEEP_CELLS + 1 > self.oldest_cell:
-            self.oldest_cell = int(cell[1]) - KEEP_CELLS + 1
-            for old in [old for old in self._objects if (match := _CELL_RE.match(old)) and int(match[1]) < self.oldest_cell]:
+        seq = _cell_of(name)
+        if seq is not None and seq - KEEP_CELLS + 1 > self.oldest_cell:
+            self.oldest_cell = seq - KEEP_CELLS + 1
+            for old in [old for old in self._objects if (_cell_of(old) or self.oldest_cell) < self.oldest_cell]:
                 del self._objects[old]
         chunk = _HOST_CHUNK_RE.match(name)
         if chunk is not None:
@@ -234,8 +240,8 @@ class Mirror:
 
     def covers(self, name: str) -> bool:
         """Whether ``name`` is not of a cell this mirror has let go."""
-        cell = _CELL_RE.match(name)
-        return cell is None or int(cell[1]) >= self.oldest_cell
+        seq = _cell_of(name)
+        return seq is None or seq >= self.oldest_cell
 
     def get(self, name: str) -> bytes | Stored | None:
         entry = self._objects.get(name)

@@ -244,9 +244,11 @@ def test_a_mirror_keeps_the_latest_cells_only_and_says_so():
     mirror = Mirror()
     for seq in range(1, 11):
         mirror.put(f"{protocol.cell_dir(seq)}/payload.pkl", b"cell")
+        mirror.put(protocol.cell_control(seq, "submitted"), b"record")
         mirror.put(f"hosts/0/log/{seq:06d}.json", b"chunk")
     kept = sorted({int(name.split("/")[1]) for name, *_ in mirror.entries("cells/")})
     assert kept == list(range(11 - KEEP_CELLS, 11))
+    assert len(mirror.entries("control/")) == KEEP_CELLS
     assert not mirror.covers(f"{protocol.cell_dir(10 - KEEP_CELLS)}/result.pkl")
     assert mirror.covers(f"{protocol.cell_dir(11 - KEEP_CELLS)}/result.pkl") and mirror.covers("hosts/0/status.json")
 
