@@ -135,6 +135,10 @@ class CellInterrupted(KeyboardInterrupt, KineticError):
     session's fate, never as kinetic_nb's own frames."""
 
 
+class ChannelClosed(KineticError, ConnectionError):
+    """A session's direct channel went away (or refused a frame): whoever used it goes back to storage."""
+
+
 class KineticTimeoutError(KineticError, TimeoutError):
     """The job did not finish within its timeout."""
 

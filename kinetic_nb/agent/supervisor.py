@@ -45,7 +45,7 @@ from kinetic_nb.agent import processes
 from kinetic_nb.agent.cells import CellWatch
 from kinetic_nb.errors import IntegrityError, ObjectExistsError, ObjectNotFoundError
 from kinetic_nb.runner import protocol
-from kinetic_nb.runner.channel import CHANNEL_ENV, Channel, Hub
+from kinetic_nb.runner.channel import CHANNEL_ENV, Channel, Hub, agent_role
 from kinetic_nb.runner.execute import run_host  # imported once here, not in every forked host
 from kinetic_nb.runner.logs import LogChunkWriter
 from kinetic_nb.runner.protocol import CancelRequest, ExitSummary, FirstFailure, HostState, JobPlan
@@ -210,7 +210,7 @@ class Agent:
         self._hub_address = address
 
     def _start_joining(self, address: tuple[str, int]) -> None:
-        role = f"agent-{self.indices[0]}"
+        role = agent_role(self.indices[0])
 
         def join() -> None:
             deadline = time.monotonic() + HUB_JOIN_S

@@ -44,6 +44,7 @@ from kinetic_nb.client.plan import (
 )
 from kinetic_nb.client.waiting import wait_for
 from kinetic_nb.errors import (
+    ChannelClosed,
     IntegrityError,
     KineticError,
     KineticTimeoutError,
@@ -51,7 +52,7 @@ from kinetic_nb.errors import (
     ObjectNotFoundError,
 )
 from kinetic_nb.runner import protocol
-from kinetic_nb.runner.channel import NOTEBOOK, STORED, Channel, ChannelClosed, parse_address
+from kinetic_nb.runner.channel import NOTEBOOK, STORED, Channel, parse_address
 from kinetic_nb.runner.envelope import read_sealed, seal
 from kinetic_nb.runner.group import cell_key
 from kinetic_nb.runner.job_keys import SESSION
@@ -127,8 +128,8 @@ class Session:
         elsewhere (one request, where each record by name is one per host).
         """
         if self._channel_up and hosts_ended is None:  # however it ends, its hosts' ends come through the channel
-            hosts_ended = any(name.endswith("/exit.json") for name, *_ in self._relay.mirror.entries(
-                protocol.HOSTS_DIR + "/"))
+            hosts_ended = any((parsed := protocol.parse_host_object(name)) is not None and parsed[1] == "exit"
+                              for name, *_ in self._relay.mirror.entries(protocol.HOSTS_DIR + "/"))
             if not hosts_ended:
                 return None
         try:

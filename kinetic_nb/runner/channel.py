@@ -32,7 +32,6 @@ import json
 import logging
 import os
 import queue
-import re
 import secrets
 import socket
 import struct
@@ -40,12 +39,14 @@ import threading
 import time
 from collections.abc import Callable
 
-from kinetic_nb.errors import IntegrityError
+from kinetic_nb.errors import ChannelClosed, IntegrityError
+from kinetic_nb.runner import protocol
 from kinetic_nb.runner.job_keys import derived_key
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CHANNEL_ENV", "Channel", "ChannelClosed", "Hub", "Link", "Mirror", "Stored", "connect", "parse_address"]
+__all__ = ["CHANNEL_ENV", "Channel", "Hub", "Link", "Mirror", "Stored", "agent_role", "connect", "host_role",
+           "parse_address"]
 
 #: How a session's host is told where its hub listens (``host:port``).
 CHANNEL_ENV = "KINETIC_CHANNEL"
@@ -57,12 +58,16 @@ MAX_FRAME_BYTES = 64 << 20
 #: Seconds a connection may take to prove itself.
 HANDSHAKE_TIMEOUT_S = 10.0
 NOTEBOOK = "notebook"
-#: What a host reads from the channel: everything but the hosts' own records and the cells' output.
-_NOT_FOR_HOSTS = ("hosts/",)
 
 
-class ChannelClosed(ConnectionError):
-    """The other end went away (or was refused)."""
+def host_role(index: int) -> str:
+    """How host ``index``'s runner names itself on the channel."""
+    return f"host-{index}"
+
+
+def agent_role(index: int) -> str:
+    """How the agent of host ``index`` (one of an agent per host, not the hub's) names itself on the channel."""
+    return f"agent-{index}"
 
 
 def parse_address(text: str) -> tuple[str, int] | None:
@@ -154,7 +159,8 @@ class Link:
 
 
 def connect(address: tuple[str, int], key: bytes, role: str, *, timeout: float = HANDSHAKE_TIMEOUT_S) -> Link:
-    """A proven connection to the hub at ``address`` as ``role`` (``notebook`` or ``host-{i}``); ``OSError``
+    """A proven connection to the hub at ``address`` as ``role`` (:data:`NOTEBOOK`, :func:`host_role`,
+    :func:`agent_role`); ``OSError``
     when it cannot be reached, ``IntegrityError`` when the hub does not prove the session's key."""
     secret = channel_key(key)
     sock = socket.create_connection(address, timeout=timeout)
@@ -197,14 +203,6 @@ def _accept(sock: socket.socket, secret: bytes) -> Link:
 #: outside cells this many chunks: a long session's mirrors do not grow with its age.
 KEEP_CELLS = 4
 KEEP_HOST_CHUNKS = 64
-_CELL_RE = re.compile(r"^(?:cells/(\d+)/|control/cell-(\d+)-)")
-_HOST_CHUNK_RE = re.compile(r"^hosts/(\d+)/log/(\d+)\.json$")
-
-
-def _cell_of(name: str) -> int | None:
-    """The cell a record belongs to (its directory's, or its control record's), or None."""
-    match = _CELL_RE.match(name)
-    return None if match is None else int(match[1] or match[2])
 
 
 class Mirror:
@@ -228,19 +226,18 @@ class Mirror:
 
     def _let_go(self, name: str) -> None:
         """A new cell lets the oldest kept one go; a host's new output chunk, its oldest kept one."""
-        seq = _cell_of(name)
+        seq = protocol.cell_of(name)
         if seq is not None and seq - KEEP_CELLS + 1 > self.oldest_cell:
             self.oldest_cell = seq - KEEP_CELLS + 1
-            for old in [old for old in self._objects if (_cell_of(old) or self.oldest_cell) < self.oldest_cell]:
+            for old in [old for old in self._objects if (protocol.cell_of(old) or self.oldest_cell) < self.oldest_cell]:
                 del self._objects[old]
-        chunk = _HOST_CHUNK_RE.match(name)
-        if chunk is not None:
-            gone = f"hosts/{chunk[1]}/log/{int(chunk[2]) - KEEP_HOST_CHUNKS:06d}.json"
-            self._objects.pop(gone, None)
+        host = protocol.parse_host_object(name)
+        if host is not None and host[1] == "log":
+            self._objects.pop(protocol.host_log_chunk(host[0], host[2] - KEEP_HOST_CHUNKS), None)
 
     def covers(self, name: str) -> bool:
         """Whether ``name`` is not of a cell this mirror has let go."""
-        seq = _cell_of(name)
+        seq = protocol.cell_of(name)
         return seq is None or seq >= self.oldest_cell
 
     def get(self, name: str) -> bytes | Stored | None:
@@ -258,10 +255,6 @@ class Mirror:
         with self._changed:
             self._count += 1
             self._changed.notify_all()
-
-    @property
-    def count(self) -> int:
-        return self._count
 
     def wait(self, seconds: float, since: int | None = None) -> int:
         """Wait up to ``seconds`` for a record newer than ``since`` (default: now); the count now."""
@@ -326,7 +319,8 @@ class Hub:
         self._on_record = on_record
         #: Who must have joined before the hub says ``complete``: every host, and the other hosts' agents (on a
         #: backend with an agent per host: their records, the hosts' output, reach notebooks through it too).
-        self._expected = {f"host-{index}" for index in range(hosts)} | {f"agent-{index}" for index in range(1, agents + 1)}
+        self._expected = {host_role(index) for index in range(hosts)} | {agent_role(index) for index in range(1, agents + 1)}
+        self._host_roles = {host_role(index) for index in range(hosts)}
         self._on_lost = on_lost
         self._peers: list[_Outbox] = []
         self._joined: set[str] = set()
@@ -371,7 +365,7 @@ class Hub:
                 self._joined.add(link.role)
                 if self._joined == self._expected:  # every host is here: they may agree to use the channel
                     for other in self._peers:
-                        if other.link.role.startswith("host-"):
+                        if other.link.role in self._host_roles:
                             other.put({"complete": True})
         try:
             while True:
@@ -391,12 +385,14 @@ class Hub:
 
     @staticmethod
     def _wants(link: Link, name: str) -> bool:
-        """Notebooks read everything; hosts and agents what hosts read, and an agent its own host's status."""
+        """Notebooks read everything; hosts and agents what hosts read (no host's records, no cell's output), and
+        an agent its own host's status."""
         if link.role == NOTEBOOK:
             return True
-        if link.role.startswith("agent-") and name == f"hosts/{link.role.removeprefix('agent-')}/status.json":
-            return True
-        return not (name.startswith(_NOT_FOR_HOSTS) or "/log/" in name)
+        host = protocol.parse_host_object(name)
+        if host is not None:
+            return host[1] == "status" and link.role == agent_role(host[0])
+        return protocol.parse_cell_log_chunk(name) is None
 
     def publish(self, name: str, data: bytes | Stored, *, at: float | None = None, origin: Link | None = None) -> None:
         """Keep ``name`` and pass it to every other peer that reads such records."""

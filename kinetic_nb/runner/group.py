@@ -37,11 +37,11 @@ import time
 from collections.abc import Callable, Iterator
 from typing import IO, Any, Protocol
 
-from kinetic_nb.errors import HostStoppedError, IntegrityError, ObjectNotFoundError
+from kinetic_nb.errors import ChannelClosed, HostStoppedError, IntegrityError, ObjectNotFoundError
 from kinetic_nb.runner import envelope, frameworks, job_keys, protocol
 from kinetic_nb.runner.barrier import CellMarkers, meet, start_barrier
 from kinetic_nb.runner.cell import execute_cell, load_notebook_values
-from kinetic_nb.runner.channel import STORED, Channel, ChannelClosed, announced_address
+from kinetic_nb.runner.channel import STORED, Channel, announced_address, host_role
 from kinetic_nb.runner.protocol import FirstFailure, HostState, JobPlan, LeaderReady, Phase
 from kinetic_nb.runner.records import open_record, read_record, write_record
 from kinetic_nb.runner.relayed import CARRY_MAX_BYTES, RelayedStorage
@@ -168,7 +168,7 @@ class CellGroup:
         if address is None or not isinstance(self.storage, RelayedStorage):
             return
         try:
-            self.channel = Channel.open(address, self.run.key, f"host-{self.run.host_index}",
+            self.channel = Channel.open(address, self.run.key, host_role(self.run.host_index),
                                         on_broken=self.storage.relay.fall_back)
         except (OSError, IntegrityError) as error:
             print(f"kinetic host {self.run.host_index}: no channel to the session's hub ({error}); the session's "

@@ -26,9 +26,9 @@ import time
 from collections.abc import Callable
 from typing import IO
 
-from kinetic_nb.errors import IntegrityError, ObjectExistsError, ObjectNotFoundError
+from kinetic_nb.errors import ChannelClosed, IntegrityError, ObjectExistsError, ObjectNotFoundError
 from kinetic_nb.runner import protocol
-from kinetic_nb.runner.channel import STORED, ChannelClosed, Mirror, Stored
+from kinetic_nb.runner.channel import STORED, Mirror, Stored
 from kinetic_nb.runner.envelope import unseal
 from kinetic_nb.runner.protocol import LeaderReady
 from kinetic_nb.storage import ObjectInfo, Storage

@@ -116,6 +116,15 @@ def cell_ready(host_index: int) -> str:
 CELL_DONE_PREFIX = "done-"
 
 
+_CELL_RECORD_RE = re.compile(r"^(?:cells/(\d+)/|control/cell-(\d+)-)")
+
+
+def cell_of(name: str) -> int | None:
+    """The cell a session's record belongs to (one in its directory, or its control record), or None."""
+    match = _CELL_RECORD_RE.match(name)
+    return None if match is None else int(match.group(1) or match.group(2))
+
+
 _CELL_MARKER_RE = re.compile(r"^cells/(\d+)/(ready-\d+|\.leader_ready)$")
 
 
