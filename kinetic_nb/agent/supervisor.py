@@ -36,7 +36,6 @@ import shutil
 import signal
 import sys
 import tempfile
-import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -45,7 +44,7 @@ from kinetic_nb.agent import processes
 from kinetic_nb.agent.cells import CellWatch
 from kinetic_nb.errors import IntegrityError, ObjectExistsError, ObjectNotFoundError
 from kinetic_nb.runner import protocol
-from kinetic_nb.runner.channel import CHANNEL_ENV, Channel, Hub, agent_role
+from kinetic_nb.runner.channel import CHANNEL_ENV, Channel, Hub, Joining, agent_role
 from kinetic_nb.runner.execute import run_host  # imported once here, not in every forked host
 from kinetic_nb.runner.logs import LogChunkWriter
 from kinetic_nb.runner.protocol import CancelRequest, ExitSummary, FirstFailure, HostState, JobPlan
@@ -210,22 +209,15 @@ class Agent:
         self._hub_address = address
 
     def _start_joining(self, address: tuple[str, int]) -> None:
-        role = agent_role(self.indices[0])
-
-        def join() -> None:
-            deadline = time.monotonic() + HUB_JOIN_S
-            while time.monotonic() < deadline:
-                try:
-                    channel = Channel.open(address, self.key, role, on_broken=self._relay.fall_back)
-                except (OSError, IntegrityError):
-                    time.sleep(0.2)
-                    continue
+        def then(channel: Channel | None, error: str) -> None:
+            if channel is not None:
                 self._relay.attach(channel.send, channel.mirror)
-                return
-            print(f"kinetic agent: could not join the session's hub at {address[0]}:{address[1]}; the session's "
-                  "cells travel through storage", file=sys.stderr, flush=True)
+            else:
+                print(f"kinetic agent: could not join the session's hub ({error}); the session's cells travel "
+                      "through storage", file=sys.stderr, flush=True)
 
-        threading.Thread(target=join, name="kinetic-join-hub", daemon=True).start()
+        Joining(address, self.key, agent_role(self.indices[0]), on_broken=self._relay.fall_back,
+                give_up_after_s=HUB_JOIN_S, then=then)
 
     def _left_the_channel(self, role: str) -> None:
         """A host or an agent left the channel (it ended, or its link broke): everyone goes back to storage,
@@ -622,3 +614,4 @@ class Agent:
             os.killpg(host.pid, signum)
         except (ProcessLookupError, PermissionError):
             pass
+

@@ -45,7 +45,7 @@ from kinetic_nb.runner.job_keys import derived_key
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CHANNEL_ENV", "Channel", "Hub", "Link", "Mirror", "Stored", "agent_role", "connect", "host_role",
+__all__ = ["CHANNEL_ENV", "Channel", "Hub", "Joining", "Link", "Mirror", "Stored", "agent_role", "connect", "host_role",
            "parse_address"]
 
 #: How a session's host is told where its hub listens (``host:port``).
@@ -57,6 +57,8 @@ _TAG_BYTES = 32
 MAX_FRAME_BYTES = 64 << 20
 #: Seconds a connection may take to prove itself.
 HANDSHAKE_TIMEOUT_S = 10.0
+#: Pause between two tries to join a hub that does not answer (yet).
+JOIN_RETRY_S = 0.2
 NOTEBOOK = "notebook"
 
 
@@ -481,6 +483,57 @@ class Channel:
 
     def close(self, reason: str = "closed") -> None:
         self._break(reason)
+
+
+class Joining:
+    """Joining the hub at ``address`` as ``role``, in the background, tried again while the hub does not answer:
+    on a backend whose hosts start apart (Ray), a host may look for the hub before the leader's agent listens.
+
+    A hub that answers without the session's key is not tried again. ``settle()`` stops trying and gives the
+    channel, if joined; ``wait(timeout)`` waits for the outcome without stopping. After ``give_up_after_s``,
+    if given, it stops by itself; ``then(channel, error)`` hears the outcome either way (not after ``settle``).
+    """
+
+    def __init__(self, address: tuple[str, int], key: bytes, role: str, *,
+                 on_broken: Callable[[str], None] | None = None, give_up_after_s: float | None = None,
+                 then: Callable[[Channel | None, str], None] | None = None):
+        self.channel: Channel | None = None
+        #: Why the last try failed ("" once joined).
+        self.error = ""
+        self._stop = threading.Event()
+        self._done = threading.Event()
+        threading.Thread(target=self._keep_trying, args=(address, key, role, on_broken, give_up_after_s, then),
+                         name=f"kinetic-join-{role}", daemon=True).start()
+
+    def _keep_trying(self, address, key, role, on_broken, give_up_after_s, then) -> None:
+        deadline = None if give_up_after_s is None else time.monotonic() + give_up_after_s
+        while not self._stop.is_set():
+            try:
+                self.channel = Channel.open(address, key, role, on_broken=on_broken)
+                self.error = ""
+                break
+            except IntegrityError as error:  # someone else's hub, or not this session's key: never will be
+                self.error = str(error)
+                break
+            except OSError as error:  # not listening yet, or not reachable from here
+                self.error = f"{address[0]}:{address[1]}: {error}"
+                if deadline is not None and time.monotonic() > deadline:
+                    break
+                self._stop.wait(JOIN_RETRY_S)
+        self._done.set()
+        if then is not None and not self._stop.is_set():
+            then(self.channel, self.error)
+
+    def wait(self, timeout: float) -> Channel | None:
+        """The channel once joined within ``timeout``; None if not (still trying, or given up)."""
+        self._done.wait(timeout)
+        return self.channel
+
+    def settle(self) -> Channel | None:
+        """Stop trying (a try under way finishes: at most a handshake's timeout); the channel, if joined."""
+        self._stop.set()
+        self._done.wait(2 * HANDSHAKE_TIMEOUT_S)
+        return self.channel
 
 
 def announced_address() -> tuple[str, int] | None:

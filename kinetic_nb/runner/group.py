@@ -41,7 +41,7 @@ from kinetic_nb.errors import ChannelClosed, HostStoppedError, IntegrityError, O
 from kinetic_nb.runner import envelope, frameworks, job_keys, protocol
 from kinetic_nb.runner.barrier import CellMarkers, meet, start_barrier
 from kinetic_nb.runner.cell import execute_cell, load_notebook_values
-from kinetic_nb.runner.channel import STORED, Channel, announced_address, host_role
+from kinetic_nb.runner.channel import STORED, Channel, Joining, announced_address, host_role
 from kinetic_nb.runner.protocol import FirstFailure, HostState, JobPlan, LeaderReady, Phase
 from kinetic_nb.runner.records import open_record, read_record, write_record
 from kinetic_nb.runner.relayed import CARRY_MAX_BYTES, RelayedStorage
@@ -146,6 +146,8 @@ class CellGroup:
             if self.kept and self.storage.local_path() else None
         #: A session's channel to its hub (``runner.channel``), once open: cells and records travel through it.
         self.channel: Channel | None = None
+        #: Joining the hub, from before this host says it is ready until the leader's verdict.
+        self._joining: Joining | None = None
         self._channel_seen = 0
 
     def _sleep(self, seconds: float) -> None:
@@ -161,27 +163,34 @@ class CellGroup:
         return self.channel is not None and self.channel.broken is None
 
     def _join_channel(self) -> None:
-        """Join the session's hub, when this host was told where it is and its storage can go behind it. A host
-        that cannot goes on through storage, and so does every host: the channel is used only when the leader's
-        start verdict says every host joined it."""
+        """Start joining the session's hub, when this host was told where it is and its storage can go behind it,
+        and keep trying until the leader's start verdict (on Ray the hub may not listen yet). A host that cannot
+        join goes on through storage, and so does every host: the channel is used only when the leader's start
+        verdict says every host joined it."""
         address = announced_address()
         if address is None or not isinstance(self.storage, RelayedStorage):
             return
-        try:
-            self.channel = Channel.open(address, self.run.key, host_role(self.run.host_index),
-                                        on_broken=self.storage.relay.fall_back)
-        except (OSError, IntegrityError) as error:
-            print(f"kinetic host {self.run.host_index}: no channel to the session's hub ({error}); the session's "
-                  "cells travel through storage", file=sys.stderr, flush=True)
+        self._joining = Joining(address, self.run.key, host_role(self.run.host_index),
+                                on_broken=self.storage.relay.fall_back)
 
     def _all_joined(self) -> bool:
         """The leader, as it says go: whether the hub has said that every host joined."""
-        return self.channel is not None and self.channel.complete.wait(ALL_JOINED_WAIT_S)
+        if self._joining is None:
+            return False
+        deadline = time.monotonic() + ALL_JOINED_WAIT_S
+        channel = self._joining.wait(ALL_JOINED_WAIT_S)
+        return channel is not None and channel.complete.wait(max(0.0, deadline - time.monotonic()))
 
     def _use_channel(self, verdict: LeaderReady) -> None:
         """From here on, this host's records go through the channel, when the verdict says every host's do; the
         leader passes the verdict on through it, so that its agent and the notebooks know it too."""
+        if self._joining is None:
+            return
+        joining, self._joining = self._joining, None
+        self.channel = joining.settle()
         if self.channel is None:
+            print(f"kinetic host {self.run.host_index}: no channel to the session's hub ({joining.error}); "
+                  "the session's cells travel through storage", file=sys.stderr, flush=True)
             return
         if not verdict.channel:
             self.channel.close("the session's hosts did not all join the channel")

@@ -10,6 +10,7 @@ forward that the test can cut, as a killed port-forward is.
 from __future__ import annotations
 
 import itertools
+import socket
 import time
 
 import pytest
@@ -19,7 +20,7 @@ from kinetic_nb.backends.local import LocalBackend
 from kinetic_nb.client.sessions import attach_session
 from kinetic_nb.errors import IntegrityError, JobFailedError
 from kinetic_nb.runner import protocol
-from kinetic_nb.runner.channel import Channel, Hub, connect
+from kinetic_nb.runner.channel import Channel, Hub, Joining, connect
 from kinetic_nb.runner.envelope import seal
 from kinetic_nb.runner.job_keys import new_key
 from kinetic_nb.storage import open_storage
@@ -288,6 +289,49 @@ def test_the_hub_says_complete_only_once_every_host_has_joined(hub_and_key):
     assert not notebook.complete.is_set()
     for channel in (leader, worker, notebook):
         channel.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_a_host_that_looks_for_the_hub_before_it_listens_joins_once_it_does():
+    """On Ray a host may look for the hub before the leader's agent listens: it keeps trying until the leader's
+    verdict, so the session's first cells do not fall to storage for a start that came in another order."""
+    key = new_key()
+    address = ("127.0.0.1", _free_port())
+    joining = Joining(address, key, "host-1")
+    assert joining.wait(0.5) is None and "refused" in joining.error.lower(), joining.error
+    hub = Hub(key, address, hosts=2)
+    hub.start()
+    try:
+        leader = Channel.open(hub.address, key, "host-0")
+        channel = joining.wait(GUARD_S)
+        assert channel is not None and joining.error == ""
+        assert joining.settle() is channel and channel.complete.wait(5) and leader.complete.wait(5)
+        channel.close()
+        leader.close()
+    finally:
+        hub.close()
+
+
+def test_joining_stops_when_told_or_when_the_hub_does_not_hold_the_sessions_key(hub_and_key):
+    """``settle`` ends the tries at once when nothing listens (a host that cannot join goes on by storage), and
+    a hub without the session's key is never tried again, nor given up on later by a deadline."""
+    nowhere = Joining(("127.0.0.1", _free_port()), new_key(), "host-1")
+    started = time.monotonic()
+    assert nowhere.settle() is None and time.monotonic() - started < 2 and "refused" in nowhere.error.lower()
+    hub, _ = hub_and_key
+    heard = []
+    stranger = Joining(hub.address, new_key(), "host-1", give_up_after_s=GUARD_S,
+                       then=lambda channel, error: heard.append((channel, error)))
+    assert stranger.wait(5) is None and heard == [(None, stranger.error)] and "key" in stranger.error
+    given_up = Joining(("127.0.0.1", _free_port()), new_key(), "agent-1", give_up_after_s=0.5,
+                       then=lambda channel, error: heard.append((channel, error)))
+    wait_until(lambda: len(heard) == 2, "an agent that cannot reach its hub gives up after its deadline", 5)
+    assert heard[1] == (None, given_up.error) and "refused" in given_up.error.lower()
 
 
 @pytest.mark.parametrize("victim", [0, 2], ids=["leader", "worker"])
