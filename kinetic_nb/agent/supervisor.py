@@ -193,7 +193,7 @@ class Agent:
     def _start_hub(self) -> None:
         """Accept the hosts and notebooks (threads: only once every host is forked), and say where."""
         self.hub.start()
-        self.write_record(protocol.CHANNEL, json.dumps({"address": self.hub.address_text}).encode())
+        self.write_record(protocol.CHANNEL, json.dumps({"address": self.hub.announced}).encode())
 
     def _heard(self, name: str, data: object) -> None:
         """The hosts' start verdict, through the hub: when it says they use the channel, so does this agent."""
@@ -242,7 +242,7 @@ class Agent:
             stacks_path = os.path.join(self.scratch, f"stacks-{index}.txt")
             env = {**self.environment(index, output_dir), STACKS_FILE_ENV: stacks_path}
             if self.hub is not None:
-                env[CHANNEL_ENV] = self.hub.address_text
+                env[CHANNEL_ENV] = self.hub.announced
             out_read, out_write = os.pipe()
             err_read, err_write = os.pipe()
             pid = os.fork()

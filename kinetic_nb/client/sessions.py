@@ -224,14 +224,14 @@ class Session:
                 self._announced = None  # a session with no hub (a local disk, a backend without one)
         if self._announced is None or time.monotonic() < self._next_join:
             return False
-        route = self.group.backend.channel_route(self.plan, self._announced)
-        if route is None:
-            self._announced = None
-            return False
         try:
+            route = self.group.backend.channel_route(self.plan, self._announced)
+            if route is None:
+                self._announced = None
+                return False
             channel = Channel.open(route, self.group.key, NOTEBOOK, timeout=CHANNEL_OPEN_S,
                                    on_broken=self._channel_broke)
-        except (OSError, IntegrityError) as error:
+        except (OSError, IntegrityError, KineticError) as error:
             self._next_join = time.monotonic() + CHANNEL_RETRY_S
             self._say_no_channel(f"it could not be opened ({error})")
             return False

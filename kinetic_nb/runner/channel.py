@@ -28,6 +28,7 @@ import contextlib
 import dataclasses
 import hashlib
 import hmac
+import ipaddress
 import json
 import logging
 import os
@@ -309,6 +310,10 @@ class Hub:
     its own) has joined, it tells the hosts so (``complete``): the leader's start verdict then says that the
     cells travel through the channel.
 
+    At an IP address the hub listens there alone; at a name (a pod's DNS name, which may not resolve yet on the
+    pod that bears it) on every interface, so that a port-forward, which reaches the pod's loopback, finds it
+    too; the name is what it announces.
+
     ``on_record(name, data)`` hears each record a peer sends (the agent learns the hosts' start verdict);
     ``on_lost(role)`` each host or agent that goes (everyone then goes back to storage: see the agent).
     """
@@ -327,13 +332,12 @@ class Hub:
         self._peers: list[_Outbox] = []
         self._joined: set[str] = set()
         self._lock = threading.Lock()
-        self._server = socket.create_server(address)
+        named = not _is_ip_address(address[0])
+        self._server = socket.create_server(("", address[1]) if named else address)
         self.address = self._server.getsockname()[:2]
+        #: Where it says it listens (``channel.json``): the name it was given, else the address it listens at.
+        self.announced = f"{address[0]}:{self.address[1]}" if named else f"{self.address[0]}:{self.address[1]}"
         self._closed = False
-
-    @property
-    def address_text(self) -> str:
-        return f"{self.address[0]}:{self.address[1]}"
 
     def start(self) -> None:
         """Start accepting (after any fork: the threads are this process's alone)."""
@@ -490,8 +494,9 @@ class Joining:
     on a backend whose hosts start apart (Ray), a host may look for the hub before the leader's agent listens.
 
     A hub that answers without the session's key is not tried again. ``settle()`` stops trying and gives the
-    channel, if joined; ``wait(timeout)`` waits for the outcome without stopping. After ``give_up_after_s``,
-    if given, it stops by itself; ``then(channel, error)`` hears the outcome either way (not after ``settle``).
+    channel, if joined; ``abandon(reason)`` stops trying without waiting for a try under way, and closes what it
+    joins; ``wait(timeout)`` waits for the outcome without stopping. After ``give_up_after_s``, if given, it
+    stops by itself; ``then(channel, error)`` hears the outcome either way (not once told to stop).
     """
 
     def __init__(self, address: tuple[str, int], key: bytes, role: str, *,
@@ -502,6 +507,7 @@ class Joining:
         self.error = ""
         self._stop = threading.Event()
         self._done = threading.Event()
+        self._abandoned: str | None = None
         threading.Thread(target=self._keep_trying, args=(address, key, role, on_broken, give_up_after_s, then),
                          name=f"kinetic-join-{role}", daemon=True).start()
 
@@ -511,6 +517,8 @@ class Joining:
             try:
                 self.channel = Channel.open(address, key, role, on_broken=on_broken)
                 self.error = ""
+                if self._abandoned is not None:  # joined as it was abandoned: leave at once
+                    self.channel.close(self._abandoned)
                 break
             except IntegrityError as error:  # someone else's hub, or not this session's key: never will be
                 self.error = str(error)
@@ -534,6 +542,21 @@ class Joining:
         self._stop.set()
         self._done.wait(2 * HANDSHAKE_TIMEOUT_S)
         return self.channel
+
+    def abandon(self, reason: str) -> None:
+        """Stop trying, without waiting: the channel is not to be used, joined now or by a try under way."""
+        self._abandoned = reason
+        self._stop.set()
+        if self.channel is not None:
+            self.channel.close(reason)
+
+
+def _is_ip_address(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
 
 
 def announced_address() -> tuple[str, int] | None:

@@ -187,14 +187,15 @@ class CellGroup:
         if self._joining is None:
             return
         joining, self._joining = self._joining, None
-        self.channel = joining.settle()
-        if self.channel is None:
-            print(f"kinetic host {self.run.host_index}: no channel to the session's hub ({joining.error}); "
-                  "the session's cells travel through storage", file=sys.stderr, flush=True)
+        if not verdict.channel:  # a host did not join: this one, maybe (a try under way is not waited for)
+            joining.abandon("the session's hosts did not all join the channel")
+            if joining.channel is None:
+                print(f"kinetic host {self.run.host_index}: no channel to the session's hub "
+                      f"({joining.error or 'no answer yet'}); "
+                      "the session's cells travel through storage", file=sys.stderr, flush=True)
             return
-        if not verdict.channel:
-            self.channel.close("the session's hosts did not all join the channel")
-            self.channel = None
+        self.channel = joining.settle()  # joined (the hub counted it): at most its first records away
+        if self.channel is None:  # joined and lost at once: its leaving sends every host back to storage
             return
         self.storage.relay.attach(self.channel.send, self.channel.mirror)
         if self.run.is_leader:

@@ -502,8 +502,11 @@ class FakeKubelet:
 
     def __init__(self, pods: list[dict[str, Any]], log_dir: str, *, dns: dict[str, str] | None = None,
                  extra_env: dict[str, str] | None = None, secrets: Any = None,
-                 image_pythonpath: str | None = IMAGE_PYTHONPATH, scratch_dir: str | None = None):
+                 image_pythonpath: str | None = IMAGE_PYTHONPATH, scratch_dir: str | None = None,
+                 pod_ip: str = "127.0.0.1"):
         self.pods = pods
+        #: The address every pod's status reports (``status.podIP``): here, where the notebook reaches its ports.
+        self.pod_ip = pod_ip
         #: The image's own kinetic_nb (None: the image has none, as a stock Python image).
         self.image_pythonpath = image_pythonpath
         #: Each pod's scratch volume (``/kinetic``) as a directory of its own below this one.
@@ -660,8 +663,33 @@ class FakeKubelet:
                     container["lastState"] = {"terminated": terminated}
                 status["phase"] = "Running"
             status["containerStatuses"] = [container]
+            status["podIP"] = self.pod_ip
         pod["status"] = status
         return pod
+
+
+def session_on_pods(api: FakeKubernetes, start: Any, log_dir: str, **options: Any) -> tuple[Any, FakeKubelet]:
+    """A session on the kubernetes backend whose API is ``api``: ``start()`` (which starts it, and returns only
+    once its hosts are up) runs while its pods are played, as the cluster would schedule them once its workload
+    exists, with host 0's DNS name resolving to this machine; the session, and the kubelet (the caller closes it).
+    ``options`` go to :class:`FakeKubelet`."""
+    started: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: started.setdefault("session", start()), name="start-session")
+    thread.start()
+    wait_for(lambda: any(kind != "Secret" and not name.endswith("-root") for kind, name in api.objects),
+             what="the session's workload")
+    owner = workload(api.objects.values())
+    name, namespace = owner["metadata"]["name"], owner["metadata"]["namespace"]
+    kubelet = FakeKubelet(pods_for([owner]), log_dir, secrets=api.secret_value,
+                          dns={f"{name}-0.{name}.{namespace}": "127.0.0.1"}, **options)
+    api.pod_source = kubelet.pod_json
+    api.on_delete.append(kubelet.collect_with(owner["kind"], name))
+    kubelet.start()
+    thread.join(timeout=300)
+    if "session" not in started:
+        kubelet.close()
+        raise AssertionError(f"the session did not start; host 0 said: {kubelet.output(0)[-2000:]}")
+    return started["session"], kubelet
 
 
 def wait_for(condition, timeout: float = 60.0, pause: float = 0.05, what: str = "condition") -> None:

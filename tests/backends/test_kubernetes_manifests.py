@@ -36,6 +36,7 @@ from kinetic_nb.backends.kubernetes.backend import KubernetesBackend, Kubernetes
 from kinetic_nb.backends.kubernetes.pods import host_states
 from kinetic_nb.client.plan import make_plan, resolve_slice
 from kinetic_nb.runner import frameworks
+from kinetic_nb.runner.channel import CHANNEL_ENV, parse_address
 from kinetic_nb.runner.host_variables import resolve_host_index
 from kinetic_nb.runner.protocol import JobPlan
 
@@ -496,6 +497,28 @@ def test_every_host_resolves_its_own_index_and_meets_the_others_at_host_0(case):
         assert not any("$(" in value and name not in USER_ENV for name, value in env.items()), env
         assert container_command(pod, env) == ["/bin/sh", "-c", km.HOST_SCRIPT, km.HOST_SCRIPT_NAME,
                                                "python", "-m", "kinetic_nb.agent", "--job", URI]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_sessions_hosts_are_told_that_its_hub_listens_on_host_0_after_the_coordinator(case):
+    """A session's hub (``runner.channel``) listens beside host 0's agent, one port after the coordinator's: every
+    host's environment names it as it names the coordinator, and host 0's container declares the port. A one-shot
+    job has no hub."""
+    plan = dataclasses.replace(job_plan(case), session=True)
+    pods = pods_for(km.build_manifests(plan, URI, SETTINGS, owner=OWNER))
+    leader = dns_name(pods[0]) if plan.hosts > 1 else "127.0.0.1"
+    for pod in pods:
+        env = container_environment(pod, secrets=secret_value)
+        assert parse_address(env[CHANNEL_ENV]) == (leader, SETTINGS.coordinator_port + 1)
+        assert {"name": "channel", "containerPort": SETTINGS.coordinator_port + 1} in pod["spec"]["containers"][0]["ports"]
+    for pod in pods_for(manifests_for(case)[1]):
+        assert CHANNEL_ENV not in container_environment(pod, secrets=secret_value)
+        assert [port["name"] for port in pod["spec"]["containers"][0]["ports"]] == ["coordinator"]
+
+
+def test_the_coordinator_port_leaves_room_for_the_channels():
+    with pytest.raises(ValueError, match="65534"):
+        KubernetesSettings(namespace="ml-team", coordinator_port=65535)
 
 
 @pytest.mark.parametrize("interpreters", [("python", "python3"), ("python3",)])

@@ -317,13 +317,33 @@ def test_a_host_that_looks_for_the_hub_before_it_listens_joins_once_it_does():
         hub.close()
 
 
+def test_a_hub_given_a_name_listens_on_every_interface_and_announces_the_name():
+    """On a pod the hub is given host 0's DNS name, which may not resolve on the pod yet: it listens on every
+    interface (a port-forward reaches the pod's loopback) and announces the name; at an address, that alone."""
+    key, port = new_key(), _free_port()
+    named = Hub(key, ("kn-x-0.kn-x.ml-team", port), hosts=1)
+    at_address = Hub(key, ("127.0.0.1", 0), hosts=1)
+    try:
+        assert named.announced == f"kn-x-0.kn-x.ml-team:{port}" and named.address == ("0.0.0.0", port)
+        assert at_address.announced == f"127.0.0.1:{at_address.address[1]}"
+        named.start()
+        Channel.open(("127.0.0.1", port), key, "host-0").close()
+    finally:
+        named.close()
+        at_address.close()
+
+
 def test_joining_stops_when_told_or_when_the_hub_does_not_hold_the_sessions_key(hub_and_key):
     """``settle`` ends the tries at once when nothing listens (a host that cannot join goes on by storage), and
     a hub without the session's key is never tried again, nor given up on later by a deadline."""
     nowhere = Joining(("127.0.0.1", _free_port()), new_key(), "host-1")
     started = time.monotonic()
     assert nowhere.settle() is None and time.monotonic() - started < 2 and "refused" in nowhere.error.lower()
-    hub, _ = hub_and_key
+    hub, key = hub_and_key
+    joined = Joining(hub.address, key, "host-1")
+    assert joined.wait(5) is not None
+    joined.abandon("the session's hosts did not all join the channel")  # the verdict said no: it leaves
+    assert joined.channel.broken == "the session's hosts did not all join the channel"
     heard = []
     stranger = Joining(hub.address, new_key(), "host-1", give_up_after_s=GUARD_S,
                        then=lambda channel, error: heard.append((channel, error)))

@@ -35,6 +35,7 @@ from typing import Any
 
 from kinetic_nb.accelerators import resolve_accelerator
 from kinetic_nb.backends.base import Backend, BackendFlag, JobSecrets, PlatformView, register
+from kinetic_nb.backends.forward import answers
 from kinetic_nb.backends.kubernetes.api import KubernetesApi, api_message, connect, missing_namespace, status_code
 from kinetic_nb.backends.kubernetes.events import PendingVerdict, pending_verdicts
 from kinetic_nb.backends.kubernetes.image_modes import ImageMode, host_packages, store_environment
@@ -58,6 +59,7 @@ from kinetic_nb.backends.kubernetes.pods import (
     pod_host_state,
     stuck_pending,
 )
+from kinetic_nb.backends.kubernetes.port_forward import pod_port_forward
 from kinetic_nb.backends.kubernetes.requirements import pod_requirements
 from kinetic_nb.backends.kubernetes.root import root_job, root_name, root_owner_reference
 from kinetic_nb.backends.kubernetes.settings import DEFAULT_COORDINATOR_PORT, DEFAULT_NAMESPACE, KubernetesSettings
@@ -267,6 +269,21 @@ class KubernetesBackend(Backend):
         super().cancel(storage, plan, reason, key)
         self._cancelled.add(plan.job_id)
         self._delete(plan.job_id, CANCEL_PROPAGATION)
+
+    def channel_route(self, plan: JobPlan, announced: tuple[str, int]) -> tuple[str, int] | None:
+        """A session's hub listens beside host 0's agent, on its pod: reached at the pod's address where this
+        notebook is on the cluster's network (in the cluster, or in its VPC), else through a port-forward by the
+        Kubernetes API, as ``kubectl port-forward`` reaches it (a ``KineticError`` in one line when the API
+        refuses it). None while host 0's pod is not there."""
+        pods = self.pods(plan, fresh=True)
+        leader = host_states(pods).get(protocol.LEADER_INDEX)
+        if leader is None or leader.ended:
+            return None
+        port = announced[1]
+        status = next((pod.get("status") or {} for pod in pods if pod["metadata"]["name"] == leader.pod_name), {})
+        if status.get("podIP") and answers((status["podIP"], port)):
+            return status["podIP"], port
+        return pod_port_forward(self.api, self.settings.namespace, leader.pod_name, port)
 
     def cleanup(self, plan: JobPlan) -> None:
         """Delete whatever is left of the job on the cluster (after its outcome is recorded); never raises."""
@@ -491,5 +508,4 @@ class KubernetesBackend(Backend):
         if not quiet:
             raise KineticError(message)
         logger.warning("%s", message)
-
 

@@ -42,6 +42,7 @@ from kinetic_nb.backends.kubernetes.kubelet_text import (
     literal_env,
     reference,
 )
+from kinetic_nb.runner.channel import CHANNEL_ENV
 from kinetic_nb.runner.frameworks import COORDINATOR_ENV
 from kinetic_nb.runner.host_variables import index_variables, job_variables
 from kinetic_nb.runner.job_keys import KEY_ENV, KEY_FILE_ENV
@@ -358,6 +359,8 @@ def _pod_template(plan: JobPlan, acc: Accelerator, job_uri: str, settings: Kuber
         "volumeMounts": [{"name": SCRATCH_VOLUME, "mountPath": SCRATCH_DIR}],
         "terminationMessagePolicy": TERMINATION_MESSAGE_POLICY,
     }
+    if plan.session:  # the session's hub (on host 0)
+        container["ports"].append({"name": "channel", "containerPort": settings.channel_port})
     resources = _accelerator_resources(acc)
     if resources:
         container["resources"] = {"requests": dict(resources), "limits": dict(resources)}
@@ -471,6 +474,8 @@ def host_environment(plan: JobPlan, acc: Accelerator, job_uri: str, settings: Ku
             reference(COORDINATOR_ENV, f"$(LWS_LEADER_ADDRESS):{port}"),
             reference("MASTER_ADDR", "$(LWS_LEADER_ADDRESS)"),
         ]
+        if plan.session:  # the session's hub, beside host 0's agent (runner.channel)
+            env.append(reference(CHANNEL_ENV, f"$(LWS_LEADER_ADDRESS):{settings.channel_port}"))
     else:
         env.append(field_reference("JOB_COMPLETION_INDEX", f"metadata.annotations['{JOB_COMPLETION_INDEX_ANNOTATION}']"))
         env.append(reference("KINETIC_HOST_INDEX", "$(JOB_COMPLETION_INDEX)"))
@@ -480,6 +485,9 @@ def host_environment(plan: JobPlan, acc: Accelerator, job_uri: str, settings: Ku
             env.append(literal("MASTER_ADDR", "127.0.0.1"))
         else:
             env.append(literal("MASTER_ADDR", leader_host(plan.job_id, settings.namespace)))
+        if plan.session:  # the session's hub, beside host 0's agent (runner.channel)
+            leader = "127.0.0.1" if plan.hosts == 1 else leader_host(plan.job_id, settings.namespace)
+            env.append(literal(CHANNEL_ENV, f"{leader}:{settings.channel_port}"))
     env += [reference(name, "$(KINETIC_HOST_INDEX)") for name in index_variables(0) if name != "KINETIC_HOST_INDEX"]
     if settings.mode.value != "custom":  # the prebuilt and build image modes install into the scratch volume
         env.append(literal(bootstrap.DIRECTORY_ENV, ENVIRONMENT_DIR))

@@ -62,7 +62,8 @@ class KubernetesSettings:
     context : str or None
         kubeconfig context to use instead of the current one (``KINETIC_KUBE_CONTEXT``).
     coordinator_port : int
-        Port of the coordinator on host 0 (``KINETIC_COORDINATOR_PORT``).
+        Port of the coordinator on host 0 (``KINETIC_COORDINATOR_PORT``); a
+        session's direct channel listens on the next one (:attr:`channel_port`).
     pending_timeout_s : float
         The pending limit: a pod still Pending after this long (waiting for
         nodes to be added, pulling its image) fails the job with the reason it
@@ -99,12 +100,18 @@ class KubernetesSettings:
         "pending_timeout_s": "KINETIC_PENDING_TIMEOUT",
         "node_selector": "KINETIC_NODE_SELECTOR",
     }
+    @property
+    def channel_port(self) -> int:
+        """Where a session's hub listens on host 0 (``runner.channel``): the port after the coordinator's."""
+        return self.coordinator_port + 1
+
     def __post_init__(self) -> None:
         if not _DNS_LABEL.match(self.namespace or ""):
             raise ValueError(f"namespace {self.namespace!r} is not a valid Kubernetes namespace "
                              "(lowercase letters, digits and '-', at most 63)")
-        if not 0 < self.coordinator_port < 65536:
-            raise ValueError(f"coordinator port {self.coordinator_port} is not a TCP port (1-65535)")
+        if not 0 < self.coordinator_port < 65535:
+            raise ValueError(f"coordinator port {self.coordinator_port} is not a TCP port below the last (1-65534: "
+                             "a session's channel takes the next one)")
         if not self.pending_timeout_s > 0:
             raise ValueError(f"pending timeout must be positive, got {self.pending_timeout_s:g} s")
         if self.image is not None and (not self.image.strip() or any(c.isspace() for c in self.image)):
