@@ -22,6 +22,8 @@ host side alone.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
 import signal
 import socket
@@ -44,6 +46,54 @@ NODE_ID_ENV = "KINETIC_RAY_NODE_ID"
 AGENT_LOG_LINES = 8
 
 
+#: Host 0's actor serves a notebook's pipe to the hub beside its other calls: a receive waits up to a few
+#: seconds for the hub, a send must not wait behind it.
+ACTOR_CONCURRENCY = 8
+
+
+class _Pipe:
+    """One TCP connection to the hub, as calls can use it: what arrives is kept until asked for."""
+
+    def __init__(self, address: tuple[str, int]):
+        self._sock = socket.create_connection(address, timeout=10)
+        self._sock.settimeout(None)
+        self._received = bytearray()
+        self._closed = False
+        self._arrived = threading.Condition()
+        threading.Thread(target=self._read, name="kinetic-pipe", daemon=True).start()
+
+    def _read(self) -> None:
+        try:
+            while data := self._sock.recv(1 << 16):
+                with self._arrived:
+                    self._received += data
+                    self._arrived.notify_all()
+        except OSError:
+            pass
+        with self._arrived:
+            self._closed = True
+            self._arrived.notify_all()
+
+    def send(self, data: bytes) -> bool:
+        try:
+            self._sock.sendall(data)
+        except OSError:
+            return False
+        return True
+
+    def receive(self, wait_s: float) -> bytes | None:
+        with self._arrived:
+            self._arrived.wait_for(lambda: self._received or self._closed, wait_s)
+            data = bytes(self._received)
+            self._received.clear()
+            return None if self._closed and not data else data
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+        self._sock.close()
+
+
 class StorageNotSharedError(RuntimeError):
     """The job's ``file://`` storage is not visible on this node."""
 
@@ -54,6 +104,35 @@ class RayHost:
     def __init__(self) -> None:
         self.agent: subprocess.Popen | None = None
         self.agent_log = ""
+        #: Host 0's actor: connections to the session's hub that a notebook off the cluster's network makes
+        #: through it (``pipe_*``), by number.
+        self._pipes: dict[int, _Pipe] = {}
+        self._pipe_numbers = itertools.count(1)
+
+    # -- a notebook's way to the session's hub, where it cannot dial host 0's node -------------------------
+
+    def pipe_open(self, address: str) -> int:
+        """Connect to the session's hub at ``address`` (on this node) for a notebook; the pipe's number."""
+        host, port = address.rsplit(":", 1)
+        number = next(self._pipe_numbers)
+        self._pipes[number] = _Pipe((host, int(port)))
+        return number
+
+    def pipe_send(self, number: int, data: bytes) -> bool:
+        """Pass ``data`` to the hub; False once the pipe is closed (the notebook's end then closes too)."""
+        pipe = self._pipes.get(number)
+        return pipe is not None and pipe.send(data)
+
+    def pipe_receive(self, number: int, wait_s: float) -> bytes | None:
+        """What the hub sent since the last call, waiting up to ``wait_s`` for some (``b""``: nothing yet);
+        None once the pipe is closed and drained."""
+        pipe = self._pipes.get(number)
+        return None if pipe is None else pipe.receive(wait_s)
+
+    def pipe_close(self, number: int) -> None:
+        pipe = self._pipes.pop(number, None)
+        if pipe is not None:
+            pipe.close()
 
     def where(self) -> dict[str, str]:
         """This actor's node: its id and its address."""

@@ -17,6 +17,7 @@ import pytest
 import kinetic_nb
 from kinetic_nb.agent.ray_host import RayHost, StorageNotSharedError
 from kinetic_nb.backends import get_backend
+from kinetic_nb.backends.ray import backend as ray_backend
 from kinetic_nb.backends.ray.backend import RAY_NAMESPACE, actor_name, connect
 from kinetic_nb.errors import JobFailedError, KineticError
 from kinetic_nb.runner import protocol
@@ -191,9 +192,14 @@ def test_a_session_keeps_its_hosts_across_cells_and_survives_a_failure_and_an_in
     assert session.ended() is not None
 
 
-def test_a_session_on_a_bucket_runs_its_cells_through_the_hub_on_host_0s_node(ray_cluster, gcs_root):
+@pytest.mark.parametrize("route", ["on the cluster's network", "through host 0's actor"])
+def test_a_session_on_a_bucket_runs_its_cells_through_the_hub_on_host_0s_node(ray_cluster, gcs_root, route,
+                                                                              monkeypatch):
     """On ``gs://`` a Ray session's cells skip the bucket: host 0's agent listens on its node, every other host
-    and agent joins it, and the notebook reaches it there; the outcome rules and the hosts' output hold."""
+    and agent joins it, and the notebook reaches it there, or, where it cannot dial the node (off the cluster's
+    network, on Ray Client), through calls to host 0's actor; the outcome rules and the hosts' output hold."""
+    if route != "on the cluster's network":  # as from off the cluster's network: the node's address does not answer
+        monkeypatch.setattr(ray_backend, "answers", lambda address: False)
     # The cluster's processes were started without the emulator's address: the hosts get it as a -e value.
     session = kinetic_nb.start(hosts=4, backend="ray", framework="none", storage=gcs_root, idle_timeout=600,
                                echo=False, backend_options={"address": ray_cluster.address},
@@ -201,7 +207,11 @@ def test_a_session_on_a_bucket_runs_its_cells_through_the_hub_on_host_0s_node(ra
     try:
         assert session.run("import os\nx = 1\nprint('on', os.environ['KINETIC_HOST_INDEX'])").result() is None
         assert session.channel is not None and session.channel.broken is None
-        assert session.channel.link.sock.getpeername()[0] == "127.0.0.2"  # host 0's node, not this machine's 127.0.0.1
+        announced = session._announced
+        if route == "on the cluster's network":  # host 0's node, not this machine's 127.0.0.1
+            assert session.channel.link.sock.getpeername() == announced and announced[0] == "127.0.0.2"
+        else:  # the local end of the pipe through host 0's actor
+            assert session.channel.link.sock.getpeername()[0] == "127.0.0.1"
         # The hosts met at the cell's barrier through the channel (every agent had joined the hub).
         assert session.channel.mirror.get(f"{protocol.cell_dir(1)}/{protocol.cell_ready(3)}") == b""
         failing = session.run("if os.environ['KINETIC_HOST_INDEX'] in ('2', '3'):\n"

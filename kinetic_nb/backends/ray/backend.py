@@ -34,8 +34,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from kinetic_nb.accelerators import resolve_accelerator
-from kinetic_nb.agent.ray_host import RayHost
+from kinetic_nb.agent.ray_host import ACTOR_CONCURRENCY, RayHost
 from kinetic_nb.backends.base import Backend, BackendFlag, JobSecrets, PlatformView, register
+from kinetic_nb.backends.forward import CarriedConnection, answers
 from kinetic_nb.backends.ray.placement import SHARED, SPREAD, host_bundles, pending_reason, too_few_nodes, tpu_version
 from kinetic_nb.errors import KineticError
 from kinetic_nb.runner import protocol
@@ -61,6 +62,10 @@ STOP_WAIT_S = 5.0
 #: The plan's coordinator stands for the one host 0 picks once placed (each host gets that one in
 #: ``KINETIC_COORDINATOR_ADDRESS``); a port is named only because an address has one.
 PLACEHOLDER_COORDINATOR = "ray-host-0:8476"
+#: A notebook off the cluster's network reaches a session's hub through host 0's actor: how long opening the
+#: pipe may take, and how long each call for what the hub sent waits for some.
+PIPE_OPEN_S = 30.0
+PIPE_WAIT_S = 5.0
 
 
 def connect(address: str) -> Any:
@@ -200,9 +205,21 @@ class RayBackend(Backend):
     # -- the Backend interface -----------------------------------------------------
 
     def channel_route(self, plan: JobPlan, announced: tuple[str, int]) -> tuple[str, int] | None:
-        """The hub listens on host 0's node, at that node's address: reached as it says where the notebook is
-        on the cluster's network (a notebook on a node, or on this machine's test cluster)."""
-        return announced
+        """The hub listens on host 0's node, at that node's address: dialled there where this notebook is on the
+        cluster's network (on a node, or on this machine's test cluster), else carried by calls to host 0's
+        actor, which the notebook reaches wherever it reaches Ray (through Ray Client, say). None when host 0's
+        actor is gone."""
+        if answers(announced):
+            return announced
+        job = self._job(plan)
+        actors = job.actors[:1] if job is not None else self._named_actors(plan.job_id, hosts=1)
+        if not actors:
+            return None
+        try:
+            number = self.ray.get(actors[0].pipe_open.remote(f"{announced[0]}:{announced[1]}"), timeout=PIPE_OPEN_S)
+        except Exception as error:
+            raise KineticError(f"no pipe to the session's hub through host 0's actor ({_actor_death(error)})") from error
+        return CarriedConnection(_ActorPipe(self.ray, actors[0], number), "ray-pipe").address
 
     def coordinator_address(self, job_id: str) -> str:
         """A placeholder: host 0's actor picks the real port on its node once placed."""
@@ -234,8 +251,9 @@ class RayBackend(Backend):
                 name=actor_name(plan.job_id, index), namespace=RAY_NAMESPACE, lifetime="detached",
                 num_cpus=bundle.get("CPU", 0), num_gpus=bundle.get("GPU", 0),
                 resources={name: amount for name, amount in bundle.items() if name not in ("CPU", "GPU")},
-                max_restarts=0, scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    placement_group=group, placement_group_bundle_index=index),
+                max_restarts=0, max_concurrency=ACTOR_CONCURRENCY,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=group,
+                                                                     placement_group_bundle_index=index),
             ).remote()
             if coordinator is None:  # host 0's node, once placed: every start waits for it
                 coordinator = actor.reserve_coordinator.remote()
@@ -474,3 +492,34 @@ def _actor_death(error: BaseException) -> str:
         if marker in text:
             return text[text.index(marker):].splitlines()[0].strip()
     return _first_line(error)
+
+
+class _ActorPipe:
+    """Host 0's actor's connection to the session's hub (``RayHost.pipe_*``), as a stream: a receive is a call
+    that waits up to PIPE_WAIT_S for what the hub sent; Ray's errors (the actor died) end the stream."""
+
+    def __init__(self, ray: Any, actor: Any, number: int):
+        self._ray, self._actor, self._number = ray, actor, number
+
+    def recv(self, size: int) -> bytes:
+        while True:
+            try:
+                data = self._ray.get(self._actor.pipe_receive.remote(self._number, PIPE_WAIT_S))
+            except Exception as error:
+                raise ConnectionError(_actor_death(error)) from error
+            if data is None:
+                return b""
+            if data:
+                return data
+
+    def sendall(self, data: bytes) -> None:
+        try:
+            sent = self._ray.get(self._actor.pipe_send.remote(self._number, data))
+        except Exception as error:
+            raise ConnectionError(_actor_death(error)) from error
+        if not sent:
+            raise ConnectionError("the hub closed the pipe")
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._actor.pipe_close.remote(self._number)
