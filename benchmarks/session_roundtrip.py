@@ -40,7 +40,11 @@ session on ``gs://``, the emulator behind ``benchmarks/delay_proxy.py``, which
 delays each request by D; first with the notebook on the session's direct
 channel (a loopback forward to its hub, delayed D/2 each way, as a
 port-forward to a pod is), then with no channel (the storage-only fallback),
-then on a Ray cluster with the channel (``--no-ray`` skips it):
+then with the channel on the tests' Kubernetes double (pods played as local
+processes, the notebook through the official client's port-forward to the
+tests' stand-in of the API server, behind the same delayed forward), then on a
+Ray cluster with the channel carried by host 0's actor, as for a notebook off
+the cluster's network (``--no-ray`` skips it):
 
 R1. the trivial cell's median at D = 0, 10, 25 and 50 ms, and ``k``, the
     round trips on its critical path (the fit ``t0 + k·D``); goal k <= 3
@@ -74,6 +78,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tests' emulator and Ray cluster
 
@@ -286,9 +291,9 @@ IDLE_MEASURED_S = 30.0
 
 
 def routed(base: type, *, channel: bool) -> Backend:
-    """``base`` (a backend class), its notebook reaching the session's hub through a forward delayed D/2 each
-    way (so a round trip over the channel costs D, as one request to storage does); or, with ``channel=False``,
-    not at all: the storage-only fallback."""
+    """``base`` (a backend class), its notebook reaching the session's hub by the backend's own route, behind a
+    forward delayed D/2 each way (so a round trip over the channel costs D, as one request to storage does); or,
+    with ``channel=False``, not at all: the storage-only fallback."""
 
     class Routed(base):
         forward: TcpForward | None = None
@@ -296,34 +301,42 @@ def routed(base: type, *, channel: bool) -> Backend:
         def channel_route(self, plan, announced):
             if not channel:
                 return None
-            self.forward = TcpForward(announced)
+            self.forward = TcpForward(super().channel_route(plan, announced))
             return self.forward.address
 
     return Routed
 
 
 def remote_table(stack: contextlib.ExitStack, workdir: Path, runs: int, *, channel: bool,
-                 ray_address: str | None = None) -> None:
+                 ray_address: str | None = None, kubernetes: bool = False) -> None:
     """Rows R1-R5: a gs:// session behind the delay proxy (its own emulator, in memory), its notebook on the
-    direct channel (delayed alike) or on storage alone; on this machine's processes, or on a Ray cluster."""
-    print(("on Ray, " if ray_address else "")
+    direct channel (delayed alike) or on storage alone; on this machine's processes, on a Ray cluster, or on
+    the tests' Kubernetes double (pods played as local processes, the notebook through the API's port-forward)."""
+    print(("on Ray, through host 0's actor, " if ray_address else "on the Kubernetes double, " if kubernetes else "")
           + ("with the direct channel (its link delayed D/2 each way):" if channel else "on storage alone:"))
-    emulator = stack.enter_context(GcsEmulator(workdir / f"emulator-remote-{channel}-{bool(ray_address)}",
-                                               backend="memory"))
+    emulator = stack.enter_context(GcsEmulator(workdir / f"emulator-remote-{channel}-{bool(ray_address)}-"
+                                               f"{kubernetes}", backend="memory"))
     emulator.create_bucket(BUCKET)
     proxy = stack.enter_context(DelayProxy(emulator))
     stack.callback(os.environ.update, {"STORAGE_EMULATOR_HOST": os.environ.get("STORAGE_EMULATOR_HOST", "")})
     os.environ["STORAGE_EMULATOR_HOST"] = proxy.url  # this notebook's storage client, and the local hosts'
+    storage = f"gs://{BUCKET}/remote"
     if ray_address:  # the cluster's processes did not inherit it: the hosts get it as a -e value
-        from kinetic_nb.backends.ray.backend import RayBackend
+        from kinetic_nb.backends.ray import backend as ray_backend
 
-        backend = routed(RayBackend, channel=channel)(address=ray_address)
-        options = {"env": {"STORAGE_EMULATOR_HOST": proxy.url}}
-    else:
-        backend, options = routed(LocalBackend, channel=channel)(), {}
-    session = start_session(stack, framework="none", storage=f"gs://{BUCKET}/remote", backend=backend, **options)
-    if ray_address:  # its actors cannot read the emulator themselves: the backend removes what they would have
+        # As from off the cluster's network (Ray Client): the node's address does not answer, host 0's actor
+        # carries the channel.
+        stack.enter_context(mock.patch.object(ray_backend, "answers", return_value=False))
+        backend = routed(ray_backend.RayBackend, channel=channel)(address=ray_address)
+        session = start_session(stack, framework="none", storage=storage, backend=backend,
+                                env={"STORAGE_EMULATOR_HOST": proxy.url})
+        # its actors cannot read the emulator themselves: the backend removes what they would have
         stack.callback(backend.cleanup, session.plan)
+    elif kubernetes:
+        backend, session = kubernetes_double_session(stack, workdir, storage, channel=channel)
+    else:
+        backend = routed(LocalBackend, channel=channel)()
+        session = start_session(stack, framework="none", storage=storage, backend=backend)
     session.run("None").result(timeout=HANG_S)
     assert (session.channel is not None) == channel, "the channel is not as this table says"
 
@@ -373,12 +386,40 @@ def remote_table(stack: contextlib.ExitStack, workdir: Path, runs: int, *, chann
     row("R5. cell after 10 s idle, D=25 ms", statistics.median(after_idle), back_to_back, "<= 1.5x")
 
 
+def kubernetes_double_session(stack: contextlib.ExitStack, workdir: Path, storage: str, *,
+                              channel: bool) -> tuple[Backend, kinetic_nb.Session]:
+    """A session on the kubernetes backend whose API is the tests' double and whose pods are real agents here;
+    its host 0's pod address does not answer this notebook (as from a laptop), so it goes through the API
+    server's port-forward (the official client's, to the tests' stand-in)."""
+    from kinetic_nb.backends.kubernetes.backend import KubernetesBackend, KubernetesSettings
+    from tests.backends.k8s_cluster import FakeKubernetes, session_on_pods
+    from tests.backends.k8s_port_forward import PortForwardServer
+
+    namespace = "bench"
+    api = FakeKubernetes()
+    forward = stack.enter_context(contextlib.closing(PortForwardServer(namespace)))
+    api.core.connect_get_namespaced_pod_portforward = forward.core().connect_get_namespaced_pod_portforward
+    backend = routed(KubernetesBackend, channel=channel)(
+        KubernetesSettings(namespace=namespace, image="registry.example/kinetic:bench"), api=api)
+    log_dir = Path(tempfile.mkdtemp(prefix="pods-", dir=workdir))
+    session, kubelet = session_on_pods(api, lambda: kinetic_nb.start(
+        hosts=HOSTS, backend=backend, storage=storage, framework="none", idle_timeout=3600, echo=False,
+        quiet=True, ready_timeout=HANG_S), str(log_dir), pod_ip="192.0.2.1",
+        extra_env={"STORAGE_EMULATOR_HOST": os.environ["STORAGE_EMULATOR_HOST"]})
+    stack.callback(kubelet.close)
+    stack.callback(session.stop)
+    forward.pods = {pod["metadata"]["name"]: "127.0.0.1" for pod in kubelet.pods}
+    return backend, session
+
+
 def remote_tables(stack: contextlib.ExitStack, workdir: Path, runs: int, *, ray: bool) -> None:
-    """The remote table with the channel and on storage alone; and, unless ``ray`` is False, with the channel on a
-    Ray cluster started here (the hub on host 0's node)."""
+    """The remote table with the channel and on storage alone; with the channel on the Kubernetes double; and,
+    unless ``ray`` is False, with the channel on a Ray cluster started here (the hub on host 0's node)."""
     for channel in (True, False):
         with contextlib.ExitStack() as table:
             remote_table(table, workdir, runs, channel=channel)
+    with contextlib.ExitStack() as table:
+        remote_table(table, workdir, runs, channel=True, kubernetes=True)
     if ray:
         from tests.ray_cluster import RayCluster
 

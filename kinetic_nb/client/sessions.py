@@ -56,7 +56,7 @@ from kinetic_nb.runner.channel import NOTEBOOK, STORED, Channel, parse_address
 from kinetic_nb.runner.envelope import read_sealed, seal
 from kinetic_nb.runner.group import cell_key
 from kinetic_nb.runner.job_keys import SESSION
-from kinetic_nb.runner.protocol import CancelRequest, HostState, HostStatus, JobPlan
+from kinetic_nb.runner.protocol import CancelRequest, HostState, HostStatus, JobPlan, LeaderReady
 from kinetic_nb.runner.records import open_record, read_exit, read_host_status, read_record
 from kinetic_nb.runner.relayed import CARRY_MAX_BYTES, Relay, RelayedStorage, hosts_agreed
 from kinetic_nb.runner.wakeup import wake, wakeup_path
@@ -222,6 +222,9 @@ class Session:
                 self._announced = parse_address(str(record.get("address", "")))
             except (ObjectNotFoundError, IntegrityError, ValueError, AttributeError):
                 self._announced = None  # a session with no hub (a local disk, a backend without one)
+            if self._announced is not None and not self._hosts_use_channel():
+                self._announced = None  # the hub closed when the hosts' start verdict said no
+                self._say_no_channel("not every host of the session could join it")
         if self._announced is None or time.monotonic() < self._next_join:
             return False
         try:
@@ -245,6 +248,14 @@ class Session:
         self.records = RelayedStorage(self._relay)
         self._relay.attach(channel.send, channel.mirror)
         return True
+
+    def _hosts_use_channel(self) -> bool:
+        """Whether the hosts' start verdict, as stored, says their cells travel through the channel."""
+        try:
+            verdict = LeaderReady.from_json(read_record(self.storage, self.group.key, protocol.LEADER_READY))
+        except (ObjectNotFoundError, IntegrityError, ValueError, TypeError):
+            return False
+        return verdict.go and verdict.channel
 
     def _new_relay(self) -> Relay:
         return Relay(self.group.storage, serves=lambda name: name.startswith((protocol.HOSTS_DIR + "/",

@@ -503,8 +503,11 @@ class FakeKubelet:
     def __init__(self, pods: list[dict[str, Any]], log_dir: str, *, dns: dict[str, str] | None = None,
                  extra_env: dict[str, str] | None = None, secrets: Any = None,
                  image_pythonpath: str | None = IMAGE_PYTHONPATH, scratch_dir: str | None = None,
-                 pod_ip: str = "127.0.0.1"):
+                 pod_ip: str = "127.0.0.1", pod_env: dict[int, dict[str, str]] | None = None):
         self.pods = pods
+        #: Variables one pod sees otherwise than the kubelet resolves them (what this machine's network cannot
+        #: play: a pod whose way to host 0's port is blocked, say), by pod index.
+        self.pod_env = pod_env or {}
         #: The address every pod's status reports (``status.podIP``): here, where the notebook reaches its ports.
         self.pod_ip = pod_ip
         #: The image's own kinetic_nb (None: the image has none, as a stock Python image).
@@ -567,7 +570,8 @@ class FakeKubelet:
         with self._lock:
             self.runs[index] = self.runs.get(index, 0) + 1
             with open(self.log_path(index, self.runs[index]), "wb") as log:
-                self.processes[index] = subprocess.Popen(command, env={**base, **env, **self.extra_env},
+                self.processes[index] = subprocess.Popen(command, env={**base, **env, **self.extra_env,
+                                                                              **self.pod_env.get(index, {})},
                                                          stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                                          start_new_session=True,
                                                          cwd=self.log_dir)  # the image's own, not this checkout

@@ -22,6 +22,7 @@ from kinetic_nb.backends.kubernetes.port_forward import pod_port_forward
 from kinetic_nb.backends.kubernetes.settings import DEFAULT_COORDINATOR_PORT
 from kinetic_nb.errors import KineticError
 from kinetic_nb.runner import protocol
+from kinetic_nb.runner.channel import CHANNEL_ENV
 
 from .k8s_cluster import FakeKubelet, FakeKubernetes, session_on_pods, wait_for
 from .k8s_port_forward import PortForwardServer
@@ -44,12 +45,12 @@ def cluster(monkeypatch, tmp_path, gcs_root):
     api.core.connect_get_namespaced_pod_portforward = forward.core().connect_get_namespaced_pod_portforward
     kubelets: list[FakeKubelet] = []
 
-    def start(pod_ip: str):
+    def start(pod_ip: str, **options):
         (tmp_path / "pods").mkdir(exist_ok=True)
         session, kubelet = session_on_pods(api, lambda: kinetic_nb.start(
             hosts=HOSTS, backend="kubernetes", storage=gcs_root, framework="none", idle_timeout=600, echo=False,
             quiet=True, ready_timeout=120), str(tmp_path / "pods"), pod_ip=pod_ip,
-            extra_env={"STORAGE_EMULATOR_HOST": os.environ["STORAGE_EMULATOR_HOST"]})
+            extra_env={"STORAGE_EMULATOR_HOST": os.environ["STORAGE_EMULATOR_HOST"]}, **options)
         kubelets.append(kubelet)
         forward.pods = {pod["metadata"]["name"]: "127.0.0.1" for pod in kubelet.pods}  # where the kubelet dials
         return session, kubelet
@@ -150,3 +151,35 @@ def test_a_refused_port_forward_is_said_once_and_the_cells_go_through_storage(cl
         session.stop()
     wait_for(lambda: (kubelet.step(), all(process.poll() is not None for process in kubelet.processes.values()))[1],
              timeout=60, what="the session's pods to end")
+
+
+def test_a_host_that_cannot_reach_the_hub_keeps_every_host_on_storage(cluster, capsys):
+    """A NetworkPolicy that lets the pods reach host 0's coordinator but not its hub's port: host 2 cannot join,
+    so the leader's verdict keeps every host on storage (no barrier waits on a channel a host is not on); the
+    notebook says so once, and the cells run by the usual rules, a worker's failure included."""
+    start, _ = cluster
+    blocked = {2: {CHANNEL_ENV: f"127.0.0.1:{_closed_port()}"}}  # its way to the hub's port goes nowhere
+    session, kubelet = start("127.0.0.1", pod_env=blocked)
+    try:
+        assert session.run("import os\nx = 1").result(timeout=60) is None
+        failing = session.run("if os.environ['KINETIC_HOST_INDEX'] == '2':\n    raise ValueError('bad on 2')")
+        with pytest.raises(ValueError, match="bad on 2"):
+            failing.result(timeout=60)
+        assert session.run("x + 1").result(timeout=60) == 2
+        assert session.channel is None
+        said = [line for line in capsys.readouterr().err.splitlines() if "direct channel" in line]
+        assert said == [f"kinetic_nb: session {session.session_id}'s direct channel: not every host of the session "
+                        "could join it; its cells travel through storage (tried again after 60 s)"], said
+        # The host that could not join says why, in its own log.
+        wait_for(lambda: "no channel to the session's hub" in session.group.logs(2), timeout=30,
+                 what="host 2's word on the channel in its log")
+    finally:
+        session.stop()
+    wait_for(lambda: (kubelet.step(), all(process.poll() is not None for process in kubelet.processes.values()))[1],
+             timeout=60, what="the session's pods to end")
+
+
+def _closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
