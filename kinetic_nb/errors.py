@@ -92,6 +92,11 @@ class PlanError(KineticError):
     """A host rejected the job plan or its payload (version, hash, host index)."""
 
 
+class AcceleratorNotSeenError(KineticError, RuntimeError):
+    """A host's framework does not see the accelerator its plan names (a GPU host where torch sees no CUDA):
+    the cell fails rather than run quietly on the CPU."""
+
+
 class HostStoppedError(KineticError):
     """This host was stopped because another host failed first.
 

@@ -14,6 +14,8 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from kinetic_nb.accelerators import resolve_accelerator
+from kinetic_nb.errors import AcceleratorNotSeenError
 from kinetic_nb.runner.protocol import Framework, JobPlan
 
 logger = logging.getLogger(__name__)
@@ -21,6 +23,31 @@ logger = logging.getLogger(__name__)
 #: Set by a platform (a LeaderWorkerSet pod, say) whose coordinator is only
 #: known on the host; it overrides the plan's address.
 COORDINATOR_ENV = "KINETIC_COORDINATOR_ADDRESS"
+
+
+#: Where GKE's device plugin mounts the NVIDIA driver (the host script puts it on the paths when it is there).
+NVIDIA_DIR = "/usr/local/nvidia"
+GKE_DRIVER_HINT = f"; on GKE the driver is mounted at {NVIDIA_DIR}"
+
+
+def on_real_gpus(plan: JobPlan) -> bool:
+    """Whether the plan's hosts are GPU hosts, not simulated on CPU: the framework must see their GPUs."""
+    return not plan.simulated and resolve_accelerator(plan.accelerator).kind == "gpu"
+
+
+def _jax_cuda_plugin() -> str:
+    from importlib import metadata
+
+    names = [name for name in ("jax-cuda12-plugin", "jax-cuda13-plugin", "jaxlib-cuda") if _installed(metadata, name)]
+    return f"{', '.join(names)} installed" if names else "no CUDA plugin installed: pip install 'jax[cuda12]'"
+
+
+def _installed(metadata: Any, name: str) -> bool:
+    try:
+        metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return False
+    return True
 
 
 def coordinator_address(plan: JobPlan) -> str:
@@ -92,10 +119,19 @@ def initialize(plan: JobPlan, host_index: int) -> None:
                   f"jax.distributed.initialize takes no {', '.join(left_out)}: left out, JAX's defaults apply",
                   file=sys.stderr, flush=True)
         jax.distributed.initialize(**arguments)
+        if on_real_gpus(plan) and jax.default_backend() != "gpu":
+            raise AcceleratorNotSeenError(
+                f"JAX sees no GPU on this {plan.accelerator} host (jax {jax.__version__}, backend "
+                f"{jax.default_backend()}: {_jax_cuda_plugin()}){GKE_DRIVER_HINT}")
     elif plan.framework == Framework.TORCH.value:
         import torch
         import torch.distributed as dist
 
+        if on_real_gpus(plan) and not torch.cuda.is_available():
+            raise AcceleratorNotSeenError(
+                f"torch sees no CUDA on this {plan.accelerator} host (torch {torch.__version__}, "
+                f"{'built for CUDA ' + torch.version.cuda if torch.version.cuda else 'a CPU-only build'}, "
+                f"{torch.cuda.device_count()} GPU(s) visible){GKE_DRIVER_HINT}")
         backend = "nccl" if torch.cuda.is_available() and not plan.simulated else "gloo"
         dist.init_process_group(
             backend,

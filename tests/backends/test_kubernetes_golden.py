@@ -28,8 +28,8 @@ from .test_kubernetes_manifests import OWNER, SECRETS, SETTINGS, URI, job_plan
 
 GOLDEN = pathlib.Path(__file__).parent / "golden"
 #: The issue's four shapes: a multi-host TPU slice, a one-host TPU, a GPU host, and 4 CPU hosts (``-n 4``);
-#: and the slice in the prebuilt image mode, whose pods (the root's too) run the bootstrap first.
-CASES = ("tpu-v5e-16", "tpu-v5e-8", "gpu-h100x8", "cpu-4-hosts", "tpu-v5e-16-prebuilt")
+#: and the slice and the GPU host in the prebuilt image mode, whose pods (the root's too) run the bootstrap first.
+CASES = ("tpu-v5e-16", "tpu-v5e-8", "gpu-h100x8", "cpu-4-hosts", "tpu-v5e-16-prebuilt", "gpu-h100x8-prebuilt")
 #: The prebuilt case names its stock image, so the file does not depend on the Python that runs the test.
 PREBUILT = dataclasses.replace(SETTINGS, image="python:3.11-slim", image_mode="prebuilt")
 UPDATE = os.environ.get("KINETIC_UPDATE_GOLDEN") == "1"

@@ -535,6 +535,30 @@ def test_the_host_command_runs_python3_where_the_image_has_no_python(tmp_path, i
     assert ran.stdout == f"{interpreters[0]} -m kinetic_nb.agent --job {URI}\n"
 
 
+@pytest.mark.parametrize("mode", ["custom", "prebuilt"])
+@pytest.mark.parametrize("driver", [True, False], ids=["with the driver", "without"])
+def test_a_gpu_pod_puts_the_driver_gke_mounts_on_its_paths_before_the_agent_starts(tmp_path, mode, driver):
+    """GKE's device plugin mounts the NVIDIA driver at /usr/local/nvidia and sets no variable for it: the host
+    script puts it ahead of the image's own PATH and LD_LIBRARY_PATH, in every image mode; elsewhere it
+    changes nothing. (The driver's directory is played by one under tmp_path.)"""
+    nvidia = tmp_path / "nvidia"
+    if driver:
+        (nvidia / "lib64").mkdir(parents=True)
+    script = km.HOST_SCRIPT.replace(frameworks.NVIDIA_DIR, str(nvidia))
+    _, manifests = manifests_for("gpu-h100x8", settings=MODE_SETTINGS[mode])
+    [pod] = pods_for(manifests)
+    command = container_command(pod, container_environment(pod, secrets=secret_value))
+    assert km.HOST_SCRIPT in command  # after the bootstrap, in the prebuilt mode
+    shown = subprocess.run(["/bin/sh", "-c", script, km.HOST_SCRIPT_NAME, "/bin/sh", "-c",
+                            'printf "%s\n%s\n" "$PATH" "$LD_LIBRARY_PATH"'],
+                           env={"PATH": "/usr/bin:/bin", "LD_LIBRARY_PATH": "/opt/image/lib"},
+                           capture_output=True, text=True, check=True).stdout.splitlines()
+    if driver:
+        assert shown == [f"{nvidia}/bin:/usr/bin:/bin", f"{nvidia}/lib64:/opt/image/lib"]
+    else:
+        assert shown == ["/usr/bin:/bin", "/opt/image/lib"]
+
+
 @pytest.mark.parametrize("accelerator", ["tpu-v5e-16", "tpu-v6e-8"])
 def test_tpu_hosts_get_worker_ids_and_hostnames_that_match_the_slices_pods(accelerator):
     _, manifests = manifests_for(accelerator)

@@ -169,3 +169,65 @@ def test_polling_lists_pods_by_label_and_pod_events_by_field_through_the_client(
     assert listings == {
         ("/api/v1/namespaces/ml-team/pods", json.dumps({"labelSelector": [f"kinetic-nb/job={JOB_ID}"]})),
         ("/api/v1/namespaces/ml-team/events", json.dumps({"fieldSelector": ["involvedObject.kind=Pod"]}))}
+
+
+# -- which cluster ---------------------------------------------------------------------------------------------
+
+
+def write_kubeconfig(path: pathlib.Path, servers: dict[str, str], current: str | None) -> pathlib.Path:
+    """A kubeconfig with one context per server (``name -> URL``), ``current`` its current context."""
+    clusters = [{"name": name, "cluster": {"server": url}} for name, url in servers.items()]
+    contexts = [{"name": name, "context": {"cluster": name, "user": "tester", "namespace": "ml-team"}}
+                for name in servers]
+    config = {"apiVersion": "v1", "kind": "Config", "clusters": clusters, "contexts": contexts,
+              "users": [{"name": "tester", "user": {"token": "not-a-secret"}}]}
+    if current is not None:
+        config["current-context"] = current
+    path.write_text(json.dumps(config))  # JSON is YAML
+    return path
+
+
+@pytest.fixture
+def in_a_pod(monkeypatch, tmp_path):
+    """A notebook in a pod of some cluster: the service host variables and the service account's files."""
+    from kubernetes.config import incluster_config
+
+    token, cert = tmp_path / "token", tmp_path / "ca.crt"
+    token.write_text("pod-token")
+    cert.write_text("not a real certificate")
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.3.240.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    monkeypatch.setattr(incluster_config, "SERVICE_TOKEN_FILENAME", str(token))
+    monkeypatch.setattr(incluster_config, "SERVICE_CERT_FILENAME", str(cert))
+
+
+@pytest.mark.parametrize("named", [False, True], ids=["current context", "named context"])
+def test_a_kubeconfig_context_wins_over_the_pod_the_notebook_runs_in(server, in_a_pod, tmp_path, monkeypatch,
+                                                                     named, capsys):
+    """A notebook in a pod of one cluster targets another through its kubeconfig: the named context, else the
+    current one, is the one asked, not the pod's own API server; a launch's notice names it."""
+    other = RecordingApiServer()
+    try:
+        kubeconfig = write_kubeconfig(tmp_path / "config", {"gke-a": server.url, "gke-b": other.url},
+                                      current="gke-a")
+        monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+        settings = KubernetesSettings(namespace="ml-team", image="img:1", context="gke-b" if named else None)
+        backend = KubernetesBackend(settings)
+        expected, idle = (other, server) if named else (server, other)
+        assert backend.target() == f"kubernetes: kubeconfig context {'gke-b' if named else 'gke-a'}, namespace ml-team"
+        backend.pods(job_plan("cpu-3-hosts"))
+        assert [request.path.split("?")[0] for request in expected.sent("GET")] == ["/api/v1/namespaces/ml-team/pods"]
+        assert idle.sent() == []
+    finally:
+        other.close()
+
+
+def test_without_a_kubeconfig_context_the_pods_own_service_account_is_used(in_a_pod, tmp_path, monkeypatch):
+    """No kubeconfig (or one that names no current context): the in-cluster config, this pod's cluster."""
+    from kinetic_nb.backends.kubernetes.api import connect
+
+    for kubeconfig in (tmp_path / "missing", write_kubeconfig(tmp_path / "config", {"gke-a": "http://x"}, None)):
+        monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+        api = connect(KubernetesSettings(namespace="ml-team"))
+        assert api.source == "in-cluster config (this pod's service account)"
+        assert api.core.api_client.configuration.host == "https://10.3.240.1:443"

@@ -8,6 +8,7 @@ would raise on every host.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import sys
 import types
@@ -16,6 +17,7 @@ import pytest
 
 from kinetic_nb.accelerators import resolve_accelerator
 from kinetic_nb.client.plan import make_plan
+from kinetic_nb.errors import AcceleratorNotSeenError
 from kinetic_nb.runner import frameworks
 
 PLAN = make_plan(job_id="kn-20261129-234752-3e8d32", acc=resolve_accelerator("cpu"), hosts=4, framework="jax",
@@ -77,3 +79,34 @@ def test_a_function_that_takes_any_keyword_or_has_no_signature_gets_everything()
     assert frameworks.accepted_arguments(print, {"sep": " "}) == ({"sep": " "}, [])  # a builtin's is readable
     unreadable = types.SimpleNamespace(__call__=None)
     assert frameworks.accepted_arguments(unreadable, arguments) == (arguments, [])
+
+
+# -- a GPU host whose framework sees no GPU -------------------------------------------------------------------
+
+GPU_PLAN = make_plan(job_id="kn-20261129-234752-3e8d32", acc=resolve_accelerator("gpu-h100x8"), hosts=2,
+                     framework="torch", coordinator_address="127.0.0.1:29500", simulated=False)
+
+
+def test_a_gpu_host_where_torch_sees_no_cuda_fails_in_one_line_naming_what_it_saw():
+    """Never a quiet gloo fallback on GPU hosts: the installed (CPU) torch says what it is, before any group is
+    joined; a simulated GPU slice (the local backend) runs on gloo as before."""
+    import torch
+
+    with pytest.raises(AcceleratorNotSeenError) as caught:
+        frameworks.initialize(GPU_PLAN, 0)
+    assert str(caught.value) == (f"torch sees no CUDA on this gpu-h100x8 host (torch {torch.__version__}, a CPU-only "
+                                 "build, 0 GPU(s) visible); on GKE the driver is mounted at /usr/local/nvidia")
+    assert not frameworks.on_real_gpus(dataclasses.replace(GPU_PLAN, simulated=True))
+    assert not frameworks.on_real_gpus(PLAN)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "gpu"])
+def test_a_gpu_host_where_jax_sees_no_gpu_fails_in_one_line(old_jax, monkeypatch, backend):
+    monkeypatch.setattr(sys.modules["jax"], "default_backend", lambda: backend, raising=False)
+    plan = dataclasses.replace(GPU_PLAN, framework="jax")
+    if backend == "gpu":
+        frameworks.initialize(plan, 0)
+        return
+    with pytest.raises(AcceleratorNotSeenError, match=r"^JAX sees no GPU on this gpu-h100x8 host \(jax 0\.4\.30, "
+                                                      r"backend cpu: .*\); on GKE the driver is mounted at "):
+        frameworks.initialize(plan, 0)

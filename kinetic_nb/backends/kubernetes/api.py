@@ -19,7 +19,8 @@ __all__ = ["KubernetesApi", "api_message", "connect", "missing_namespace", "stat
 
 @dataclasses.dataclass
 class KubernetesApi:
-    """The three API groups the backend calls (``CoreV1Api``, ``BatchV1Api``, ``CustomObjectsApi``).
+    """The three API groups the backend calls (``CoreV1Api``, ``BatchV1Api``, ``CustomObjectsApi``), and which
+    cluster they talk to, as a cell's notice names it (``source``).
 
     Tests pass a double with the same methods; :func:`connect` builds the real ones.
     """
@@ -27,10 +28,13 @@ class KubernetesApi:
     core: Any
     batch: Any
     custom: Any
+    source: str = ""
 
 
 def connect(settings: KubernetesSettings) -> KubernetesApi:
-    """API clients from in-cluster credentials, else kubeconfig (``settings.context``).
+    """API clients for the cluster a user means: the kubeconfig's context (``settings.context``, else the
+    current one) wins; the in-cluster config (this pod's service account) only where there is no kubeconfig
+    context, so a notebook in one cluster's pod can still target another through its kubeconfig.
 
     Raises
     ------
@@ -42,18 +46,32 @@ def connect(settings: KubernetesSettings) -> KubernetesApi:
     except ImportError as error:
         raise KineticError("the kubernetes backend needs the official client: "
                            "pip install 'kinetic_nb[k8s]'") from error
+    # KUBECONFIG as it is now (the client reads it once, at its import; a notebook may set it later).
+    config_file = os.environ.get("KUBECONFIG") or None
     try:
-        if os.environ.get("KUBERNETES_SERVICE_HOST") and settings.context is None:
+        context = settings.context or _current_context(config, config_file)
+        if context is not None or not os.environ.get("KUBERNETES_SERVICE_HOST"):
+            api_client = config.new_client_from_config(config_file=config_file, context=context)
+            source = f"kubeconfig context {context}"
+        else:
             configuration = client.Configuration()
             config.load_incluster_config(client_configuration=configuration)
             api_client = client.ApiClient(configuration)
-        else:
-            api_client = config.new_client_from_config(context=settings.context)
+            source = "in-cluster config (this pod's service account)"
     except (config.ConfigException, OSError) as error:
         raise KineticError(f"no Kubernetes credentials ({error}); run `gcloud container clusters "
                            "get-credentials CLUSTER` or set KUBECONFIG") from error
     return KubernetesApi(core=client.CoreV1Api(api_client), batch=client.BatchV1Api(api_client),
-                         custom=client.CustomObjectsApi(api_client))
+                         custom=client.CustomObjectsApi(api_client), source=source)
+
+
+def _current_context(config: Any, config_file: str | None) -> str | None:
+    """The kubeconfig's current context, or None where there is no kubeconfig or it names none."""
+    try:
+        _, current = config.list_kube_config_contexts(config_file=config_file)
+    except (config.ConfigException, OSError):
+        return None
+    return (current or {}).get("name") or None
 
 
 def status_code(error: BaseException) -> int | None:

@@ -201,6 +201,11 @@ class KubernetesBackend(Backend):
                                                  base_image=self.settings.require_image_base(),
                                                  packages=host_packages("gs://"))
 
+    def target(self) -> str:
+        """The cluster and namespace, as :func:`connect` chose the cluster (a kubeconfig context, or this pod's)."""
+        source = getattr(self.api, "source", "") or "the configured cluster"
+        return f"kubernetes: {source}, namespace {self.settings.namespace}"
+
     def pod_settings(self) -> KubernetesSettings:
         """The settings the pods are made with: in the build image mode, with the image Cloud Build made."""
         if self.settings.mode is ImageMode.BUILD:

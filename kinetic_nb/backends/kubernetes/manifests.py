@@ -43,7 +43,7 @@ from kinetic_nb.backends.kubernetes.kubelet_text import (
     reference,
 )
 from kinetic_nb.runner.channel import CHANNEL_ENV
-from kinetic_nb.runner.frameworks import COORDINATOR_ENV
+from kinetic_nb.runner.frameworks import COORDINATOR_ENV, NVIDIA_DIR
 from kinetic_nb.runner.host_variables import index_variables, job_variables
 from kinetic_nb.runner.job_keys import KEY_ENV, KEY_FILE_ENV
 from kinetic_nb.runner.protocol import JobPlan
@@ -147,7 +147,11 @@ _NAME_HASH_CHARS = 6
 #: pod was Pending) must not start late. The first run's exit stays in the pod's
 #: ``lastState.terminated``, where the backend reads it. The check is host-safe
 #: Python; any error in it means "run". An image with ``python3`` and no
-#: ``python`` (many stock images) runs both with ``python3``.
+#: ``python`` (many stock images) runs both with ``python3``. First, where GKE's
+#: device plugin mounted the NVIDIA driver (a GPU pod; it sets no variable for it,
+#: nor does a stock Python image), the driver goes on ``PATH`` and
+#: ``LD_LIBRARY_PATH``, ahead of what the image set, in every image mode: without
+#: it torch and JAX see no CUDA.
 _ALREADY_STARTED = (
     "import os, sys\n"
     "from kinetic_nb.runner import protocol\n"
@@ -158,6 +162,11 @@ _ALREADY_STARTED = (
     "sys.exit(0 if storage.exists(protocol.host_status(index)) or storage.exists(protocol.host_exit(index)) else 1)\n"
 )
 HOST_SCRIPT = f"""\
+if [ -d {NVIDIA_DIR}/lib64 ]; then
+  PATH="{NVIDIA_DIR}/bin:$PATH"
+  LD_LIBRARY_PATH="{NVIDIA_DIR}/lib64${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}"
+  export PATH LD_LIBRARY_PATH
+fi
 python=python
 command -v python >/dev/null 2>&1 || python=python3
 if "$python" -c '{_ALREADY_STARTED}' 2>/dev/null; then
