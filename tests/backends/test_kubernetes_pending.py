@@ -41,16 +41,32 @@ SCENARIOS = {
     "scale-up-failed-quota": (["unschedulable"], "tpu", {2: (
         "fail", "scale-up of TPU nodes failed: Node scale up in zones us-west4-a associated with this pod failed: "
                 "GCE quota exceeded.")}),
+    # A stockout: the autoscaler keeps trying, the host waits (bounded by the pending limit).
     "scale-up-failed-no-capacity": (["unschedulable"], "tpu", {2: (
-        "fail", "scale-up of TPU nodes failed: Node scale up in zones us-west4-a associated with this pod failed: "
+        "wait", "waiting for capacity: Node scale up in zones us-west4-a associated with this pod failed: "
                 "GCE out of resources.")}),
+    "scale-up-failed-no-capacity-and-quota": (["unschedulable"], "tpu", {2: (
+        "wait", "waiting for capacity: Node scale up in zones us-west4-a, us-west4-b associated with this pod "
+                "failed: GCE out of resources, GCE quota exceeded.")}),
+    "scale-up-in-backoff": (["unschedulable"], "tpu", {2: (
+        "wait", "waiting for capacity: pod didn't trigger scale-up: 1 in backoff after failed scale-up, 2 node(s) "
+                "didn't match Pod's node affinity/selector")}),
+    "scale-up-failed-invalid-topology": (["unschedulable"], "tpu", {2: (
+        "fail", "scale-up of TPU nodes failed: Node scale up in zones us-west4-a associated with this pod failed: "
+                "Invalid TPU topology: 4x4 is not supported for ct5lp-hightpu-8t.")}),
     "scale-up-triggered-by-another-pod-of-the-job": (["unschedulable", "unschedulable-worker-1"], "tpu", {
         1: ("wait", WAIT_TPU), 2: ("wait", WAIT_TPU)}),
     "pulling": (["container-creating"], "cpu", {2: ("wait", "pulling image registry.example/kinetic-jax:1.0")}),
     "pulled-and-creating": (["container-creating"], "cpu", {2: ("wait", "ContainerCreating")}),
     "image-pull-backoff": (["image-pull-backoff"], "tpu", {0: (
-        "fail", 'ImagePullBackOff: Back-off pulling image "registry.example/kinetic-jax:typo" (Failed to pull '
-                'image "registry.example/kinetic-jax:typo": rpc error: code = NotFound')}),
+        "fail", 'ImagePullBackOff: Back-off pulling image "registry.example/kinetic-jax:typo" '
+                '(registry.example/kinetic-jax:typo: not found)')}),
+    # A registry that times out is tried again by the kubelet; one that refuses the image is final.
+    "image-pull-timeout": (["image-pull-backoff"], "tpu", {0: (
+        "wait", "waiting to pull image registry.example/kinetic-jax:typo: dial tcp 10.0.0.7:443: i/o timeout")}),
+    "image-pull-forbidden": (["image-pull-backoff"], "tpu", {0: (
+        "fail", 'ImagePullBackOff: Back-off pulling image "registry.example/kinetic-jax:typo" (pulling from host '
+                'registry.example failed with status code [manifests typo]: 403 Forbidden)')}),
     "stale-events-of-an-earlier-pod-and-of-another-job": (["unschedulable"], "tpu", {2: ("wait", UNSCHEDULABLE)}),
     # No Events at all: the pod's own status decides.
     None: (["unschedulable", "err-image-pull", "create-container-config-error", "running"], "tpu", {
@@ -87,7 +103,7 @@ def test_pending_verdicts(scenario):
     for index, (outcome, text) in expected.items():
         verdict = verdicts[index]
         if outcome == "wait":
-            assert (verdict.waiting, verdict.failure) == (text, "")
+            assert (verdict.waiting, verdict.failure) == (text, ""), verdict.waiting
         else:
             assert verdict.failure.startswith(text), verdict.failure
             assert "\n" not in verdict.failure and len(verdict.failure) <= 300
@@ -129,3 +145,18 @@ def test_a_wait_with_progress_fails_only_past_the_pending_limit_and_says_what_it
     [late] = [summary for index, summary in pod_exit_summaries(4, states, {}, now=CREATED + 2701, **common).items()
               if index == 2]
     assert late.describe() == f"never started: its pod was Pending for more than 2700 s: {WAIT_TPU}"
+
+
+def test_a_wait_for_capacity_says_how_long_it_has_lasted_and_ends_at_the_pending_limit():
+    """A stockout keeps the host waiting, the panel saying for how long, until the pending limit fails it with
+    what it waited for."""
+    states = host_states([PODS["unschedulable"]])
+    [verdict] = pending_verdicts(states, events_of("scale-up-failed-no-capacity"), accelerator_kind="tpu",
+                                 now=CREATED + 12 * 60 + 5).values()
+    assert verdict.waiting == ("waiting for capacity (12 min so far): Node scale up in zones us-west4-a associated "
+                               "with this pod failed: GCE out of resources.") and not verdict.failure
+    common = dict(launched_at=CREATED, cancelled=False, recorded_success=lambda _: False, pending_timeout_s=2700,
+                  waiting={2: verdict.waiting})
+    assert 2 not in pod_exit_summaries(4, states, {}, now=CREATED + 2700, **common)
+    late = pod_exit_summaries(4, states, {}, now=CREATED + 2701, **common)[2]
+    assert late.describe().startswith("never started: its pod was Pending for more than 2700 s: waiting for capacity")

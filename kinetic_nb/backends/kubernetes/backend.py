@@ -420,7 +420,8 @@ class KubernetesBackend(Backend):
             logger.warning("could not list the pod events of namespace %s: %s", self.settings.namespace,
                            api_message(error))
             events = []
-        verdicts = pending_verdicts(states, events, accelerator_kind=resolve_accelerator(plan.accelerator).kind)
+        verdicts = pending_verdicts(states, events, accelerator_kind=resolve_accelerator(plan.accelerator).kind,
+                                    now=self._clock())
         self._verdicts[plan.job_id] = verdicts
         return verdicts
 
