@@ -29,6 +29,7 @@ from unittest import mock
 import kubernetes_validate
 import pytest
 
+from kinetic_nb.accelerators import accelerator_names, resolve_accelerator
 from kinetic_nb.backends.base import JobSecrets
 from kinetic_nb.backends.kubernetes import manifests as km
 from kinetic_nb.backends.kubernetes import root as k8s_root
@@ -152,9 +153,11 @@ def test_each_shape_becomes_its_workload_on_its_node_pool(accelerator):
     for template in templates(manifests):
         pod = template["spec"]
         [container] = pod["containers"]
-        if accelerator.startswith("tpu"):
-            assert container["resources"] == {"requests": {km.TPU_RESOURCE: str(devices)},
-                                              "limits": {km.TPU_RESOURCE: str(devices)}}
+        if accelerator.startswith("tpu"):  # half its machine's vCPUs and memory (not BestEffort), no limit on them
+            cpus, memory = km.TPU_MACHINES[machine_type]
+            assert container["resources"] == {
+                "requests": {km.TPU_RESOURCE: str(devices), "cpu": str(cpus // 2), "memory": f"{memory // 2}Gi"},
+                "limits": {km.TPU_RESOURCE: str(devices)}}
         else:  # a GPU host also asks for CPU and memory (not BestEffort), with no limit on them
             assert container["resources"] == {"requests": {km.GPU_RESOURCE: str(devices), "cpu": "1", "memory": "4Gi"},
                                               "limits": {km.GPU_RESOURCE: str(devices)}}
@@ -194,16 +197,23 @@ def test_cpu_hosts_get_an_indexed_job_and_a_headless_service_for_host_0():
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_gpu_and_cpu_hosts_get_a_memory_backed_dev_shm(case):
+def test_every_host_gets_a_memory_backed_dev_shm(case):
     _, manifests = manifests_for(case)
     for template in templates(manifests):
         pod = template["spec"]
         mounts = {mount["mountPath"]: mount["name"] for mount in pod["containers"][0]["volumeMounts"]}
         volumes = {volume["name"]: volume for volume in pod["volumes"]}
-        if case.startswith("tpu"):
-            assert "/dev/shm" not in mounts
-        else:  # NCCL and DataLoader workers outgrow the runtime's 64 MiB
-            assert volumes[mounts["/dev/shm"]]["emptyDir"] == {"medium": "Memory"}
+        # NCCL and DataLoader workers (on a TPU host too) outgrow the runtime's 64 MiB
+        assert volumes[mounts["/dev/shm"]]["emptyDir"] == {"medium": "Memory"}
+
+
+def test_every_tpu_host_machine_is_known_and_its_request_leaves_room_on_the_node():
+    for name in accelerator_names():
+        acc = resolve_accelerator(name)
+        if acc.kind == "tpu":
+            cpus, memory = km.TPU_MACHINES[acc.machine_type]
+            requests = km.host_requests(acc)
+            assert 0 < int(requests["cpu"]) <= cpus * 0.5 and 0 < int(requests["memory"][:-2]) <= memory * 0.5
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -102,6 +102,16 @@ SHM_DIR = "/dev/shm"
 #: longer BestEffort (the first pod evicted under memory pressure), small enough to
 #: fit any node its accelerator implies. No limits: a host may use the node.
 HOST_REQUESTS = {"cpu": "1", "memory": "4Gi"}
+#: A TPU host has its node to itself (every chip of it): it requests this share of the machine's vCPUs and
+#: memory, so that it is Burstable rather than BestEffort (the first target of an OOM kill) and leaves the rest
+#: for what GKE reserves and runs on every node. No limits: a host may use the whole node.
+TPU_HOST_SHARE = 0.5
+#: Each TPU host machine type's vCPUs and memory (GiB), from Compute Engine's machine types.
+TPU_MACHINES = {
+    "ct5lp-hightpu-1t": (24, 48), "ct5lp-hightpu-4t": (112, 192), "ct5lp-hightpu-8t": (224, 384),
+    "ct5p-hightpu-4t": (208, 448),
+    "ct6e-standard-1t": (44, 176), "ct6e-standard-4t": (180, 720), "ct6e-standard-8t": (180, 1440),
+}
 #: A container that fails without writing ``/dev/termination-log`` gets its last
 #: log lines as its termination message (at most 80 lines, 2 KiB): the words of
 #: a host that never got as far as uploading a log (no ``kinetic_nb`` in the
@@ -374,10 +384,10 @@ def _pod_template(plan: JobPlan, acc: Accelerator, job_uri: str, settings: Kuber
     if resources:
         container["resources"] = {"requests": dict(resources), "limits": dict(resources)}
     volumes: list[dict[str, Any]] = [{"name": SCRATCH_VOLUME, "emptyDir": {}}]
-    if acc.kind != "tpu":
-        container.setdefault("resources", {}).setdefault("requests", {}).update(HOST_REQUESTS)
-        container["volumeMounts"].append({"name": SHM_VOLUME, "mountPath": SHM_DIR})
-        volumes.append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}})
+    container.setdefault("resources", {}).setdefault("requests", {}).update(host_requests(acc))
+    # Data loaders share tensors through /dev/shm, which a container gets 64 MiB of unless it mounts its own.
+    container["volumeMounts"].append({"name": SHM_VOLUME, "mountPath": SHM_DIR})
+    volumes.append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}})
     spec: dict[str, Any] = {
         # A StatefulSet's pods (a LeaderWorkerSet's) must say Always; HOST_SCRIPT keeps a host to one run.
         "restartPolicy": "Always" if lws else "Never",
@@ -396,6 +406,15 @@ def _pod_template(plan: JobPlan, acc: Accelerator, job_uri: str, settings: Kuber
     if not lws and plan.hosts > 1:
         spec["subdomain"] = name  # pod i is {name}-{i}.{name}: host 0 is the coordinator
     return {"metadata": pod_metadata(plan, role), "spec": spec}
+
+
+def host_requests(acc: Accelerator) -> dict[str, str]:
+    """What a host requests besides its accelerators: :data:`TPU_HOST_SHARE` of a TPU host's machine, else
+    :data:`HOST_REQUESTS`."""
+    if acc.kind != "tpu":
+        return dict(HOST_REQUESTS)
+    cpus, memory_gib = TPU_MACHINES[acc.machine_type]
+    return {"cpu": str(int(cpus * TPU_HOST_SHARE)), "memory": f"{int(memory_gib * TPU_HOST_SHARE)}Gi"}
 
 
 def installing_first(settings: KubernetesSettings, *command: str, requirements: bool = True) -> list[str]:
