@@ -67,7 +67,7 @@ def _google() -> Any:
         from google.cloud import storage
     except ImportError as error:
         raise StorageError(
-            f"gs:// storage needs the google-cloud-storage package: pip install 'kinetic_nb[gcs]' ({error})"
+            f"gs:// storage needs the google-cloud-storage package: pip install 'google-cloud-storage>=3.2' ({error})"
         ) from error
     return storage
 

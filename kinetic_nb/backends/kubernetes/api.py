@@ -45,7 +45,7 @@ def connect(settings: KubernetesSettings) -> KubernetesApi:
         from kubernetes import client, config
     except ImportError as error:
         raise KineticError("the kubernetes backend needs the official client: "
-                           "pip install 'kinetic_nb[k8s]'") from error
+                           "pip install 'kubernetes>=30'") from error
     # KUBECONFIG as it is now (the client reads it once, at its import; a notebook may set it later).
     config_file = os.environ.get("KUBECONFIG") or None
     try:

@@ -132,7 +132,7 @@ def authorized_session() -> Any:
         from google.auth.transport.requests import AuthorizedSession
     except ImportError as error:
         raise KineticError("the build image mode calls Cloud Build through google-auth: "
-                           "pip install 'kinetic_nb[gcs]'") from error
+                           "pip install 'google-cloud-storage>=3.2'") from error
     try:
         credentials, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
     except google.auth.exceptions.DefaultCredentialsError as error:

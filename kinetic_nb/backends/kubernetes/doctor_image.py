@@ -103,7 +103,7 @@ def _build_checks(settings: KubernetesSettings, requirements: bytes | None,
         session = google_session()
     except KineticError as error:
         missing_package = isinstance(error.__cause__, ImportError)
-        return [Check("Google credentials", FAIL, str(error), "pip install 'kinetic_nb[gcs]'" if missing_package
+        return [Check("Google credentials", FAIL, str(error), "pip install 'google-cloud-storage>=3.2'" if missing_package
                       else "gcloud auth application-default login")]
     checks = [_repository_check(session, registry, project), _cloud_build_check(session, registry, project, location)]
     if requirements is not None and checks[0].status == OK:

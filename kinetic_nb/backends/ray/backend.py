@@ -79,7 +79,7 @@ def connect(address: str) -> Any:
     try:
         import ray
     except ImportError as error:
-        raise KineticError("the ray backend needs Ray: pip install 'kinetic_nb[ray]'") from error
+        raise KineticError("the ray backend needs Ray: pip install 'ray[default]>=2.40'") from error
     if ray.is_initialized():
         return ray
     no_cluster = (f"no Ray cluster at {address}: start one with `ray start --head`, or point "
