@@ -480,6 +480,22 @@ def test_a_wait_that_can_never_end_fails_the_host_at_once_with_the_reason(api, j
     assert stored.failed  # what the other hosts' start barrier reads: they stop instead of waiting
 
 
+def test_a_failed_root_fails_the_job_at_once_not_after_the_pending_limit(api, job_storage):
+    """The root pod failed while the slice was still scaling up (no host pod yet): the cluster deletes the
+    workload with it, so every host fails now with the root's reason and last lines, and the other hosts'
+    start barrier reads it, instead of a 45-minute wait for pods that will never come."""
+    backend, plan = launched(api, job_storage, clock=Clock(CREATED + 60))
+    api.pod_source = lambda: [BY_CASE["root-failed"]]
+    summaries = backend.exit_summaries(job_storage, plan, job_storage.list(), SECRETS.key)
+    assert sorted(summaries) == list(range(plan.hosts))
+    for index, summary in summaries.items():
+        assert summary.failed and summary.describe() == ("never started: the job's root pod "
+                                                         "kn-20261129-234752-3e8d32-root-x7k2p failed (exit code 1); "
+                                                         "it ends the job")
+        assert "storage.objects.get" in summary.stderr_tail[-1]
+        assert read_exit(job_storage, SECRETS.key, index).failed
+
+
 def test_events_are_listed_only_while_a_host_is_pending_and_at_most_once_per_interval(job_storage):
     api = FakeKubernetes()
     backend = KubernetesBackend(SETTINGS, api=api, pod_list_interval_s=0.0, event_list_interval_s=3600,

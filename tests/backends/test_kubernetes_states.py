@@ -21,6 +21,7 @@ from kinetic_nb.backends.kubernetes.pods import (
     message_tail,
     pod_exit_summaries,
     pod_host_state,
+    root_failure,
     stuck_pending,
 )
 from kinetic_nb.runner.protocol import ExitSummary
@@ -56,6 +57,8 @@ EXPECTED = {
     # FallbackToLogsOnError: the container's last log lines are its termination message (see below).
     "no-kinetic-nb": (0, "failed", "", 1, None),
     "bucket-403": (1, "failed", "", 1, None),
+    # The root Job's pod: no host index; its failure ends the job (see root_failure).
+    "root-failed": (None, "failed", "", 1, None),
 }
 
 
@@ -201,3 +204,22 @@ def test_hosts_without_pods():
     # Already recorded hosts are left alone.
     recorded = {index: ExitSummary(host_index=index, exit_code=0, recorded_success=True) for index in (1, 2, 3)}
     assert summaries(running, recorded, now=CREATED + 601) == {}
+
+
+def test_a_failed_root_pod_fails_every_host_without_a_pod_at_once_with_its_last_words():
+    """The root failed (a bucket its service account may not read): the cluster deletes the workload with it, so
+    hosts still Pending or without a pod would wait out the pending limit for nothing; they fail now, saying
+    why. A running host is left to its own record (its pod's deletion stops it)."""
+    pods = [BY_CASE["root-failed"], BY_CASE["running"], BY_CASE["unschedulable"]]
+    root = root_failure(pods)
+    assert root.reason == ("the job's root pod kn-20261129-234752-3e8d32-root-x7k2p failed (exit code 1); it ends "
+                           "the job")
+    assert "does not have storage.objects.get access" in root.last_lines[-1]
+    assert root_failure([BY_CASE["running"], BY_CASE["unschedulable"]]) is None  # host pods are no root
+    states = host_states(pods)
+    summaries = pod_exit_summaries(4, states, {}, now=CREATED + 60, launched_at=CREATED, cancelled=False,
+                                   recorded_success=lambda _: False, root_failed=root)
+    assert sorted(summaries) == [1, 2, 3]  # host 0 runs; 2 is Pending; 1 and 3 have no pod yet
+    for summary in summaries.values():
+        assert summary.failed and summary.never_started and summary.describe() == f"never started: {root.reason}"
+        assert summary.stderr_tail == root.last_lines  # shown as the host's last lines

@@ -57,6 +57,7 @@ from kinetic_nb.backends.kubernetes.pods import (
     host_states,
     pod_exit_summaries,
     pod_host_state,
+    root_failure,
     stuck_pending,
 )
 from kinetic_nb.backends.kubernetes.port_forward import pod_port_forward
@@ -335,6 +336,7 @@ class KubernetesBackend(Backend):
             pending_timeout_s=self.settings.pending_timeout_s,
             pending_failures={index: verdict.failure for index, verdict in verdicts.items() if verdict.failure},
             waiting={index: verdict.waiting for index, verdict in verdicts.items()},
+            root_failed=root_failure(pods),
         )
         for index, summary in found.items():
             summaries[index] = self._exits[plan.job_id, index] = store_exit(storage, key, summary)

@@ -23,12 +23,24 @@ from kinetic_nb.backends.kubernetes.manifests import (
     CONTAINER_NAME,
     JOB_COMPLETION_INDEX_ANNOTATION,
     LWS_WORKER_INDEX_LABEL,
+    ROLE_LABEL,
 )
+from kinetic_nb.backends.kubernetes.root import ROOT_ROLE
 from kinetic_nb.backends.kubernetes.settings import DEFAULT_PENDING_TIMEOUT_S
 from kinetic_nb.runner.protocol import ExitSummary, HostState
 
-__all__ = ["PodExitSummary", "PodHostState", "as_api_dict", "host_states", "one_line",
-           "pod_exit_summaries", "pod_host_state", "stuck_pending"]
+__all__ = [
+    "PodExitSummary",
+    "PodHostState",
+    "RootFailure",
+    "as_api_dict",
+    "host_states",
+    "one_line",
+    "pod_exit_summaries",
+    "pod_host_state",
+    "root_failure",
+    "stuck_pending",
+]
 
 #: A reason longer than this is cut: it is shown in one panel line.
 MAX_REASON_CHARS = 300
@@ -296,6 +308,11 @@ class PodExitSummary(ExitSummary):
         return ExitSummary(**{name: getattr(self, name) for name in fields}).to_json()
 
 
+def _root_summary(index: int, root: RootFailure, now: float) -> PodExitSummary:
+    return dataclasses.replace(_summary(index, None, now=now, never_started=True, reason=root.reason),
+                               stderr_tail=root.last_lines)
+
+
 def _summary(index: int, state: PodHostState | None, *, now: float, reason: str = "",
              recorded_success: bool = False, stopped: bool = False, never_started: bool = False) -> PodExitSummary:
     signal = state.signal if state else None
@@ -312,6 +329,29 @@ def _summary(index: int, state: PodHostState | None, *, now: float, reason: str 
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class RootFailure:
+    """The job's root pod failed: why, in one line, and its last lines (its termination message)."""
+
+    reason: str
+    last_lines: tuple[str, ...] = ()
+
+
+def root_failure(pods: Iterable[Any]) -> RootFailure | None:
+    """How the job's root pod failed; None while it has not. Its failure ends the job: the cluster deletes
+    the workload with the root, so hosts still without a pod never get one."""
+    for pod in map(as_api_dict, pods):
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        if labels.get(ROLE_LABEL) != ROOT_ROLE:
+            continue
+        state = pod_host_state(pod)
+        if state.state == HostState.FAILED.value and not state.deleted:
+            ended = f"exit code {state.exit_code}" if state.exit_code is not None else state.reason or "failed"
+            return RootFailure(one_line(f"the job's root pod {state.pod_name} failed ({ended}); it ends the job",
+                                        None), state.message_tail)
+    return None
+
+
 def pod_exit_summaries(
     hosts: int,
     states: Mapping[int, PodHostState],
@@ -324,6 +364,7 @@ def pod_exit_summaries(
     pending_timeout_s: float = DEFAULT_PENDING_TIMEOUT_S,
     pending_failures: Mapping[int, str] | None = None,
     waiting: Mapping[int, str] | None = None,
+    root_failed: RootFailure | None = None,
 ) -> dict[int, PodExitSummary]:
     """How the hosts without an exit record ended, as far as their pods say.
 
@@ -350,6 +391,9 @@ def pod_exit_summaries(
     waiting : mapping of int to str, optional
         Why each Pending host waits, as the panel says it; the reason of a
         host Pending past the bound (default: its pod's own reason).
+    root_failed : RootFailure, optional
+        How the job's root pod failed (:func:`root_failure`): every host still
+        Pending or without a pod fails now, with its reason and last lines.
 
     Returns
     -------
@@ -368,6 +412,8 @@ def pod_exit_summaries(
         if state.ended:
             found[index] = _summary(index, state, now=now, stopped=state.deleted,
                                     recorded_success=recorded_success(index))
+        elif state.state == HostState.PENDING.value and root_failed is not None:
+            found[index] = _root_summary(index, root_failed, now)
         elif state.state == HostState.PENDING.value and (pending_failures or {}).get(index):
             found[index] = _summary(index, None, now=now, never_started=True, reason=pending_failures[index])
         elif (state.state == HostState.PENDING.value and state.created_at is not None
@@ -380,7 +426,9 @@ def pod_exit_summaries(
     for index in range(hosts):
         if index in recorded or index in found or index in states:
             continue
-        if cancelled or someone_failed:
+        if root_failed is not None and not cancelled:
+            found[index] = _root_summary(index, root_failed, now)
+        elif cancelled or someone_failed:
             found[index] = _summary(index, None, now=now, stopped=True, reason="its pod was deleted")
         elif launched_at is not None and now - launched_at > pending_timeout_s:
             if recorded_success(index):

@@ -25,6 +25,7 @@ from kinetic_nb.backends.kubernetes.manifests import (
     AGENT_MODULE,
     DEADLINE_MARGIN_S,
     TERMINATION_GRACE_S,
+    TERMINATION_MESSAGE_POLICY,
     installing_first,
     object_metadata,
     pod_metadata,
@@ -131,6 +132,8 @@ def root_job(plan: JobPlan, job_uri: str, settings: KubernetesSettings) -> dict[
         "env": literal_env({"KINETIC_JOB_ID": plan.job_id, "KINETIC_JOB_URI": job_uri, "PYTHONUNBUFFERED": "1"})
         + secret_env(plan),
         "resources": {part: dict(values) for part, values in ROOT_RESOURCES.items()},
+        # A watcher that fails (a bucket it may not read, say) leaves its last lines where the client reads them.
+        "terminationMessagePolicy": TERMINATION_MESSAGE_POLICY,
     }
     pod: dict[str, Any] = {
         "restartPolicy": "Never",
