@@ -6,6 +6,13 @@ through owner references, everything the job holds, with no client. So an
 exit or cancel record counts only once it verifies under the job's key: one
 that anyone who may write to the bucket forged would otherwise free the slice
 under a running job.
+
+A host that never reports is bounded too, from storage alone: past the start
+window (the plan's start barrier bound, which includes the backend's pending
+limit) a host with no heartbeat never started (its pod was never scheduled,
+or crashed in a loop before its agent ran). The watcher then records its end,
+sealed, where ``%kinetic jobs`` and ``attach`` read it, and the slice is let
+go; a host whose start barrier waits for it reads that record and stops.
 """
 
 from __future__ import annotations
@@ -17,8 +24,8 @@ from collections.abc import Callable
 from kinetic_nb.errors import IntegrityError, ObjectNotFoundError
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.envelope import read_sealed
-from kinetic_nb.runner.protocol import JobPlan
-from kinetic_nb.runner.records import read_record
+from kinetic_nb.runner.protocol import ExitSummary, JobPlan
+from kinetic_nb.runner.records import read_record, store_exit
 from kinetic_nb.storage import Storage
 
 logger = logging.getLogger(__name__)
@@ -48,6 +55,8 @@ def job_has_ended(storage: Storage, plan: JobPlan, key: bytes, now: float | None
         return True
     if protocol.CANCEL in listing and _verifies(storage, key, protocol.CANCEL, seen):
         return True
+    if plan.created_at and now > plan.created_at + plan.barrier_timeout_s:
+        _record_never_started(storage, plan, key, listing, now, seen)
     for index in range(plan.hosts):
         name = protocol.host_exit(index)
         if name in listing and _verifies(storage, key, name, seen):
@@ -56,6 +65,22 @@ def job_has_ended(storage: Storage, plan: JobPlan, key: bytes, now: float | None
         if heartbeat is None or now - heartbeat.updated < SILENT_HOST_S:
             return False  # not started yet (still scheduling), or alive
     return True
+
+
+def _record_never_started(storage: Storage, plan: JobPlan, key: bytes, listing: dict, now: float,
+                          seen: dict[str, bool]) -> None:
+    """Past the start window: the end of each host that never beat and has no end, recorded (so the hosts
+    waiting for it at the start barrier stop too)."""
+    for index in range(plan.hosts):
+        name = protocol.host_exit(index)
+        if protocol.host_heartbeat(index) in listing or name in listing:
+            continue
+        store_exit(storage, key, ExitSummary(
+            host_index=index, exit_code=None, ended_at=now,
+            reason=f"never started: no report within {plan.barrier_timeout_s:g} s of the job's start (its pod "
+                   "was not scheduled, or crashed before its agent ran); the job's root ended the job"))
+        listing[name] = None
+        seen[name] = True
 
 
 def _verifies(storage: Storage, key: bytes, name: str, seen: dict[str, bool]) -> bool:

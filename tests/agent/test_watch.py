@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -10,8 +13,9 @@ import pytest
 from kinetic_nb.agent.watch import SILENT_HOST_S, job_has_ended, wait_for_job_end
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.envelope import write_sealed
+from kinetic_nb.runner.job_keys import KEY_FILE_ENV
 from kinetic_nb.runner.protocol import CancelRequest, ExitSummary, JobPlan
-from kinetic_nb.runner.records import write_record
+from kinetic_nb.runner.records import read_exit, write_record
 from kinetic_nb.storage import LocalStorage
 
 KEY = bytes(range(32))
@@ -121,3 +125,42 @@ def test_a_plan_that_does_not_verify_is_not_watched(tmp_path):
     storage, _ = make_job(tmp_path)
     with pytest.raises(IntegrityError):
         wait_for_job_end(storage, bytes(32), sleep=lambda _: None)
+
+
+def test_with_no_client_a_host_that_never_reports_is_bounded_by_the_start_window(tmp_path):
+    """No notebook watches: a host whose pod is never scheduled, or crash-loops in its bootstrap (from storage
+    the two look the same: neither ever beats), would hold the slice until the root's deadline (a week). Past
+    the start window (the start barrier's bound, the pending limit in it) the watcher records the host's end,
+    sealed, so the hosts still waiting at the barrier stop, and the job ends; before it, nothing is recorded."""
+    storage, plan = make_job(tmp_path, hosts=3)
+    plan = dataclasses.replace(plan, created_at=1_000_000.0, barrier_timeout_s=2700.0 + 300.0)
+    storage.write_bytes(protocol.host_heartbeat(0), b"")  # host 0 started, and waits at the barrier
+    within = plan.created_at + plan.barrier_timeout_s - 1
+    assert not job_has_ended(storage, plan, KEY, now=within)
+    assert read_exit(storage, KEY, 1) is None and read_exit(storage, KEY, 2) is None
+    after = plan.created_at + plan.barrier_timeout_s + 1
+    assert not job_has_ended(storage, plan, KEY, now=after)  # host 0 is alive: it stops once it reads the ends
+    for index in (1, 2):
+        summary = read_exit(storage, KEY, index)
+        assert summary.failed and summary.describe() == (
+            "ended unrecorded (never started: no report within 3000 s of the job's start (its pod was not "
+            "scheduled, or crashed before its agent ran); the job's root ended the job)")
+    write_record(storage, KEY, protocol.host_exit(0), ExitSummary(0, None, stopped=True).to_json())
+    assert job_has_ended(storage, plan, KEY, now=after)
+
+
+def test_the_root_pods_watcher_ends_a_job_none_of_whose_hosts_ever_started(tmp_path):
+    """The root pod's own command (``python -m kinetic_nb.agent --job URI --watch``, the key from the mounted
+    Secret's file) on a job whose start window is over and no host ever beat: it records every host's end and
+    exits 0 at its first look, so the root completes and the cluster lets the slice go."""
+    storage, plan = make_job(tmp_path, hosts=2)
+    plan = dataclasses.replace(plan, created_at=time.time() - 4000, barrier_timeout_s=3000.0)
+    write_sealed(storage, protocol.PLAN, KEY, plan.to_json())
+    key_file = tmp_path / "key"
+    key_file.write_text(KEY.hex())
+    done = subprocess.run([sys.executable, "-m", "kinetic_nb.agent", "--job", storage.uri, "--watch"],
+                          env={**os.environ, KEY_FILE_ENV: str(key_file)}, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert all(read_exit(storage, KEY, index).describe().startswith("ended unrecorded (never started: ")
+               for index in range(plan.hosts))
