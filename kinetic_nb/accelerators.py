@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from kinetic_nb.errors import UnknownAcceleratorError
 
-__all__ = ["Accelerator", "accelerator_names", "local_notice", "resolve_accelerator"]
+__all__ = ["Accelerator", "accelerator_names", "accelerator_table", "kinetic_spellings", "local_notice",
+           "resolve_accelerator"]
 
 #: GKE label whose value selects a TPU node pool.
 TPU_NODE_SELECTOR = "cloud.google.com/gke-tpu-accelerator"
@@ -82,27 +83,46 @@ class Accelerator:
 
 @dataclass(frozen=True)
 class _TpuFamily:
-    """One TPU generation: its name prefix, GKE value, aliases and sizes."""
+    """One TPU generation: its name prefix, GKE value, aliases and sizes, and how keras-kinetic names them."""
 
     prefix: str
     gke_accelerator: str
     #: The machine type of a host, ``{chips}`` standing for its chips (GKE's TPU machine types).
     machine_type: str
-    #: Other spellings of a size, ``{n}`` standing for the size number.
+    #: Cloud TPU's other spellings of a size, ``{n}`` standing for the size number.
     alias_patterns: tuple[str, ...]
     #: size number -> (hosts, chips per host, topology)
     sizes: Mapping[int, tuple[int, int, str]]
+    #: keras-kinetic's name of the generation, which it numbers by chips (``v5p-8`` is 8 chips there).
+    kinetic_name: str
+    #: keras-kinetic 0.0.4's slices (``kinetic/core/accelerators.py``): chips -> (hosts, topology).
+    kinetic_sizes: Mapping[int, tuple[int, str]]
+    #: Shapes besides the sizes, by their own name: name -> (hosts, chips per host, topology).
+    shapes: Mapping[str, tuple[int, int, str]] = field(default_factory=dict)
 
 
 # The number in a TPU name is the one Cloud TPU uses: chips for v5e and v6e,
-# TensorCores (two per chip) for v5p. Host counts are those of the real slices.
+# TensorCores (two per chip) for v4 and v5p. Host counts are those of the real slices.
 _TPU_FAMILIES = (
+    _TpuFamily(
+        prefix="tpu-v4",
+        gke_accelerator="tpu-v4-podslice",
+        machine_type="ct4p-hightpu-{chips}t",
+        alias_patterns=("v4-{n}",),
+        sizes={8: (1, 4, "2x2x1"), 16: (2, 4, "2x2x2"), 32: (4, 4, "2x2x4"), 64: (8, 4, "2x4x4")},
+        kinetic_name="v4",
+        kinetic_sizes={4: (1, "2x2x1"), 8: (2, "2x2x2"), 16: (4, "2x2x4"), 32: (8, "2x4x4")},
+    ),
     _TpuFamily(
         prefix="tpu-v5e",
         gke_accelerator="tpu-v5-lite-podslice",
         machine_type="ct5lp-hightpu-{chips}t",
         alias_patterns=("v5e-{n}", "v5litepod-{n}", "tpu-v5litepod-{n}"),
-        sizes={4: (1, 4, "2x2"), 8: (1, 8, "2x4"), 16: (4, 4, "4x4"), 32: (8, 4, "4x8"), 64: (16, 4, "8x8")},
+        sizes={1: (1, 1, "1x1"), 4: (1, 4, "2x2"), 8: (1, 8, "2x4"), 16: (4, 4, "4x4"), 32: (8, 4, "4x8"),
+               64: (16, 4, "8x8")},
+        kinetic_name="v5litepod",
+        kinetic_sizes={1: (1, "1x1"), 4: (1, "2x2"), 8: (1, "2x4"), 16: (4, "4x4"), 32: (8, "4x8"),
+                       64: (16, "8x8")},
     ),
     _TpuFamily(
         prefix="tpu-v5p",
@@ -110,41 +130,97 @@ _TPU_FAMILIES = (
         machine_type="ct5p-hightpu-{chips}t",
         alias_patterns=("v5p-{n}",),
         sizes={8: (1, 4, "2x2x1"), 16: (2, 4, "2x2x2"), 32: (4, 4, "2x2x4")},
+        kinetic_name="v5p",
+        kinetic_sizes={8: (2, "2x2x2"), 16: (4, "2x2x4")},
     ),
     _TpuFamily(
         prefix="tpu-v6e",
         gke_accelerator="tpu-v6e-slice",
         machine_type="ct6e-standard-{chips}t",
         alias_patterns=("v6e-{n}",),
-        sizes={8: (2, 4, "2x4"), 16: (4, 4, "4x4"), 32: (8, 4, "4x8")},
+        # Cloud TPU's v6e-8 is one VM of 8 chips; two hosts of 4 in a 2x4 exist through GKE alone, and are
+        # what keras-kinetic provisions for its v6e-8: named apart, by their topology.
+        sizes={1: (1, 1, "1x1"), 4: (1, 4, "2x2"), 8: (1, 8, "2x4"), 16: (4, 4, "4x4"), 32: (8, 4, "4x8")},
+        kinetic_name="v6e",
+        kinetic_sizes={8: (2, "2x4"), 16: (4, "4x4")},
+        shapes={"tpu-v6e-2x4": (2, 4, "2x4")},
     ),
 )
 
-#: GPU model in the name -> GKE accelerator value. Every GPU shape is one host.
-_GPU_MODELS = {"l4": "nvidia-l4", "a100": "nvidia-tesla-a100", "h100": "nvidia-h100-80gb"}
-#: GPUs per host offered for each model (the machine shapes GKE schedules).
-_GPU_COUNTS = (1, 2, 4, 8)
+#: GPU model in the name -> (GKE accelerator value, GPUs per host offered: the machine shapes GKE schedules).
+#: Every GPU shape is one host; keras-kinetic names the models alike.
+_GPU_MODELS = {
+    "l4": ("nvidia-l4", (1, 2, 4, 8)),
+    "a100": ("nvidia-tesla-a100", (1, 2, 4, 8, 16)),  # 16: a2-megagpu-16g
+    "a100-80gb": ("nvidia-a100-80gb", (1, 2, 4, 8)),
+    "h100": ("nvidia-h100-80gb", (1, 2, 4, 8)),
+    "h100-mega": ("nvidia-h100-mega-80gb", (8,)),  # a3-megagpu-8g
+}
+
+#: The models keras-kinetic knows, by the same names: their spellings are aliases here too.
+_KINETIC_GPU_MODELS = frozenset({"l4", "a100", "a100-80gb", "h100"})
 
 _CPU = Accelerator(name="cpu", kind="cpu", hosts=1, devices_per_host=1, topology=None, gke_accelerator=None)
 
 
-def _build_registry() -> tuple[Mapping[str, Accelerator], Mapping[str, str]]:
-    """Canonical name -> Accelerator (in listing order), and alias -> canonical name."""
+def _build_registry() -> tuple[Mapping[str, Accelerator], Mapping[str, str], Mapping[str, str]]:
+    """Canonical name -> Accelerator (in listing order); alias -> canonical name (Cloud TPU's spellings and
+    keras-kinetic's); and spellings that mean one slice in Cloud TPU's naming and another in keras-kinetic's
+    -> the one line that refuses them."""
     accelerators = [_CPU]
-    aliases: dict[str, str] = {}
+    cloud: dict[str, str] = {}
+    kinetic: dict[str, str] = {}
     for family in _TPU_FAMILIES:
-        for size, (hosts, chips, topology) in sorted(family.sizes.items()):
-            name = f"{family.prefix}-{size}"
+        shapes = [(f"{family.prefix}-{size}", shape) for size, shape in sorted(family.sizes.items())]
+        for name, (hosts, chips, topology) in [*shapes, *family.shapes.items()]:
             accelerators.append(Accelerator(name, "tpu", hosts, chips, topology, family.gke_accelerator,
                                             family.machine_type.format(chips=chips)))
-            aliases.update({pattern.format(n=size): name for pattern in family.alias_patterns})
-    for model, gke_value in _GPU_MODELS.items():
-        for count in _GPU_COUNTS:
-            accelerators.append(Accelerator(f"gpu-{model}x{count}", "gpu", 1, count, None, gke_value))
-    return MappingProxyType({acc.name: acc for acc in accelerators}), MappingProxyType(aliases)
+            if family.kinetic_sizes.get(hosts * chips) == (hosts, topology):
+                kinetic[f"{family.kinetic_name}-{hosts * chips}"] = name
+        for size in family.sizes:
+            cloud.update({pattern.format(n=size): f"{family.prefix}-{size}" for pattern in family.alias_patterns})
+    for model, (gke_value, counts) in _GPU_MODELS.items():
+        for count in counts:
+            name = f"gpu-{model}x{count}"
+            accelerators.append(Accelerator(name, "gpu", 1, count, None, gke_value))
+            if model in _KINETIC_GPU_MODELS:
+                kinetic[f"{model}x{count}"] = name
+                if count == 1:
+                    kinetic.update({model: name, f"gpu-{model}": name})
+    registry = {acc.name: acc for acc in accelerators}
+    aliases = dict(cloud)
+    ambiguous: dict[str, str] = {}
+    for spelling, name in list(kinetic.items()):
+        if spelling.startswith("v5litepod-"):  # keras-kinetic's alias v5e, as it reads it
+            kinetic.setdefault(f"v5e-{spelling.removeprefix('v5litepod-')}", name)
+    for spelling, name in kinetic.items():
+        kind = "gpu" if name.startswith("gpu-") else "tpu"
+        if not spelling.startswith(f"{kind}-"):
+            aliases[f"{kind}:{spelling}"] = name  # keras-kinetic's own form: its meaning, always
+        ours = cloud.get(spelling, spelling if spelling in registry else None)
+        if ours is None:
+            aliases.setdefault(spelling, name)
+        elif ours != name:
+            ambiguous[spelling] = (
+                f"accelerator {spelling!r} is two slices: {_shape(registry[ours])} in Cloud TPU's naming, which "
+                f"kinetic_nb uses ({ours}), and {_shape(registry[name])} in keras-kinetic's ({name} here, or "
+                f"tpu:{spelling}); say {ours} or {name}")
+    for spelling in ambiguous:
+        aliases.pop(spelling, None)
+    return MappingProxyType(registry), MappingProxyType(aliases), MappingProxyType(ambiguous)
 
 
-_REGISTRY, _ALIASES = _build_registry()
+def _shape(acc: Accelerator) -> str:
+    hosts = f"{acc.hosts} host" + ("s" if acc.hosts != 1 else "")
+    return f"{hosts} x {acc.devices_per_host} chip" + ("s" if acc.devices_per_host != 1 else "")
+
+
+def kinetic_spellings(name: str) -> list[str]:
+    """How keras-kinetic names the slice ``name`` (its ``tpu:``/``gpu:`` forms), for a listing beside ours."""
+    return [alias for alias, canonical in _ALIASES.items() if canonical == name and ":" in alias]
+
+
+_REGISTRY, _ALIASES, _AMBIGUOUS = _build_registry()
 
 
 def accelerator_names() -> list[str]:
@@ -177,6 +253,8 @@ def resolve_accelerator(name: str) -> Accelerator:
         One line naming the value, with close matches when there are any.
     """
     key = str(name).strip().lower()
+    if key in _AMBIGUOUS:
+        raise UnknownAcceleratorError(_AMBIGUOUS[key])
     canonical = _ALIASES.get(key, key)
     if canonical in _REGISTRY:
         return _REGISTRY[canonical]
@@ -201,6 +279,23 @@ def _close_matches(key: str) -> list[str]:
     listing_order = {name: position for position, name in enumerate(_REGISTRY)}
     ranked = sorted(best_score, key=lambda canonical: (-best_score[canonical], listing_order[canonical]))
     return ranked[:_MAX_SUGGESTIONS]
+
+
+def accelerator_table() -> str:
+    """Every accelerator as a plain-text table: its name, hosts x chips (or GPUs), topology, each host's machine
+    type, and keras-kinetic's spellings of the same slice (accepted too)."""
+    header = ("name", "hosts x chips", "topology", "machine type", "keras-kinetic")
+    rows = [header]
+    for acc in _REGISTRY.values():
+        rows.append((acc.name, f"{acc.hosts} x {acc.devices_per_host}", acc.topology or "-", acc.machine_type or "-",
+                     ", ".join(kinetic_spellings(acc.name)) or "-"))
+    widths = [max(len(row[column]) for row in rows) for column in range(len(header) - 1)]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False)) + "  " + row[-1]
+             for row in rows]
+    lines.append("TPU sizes are Cloud TPU's (v4 and v5p count TensorCores, two per chip); keras-kinetic counts "
+                 "chips, so a bare name that means two slices (v5p-8) is refused: say tpu-v5p-8, or tpu:v5p-8 "
+                 "for keras-kinetic's.")
+    return "\n".join(line.rstrip() for line in lines)
 
 
 def local_notice(acc: Accelerator) -> str:

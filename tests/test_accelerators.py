@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from kinetic_nb.accelerators import Accelerator, accelerator_names, local_notice, resolve_accelerator
+from kinetic_nb.accelerators import (
+    Accelerator,
+    accelerator_names,
+    kinetic_spellings,
+    local_notice,
+    resolve_accelerator,
+)
 from kinetic_nb.errors import KineticError, UnknownAcceleratorError
 
 
@@ -16,8 +22,15 @@ from kinetic_nb.errors import KineticError, UnknownAcceleratorError
         ("tpu-v5e-16", 4, 4, "4x4"),
         ("tpu-v5e-32", 8, 4, "4x8"),
         ("tpu-v5e-64", 16, 4, "8x8"),
-        ("tpu-v6e-8", 2, 4, "2x4"),
+        ("tpu-v5e-1", 1, 1, "1x1"),
+        ("tpu-v6e-1", 1, 1, "1x1"),
+        ("tpu-v6e-4", 1, 4, "2x2"),
+        ("tpu-v6e-8", 1, 8, "2x4"),  # Cloud TPU's v6e-8: one VM of 8 chips
+        ("tpu-v6e-2x4", 2, 4, "2x4"),  # the same topology as two hosts of 4 (GKE only; keras-kinetic's v6e-8)
         ("tpu-v6e-16", 4, 4, "4x4"),
+        ("tpu-v4-8", 1, 4, "2x2x1"),  # v4 counts TensorCores, as v5p does
+        ("tpu-v4-16", 2, 4, "2x2x2"),
+        ("tpu-v4-64", 8, 4, "2x4x4"),
         ("tpu-v6e-32", 8, 4, "4x8"),
         ("tpu-v5p-8", 1, 4, "2x2x1"),
         ("tpu-v5p-16", 2, 4, "2x2x2"),
@@ -38,7 +51,8 @@ def test_tpu_slices_have_their_real_host_and_chip_counts(name, hosts, devices_pe
 
 @pytest.mark.parametrize(("name", "machine_type"), [
     ("tpu-v5e-4", "ct5lp-hightpu-4t"), ("tpu-v5e-8", "ct5lp-hightpu-8t"), ("tpu-v5e-16", "ct5lp-hightpu-4t"),
-    ("tpu-v6e-8", "ct6e-standard-4t"), ("tpu-v6e-32", "ct6e-standard-4t"),
+    ("tpu-v6e-8", "ct6e-standard-8t"), ("tpu-v6e-2x4", "ct6e-standard-4t"), ("tpu-v6e-32", "ct6e-standard-4t"),
+    ("tpu-v6e-1", "ct6e-standard-1t"), ("tpu-v5e-1", "ct5lp-hightpu-1t"), ("tpu-v4-32", "ct4p-hightpu-4t"),
     ("tpu-v5p-8", "ct5p-hightpu-4t"), ("tpu-v5p-32", "ct5p-hightpu-4t"),
     ("gpu-h100x8", None), ("cpu", None),
 ])
@@ -61,6 +75,10 @@ def test_devices_counts_the_whole_slice():
         ("gpu-l4x2", "nvidia-l4"),
         ("gpu-a100x4", "nvidia-tesla-a100"),
         ("gpu-h100x8", "nvidia-h100-80gb"),
+        ("gpu-a100-80gbx8", "nvidia-a100-80gb"),
+        ("gpu-a100x16", "nvidia-tesla-a100"),
+        ("gpu-h100-megax8", "nvidia-h100-mega-80gb"),
+        ("tpu-v4-16", "tpu-v4-podslice"),
     ],
 )
 def test_gke_node_selector_values(name, gke_value):
@@ -92,7 +110,19 @@ def test_tpus_and_gpus_are_simulated_locally():
         ("tpu-v5litepod-64", "tpu-v5e-64"),
         ("v5e-4", "tpu-v5e-4"),
         ("v6e-32", "tpu-v6e-32"),
-        ("v5p-16", "tpu-v5p-16"),
+        ("v5p-32", "tpu-v5p-32"),
+        # keras-kinetic's spellings of the same slices (it counts chips; its tpu: and gpu: forms are its own)
+        ("tpu:v5litepod-16", "tpu-v5e-16"),
+        ("tpu:v5e-4", "tpu-v5e-4"),
+        ("tpu:v5p-8", "tpu-v5p-16"),
+        ("tpu:v4-8", "tpu-v4-16"),
+        ("tpu:v6e-8", "tpu-v6e-2x4"),
+        ("tpu:v6e-16", "tpu-v6e-16"),
+        ("a100x4", "gpu-a100x4"),
+        ("gpu:a100-80gbx8", "gpu-a100-80gbx8"),
+        ("l4", "gpu-l4x1"),
+        ("gpu-l4", "gpu-l4x1"),
+        ("gpu:h100", "gpu-h100x1"),
     ],
 )
 def test_aliases_resolve_to_the_canonical_accelerator(alias, canonical):
@@ -110,13 +140,13 @@ def test_unknown_name_lists_close_matches_on_one_line():
         resolve_accelerator("tpu-v5e-12")
     message = str(caught.value)
     assert "\n" not in message
-    assert message.startswith("unknown accelerator 'tpu-v5e-12'; did you mean: tpu-v5e-16, tpu-v5e-32")
+    assert message.startswith("unknown accelerator 'tpu-v5e-12'; did you mean: tpu-v5e-1, tpu-v5e-16, tpu-v5e-32")
     assert isinstance(caught.value, ValueError)
     assert isinstance(caught.value, KineticError)
 
 
 def test_close_matches_through_an_alias_are_named_canonically():
-    with pytest.raises(UnknownAcceleratorError, match=r"did you mean: tpu-v5e-16\b") as caught:
+    with pytest.raises(UnknownAcceleratorError, match=r"did you mean: tpu-v5e-1, tpu-v5e-16\b") as caught:
         resolve_accelerator("v5litepod-12")
     suggestions = str(caught.value).split("did you mean: ")[1].rstrip("?").split(", ")
     assert all(suggestion in accelerator_names() for suggestion in suggestions)
@@ -136,10 +166,12 @@ def test_unknown_name_without_close_match_says_how_to_list_names():
 def test_accelerator_names_are_canonical_and_sorted_by_family_then_size():
     names = accelerator_names()
     assert names[0] == "cpu"
-    assert names[1:6] == ["tpu-v5e-4", "tpu-v5e-8", "tpu-v5e-16", "tpu-v5e-32", "tpu-v5e-64"]
-    assert names[-4:] == ["gpu-h100x1", "gpu-h100x2", "gpu-h100x4", "gpu-h100x8"]
+    assert names[1:5] == ["tpu-v4-8", "tpu-v4-16", "tpu-v4-32", "tpu-v4-64"]
+    assert names[5:11] == ["tpu-v5e-1", "tpu-v5e-4", "tpu-v5e-8", "tpu-v5e-16", "tpu-v5e-32", "tpu-v5e-64"]
+    assert names[-5:] == ["gpu-h100x1", "gpu-h100x2", "gpu-h100x4", "gpu-h100x8", "gpu-h100-megax8"]
     assert "v5litepod-16" not in names
-    assert len(names) == len(set(names)) == 1 + 5 + 3 + 3 + 12
+    # cpu; v4 4, v5e 6, v5p 3, v6e 5 + the two-host 2x4; l4 4, a100 5 (x16 too), a100-80gb 4, h100 4, mega 1
+    assert len(names) == len(set(names)) == 1 + 4 + 6 + 3 + 6 + 4 + 5 + 4 + 4 + 1
     assert all(resolve_accelerator(name).name == name for name in names)
 
 
@@ -158,7 +190,7 @@ def test_accelerators_are_immutable():
     ("name", "notice"),
     [
         ("tpu-v5e-16", "tpu-v5e-16 is simulated locally: 4 host processes x 4 CPU devices each."),
-        ("tpu-v6e-8", "tpu-v6e-8 is simulated locally: 2 host processes x 4 CPU devices each."),
+        ("tpu-v6e-2x4", "tpu-v6e-2x4 is simulated locally: 2 host processes x 4 CPU devices each."),
         ("tpu-v5e-8", "tpu-v5e-8 is simulated locally: 1 host process x 8 CPU devices."),
         ("gpu-h100x1", "gpu-h100x1 is simulated locally: 1 host process x 1 CPU device."),
         ("cpu", "cpu runs locally: 1 host process x 1 CPU device."),
@@ -166,3 +198,29 @@ def test_accelerators_are_immutable():
 )
 def test_local_notice_is_one_line_naming_processes_and_devices(name, notice):
     assert local_notice(resolve_accelerator(name)) == notice
+
+
+@pytest.mark.parametrize(("spelling", "ours", "theirs"), [
+    ("v5p-8", "tpu-v5p-8", "tpu-v5p-16"),
+    ("v4-8", "tpu-v4-8", "tpu-v4-16"),
+    ("v6e-8", "tpu-v6e-8", "tpu-v6e-2x4"),
+])
+def test_a_spelling_that_is_one_slice_in_cloud_tpus_naming_and_another_in_keras_kinetics_is_refused(
+        spelling, ours, theirs):
+    """Cloud TPU counts v4 and v5p in TensorCores and names v6e-8 one VM; keras-kinetic counts chips and makes
+    v6e-8 two hosts: the bare spelling is refused in one line naming both, never silently one of them."""
+    with pytest.raises(UnknownAcceleratorError) as caught:
+        resolve_accelerator(spelling)
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith(f"accelerator {spelling!r} is two slices: ")
+    assert f"({ours})" in message and f"({theirs} here, or tpu:{spelling})" in message
+    assert message.endswith(f"say {ours} or {theirs}")
+    assert resolve_accelerator(f"tpu-{spelling}").name == ours  # our own name is never ambiguous
+    assert resolve_accelerator(f"tpu:{spelling}").name == theirs  # keras-kinetic's own form is its meaning
+
+
+def test_keras_kinetics_spellings_are_listed_beside_ours():
+    assert kinetic_spellings("tpu-v5e-16") == ["tpu:v5litepod-16", "tpu:v5e-16"]
+    assert kinetic_spellings("tpu-v6e-2x4") == ["tpu:v6e-8"]
+    assert kinetic_spellings("tpu-v6e-8") == []  # keras-kinetic has no one-host v6e-8
+    assert kinetic_spellings("gpu-l4x1") == ["gpu:l4x1", "gpu:l4"]

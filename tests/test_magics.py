@@ -9,6 +9,7 @@ import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
 import kinetic_nb
+from kinetic_nb.accelerators import accelerator_names
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +56,21 @@ def test_bad_input_is_one_usage_error_line(shell, capsys, line, expected):
     assert expected in message
     assert "\n" not in message.strip()
     assert "Traceback" not in captured.out + captured.err
+
+
+def test_kinetic_accelerators_lists_every_name_with_keras_kinetics_spelling(shell, capsys):
+    result = run_cell(shell, "%kinetic accelerators")
+    assert result.error_in_exec is None
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["name", "hosts", "x", "chips", "topology", "machine", "type", "keras-kinetic"]
+    rows = {line.split()[0]: line.split() for line in lines[1:-1]}
+    assert set(rows) == set(accelerator_names())
+    assert rows["tpu-v6e-2x4"][1:] == ["2", "x", "4", "2x4", "ct6e-standard-4t", "tpu:v6e-8"]
+    assert rows["tpu-v5p-16"][-1] == "tpu:v5p-8"  # keras-kinetic counts chips
+    assert "refused" in lines[-1]
+    result = run_cell(shell, "%%kinetic -a v5p-8\n1\n")
+    assert type(result.error_in_exec).__name__ == "UsageError"
+    assert str(result.error_in_exec).startswith("accelerator 'v5p-8' is two slices: ")
 
 
 def test_help_lists_the_flags(shell):

@@ -24,6 +24,7 @@ from IPython.core.magic_arguments import (
 from IPython.utils.process import arg_split
 from traitlets import Float, Unicode
 
+from kinetic_nb.accelerators import accelerator_table
 from kinetic_nb.client import backend_options, catalog, sessions
 from kinetic_nb.client.catalog_records import printable
 from kinetic_nb.client.cell_handle import CellHandle
@@ -42,7 +43,8 @@ from kinetic_nb.notebook.session_commands import (
 from kinetic_nb.runner.redact import MASK, SecretValue
 
 #: The ``%kinetic`` line magic's subcommands, in the order its help lists them.
-SUBCOMMANDS = ("start", "stop", "restart", "sessions", "jobs", "attach", "cancel", "logs", "stacks", "gc", "doctor")
+SUBCOMMANDS = ("start", "stop", "restart", "sessions", "jobs", "attach", "cancel", "logs", "stacks", "gc", "doctor",
+               "accelerators")
 
 
 def _names(values: list[str]) -> list[str]:
@@ -136,6 +138,7 @@ _LINE_PARSERS = {
     "gc": _parser("%kinetic gc", (("--older-than",), dict(required=True, metavar="DURATION",
                                                           help="e.g. 7d, 12h, 30m"))),
     "doctor": doctor_parser(_parser),
+    "accelerators": _parser("%kinetic accelerators"),
 }
 
 
@@ -325,6 +328,8 @@ class KineticMagics(_BackendSettings):
             %kinetic gc --older-than 7d              remove old jobs that have ended
             %kinetic doctor [-a NAME]                is the cluster (-b kubernetes) ready, and the bucket?
                                                      each failure with the command that fixes it
+            %kinetic accelerators                    every -a name: hosts x chips, topology, machine type,
+                                                     and keras-kinetic's spelling of the same slice
 
         Each also takes ``--storage URI``.
         """
@@ -407,6 +412,9 @@ class KineticMagics(_BackendSettings):
 
     def _line_logs(self, args: Any) -> None:
         print(catalog.attach(args.job_id, storage=args.storage).logs(args.host), end="")
+
+    def _line_accelerators(self, args: Any) -> None:
+        print(accelerator_table())
 
     def _line_doctor(self, args: Any) -> None:
         report = backend_options.doctor(args.backend, args.accelerator, args.storage, self._backend_options(args))

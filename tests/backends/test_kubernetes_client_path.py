@@ -138,7 +138,7 @@ def test_jax_hosts_meet_at_the_coordinator_the_leader_worker_set_names(cluster, 
               "from jax.experimental import multihost_utils\n"
               "total = multihost_utils.process_allgather(jnp.ones(2) * jax.process_index()).sum()\n"
               "(jax.process_count(), jax.process_index(), float(total))")
-    handle = kinetic_nb.submit(source, accelerator="tpu-v6e-8", backend="kubernetes", env={"JAX_PLATFORMS": "cpu"},
+    handle = kinetic_nb.submit(source, accelerator="tpu-v6e-2x4", backend="kubernetes", env={"JAX_PLATFORMS": "cpu"},
                                storage=f"file://{tmp_path}/jobs", quiet=True)
     assert handle.plan.framework == "jax"
     [lws] = api.created("LeaderWorkerSet")
@@ -192,7 +192,7 @@ def test_an_image_without_kinetic_nb_fails_the_cell_with_the_pods_last_lines(clu
 
 def test_cancel_deletes_the_workload_and_stops_the_hosts(cluster, tmp_path):
     api, kubelets = cluster
-    handle = kinetic_nb.submit("import time\ntime.sleep(300)", accelerator="tpu-v6e-8", backend="kubernetes",
+    handle = kinetic_nb.submit("import time\ntime.sleep(300)", accelerator="tpu-v6e-2x4", backend="kubernetes",
                                storage=f"file://{tmp_path}/jobs", quiet=True)
     kubelet = start_pods(api, kubelets, tmp_path)
     wait_for(lambda: all(handle.storage.exists(protocol.host_status(index)) for index in range(2)),

@@ -76,8 +76,9 @@ OWNER = k8s_root.root_owner_reference(JOB_ID, ROOT_UID)
 #: accelerator -> (workload kind, hosts, devices per host, GKE accelerator, topology, machine type)
 SHAPES = {
     "tpu-v5e-16": ("LeaderWorkerSet", 4, 4, "tpu-v5-lite-podslice", "4x4", "ct5lp-hightpu-4t"),
-    # 2x4 is also one host of 8 chips (ct6e-standard-8t): the registry's tpu-v6e-8 is two hosts of 4.
-    "tpu-v6e-8": ("LeaderWorkerSet", 2, 4, "tpu-v6e-slice", "2x4", "ct6e-standard-4t"),
+    # 2x4 is also one host of 8 chips (tpu-v6e-8, ct6e-standard-8t): tpu-v6e-2x4 is two hosts of 4.
+    "tpu-v6e-2x4": ("LeaderWorkerSet", 2, 4, "tpu-v6e-slice", "2x4", "ct6e-standard-4t"),
+    "tpu-v6e-8": ("Job", 1, 8, "tpu-v6e-slice", "2x4", "ct6e-standard-8t"),
     # 2x4 is also two hosts of 4 chips (ct5lp-hightpu-4t): tpu-v5e-8 is one host of 8.
     "tpu-v5e-8": ("Job", 1, 8, "tpu-v5-lite-podslice", "2x4", "ct5lp-hightpu-8t"),
     "gpu-h100x8": ("Job", 1, 8, "nvidia-h100-80gb", None, None),
@@ -361,7 +362,7 @@ def test_core_objects_and_pod_templates_validate_against_the_kubernetes_schemas(
 
 @pytest.mark.parametrize("mode", MODE_SETTINGS)
 @pytest.mark.parametrize("release", LWS_RELEASES)
-@pytest.mark.parametrize("accelerator", ["tpu-v5e-16", "tpu-v6e-8"])
+@pytest.mark.parametrize("accelerator", ["tpu-v5e-16", "tpu-v6e-2x4"])
 def test_leader_worker_set_conforms_to_every_supported_releases_crd(accelerator, release, mode):
     """Pod templates included, as core/v1 PodTemplateSpecs, for the oldest and newest Kubernetes we support."""
     _, [lws] = manifests_for(accelerator, settings=MODE_SETTINGS[mode])
@@ -569,7 +570,7 @@ def test_a_gpu_pod_puts_the_driver_gke_mounts_on_its_paths_before_the_agent_star
         assert shown == ["/usr/bin:/bin", "/opt/image/lib"]
 
 
-@pytest.mark.parametrize("accelerator", ["tpu-v5e-16", "tpu-v6e-8"])
+@pytest.mark.parametrize("accelerator", ["tpu-v5e-16", "tpu-v6e-2x4"])
 def test_tpu_hosts_get_worker_ids_and_hostnames_that_match_the_slices_pods(accelerator):
     _, manifests = manifests_for(accelerator)
     pods = pods_for(manifests)

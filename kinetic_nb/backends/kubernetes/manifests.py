@@ -108,6 +108,7 @@ HOST_REQUESTS = {"cpu": "1", "memory": "4Gi"}
 TPU_HOST_SHARE = 0.5
 #: Each TPU host machine type's vCPUs and memory (GiB), from Compute Engine's machine types.
 TPU_MACHINES = {
+    "ct4p-hightpu-4t": (240, 407),
     "ct5lp-hightpu-1t": (24, 48), "ct5lp-hightpu-4t": (112, 192), "ct5lp-hightpu-8t": (224, 384),
     "ct5p-hightpu-4t": (208, 448),
     "ct6e-standard-1t": (44, 176), "ct6e-standard-4t": (180, 720), "ct6e-standard-8t": (180, 1440),

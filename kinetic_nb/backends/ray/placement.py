@@ -18,7 +18,7 @@ SPREAD = "STRICT_SPREAD"
 #: cluster has fewer nodes than hosts (Ray's ``PACK`` would crowd them onto one node with others idle).
 SHARED = "SPREAD"
 #: Ray's TPU generation names for the accelerators' families (its pod types are ``{version}-{chips}``).
-TPU_VERSIONS = {"tpu-v5e": "v5litepod", "tpu-v5p": "v5p", "tpu-v6e": "v6e"}
+TPU_VERSIONS = {"tpu-v4": "v4", "tpu-v5e": "v5litepod", "tpu-v5p": "v5p", "tpu-v6e": "v6e"}
 #: Each host's actor holds one CPU: enough to run the agent, and what makes one bundle a host.
 CPUS_PER_HOST = 1
 #: With ``--ray-pack``, a host's share of a CPU: a hundred hosts fit on one CPU of a node, so a node takes
@@ -29,6 +29,17 @@ SHARED_CPUS_PER_HOST = 0.01
 def tpu_version(accelerator: Accelerator) -> str | None:
     """Ray's generation name for a TPU accelerator (``v5litepod``), or None for cpu and gpu."""
     return next((version for prefix, version in TPU_VERSIONS.items() if accelerator.name.startswith(prefix)), None)
+
+
+#: The generations whose Cloud TPU accelerator type counts TensorCores (two per chip), not chips.
+_COUNTS_CORES = frozenset({"v4", "v5p"})
+
+
+def pod_type(accelerator: Accelerator) -> str:
+    """The slice's Cloud TPU accelerator type, as Ray names its TPU resources (``v5litepod-16``, ``v5p-16``;
+    ``tpu-v6e-2x4``, two hosts of 4 chips, is a ``v6e-8``)."""
+    version = tpu_version(accelerator)
+    return f"{version}-{accelerator.devices * (2 if version in _COUNTS_CORES else 1)}"
 
 
 def host_bundles(accelerator: Accelerator, hosts: int, *, shared: bool = False) -> list[dict[str, float]]:
@@ -46,7 +57,7 @@ def host_bundles(accelerator: Accelerator, hosts: int, *, shared: bool = False) 
     bundles = [dict(bundle) for _ in range(hosts)]
     version = tpu_version(accelerator)
     if version is not None and hosts > 1:
-        bundles[0][f"TPU-{version}-{accelerator.name.rsplit('-', 1)[1]}-head"] = 1
+        bundles[0][f"TPU-{pod_type(accelerator)}-head"] = 1
     return bundles
 
 
