@@ -64,9 +64,13 @@ def test_a_ready_cluster_and_bucket_pass_every_check(server, gcs_root):
     report = doctor("tpu-v5e-16", gcs_root, backend_options=OPTIONS, api=server.api(), iam_policy=policy)
     assert report.ok, report.table()
     assert [check.name for check in report.checks] == [
-        "cluster reachable", "namespace", "LeaderWorkerSet API", "node pool", "permissions", "image mode", "storage",
-        "pods reach the bucket"]
+        "cluster reachable", "namespace", "LeaderWorkerSet API", "node pool", "permissions", "image mode", "framework",
+        "storage", "pods reach the bucket"]
     assert by_name(report)["image mode"].detail.startswith("custom: img:1 as it is (it needs kinetic_nb ")
+    # A custom image on TPUs: kinetic_nb adds no framework there (the other modes do), so it says what must be in it.
+    framework = by_name(report)["framework"]
+    assert (framework.status, framework.detail) == (
+        "warn", "the custom mode adds no framework: img:1 must have jax[tpu] for tpu-v5e-16 (not checked here)")
     assert by_name(report)["cluster reachable"].detail == "Kubernetes v1.31.4-gke.1256000"
     assert policy.asked == ["kinetic-tests"]
     # One SelfSubjectAccessReview per verb and resource the backend uses, in the job's namespace.

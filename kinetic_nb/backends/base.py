@@ -117,10 +117,10 @@ class Backend(abc.ABC):
     def preflight(self, plan: JobPlan) -> None:  # noqa: B027 - a hook: most backends accept every plan
         """Refuse, with one line (``ValueError``), a plan this backend cannot run; nothing is stored yet."""
 
-    def target(self) -> str:
-        """Which cluster a launch goes to, for its notice, where that is a choice the user may not know was made
-        (a kubeconfig context); "" where there is nothing to say."""
-        return ""
+    def launch_notices(self, plan: JobPlan) -> list[str]:
+        """Lines a launch prints (unless quiet) for what was chosen that the user may not know was: which
+        cluster (a kubeconfig context), what the hosts install; none where there is nothing to say."""
+        return []
 
     def start_window_s(self) -> float:
         """How far apart this backend may start a job's hosts, in seconds (0: together).

@@ -53,8 +53,8 @@ def launch_hosts(group_id: str, kind: str, root: Storage, backend: Backend, acc:
     backend.preflight(plan)
     if acc.simulated_locally and backend.simulates_accelerators and not quiet:
         print(local_notice(acc), file=sys.stderr)
-    if not quiet and (target := backend.target()):
-        print(f"kinetic_nb: {target}", file=sys.stderr)
+    for notice in [] if quiet else backend.launch_notices(plan):
+        print(f"kinetic_nb: {notice}", file=sys.stderr)
     warn_if_shared(root)
     storage = root.child(group_id)
     key = create_key(group_id, kind)  # kept by this user only, before anything of the group is stored

@@ -12,7 +12,7 @@ import pytest
 from kinetic_nb.backends.base import JobSecrets
 from kinetic_nb.backends.kubernetes.backend import KubernetesBackend
 from kinetic_nb.backends.kubernetes.image_modes import REQUIREMENTS_OBJECT
-from kinetic_nb.backends.kubernetes.requirements import pod_requirements
+from kinetic_nb.backends.kubernetes.requirements import framework_requirement, pod_requirements
 from kinetic_nb.backends.kubernetes.settings import KubernetesSettings
 from kinetic_nb.runner.envelope import read_sealed
 from kinetic_nb.storage import open_storage
@@ -151,3 +151,55 @@ def test_the_pods_get_the_inlined_file(tmp_path):
         backend.launch(storage, plan, JobSecrets(key=KEY, env={}))
     stored = read_sealed(storage, REQUIREMENTS_OBJECT, KEY).decode()
     assert [line for line in stored.splitlines() if not line.startswith("#")] == ["numpy", "jax"]
+
+
+# -- the cell's framework, by default -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("kind", "framework", "requirements", "added"), [
+    ("tpu", "jax", None, "jax[tpu]=={jax}"),
+    ("tpu", "auto", None, "jax[tpu]=={jax}"),  # a session whose first cell picks: JAX on TPUs
+    ("gpu", "jax", b"numpy\n", "jax[cuda12]=={jax}"),
+    ("gpu", "torch", None, "torch=={torch}"),  # no local build tag: the index's CUDA build at that version
+    ("tpu", "jax", b"JAX[tpu]>=0.4.30  # mine\n", None),  # named already (any case, any extra): theirs
+    ("gpu", "torch", b"-r more.txt\nTorch==2.5.1\n", None),
+    ("tpu", "torch", None, None),  # torch_xla has no version to match: left to --requirements
+    ("cpu", "jax", None, None),
+    ("gpu", "none", None, None),
+])
+def test_the_pods_install_the_cells_framework_for_the_accelerator_at_the_notebooks_version(
+        kind, framework, requirements, added):
+    from kinetic_nb.runner.versions import installed_version
+
+    versions = {name: (installed_version(name) or "").split("+")[0] for name in ("jax", "torch")}
+    expected = added.format(**versions) if added else None
+    assert framework_requirement(kind, framework, requirements) == expected
+
+
+@pytest.mark.parametrize("mode", ["prebuilt", "custom"])
+def test_a_tpu_jobs_pods_get_jax_tpu_and_the_launch_says_so(tmp_path, mode, capsys):
+    """In the prebuilt mode the stored requirements end with the framework's line and the launch's notice says
+    what it added; in the custom mode the image is as it is (the doctor warns instead)."""
+    import kinetic_nb
+
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("numpy\n")
+    api = FakeKubernetes()
+    settings = KubernetesSettings(namespace="ml-team", image_mode=mode,
+                                  requirements=str(requirements) if mode == "prebuilt" else None,
+                                  image="img:1" if mode == "custom" else None)
+    backend = KubernetesBackend(settings, api=api)
+    with pytest.warns(UserWarning, match="is local to this machine"):
+        handle = kinetic_nb.submit("1", accelerator="tpu-v5e-16", framework="jax", backend=backend,
+                                   storage=f"file://{tmp_path}/jobs", keep=True)
+    line = framework_requirement("tpu", "jax", None)
+    notices = [text for text in capsys.readouterr().err.splitlines() if text.startswith("kinetic_nb: ")]
+    if mode == "prebuilt":
+        stored = read_sealed(handle.storage, REQUIREMENTS_OBJECT, handle.key).decode().splitlines()
+        assert stored == ["numpy", line]
+        assert notices[-1] == (f"kinetic_nb: the pods install {line} for tpu-v5e-16 (this notebook's version); "
+                               "name jax in --requirements to choose another")
+    else:
+        assert not handle.storage.exists(REQUIREMENTS_OBJECT)
+        assert not any("the pods install" in text for text in notices)
+    handle.cancel()  # its poller stops with it

@@ -214,7 +214,8 @@ def test_a_kubeconfig_context_wins_over_the_pod_the_notebook_runs_in(server, in_
         settings = KubernetesSettings(namespace="ml-team", image="img:1", context="gke-b" if named else None)
         backend = KubernetesBackend(settings)
         expected, idle = (other, server) if named else (server, other)
-        assert backend.target() == f"kubernetes: kubeconfig context {'gke-b' if named else 'gke-a'}, namespace ml-team"
+        assert backend.launch_notices(job_plan("cpu-3-hosts"))[0] == (
+            f"kubernetes: kubeconfig context {'gke-b' if named else 'gke-a'}, namespace ml-team")
         backend.pods(job_plan("cpu-3-hosts"))
         assert [request.path.split("?")[0] for request in expected.sent("GET")] == ["/api/v1/namespaces/ml-team/pods"]
         assert idle.sent() == []

@@ -61,7 +61,7 @@ from kinetic_nb.backends.kubernetes.pods import (
     stuck_pending,
 )
 from kinetic_nb.backends.kubernetes.port_forward import pod_port_forward
-from kinetic_nb.backends.kubernetes.requirements import pod_requirements
+from kinetic_nb.backends.kubernetes.requirements import framework_requirement, pod_requirements, with_framework
 from kinetic_nb.backends.kubernetes.root import root_job, root_name, root_owner_reference
 from kinetic_nb.backends.kubernetes.settings import DEFAULT_COORDINATOR_PORT, DEFAULT_NAMESPACE, KubernetesSettings
 from kinetic_nb.errors import KineticError, KineticWarning
@@ -193,19 +193,35 @@ class KubernetesBackend(Backend):
         """Read ``--requirements``, refusing a line a pod cannot satisfy (a path on this machine: see
         :mod:`~kinetic_nb.backends.kubernetes.requirements`); in the build image mode, make sure its image
         exists (Cloud Build makes it once per requirements: minutes the first time, a registry lookup after)."""
-        if self.settings.requirements:
-            requirements = pod_requirements(self.settings.requirements)
-            if self.settings.mode is ImageMode.BUILD and self._built_image is None:
-                from kinetic_nb.backends.kubernetes.cloud_build import ensure_image
+        requirements = self._pod_requirements(plan)
+        if requirements is not None and self.settings.mode is ImageMode.BUILD and self._built_image is None:
+            from kinetic_nb.backends.kubernetes.cloud_build import ensure_image
 
-                self._built_image = ensure_image(requirements, registry=self.settings.registry or "",
-                                                 base_image=self.settings.require_image_base(),
-                                                 packages=host_packages("gs://"))
+            self._built_image = ensure_image(requirements, registry=self.settings.registry or "",
+                                             base_image=self.settings.require_image_base(),
+                                             packages=host_packages("gs://"))
 
-    def target(self) -> str:
-        """The cluster and namespace, as :func:`connect` chose the cluster (a kubeconfig context, or this pod's)."""
+    def _pod_requirements(self, plan: JobPlan) -> bytes | None:
+        """What the pods pip-install besides kinetic_nb: ``--requirements`` (checked), and the cell's
+        framework for the accelerator unless they name it (:func:`framework_requirement`); None: nothing."""
+        requirements = pod_requirements(self.settings.requirements) if self.settings.requirements else None
+        if self.settings.mode is ImageMode.CUSTOM:
+            return requirements
+        return with_framework(requirements, framework_requirement(resolve_accelerator(plan.accelerator).kind,
+                                                                  plan.framework, requirements))
+
+    def launch_notices(self, plan: JobPlan) -> list[str]:
+        """The cluster and namespace, as :func:`connect` chose the cluster (a kubeconfig context, or this
+        pod's); and the framework the pods install for the cell, where kinetic_nb added it."""
         source = getattr(self.api, "source", "") or "the configured cluster"
-        return f"kubernetes: {source}, namespace {self.settings.namespace}"
+        notices = [f"kubernetes: {source}, namespace {self.settings.namespace}"]
+        if self.settings.mode is not ImageMode.CUSTOM:
+            user = pod_requirements(self.settings.requirements) if self.settings.requirements else None
+            added = framework_requirement(resolve_accelerator(plan.accelerator).kind, plan.framework, user)
+            if added is not None:
+                notices.append(f"the pods install {added} for {plan.accelerator} (this notebook's version); name "
+                               f"{added.split('[')[0].split('=')[0]} in --requirements to choose another")
+        return notices
 
     def pod_settings(self) -> KubernetesSettings:
         """The settings the pods are made with: in the build image mode, with the image Cloud Build made."""
@@ -255,8 +271,7 @@ class KubernetesBackend(Backend):
                           stacklevel=2)
         settings = self.pod_settings()
         if settings.mode is not ImageMode.CUSTOM:  # before any pod exists: the pods install it first
-            requirements = (pod_requirements(settings.requirements)
-                            if settings.requirements and settings.mode is ImageMode.PREBUILT else None)
+            requirements = self._pod_requirements(plan) if settings.mode is ImageMode.PREBUILT else None
             store_environment(storage, secrets.key, requirements=requirements)
         root = self._create(root_job(plan, storage.uri, settings))
         owner = root_owner_reference(plan.job_id, as_api_dict(root)["metadata"]["uid"])

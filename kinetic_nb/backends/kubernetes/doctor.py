@@ -294,7 +294,8 @@ def doctor(accelerator: str | None = None, storage: str | None = None, *,
         image_checks,
     )
 
-    checks += image_checks(settings, (lambda: google_session) if google_session is not None else authorized_session)
+    checks += image_checks(settings, (lambda: google_session) if google_session is not None else authorized_session,
+                           acc)
     if storage:
         checks.append(_storage_check(storage))
         if storage.startswith("gs://") and api is not None and checks[0].status == OK:

@@ -18,11 +18,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from kinetic_nb.accelerators import Accelerator
 from kinetic_nb.backends.kubernetes import cloud_build
 from kinetic_nb.backends.kubernetes.cloud_build import authorized_session
 from kinetic_nb.backends.kubernetes.doctor_report import FAIL, OK, WARN, Check
 from kinetic_nb.backends.kubernetes.image_modes import ImageMode, host_packages, package_version
-from kinetic_nb.backends.kubernetes.requirements import pod_requirements
+from kinetic_nb.backends.kubernetes.requirements import FRAMEWORK_PACKAGES, pod_requirements
 from kinetic_nb.backends.kubernetes.settings import KubernetesSettings
 from kinetic_nb.errors import KineticError
 
@@ -40,8 +41,10 @@ INDEX_PROBE_PACKAGE = "cloudpickle"
 THIS_USER = "user:$(gcloud config get-value account)"
 
 
-def image_checks(settings: KubernetesSettings, google_session: Callable[[], Any]) -> list[Check]:
-    """The image mode's rows: what it is, the requirements file, then the mode's own needs."""
+def image_checks(settings: KubernetesSettings, google_session: Callable[[], Any],
+                 accelerator: Accelerator | None = None) -> list[Check]:
+    """The image mode's rows: what it is, the requirements file, then the mode's own needs. In the custom mode
+    on TPUs or GPUs, a warning that the image must bring the framework (the other modes add it)."""
     mode = settings.mode
     try:
         settings.require_environment()
@@ -52,8 +55,14 @@ def image_checks(settings: KubernetesSettings, google_session: Callable[[], Any]
         return [Check("image mode", FAIL, f"{mode}: {error}", fix)]
     version = package_version()
     if mode is ImageMode.CUSTOM:
-        return [Check("image mode", OK, f"custom: {settings.image} as it is (it needs kinetic_nb {version} and what "
-                                        "your cells import; each host compares versions at its start)")]
+        checks = [Check("image mode", OK, f"custom: {settings.image} as it is (it needs kinetic_nb {version} and "
+                                          "what your cells import; each host compares versions at its start)")]
+        if accelerator is not None and accelerator.kind in ("tpu", "gpu"):
+            wanted = " or ".join(package for (kind, _), package in FRAMEWORK_PACKAGES.items()
+                                 if kind == accelerator.kind)
+            checks.append(Check("framework", WARN, f"the custom mode adds no framework: {settings.image} must have "
+                                                   f"{wanted} for {accelerator.name} (not checked here)"))
+        return checks
     requirements = None
     checks = [Check("image mode", OK, f"{mode}: each pod installs kinetic_nb {version} at its start"
                     + (f" into {settings.require_image()}" if mode is ImageMode.PREBUILT else ""))]

@@ -28,7 +28,7 @@ import re
 import shlex
 from pathlib import Path
 
-__all__ = ["pod_requirements"]
+__all__ = ["framework_requirement", "pod_requirements", "with_framework"]
 
 #: pip's own comment rule: ``#`` at a line's start or after whitespace.
 _COMMENT = re.compile(r"(^|\s+)#.*$")
@@ -193,3 +193,44 @@ def pod_requirements(path: str | os.PathLike[str]) -> bytes:
     data = _read(file, shown, "")
     text, inlined = _inline(_decode(data, shown, ""), file, shown, (file.resolve(),))
     return text.encode() if inlined else data
+
+
+#: What a pod installs for a cell's framework on an accelerator, at the notebook's own version. Torch on TPUs
+#: needs torch_xla, which has no version to match the notebook's torch: it is left to --requirements.
+FRAMEWORK_PACKAGES = {("tpu", "jax"): "jax[tpu]", ("gpu", "jax"): "jax[cuda12]", ("gpu", "torch"): "torch"}
+#: A requirement's project name, at a line's start (PEP 508).
+_PROJECT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def framework_requirement(accelerator_kind: str, framework: str, requirements: bytes | None) -> str | None:
+    """The line that installs the cell's ``framework`` for ``accelerator_kind`` on a pod, pinned to this
+    notebook's version (without its local build tag: ``2.13.0+cpu`` is this machine's build); None when the
+    requirements name the framework already, or there is nothing to add (CPU hosts, no framework). A session
+    whose framework the first cell picks (``auto``) gets JAX on TPUs, the framework TPUs are used with."""
+    from kinetic_nb.runner.versions import installed_version
+
+    if framework == "auto" and accelerator_kind == "tpu":
+        framework = "jax"
+    package = FRAMEWORK_PACKAGES.get((accelerator_kind, framework))
+    if package is None or framework in _named_projects(requirements or b""):
+        return None
+    version = installed_version(framework)
+    return f"{package}=={version.split('+')[0]}" if version else package
+
+
+def with_framework(requirements: bytes | None, line: str | None) -> bytes | None:
+    """``requirements`` with the framework's ``line`` after them (either may be None)."""
+    if line is None:
+        return requirements
+    base = (requirements or b"").rstrip(b"\n")
+    return (base + b"\n" if base else b"") + line.encode() + b"\n"
+
+
+def _named_projects(requirements: bytes) -> set[str]:
+    """The projects ``requirements`` install, by their normalized names (``jax[tpu]==x`` names jax)."""
+    names = set()
+    for line in _logical_lines(requirements.decode(errors="replace")):
+        match = _PROJECT.match(line.text)
+        if match and not line.text.startswith("-"):
+            names.add(re.sub(r"[-_.]+", "-", match.group(0)).lower())
+    return names
