@@ -106,6 +106,8 @@ class Backend(abc.ABC):
     flags: ClassVar[tuple[BackendFlag, ...]] = ()
     #: The accelerator is simulated with CPU devices on this backend (the local one).
     simulates_accelerators: ClassVar[bool] = False
+    #: The hosts do not see this machine's disk (a pod, a Ray node): the notebook's folder travels with the job.
+    ships_workdir: ClassVar[bool] = False
 
     @classmethod
     def from_options(cls, **options: Any) -> Backend:

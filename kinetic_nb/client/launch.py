@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -23,6 +24,7 @@ from kinetic_nb.runner import protocol
 from kinetic_nb.runner.envelope import write_sealed
 from kinetic_nb.runner.job_keys import JOB, SESSION
 from kinetic_nb.runner.redact import SecretValue
+from kinetic_nb.shipping.workdir import pack_folder
 from kinetic_nb.storage import LocalStorage, Storage, default_root, open_storage
 
 logger = logging.getLogger(__name__)
@@ -51,6 +53,9 @@ def launch_hosts(group_id: str, kind: str, root: Storage, backend: Backend, acc:
                      simulated=backend.simulates_accelerators, env_names=sorted(env),
                      start_window=backend.start_window_s(), session=kind == SESSION, **plan_options)
     backend.preflight(plan)
+    folder = pack_folder(os.getcwd()) if backend.ships_workdir else None  # too large: one line, nothing stored
+    if folder is not None:
+        plan = dataclasses.replace(plan, workdir=protocol.WORKDIR)
     if acc.simulated_locally and backend.simulates_accelerators and not quiet:
         print(local_notice(acc), file=sys.stderr)
     for notice in [] if quiet else backend.launch_notices(plan):
@@ -60,6 +65,10 @@ def launch_hosts(group_id: str, kind: str, root: Storage, backend: Backend, acc:
     key = create_key(group_id, kind)  # kept by this user only, before anything of the group is stored
     if payload is not None:
         write_sealed(storage, protocol.PAYLOAD, key, payload, exclusive=True)
+    if folder is not None:
+        write_sealed(storage, protocol.WORKDIR, key, folder.data, exclusive=True)
+        if not quiet:
+            print(f"kinetic_nb: {folder.notice(os.getcwd())}", file=sys.stderr)
     write_sealed(storage, protocol.PLAN, key, plan.to_json(), exclusive=True)
     group = HostGroup(storage, plan, backend, key=key, echo=echo, detached=detached, keep=keep)
     group.write_record(**({"kind": "session"} if kind == SESSION else {}))

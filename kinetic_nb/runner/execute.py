@@ -32,6 +32,7 @@ from kinetic_nb.runner.redact import Redactor, host_secrets
 from kinetic_nb.runner.relayed import Relay, RelayedStorage
 from kinetic_nb.runner.stacks import enable_stack_dumps
 from kinetic_nb.runner.status import StatusReporter
+from kinetic_nb.runner.workdir import enter_workdir
 from kinetic_nb.storage import Storage, open_storage
 
 logger = logging.getLogger(__name__)
@@ -174,6 +175,8 @@ class HostRun:
             self.status.start()
             self.enter(Phase.PLAN_CHECK)
             self.plan = self._check_plan()
+            if self.plan.workdir:  # hosts that do not share the notebook's disk run in a copy of its folder
+                enter_workdir(self.storage, self.key, self.plan.workdir, self.plan.job_id)
         except BaseException as error:  # noqa: BLE001 - SystemExit and KeyboardInterrupt are failures too
             self.report_failure(error)
             return protocol.EXIT_FAILED

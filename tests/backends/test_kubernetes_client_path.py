@@ -172,6 +172,25 @@ def test_an_oom_killed_host_fails_the_cell_with_the_pods_reason(cluster, tmp_pat
     assert api.objects == {}  # deleted by the client with the outcome
 
 
+def test_a_cell_imports_a_module_from_the_notebooks_folder_on_the_pods(cluster, tmp_path, monkeypatch, capsys):
+    """The pods do not see this machine's disk: the notebook's folder travels with the job, and each host runs
+    in its copy, with it first on sys.path, as the notebook does here."""
+    api, kubelets = cluster
+    notebook = tmp_path / "notebook"
+    (notebook / "mylib").mkdir(parents=True)
+    (notebook / "mylib" / "__init__.py").write_text("VALUE = 41\n")
+    (notebook / "settings.txt").write_text("from the notebook's folder\n")
+    monkeypatch.chdir(notebook)
+    handle = kinetic_nb.submit("import os, mylib\n(mylib.VALUE + 1, open('settings.txt').read().strip(), "
+                               "os.environ['JOB_COMPLETION_INDEX'])", hosts=2, backend="kubernetes",
+                               storage=f"file://{tmp_path}/jobs")
+    assert f"kinetic_nb: the hosts run in a copy of this notebook's folder {notebook} (2 files" in \
+        capsys.readouterr().err  # mylib/__init__.py, settings.txt and nothing else
+    kubelet = start_pods(api, kubelets, tmp_path)
+    settle(handle, kubelet)
+    assert handle.result(timeout=30) == (42, "from the notebook's folder", "0")
+
+
 def test_an_image_without_kinetic_nb_fails_the_cell_with_the_pods_last_lines(cluster, tmp_path):
     """No host ever uploads a log: what the cell shows comes from the pods' termination messages."""
     api, kubelets = cluster

@@ -229,6 +229,16 @@ def test_a_session_on_a_bucket_runs_its_cells_through_the_hub_on_host_0s_node(ra
     assert ray_cluster.wait_until_nothing_is_left() == []
 
 
+def test_a_cell_imports_a_module_from_the_notebooks_folder_on_the_nodes(ray_cluster, tmp_path, monkeypatch):
+    """A Ray node does not see the notebook's folder (its workers run elsewhere): the folder travels with the
+    job, and each host runs in its copy."""
+    (tmp_path / "mylib.py").write_text("VALUE = 41\n")
+    monkeypatch.chdir(tmp_path)
+    handle = submit(ray_cluster, "import os, mylib\n(mylib.VALUE + 1, os.getcwd() != " + repr(str(tmp_path)) + ")",
+                    hosts=2)
+    assert handle.result(timeout=300) == (42, True)
+
+
 def test_nothing_of_ours_is_left_in_the_cluster(ray_cluster):
     assert submit(ray_cluster, "41 + 1").result(timeout=300) == 42
     assert ray_cluster.wait_until_nothing_is_left() == []

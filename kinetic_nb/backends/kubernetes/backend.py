@@ -121,6 +121,7 @@ class KubernetesBackend(Backend):
 
     name = "kubernetes"
     summary = "pods on a (GKE) cluster, the job in Cloud Storage (docs/gke.md)"
+    ships_workdir = True
     flags = (
         BackendFlag("--namespace", "namespace", "Kubernetes namespace (default $KINETIC_NAMESPACE, then 'default').",
                     metavar="NS", setting=True),

@@ -160,6 +160,7 @@ class RayBackend(Backend):
 
     name = "ray"
     summary = "actors on an existing Ray cluster, one host per node (docs/ray.md)"
+    ships_workdir = True
     flags = (
         BackendFlag("--ray-address", "address",
                     "The Ray cluster, HOST:PORT (default $RAY_ADDRESS, then auto: the one `ray start` runs here).",

@@ -133,6 +133,9 @@ class JobPlan:
     #: The notebook's Python, cloudpickle and framework versions (``runner.versions``):
     #: a host whose Python or cloudpickle differs refuses the plan, naming both sides.
     client_versions: dict = dataclasses.field(default_factory=dict)
+    #: Where the notebook's folder is stored for hosts that do not share its disk (``protocol.WORKDIR``): each
+    #: host unpacks it and runs there, with it first on ``sys.path``; "" where the hosts see the folder.
+    workdir: str = ""
     protocol_version: int = PROTOCOL_VERSION
 
     @property
