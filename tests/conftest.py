@@ -80,6 +80,10 @@ def storage_root(tmp_path_factory: pytest.TempPathFactory) -> str:
     _session_root = str(tmp_path_factory.getbasetemp())
     root = tmp_path_factory.mktemp("jobs")
     os.environ["KINETIC_STORAGE"] = f"file://{root}"
+    # No keras-kinetic profile of this machine's user steers a test's cluster (tests that want one make it).
+    os.environ["KINETIC_PROFILES_FILE"] = str(root / "no-kinetic-profiles.json")
+    for variable in ("KINETIC_PROJECT", "KINETIC_ZONE", "KINETIC_CLUSTER"):
+        os.environ.pop(variable, None)
     return f"file://{root}"
 
 

@@ -13,6 +13,8 @@ run here either: they go through ``RegistryAndCloudBuildDouble``
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from kinetic_nb.accelerators import resolve_accelerator
@@ -309,3 +311,26 @@ def test_the_build_mode_without_a_registry_credentials_or_a_google_registry_says
     elsewhere = doctor("cpu", backend_options=build_options(tmp_path, registry="docker.io/me"), api=server.api(),
                        google_session=RegistryAndCloudBuildDouble())
     assert image_rows(elsewhere)["registry"].status == "fail"
+
+
+def test_with_no_cluster_the_fix_is_kinetic_up_and_with_kinetics_profile_its_credentials(tmp_path, monkeypatch):
+    """No kubeconfig at all: the fix makes a cluster for the accelerator asked for (keras-kinetic's `kinetic up`,
+    in its spelling of the slice). A keras-kinetic profile whose cluster this machine has no credentials for: the
+    doctor says which profile it follows, and the fix fetches that cluster's credentials."""
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-kubeconfig"))
+    report = doctor("tpu-v5p-16", None, backend_options={"image": "img:1"})
+    cluster = by_name(report)["cluster reachable"]
+    assert (cluster.status, cluster.fix) == ("fail", "pip install keras-kinetic && kinetic up --project PROJECT "
+                                                     "--zone ZONE --accelerator v5p-8 (or, for an existing cluster: "
+                                                     "gcloud container clusters get-credentials CLUSTER --location "
+                                                     "LOCATION)")  # keras-kinetic counts v5p in chips
+    (tmp_path / "profiles.json").write_text(json.dumps({"current": "dev", "profiles": {"dev": {
+        "project": "ml-proj", "zone": "us-east5-a", "cluster": "kinetic-cluster", "namespace": "default"}}}))
+    monkeypatch.setenv("KINETIC_PROFILES_FILE", str(tmp_path / "profiles.json"))
+    report = doctor("tpu-v5p-16", None, backend_options={"image": "img:1"})
+    checks = by_name(report)
+    assert checks["keras-kinetic profile"].detail == ("keras-kinetic profile dev: cluster kinetic-cluster in us-east5-a, "
+                                                      "project ml-proj, namespace default")
+    assert checks["cluster reachable"].fix == ("gcloud container clusters get-credentials kinetic-cluster --zone "
+                                               "us-east5-a --project ml-proj")

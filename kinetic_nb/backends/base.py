@@ -119,6 +119,11 @@ class Backend(abc.ABC):
     def preflight(self, plan: JobPlan) -> None:  # noqa: B027 - a hook: most backends accept every plan
         """Refuse, with one line (``ValueError``), a plan this backend cannot run; nothing is stored yet."""
 
+    def default_storage(self) -> str | None:
+        """Where a job goes when neither ``--storage`` nor ``$KINETIC_STORAGE`` says (None: the per-user
+        directory): a bucket the platform's own setup made for its jobs."""
+        return None
+
     def launch_notices(self, plan: JobPlan) -> list[str]:
         """Lines a launch prints (unless quiet) for what was chosen that the user may not know was: which
         cluster (a kubeconfig context), what the hosts install; none where there is nothing to say."""

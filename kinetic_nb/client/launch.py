@@ -26,6 +26,7 @@ from kinetic_nb.runner.job_keys import JOB, SESSION
 from kinetic_nb.runner.redact import SecretValue
 from kinetic_nb.shipping.workdir import pack_folder
 from kinetic_nb.storage import LocalStorage, Storage, default_root, open_storage
+from kinetic_nb.storage.defaults import STORAGE_ENV
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +75,12 @@ def launch_hosts(group_id: str, kind: str, root: Storage, backend: Backend, acc:
     group.write_record(**({"kind": "session"} if kind == SESSION else {}))
     backend.launch(storage, plan, JobSecrets(key=key, env=dict(env)))
     return group
+
+
+def storage_root(backend: Backend) -> str:
+    """Where a job goes when ``--storage`` names nothing: ``$KINETIC_STORAGE``, else the backend's own
+    (a ``kinetic up`` cluster's jobs bucket), else the per-user directory."""
+    return os.environ.get(STORAGE_ENV) or backend.default_storage() or default_root()
 
 
 def warn_if_shared(root: Storage) -> None:
@@ -175,7 +182,7 @@ def submit(
     chosen_backend = choose_backend(backend, backend_options)
     acc, host_count = resolve_slice(hosts, accelerator)
     payload = prepare_cell(source, namespace, filename=f"<{cell_name}>", out=out)
-    group = launch_hosts(new_job_id(), JOB, open_storage(storage or default_root()), chosen_backend, acc, host_count,
+    group = launch_hosts(new_job_id(), JOB, open_storage(storage or storage_root(chosen_backend)), chosen_backend, acc, host_count,
                           framework=choose_framework(framework, payload.modules), env=env, quiet=quiet,
                           payload=payload.data, echo=print_to_stdout if echo is True else (echo or None),
                           detached=detach, keep=keep, timeout=timeout, grace=grace)

@@ -33,7 +33,7 @@ from kinetic_nb.client.catalog_records import listed_ids, owned_here, printable
 from kinetic_nb.client.cell_handle import CellHandle
 from kinetic_nb.client.host_group import HostGroup
 from kinetic_nb.client.keys import load_key
-from kinetic_nb.client.launch import choose_backend, launch_hosts, print_to_stdout
+from kinetic_nb.client.launch import choose_backend, launch_hosts, print_to_stdout, storage_root
 from kinetic_nb.client.plan import (
     check_protocol,
     check_shape,
@@ -439,7 +439,8 @@ def start(*, hosts: int | None = None, accelerator: str | None = None, backend: 
     check_shape(hosts=hosts, grace=grace, idle_timeout=idle_timeout)
     chosen = choose_backend(backend, backend_options)
     acc, host_count = resolve_slice(hosts, accelerator)
-    group = launch_hosts(new_job_id("ks"), SESSION, _root(storage), chosen, acc, host_count, framework=framework,
+    root = open_storage(storage or storage_root(chosen)).child(protocol.SESSIONS_DIR)
+    group = launch_hosts(new_job_id("ks"), SESSION, root, chosen, acc, host_count, framework=framework,
                          env=env or {}, quiet=quiet, detached=True, grace=grace, idle_timeout=idle_timeout or None)
     session = Session(group, echo=print_to_stdout if echo is True else (echo or None))
     _wait_until_idle(session, ready_timeout, on_snapshot)

@@ -232,3 +232,55 @@ def test_without_a_kubeconfig_context_the_pods_own_service_account_is_used(in_a_
         api = connect(KubernetesSettings(namespace="ml-team"))
         assert api.source == "in-cluster config (this pod's service account)"
         assert api.core.api_client.configuration.host == "https://10.3.240.1:443"
+
+
+# -- a cluster keras-kinetic made ------------------------------------------------------------------------------
+
+
+def write_kinetic_profiles(path: pathlib.Path, current: str | None = "dev-tpu") -> pathlib.Path:
+    """A profiles file as keras-kinetic 0.0.4's ``kinetic up`` saves it (``kinetic/cli/profiles.py``)."""
+    path.write_text(json.dumps({"current": current, "profiles": {
+        "dev-tpu": {"cluster": "kinetic-cluster", "namespace": "ml-team", "project": "ml-proj",
+                    "zone": "us-central2-b"}}}, indent=2, sort_keys=True) + "\n")
+    return path
+
+
+def test_a_cluster_kinetic_up_made_needs_no_setting_of_kinetic_nb(server, tmp_path, monkeypatch, capsys):
+    """With keras-kinetic's active profile and nothing else set, -b kubernetes goes to its cluster's context, its
+    namespace, its `kinetic` service account (bound by Workload Identity) and its jobs bucket; the launch's notice
+    says so."""
+    context = "gke_ml-proj_us-central2-b_kinetic-cluster"
+    monkeypatch.setenv("KINETIC_PROFILES_FILE", str(write_kinetic_profiles(tmp_path / "profiles.json")))
+    monkeypatch.setenv("KUBECONFIG", str(write_kubeconfig(tmp_path / "config", {context: server.url,
+                                                                                "elsewhere": "http://x"},
+                                                          current="elsewhere")))
+    monkeypatch.delenv("KINETIC_STORAGE")
+    monkeypatch.delenv("KINETIC_NAMESPACE", raising=False)
+    backend = KubernetesBackend.from_options(image="img:1")
+    assert (backend.settings.context, backend.settings.namespace, backend.settings.service_account) == (
+        context, "ml-team", "kinetic")
+    assert backend.default_storage() == "gs://ml-proj-kn-kinetic-cluster-jobs/kinetic_nb"
+    assert backend.launch_notices(job_plan("cpu-3-hosts"))[0] == (
+        f"kubernetes: kubeconfig context {context}, namespace ml-team (from keras-kinetic profile dev-tpu: cluster "
+        "kinetic-cluster in us-central2-b, project ml-proj, namespace ml-team)")
+    backend.pods(job_plan("cpu-3-hosts"))  # the profile's cluster is the one asked
+    assert [request.path.split("?")[0] for request in server.sent("GET")] == ["/api/v1/namespaces/ml-team/pods"]
+    # What the user sets wins: a named context (and then no bucket of kinetic's), a namespace, a service account.
+    named = KubernetesBackend.from_options(image="img:1", context="elsewhere", namespace="other",
+                                           service_account="runner")
+    assert (named.settings.context, named.settings.namespace, named.settings.service_account) == (
+        "elsewhere", "other", "runner")
+    assert named.default_storage() is None
+
+
+@pytest.mark.parametrize("case", ["no file", "no active profile", "malformed"])
+def test_without_an_active_kinetic_profile_nothing_changes(tmp_path, monkeypatch, case):
+    path = tmp_path / "profiles.json"
+    if case == "no active profile":
+        write_kinetic_profiles(path, current=None)
+    elif case == "malformed":
+        path.write_text("{not json")
+    monkeypatch.setenv("KINETIC_PROFILES_FILE", str(path))
+    settings = KubernetesSettings.resolve(image="img:1")
+    assert (settings.context, settings.service_account) == (None, None)
+    assert KubernetesBackend(settings).default_storage() is None

@@ -39,6 +39,7 @@ from kinetic_nb.backends.forward import answers
 from kinetic_nb.backends.kubernetes.api import KubernetesApi, api_message, connect, missing_namespace, status_code
 from kinetic_nb.backends.kubernetes.events import PendingVerdict, pending_verdicts
 from kinetic_nb.backends.kubernetes.image_modes import ImageMode, host_packages, store_environment
+from kinetic_nb.backends.kubernetes.kinetic_profile import kinetic_target
 from kinetic_nb.backends.kubernetes.manifests import (
     LWS_GROUP,
     LWS_PLURAL,
@@ -211,11 +212,19 @@ class KubernetesBackend(Backend):
         return with_framework(requirements, framework_requirement(resolve_accelerator(plan.accelerator).kind,
                                                                   plan.framework, requirements))
 
+    def default_storage(self) -> str | None:
+        """The jobs bucket of the cluster keras-kinetic's ``kinetic up`` made, when that is the cluster."""
+        target = kinetic_target()
+        return target.storage if target is not None and self.settings.context == target.context else None
+
     def launch_notices(self, plan: JobPlan) -> list[str]:
         """The cluster and namespace, as :func:`connect` chose the cluster (a kubeconfig context, or this
         pod's); and the framework the pods install for the cell, where kinetic_nb added it."""
         source = getattr(self.api, "source", "") or "the configured cluster"
         notices = [f"kubernetes: {source}, namespace {self.settings.namespace}"]
+        target = kinetic_target()
+        if target is not None and self.settings.context == target.context:
+            notices[0] += f" (from {target.describe()})"
         if self.settings.mode is not ImageMode.CUSTOM:
             user = pod_requirements(self.settings.requirements) if self.settings.requirements else None
             added = framework_requirement(resolve_accelerator(plan.accelerator).kind, plan.framework, user)

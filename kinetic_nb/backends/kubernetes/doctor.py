@@ -36,10 +36,11 @@ import secrets
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from kinetic_nb.accelerators import Accelerator, resolve_accelerator
+from kinetic_nb.accelerators import Accelerator, kinetic_spellings, resolve_accelerator
 from kinetic_nb.backends.kubernetes.api import KubernetesApi, api_message, connect
 from kinetic_nb.backends.kubernetes.backend import API_TIMEOUT_S, KubernetesBackend
 from kinetic_nb.backends.kubernetes.doctor_report import FAIL, OK, WARN, Check, DoctorReport
+from kinetic_nb.backends.kubernetes.kinetic_profile import kinetic_target
 from kinetic_nb.backends.kubernetes.manifests import (
     LWS_GROUP,
     LWS_PLURAL,
@@ -112,6 +113,18 @@ def _leader_worker_set_check(api: KubernetesApi) -> Check:
             return Check("LeaderWorkerSet API", FAIL, f"{LWS_GROUP}/{LWS_VERSION} is not served", fix)
         return Check("LeaderWorkerSet API", WARN, f"could not ask for {LWS_GROUP}/{LWS_VERSION}: {api_message(error)}")
     return Check("LeaderWorkerSet API", OK, f"{LWS_GROUP}/{LWS_VERSION} (multi-host TPU slices)")
+
+
+def kinetic_up_command(acc: Accelerator) -> str:
+    """How to make a cluster for ``acc`` from nothing (keras-kinetic's ``kinetic up``), or reach an existing one."""
+    spelled = next((name.split(":", 1)[1] for name in kinetic_spellings(acc.name)), None)
+    existing = "an existing cluster: gcloud container clusters get-credentials CLUSTER --location LOCATION"
+    if acc.kind == "cpu":
+        spelled = "cpu"
+    if spelled is None:
+        return f"{existing}; keras-kinetic's kinetic up makes no {acc.name} pool (docs/gke.md has the node pool)"
+    return (f"pip install keras-kinetic && kinetic up --project PROJECT --zone ZONE --accelerator {spelled} "
+            f"(or, for {existing})")
 
 
 def node_pool_command(acc: Accelerator) -> str:
@@ -281,11 +294,15 @@ def doctor(accelerator: str | None = None, storage: str | None = None, *,
     settings = KubernetesBackend.from_options(**dict(backend_options or {})).settings
     storage = storage or os.environ.get("KINETIC_STORAGE") or None
     checks: list[Check] = []
+    target = kinetic_target()
+    target = target if target is not None and settings.context == target.context else None
+    if target is not None:
+        checks.append(Check("keras-kinetic profile", OK, target.describe()))
     try:
         api = api if api is not None else connect(settings)
-    except KineticError as error:
+    except KineticError as error:  # no cluster of kinetic's: make one; else fetch the credentials of the one named
         checks.append(Check("cluster reachable", FAIL, str(error),
-                            "gcloud container clusters get-credentials CLUSTER --location LOCATION"))
+                            target.get_credentials if target is not None else kinetic_up_command(acc)))
         api = None
     if api is not None:
         checks += _cluster_checks(api, settings, acc)

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from kinetic_nb.backends.kubernetes.image_modes import ImageMode, stock_image
+from kinetic_nb.backends.kubernetes.kinetic_profile import KINETIC_SERVICE_ACCOUNT, kinetic_target
 
 __all__ = ["DEFAULT_COORDINATOR_PORT", "DEFAULT_NAMESPACE", "KubernetesSettings"]
 
@@ -129,7 +130,9 @@ class KubernetesSettings:
                 coordinator_port: int | None = None, pending_timeout_s: float | None = None,
                 node_selector: Mapping[str, str] | None = None, config: KubernetesSettings | None = None,
                 environ: Mapping[str, str] | None = None) -> KubernetesSettings:
-        """Each field from its argument, else its ``KINETIC_*`` variable, else ``config``, else the default.
+        """Each field from its argument, else its ``KINETIC_*`` variable, else ``config``, else the default;
+        where no context is named and keras-kinetic names a cluster (``kinetic_profile``), its context, and, unless
+        named, its namespace and its ``kinetic`` service account.
 
         Parameters
         ----------
@@ -160,6 +163,11 @@ pending_timeout_s, node_selector
                 value = getattr(config, field)
             if value is not None:
                 values[field] = value
+        target = kinetic_target(environ)
+        if target is not None and "context" not in values:  # a cluster keras-kinetic's `kinetic up` made
+            values["context"] = target.context
+            values.setdefault("namespace", target.namespace)
+            values.setdefault("service_account", KINETIC_SERVICE_ACCOUNT)
         return cls(**values)
 
     @property
