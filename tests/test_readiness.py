@@ -29,7 +29,8 @@ from .backends.google_api_double import RegistryAndCloudBuildDouble
 from .backends.k8s_api_server import RecordingApiServer
 
 NODE_LABELS = {"cloud.google.com/gke-tpu-accelerator": "tpu-v5-lite-podslice",
-               "cloud.google.com/gke-tpu-topology": "4x4", "node.kubernetes.io/instance-type": "ct5lp-hightpu-4t"}
+               "cloud.google.com/gke-tpu-topology": "4x4", "node.kubernetes.io/instance-type": "ct5lp-hightpu-4t",
+               "iam.gke.io/gke-metadata-server-enabled": "true"}
 GSA = "kinetic-runner@ml-proj.iam.gserviceaccount.com"
 OPTIONS = {"namespace": "ml-team", "service_account": "kinetic-runner", "image": "img:1"}
 
@@ -66,8 +67,8 @@ def test_a_ready_cluster_and_bucket_pass_every_check(server, gcs_root):
     report = doctor("tpu-v5e-16", gcs_root, backend_options=OPTIONS, api=server.api(), iam_policy=policy)
     assert report.ok, report.table()
     assert [check.name for check in report.checks] == [
-        "cluster reachable", "namespace", "LeaderWorkerSet API", "node pool", "permissions", "image mode", "framework",
-        "storage", "pods reach the bucket"]
+        "cluster reachable", "namespace", "LeaderWorkerSet API", "node pool", "Workload Identity", "permissions",
+        "image mode", "framework", "storage", "pods reach the bucket"]
     assert by_name(report)["image mode"].detail.startswith("custom: img:1 as it is (it needs kinetic_nb ")
     # A custom image on TPUs: kinetic_nb adds no framework there (the other modes do), so it says what must be in it.
     framework = by_name(report)["framework"]
@@ -100,6 +101,8 @@ def test_each_failure_comes_with_the_command_that_fixes_it(server, gcs_root):
     assert checks["LeaderWorkerSet API"].fix == (
         "kubectl apply --server-side -f https://github.com/kubernetes-sigs/lws/releases/download/v0.9.0/manifests.yaml")
     assert checks["node pool"].status == "warn"  # a pool scaled to zero has no nodes yet
+    assert checks["Workload Identity"].status == "warn"  # no node runs GKE's metadata server
+    assert "--workload-pool=PROJECT_ID.svc.id.goog" in checks["Workload Identity"].fix
     assert checks["node pool"].fix == ("gcloud container node-pools create tpu-v5e-16 --cluster CLUSTER --location "
                                        "LOCATION --machine-type ct5lp-hightpu-4t --tpu-topology 4x4 --num-nodes 4")
     assert checks["may create leaderworkersets.leaderworkerset.x-k8s.io"].fix == (

@@ -99,6 +99,7 @@ def _cluster_checks(api: KubernetesApi, settings: KubernetesSettings, acc: Accel
         checks.append(_leader_worker_set_check(api))
     if acc.kind != "cpu":
         checks.append(_node_check(api, acc))
+    checks.append(_workload_identity_check(api))
     checks += _permission_checks(api, namespace, acc)
     return checks
 
@@ -150,6 +151,29 @@ def _node_check(api: KubernetesApi, acc: Accelerator) -> Check:
         return Check("node pool", OK, f"{count} node(s) with {selector}")
     return Check("node pool", WARN, f"{count} node(s) with {selector} now, {acc.hosts} needed (fine if a pool "
                  "with these labels scales up from zero)", node_pool_command(acc))
+
+
+#: The label GKE puts on a node whose pool runs its metadata server: Workload Identity, for pods there.
+METADATA_SERVER_LABEL = "iam.gke.io/gke-metadata-server-enabled"
+
+
+def _workload_identity_check(api: KubernetesApi) -> Check:
+    """Whether the cluster's nodes run GKE's metadata server: without it (Workload Identity off), a pod reaches
+    the bucket as its node's service account, not as the Kubernetes service account bound to a Google one."""
+    name = "Workload Identity"
+    try:
+        nodes = api.core.list_node(label_selector=f"{METADATA_SERVER_LABEL}=true", _request_timeout=API_TIMEOUT_S)
+    except Exception as error:  # noqa: BLE001 - reported as a row
+        return Check(name, WARN, f"could not list nodes: {api_message(error)}")
+    if nodes.items:
+        return Check(name, OK, f"{len(nodes.items)} node(s) run GKE's metadata server: pods act as their "
+                               "Kubernetes service account's Google one")
+    return Check(name, WARN, f"no node runs GKE's metadata server ({METADATA_SERVER_LABEL}): Workload Identity is "
+                             "off (or only pools scaled to zero have it), and pods would reach the bucket as their "
+                             "node's service account",
+                 "gcloud container clusters update CLUSTER --location LOCATION --workload-pool=PROJECT_ID.svc.id.goog "
+                 "&& gcloud container node-pools update POOL --cluster CLUSTER --location LOCATION "
+                 "--workload-metadata=GKE_METADATA")
 
 
 def _permission_checks(api: KubernetesApi, namespace: str, acc: Accelerator) -> list[Check]:
