@@ -14,7 +14,6 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from kinetic_nb.accelerators import resolve_accelerator
 from kinetic_nb.errors import AcceleratorNotSeenError
 from kinetic_nb.runner.protocol import Framework, JobPlan
 
@@ -31,8 +30,9 @@ GKE_DRIVER_HINT = f"; on GKE the driver is mounted at {NVIDIA_DIR}"
 
 
 def on_real_gpus(plan: JobPlan) -> bool:
-    """Whether the plan's hosts are GPU hosts, not simulated on CPU: the framework must see their GPUs."""
-    return not plan.simulated and resolve_accelerator(plan.accelerator).kind == "gpu"
+    """Whether the plan's hosts are GPU hosts (every GPU accelerator's name starts ``gpu-``), not simulated on
+    CPU: the framework must see their GPUs."""
+    return not plan.simulated and plan.accelerator.startswith("gpu-")
 
 
 def _jax_cuda_plugin() -> str:
