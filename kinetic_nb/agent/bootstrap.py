@@ -18,7 +18,11 @@ agree. Everything pip prints goes to the container's output and to a log that
 the host agent copies into the host's log; the install's start and end go to
 a record the runner puts first in the host's timeline (``environment install``).
 Any failure prints one line and exits 1: the pod's termination message carries
-it to the cell.
+it to the cell. A host pod's container that the kubelet keeps restarting after
+a failed install (a LeaderWorkerSet's ``restartPolicy: Always``) is a crash
+loop: it counts its starts on the pod's scratch volume, and on the start after
+:data:`MAX_STARTS` failed ones it records the host's end, sealed, with the last
+error (so the job ends without a notebook) and parks instead of failing again.
 """
 
 import hashlib
@@ -47,10 +51,28 @@ PREFIX = "[kinetic environment install] "
 TOKEN_URL = "http://metadata.google.internal/computeMetadata/v1/instance/service-accounts/default/token"
 #: A download is tried this many times (429, 5xx, a dropped connection), a second apart and more.
 ATTEMPTS = 5
+#: A host pod's index (set on every host pod, not the root's).
+HOST_INDEX_ENV = "KINETIC_HOST_INDEX"
+#: A host whose environment install failed on this many container starts in a row is in a crash loop: at the
+#: next start its end is recorded and the container parks (kinetic_nb.agent.watch then ends the job).
+MAX_STARTS = 3
+#: Files in the environment directory (the pod's scratch volume, which outlives a restarted container).
+STARTS = "starts"
+LAST_ERROR = "last-error.txt"
 
 
 class Refused(Exception):
     """An input that must not be installed, or could not be had: one line."""
+
+
+def _trailer(key, name, body):
+    prefix = DOMAIN + name.encode() + b"\0"
+    final = hmac.new(key, prefix + b"final\0" + len(body).to_bytes(8, "big"), hashlib.sha256)
+    for index, start in enumerate(range(0, len(body), BLOCK_BYTES)):
+        block = hmac.new(key, prefix + index.to_bytes(8, "big"), hashlib.sha256)
+        block.update(body[start:start + BLOCK_BYTES])
+        final.update(block.digest())
+    return TRAILER_PREFIX + final.hexdigest().encode() + b"\n"
 
 
 def unseal(key, name, data):
@@ -58,16 +80,14 @@ def unseal(key, name, data):
     if len(data) < TRAILER_BYTES or not data[-TRAILER_BYTES:].startswith(TRAILER_PREFIX):
         raise Refused(f"{name} carries no signature: it was not stored by this job's notebook")
     body = memoryview(data)[:-TRAILER_BYTES]
-    prefix = DOMAIN + name.encode() + b"\0"
-    final = hmac.new(key, prefix + b"final\0" + len(body).to_bytes(8, "big"), hashlib.sha256)
-    for index, start in enumerate(range(0, len(body), BLOCK_BYTES)):
-        block = hmac.new(key, prefix + index.to_bytes(8, "big"), hashlib.sha256)
-        block.update(body[start:start + BLOCK_BYTES])
-        final.update(block.digest())
-    expected = TRAILER_PREFIX + final.hexdigest().encode() + b"\n"
-    if not hmac.compare_digest(expected, bytes(data[-TRAILER_BYTES:])):
+    if not hmac.compare_digest(_trailer(key, name, body), bytes(data[-TRAILER_BYTES:])):
         raise Refused(f"{name} failed verification: it was not stored by this job's notebook; nothing installed")
     return bytes(body)
+
+
+def seal(key, name, body):
+    """``body`` with its trailer, as the envelope seals the object ``name`` (``runner.envelope.seal``)."""
+    return body + _trailer(key, name, body)
 
 
 def _get(url, headers):
@@ -100,18 +120,54 @@ def fetch(job_uri, name):
             raise Refused(f"could not read {path}: {error.strerror}") from None
     if not job_uri.startswith("gs://"):
         raise Refused(f"cannot read job storage {job_uri}: only file:// and gs:// are supported")
-    bucket, _, prefix = job_uri[len("gs://"):].partition("/")
-    object_name = f"{prefix.strip('/')}/{name}" if prefix.strip("/") else name
-    emulator = os.environ.get("STORAGE_EMULATOR_HOST", "").rstrip("/")
-    if emulator:
-        base, headers = emulator if "://" in emulator else f"http://{emulator}", {}
-    else:
-        token = json.loads(_get(TOKEN_URL, {"Metadata-Flavor": "Google"}))["access_token"]
-        base, headers = "https://storage.googleapis.com", {"Authorization": f"Bearer {token}"}
+    bucket, prefix, base, headers = _storage_base(job_uri)
+    object_name = f"{prefix}/{name}" if prefix else name
     import urllib.parse
 
     quoted = urllib.parse.quote(bucket, safe="") + "/o/" + urllib.parse.quote(object_name, safe="")
     return _get(f"{base}/storage/v1/b/{quoted}?alt=media", headers)
+
+
+def _storage_base(job_uri):
+    """The bucket, the object prefix, the API's base URL and its headers for a ``gs://`` job."""
+    bucket, _, prefix = job_uri[len("gs://"):].partition("/")
+    emulator = os.environ.get("STORAGE_EMULATOR_HOST", "").rstrip("/")
+    if emulator:
+        return bucket, prefix.strip("/"), emulator if "://" in emulator else f"http://{emulator}", {}
+    token = json.loads(_get(TOKEN_URL, {"Metadata-Flavor": "Google"}))["access_token"]
+    return bucket, prefix.strip("/"), "https://storage.googleapis.com", {"Authorization": f"Bearer {token}"}
+
+
+def store_new(job_uri, name, data):
+    """Store ``{job_uri}/{name}`` unless it exists (a record written once); whether this call stored it."""
+    if job_uri.startswith(("file://", "/")):
+        path = os.path.join(job_uri[len("file://"):] if job_uri.startswith("file://") else job_uri, name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        try:
+            with open(path, "xb") as file:
+                file.write(data)
+        except FileExistsError:
+            return False
+        return True
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    bucket, prefix, base, headers = _storage_base(job_uri)
+    query = urllib.parse.urlencode({"uploadType": "media", "name": f"{prefix}/{name}" if prefix else name,
+                                    "ifGenerationMatch": "0"})
+    request = urllib.request.Request(f"{base}/upload/storage/v1/b/{urllib.parse.quote(bucket, safe='')}/o?{query}",
+                                     data=data, method="POST",
+                                     headers={**headers, "Content-Type": "application/octet-stream"})
+    try:
+        with urllib.request.urlopen(request, timeout=60):
+            return True
+    except urllib.error.HTTPError as error:
+        if error.code == 412:  # stored already
+            return False
+        raise Refused(f"could not store {name}: HTTP {error.code} {error.reason}") from None
+    except (urllib.error.URLError, OSError) as error:
+        raise Refused(f"could not store {name}: {error}") from None
 
 
 def _run(command, log):
@@ -174,6 +230,9 @@ def main(argv):
     directory = os.environ.get(DIRECTORY_ENV) or os.path.join("/tmp", "kinetic-environment")
     os.makedirs(directory, exist_ok=True)
     record_path = os.path.join(directory, "record.json")
+    host = os.environ.get(HOST_INDEX_ENV, "")
+    if host.isdigit() and _crash_loop(directory, record_path, job_uri, key, int(host)):
+        return _park()
     try:
         body = unseal(key, INSTALL_OBJECT, fetch(job_uri, INSTALL_OBJECT))
         digest = hashlib.sha256(body).hexdigest()
@@ -193,6 +252,7 @@ def main(argv):
             os.replace(record_path + ".tmp", record_path)
     except Refused as error:
         print(f"kinetic_nb: environment install failed: {error}", file=sys.stderr)
+        _write(os.path.join(directory, LAST_ERROR), _why(error, os.path.join(directory, "install.log")))
         return 1
     env = dict(os.environ)
     env["PATH"] = os.path.join(done["venv"], "bin") + os.pathsep + env.get("PATH", "/usr/bin:/bin")
@@ -201,6 +261,70 @@ def main(argv):
     sys.stdout.flush()
     os.execvpe(command[0], command, env)
     return 127  # pragma: no cover - execvpe does not return
+
+
+def _crash_loop(directory, record_path, job_uri, key, host):
+    """Count this container's start; past :data:`MAX_STARTS` with the environment never installed (the kubelet
+    restarting a failed install, a LeaderWorkerSet pod's ``restartPolicy: Always``), record the host's end,
+    sealed, where the notebook, ``%kinetic jobs`` and the root's watcher read it, so that the job ends instead
+    of holding the slice; whether it is such a loop."""
+    starts_path = os.path.join(directory, STARTS)
+    try:
+        with open(starts_path) as file:
+            starts = int(file.read().strip() or 0) + 1
+    except (OSError, ValueError):
+        starts = 1
+    _write(starts_path, str(starts))
+    try:
+        with open(record_path) as file:
+            installed = bool(json.load(file).get("ok"))
+    except (OSError, ValueError):
+        installed = False
+    if starts <= MAX_STARTS or installed:
+        return False
+    try:
+        with open(os.path.join(directory, LAST_ERROR)) as file:
+            last = file.read().strip()
+    except OSError:
+        last = "(none recorded)"
+    name = f"hosts/{host}/exit.json"
+    body = json.dumps({"host_index": host, "exit_code": 1, "ended_at": time.time(), "stderr_tail": [last],
+                       "reason": f"a crash loop: its environment install failed on each of its {starts - 1} starts; "
+                                 f"the last: {last}"}, sort_keys=True, indent=1).encode()
+    try:
+        store_new(job_uri, name, seal(key, name, body))
+    except Refused as error:
+        print(f"kinetic_nb: could not record the crash loop: {error}", file=sys.stderr)
+    print(f"kinetic_nb: host {host}'s environment install failed on each of its {starts - 1} starts; its end is "
+          "recorded, and this container waits to be deleted with the job", file=sys.stderr)
+    return True
+
+
+def _park():
+    """Wait, doing nothing, until the pod is deleted: an exit would be restarted by the kubelet."""
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    while True:
+        time.sleep(3600)
+
+
+def _why(error, log_path):
+    """The failure in one line: the error, and pip's own last ``ERROR:`` line when pip failed."""
+    text = str(error).replace(" (its output is above)", "")
+    try:
+        with open(log_path, "rb") as log:
+            lines = log.read()[-65536:].decode(errors="replace").splitlines()
+    except OSError:
+        return text
+    said = [line.strip() for line in lines if line.strip().startswith("ERROR:")]
+    return f"{text}: {said[-1]}" if said else text
+
+
+def _write(path, text):
+    with open(path + ".tmp", "w") as file:
+        file.write(text)
+    os.replace(path + ".tmp", path)
 
 
 if __name__ == "__main__":

@@ -521,6 +521,7 @@ class FakeKubelet:
         self.processes: dict[int, subprocess.Popen] = {}
         self.runs: dict[int, int] = {}
         self.first_exit: dict[int, int] = {}
+        self._ended: set[int] = set()  # the pids of containers whose end was noted
         self.reasons: dict[int, str] = {}
         self.deleted: set[int] = set()
         self.created_at = now_rfc3339()
@@ -585,13 +586,15 @@ class FakeKubelet:
             return log.read()
 
     def step(self) -> None:
-        """Note the containers that ended; restart those whose pods say ``restartPolicy: Always``."""
+        """Note the containers that ended (a pod's status keeps its first run's exit); restart, every time, those
+        whose pods say ``restartPolicy: Always``, as the kubelet does (a crash loop restarts for ever)."""
         with self._lock:
             for index, process in list(self.processes.items()):
                 code = process.poll()
-                if code is None or index in self.first_exit:
+                if code is None or process.pid in self._ended:
                     continue
-                self.first_exit[index] = code
+                self._ended.add(process.pid)
+                self.first_exit.setdefault(index, code)
                 if self.pods[index]["spec"]["restartPolicy"] == "Always" and index not in self.deleted:
                     self._run(index)
 

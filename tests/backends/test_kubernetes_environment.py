@@ -30,6 +30,7 @@ from kinetic_nb.agent import bootstrap
 from kinetic_nb.backends.kubernetes import backend as k8s
 from kinetic_nb.backends.kubernetes import image_modes as environment
 from kinetic_nb.runner import envelope, job_keys, protocol
+from kinetic_nb.runner.records import read_exit
 from kinetic_nb.storage import open_storage
 
 from .k8s_cluster import FakeKubelet, FakeKubernetes, pods_for, wait_for, workload
@@ -92,6 +93,7 @@ def test_the_bootstraps_verifier_is_the_envelopes():
     assert bootstrap.INSTALL_OBJECT == protocol.ENVIRONMENT_INSTALL
     for body in (b"", b"x", os.urandom(envelope.BLOCK_BYTES + 12345)):  # none, one piece, more than one block
         assert bootstrap.unseal(KEY, "environment/a.whl", envelope.seal(KEY, "environment/a.whl", body)) == body
+        assert bootstrap.seal(KEY, "hosts/1/exit.json", body) == envelope.seal(KEY, "hosts/1/exit.json", body)
 
 
 @pytest.mark.parametrize("damage", ["a byte changed", "another object's", "another key's", "unsigned"])
@@ -180,6 +182,44 @@ def test_the_bootstrap_reads_gs_storage(gcs_root, wheelhouse, tmp_path):
     assert f"Successfully installed kinetic-nb-{kinetic_nb.__version__}" in done.stdout
 
 
+@pytest.mark.parametrize("where", ["file", "gs"])
+def test_an_install_that_fails_on_every_start_records_the_hosts_end_and_parks(where, gcs_root, wheelhouse, tmp_path):
+    """A LeaderWorkerSet pod's failed install is restarted by the kubelet for ever, holding its slice: on the
+    start after MAX_STARTS failed ones, the bootstrap records the host's end, sealed under the job's key (a
+    record every reader verifies), with the last error, and parks instead of failing again. A later start of a
+    host whose install had succeeded is no loop."""
+    storage = open_storage(f"file://{tmp_path}/job" if where == "file" else f"{gcs_root}/job")
+    environment.store_environment(storage, KEY, requirements=b"no-such-package-anywhere\n")
+    extra = {**offline_pip(wheelhouse), "KINETIC_HOST_INDEX": "1",
+             **({"STORAGE_EMULATOR_HOST": os.environ["STORAGE_EMULATOR_HOST"]} if where == "gs" else {})}
+    for start in range(bootstrap.MAX_STARTS):
+        done = run_bootstrap(storage.uri, tmp_path / "env", "true", extra=extra)
+        assert done.returncode == 1 and "environment install failed" in done.stderr, (start, done.stderr)
+        assert read_exit(storage, KEY, 1) is None
+    command, options = _bootstrap_command(storage.uri, tmp_path / "env", extra)
+    parked = subprocess.Popen(command, **options, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: read_exit(storage, KEY, 1) is not None, timeout=60, what="the host's recorded end")
+        assert parked.poll() is None  # parked, not failing again for the kubelet to restart
+    finally:
+        parked.terminate()
+        parked.wait(timeout=10)
+    summary = read_exit(storage, KEY, 1)
+    assert summary.failed and summary.exit_code == 1
+    assert summary.reason.startswith(f"a crash loop: its environment install failed on each of its "
+                                     f"{bootstrap.MAX_STARTS} starts; the last: python -m pip install ... exited "
+                                     "with code 1: ERROR: ")
+    # pip's own words (offline, on gs:// the storage client is missing first; else the requirement)
+    assert "ERROR: No matching distribution found for " in summary.stderr_tail[-1]
+
+
+def _bootstrap_command(job_uri, directory, extra):
+    key_file = directory.parent / "job-key"
+    env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp"), bootstrap.KEY_FILE_ENV: str(key_file),
+           bootstrap.JOB_URI_ENV: job_uri, bootstrap.DIRECTORY_ENV: str(directory), **extra}
+    return [sys.executable, "-c", environment.bootstrap_source(), "--", "true"], {"env": env, "cwd": directory.anchor}
+
+
 # -- the whole path, pods played by FakeKubelet --------------------------------------------------
 
 
@@ -254,3 +294,34 @@ def test_a_session_installs_its_environment_once(prebuilt_cluster, tmp_path):
         session.stop()
     wait_for(lambda: (kubelet.step(), all(process.poll() is not None for process in kubelet.processes.values()))[1],
              timeout=60, what="the session's pods to end")
+
+
+def test_with_no_client_a_crash_looping_slice_ends_after_its_hosts_record_the_loop(prebuilt_cluster, tmp_path):
+    """No notebook watches a LeaderWorkerSet whose install fails on every start (an offline pip here, a private
+    cluster with no route to the index there): the kubelet restarts each pod's container (restartPolicy: Always);
+    on the start after MAX_STARTS failed ones each host records its end, and the root's watcher then finds
+    every host ended: the root completes and the cluster lets the slice go, with the reason in each host's
+    record, where %kinetic jobs and attach read it."""
+    from kinetic_nb.agent.watch import job_has_ended
+    from kinetic_nb.client.launch import launch_hosts
+    from kinetic_nb.client.plan import new_job_id, resolve_slice
+    from kinetic_nb.runner.job_keys import SESSION
+
+    _, start_pods = prebuilt_cluster
+    (tmp_path / "requirements.txt").write_text("no-such-package-anywhere\n")
+    acc, hosts = resolve_slice(None, "tpu-v6e-2x4")
+    # Launched as a session's hosts are, with no client after it: nothing polls the pods or writes their ends.
+    group = launch_hosts(new_job_id("ks"), SESSION, open_storage(f"file://{tmp_path}/jobs"),
+                         k8s.KubernetesBackend.from_options(), acc, hosts, framework="none", env={}, quiet=True)
+    kubelet = start_pods()
+
+    def both_recorded() -> bool:
+        kubelet.step()  # the kubelet restarts what ended; nothing else looks at the job
+        return all(read_exit(group.storage, group.key, index) is not None for index in range(hosts))
+
+    wait_for(both_recorded, timeout=240, what="both hosts to record their crash loop")
+    assert all(kubelet.runs[index] == bootstrap.MAX_STARTS + 1 for index in range(hosts))
+    for index in range(hosts):
+        assert read_exit(group.storage, group.key, index).reason.startswith("a crash loop: ")
+    assert job_has_ended(group.storage, group.plan, group.key)  # the root's watcher returns: the job ends
+    group.backend.cleanup(group.plan)
