@@ -546,7 +546,7 @@ def test_the_host_command_runs_python3_where_the_image_has_no_python(tmp_path, i
     assert ran.stdout == f"{interpreters[0]} -m kinetic_nb.agent --job {URI}\n"
 
 
-@pytest.mark.parametrize("mode", ["custom", "prebuilt"])
+@pytest.mark.parametrize("mode", ["custom", "prebuilt", "build"])
 @pytest.mark.parametrize("driver", [True, False], ids=["with the driver", "without"])
 def test_a_gpu_pod_puts_the_driver_gke_mounts_on_its_paths_before_the_agent_starts(tmp_path, mode, driver):
     """GKE's device plugin mounts the NVIDIA driver at /usr/local/nvidia and sets no variable for it: the host
