@@ -41,6 +41,8 @@ DIRECTORY_ENV = "KINETIC_ENVIRONMENT_DIR"
 #: Set for COMMAND: the path of the install's record (``kinetic_nb.runner.environment_install`` reads it).
 RECORD_ENV = "KINETIC_ENVIRONMENT_RECORD"
 INSTALL_OBJECT = "environment/install.json"
+#: A host's exit record (``protocol.host_exit``): written here only for a crash loop.
+EXIT_RECORD = "hosts/{host}/exit.json"
 DOMAIN = b"kinetic-nb/envelope/v2\0"
 TRAILER_PREFIX = b"\n#kinetic-mac-v2:"
 TRAILER_BYTES = len(TRAILER_PREFIX) + 64 + 1
@@ -287,7 +289,7 @@ def _crash_loop(directory, record_path, job_uri, key, host):
             last = file.read().strip()
     except OSError:
         last = "(none recorded)"
-    name = f"hosts/{host}/exit.json"
+    name = EXIT_RECORD.format(host=host)
     body = json.dumps({"host_index": host, "exit_code": 1, "ended_at": time.time(), "stderr_tail": [last],
                        "reason": f"a crash loop: its environment install failed on each of its {starts - 1} starts; "
                                  f"the last: {last}"}, sort_keys=True, indent=1).encode()

@@ -91,6 +91,9 @@ def test_the_bootstraps_verifier_is_the_envelopes():
         envelope._DOMAIN, envelope.TRAILER_PREFIX, envelope.TRAILER_BYTES, envelope.BLOCK_BYTES, job_keys.KEY_FILE_ENV,
         job_keys.KEY_BYTES)
     assert bootstrap.INSTALL_OBJECT == protocol.ENVIRONMENT_INSTALL
+    # Written out here because kinetic_nb is what the bootstrap installs: the same names as the protocol's.
+    assert [bootstrap.EXIT_RECORD.format(host=index) for index in (0, 7)] == [protocol.host_exit(0),
+                                                                            protocol.host_exit(7)]
     for body in (b"", b"x", os.urandom(envelope.BLOCK_BYTES + 12345)):  # none, one piece, more than one block
         assert bootstrap.unseal(KEY, "environment/a.whl", envelope.seal(KEY, "environment/a.whl", body)) == body
         assert bootstrap.seal(KEY, "hosts/1/exit.json", body) == envelope.seal(KEY, "hosts/1/exit.json", body)
