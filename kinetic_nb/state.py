@@ -32,6 +32,7 @@ __all__ = [
     "IDLE_LOST_AFTER_S",
     "INIT_LOST_AFTER_S",
     "LOST_AFTER_S",
+    "LOST_CONFIRM_S",
     "SNAPSHOT_INTERVAL_S",
     "HostSnapshot",
     "HostState",
@@ -53,6 +54,10 @@ LOST_AFTER_S = 5 * HEARTBEAT_INTERVAL_S
 INIT_LOST_AFTER_S = 60.0
 #: An idle session host beats seldom (``runner.status.IDLE_HEARTBEAT_INTERVAL_S``): lost after four missed beats.
 IDLE_LOST_AFTER_S = 4 * IDLE_HEARTBEAT_INTERVAL_S
+#: A host found silent past its limit is called lost only if no new heartbeat arrives within this much more of
+#: the notebook's own time: a machine that paused as a whole (every process, and every clock, jumping ahead)
+#: makes every host look silent at once, and a live host beats again within one interval of waking.
+LOST_CONFIRM_S = HEARTBEAT_INTERVAL_S + 1.0
 #: A live view is redrawn at most this often (each redraw is a widget message).
 SNAPSHOT_INTERVAL_S = 0.25
 #: Lines a framework prints for itself on every run: JAX's CPU collectives

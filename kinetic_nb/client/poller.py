@@ -32,6 +32,7 @@ from kinetic_nb.runner.logs import LogScreen
 from kinetic_nb.runner.protocol import CancelRequest, ExitSummary, HostStatus, JobPlan, Phase
 from kinetic_nb.runner.records import open_log_chunk, open_record, unverified_line
 from kinetic_nb.state import (
+    LOST_CONFIRM_S,
     HostSnapshot,
     HostState,
     JobSnapshot,
@@ -61,6 +62,8 @@ class _HostRecords:
         self.status: HostStatus | None = None
         self.exit: ExitSummary | None = None
         self.heartbeat_at: float | None = None
+        #: When this notebook first saw the heartbeat past its limit (monotonic; None: not since it last changed).
+        self.silent_since: float | None = None
         #: When the host last printed or changed phase (the newest such object's time).
         self.active_at: float | None = None
         self.tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
@@ -253,7 +256,8 @@ class JobPoller:
             records = self.records[index]
             self._started = True
             if kind == "heartbeat":
-                records.heartbeat_at = info.updated
+                if info.updated != records.heartbeat_at:
+                    records.heartbeat_at, records.silent_since = info.updated, None
             elif kind == "stacks" or self._versions.get(info.name) == info.version or (kind == "status" and index in done):
                 continue  # stacks are read on request (``stacks()``); an unchanged record is not read again
             elif kind == "exit":
@@ -361,8 +365,13 @@ class JobPoller:
     def _job_host(self, index: int, now: float) -> HostSnapshot:
         records = self.records[index]
         status = records.status
-        return self._host(index, host_state(status, records.exit, records.heartbeat_at, now), status,
-                          status.started_at if status else None, self._platform_reasons().get(index, ""))
+        state = host_state(status, records.exit, records.heartbeat_at, now)
+        if state == HostState.LOST.value:  # lost once it stays silent for LOST_CONFIRM_S more of this notebook's time
+            records.silent_since = records.silent_since or time.monotonic()
+            if time.monotonic() - records.silent_since < LOST_CONFIRM_S:
+                state = host_state(status, None, None, now)
+        return self._host(index, state, status, status.started_at if status else None,
+                          self._platform_reasons().get(index, ""))
 
     def _cell_host(self, index: int) -> HostSnapshot:
         """Host ``index`` as this cell sees it: pending while on an earlier cell, its cell's outcome once back
