@@ -298,20 +298,31 @@ def accelerator_table() -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
-def local_notice(acc: Accelerator) -> str:
+def local_notice(acc: Accelerator, procs_per_host: int = 1, hosts: int | None = None) -> str:
     """One line saying how the local backend runs ``acc``.
 
     Parameters
     ----------
     acc : Accelerator
+    procs_per_host : int
+        Processes on each host (torch on GPU hosts: one per GPU).
+    hosts : int, optional
+        How many hosts (default: the accelerator's).
 
     Returns
     -------
     str
-        e.g. ``"tpu-v5e-16 is simulated locally: 4 host processes x 4 CPU devices each."``
+        e.g. ``"tpu-v5e-16 is simulated locally: 4 host processes x 4 CPU devices each."``, or with several
+        processes per host ``"gpu-h100x8 is simulated locally: 2 hosts x 8 processes (16 in all) x 1 CPU device
+        each."``
     """
-    processes = f"{acc.hosts} host process" + ("es" if acc.hosts != 1 else "")
-    devices = f"{acc.devices_per_host} CPU device" + ("s" if acc.devices_per_host != 1 else "")
-    each = " each" if acc.hosts > 1 else ""
+    hosts = acc.hosts if hosts is None else hosts
     how = "is simulated locally" if acc.simulated_locally else "runs locally"
+    per_process = max(1, acc.devices_per_host // procs_per_host)
+    devices = f"{per_process} CPU device" + ("s" if per_process != 1 else "")
+    if procs_per_host > 1:
+        return (f"{acc.name} {how}: {hosts} host{'s' if hosts != 1 else ''} x {procs_per_host} processes "
+                f"({hosts * procs_per_host} in all) x {devices} each.")
+    processes = f"{hosts} host process" + ("es" if hosts != 1 else "")
+    each = " each" if hosts > 1 else ""
     return f"{acc.name} {how}: {processes} x {devices}{each}."

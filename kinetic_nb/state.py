@@ -138,7 +138,7 @@ def job_status(
     -------
     JobStatus
     """
-    if len(set(exits) | set(lost)) < plan.hosts:
+    if len(set(exits) | set(lost)) < plan.world_size:
         return JobStatus.RUNNING if started else JobStatus.PENDING
     if lost or any(summary.failed for summary in exits.values()):
         return JobStatus.FAILED
@@ -253,7 +253,8 @@ class HostSnapshot:
 
 @dataclasses.dataclass(frozen=True)
 class JobSnapshot:
-    """The whole job at one poll: what the panel draws."""
+    """The whole job at one poll: what the panel draws. ``hosts`` holds one entry per process, by rank (one per
+    host where each host runs one process: ``procs_per_host``)."""
 
     job_id: str
     backend: str
@@ -264,6 +265,19 @@ class JobSnapshot:
     hosts: tuple[HostSnapshot, ...]
     #: What the user calls it, shown before the id (a session's cell: ``In[4]``).
     label: str = ""
+    #: Processes on each host: ``hosts[rank]`` runs on host ``rank // procs_per_host``.
+    procs_per_host: int = 1
+
+    def name_of(self, rank: int) -> str:
+        """``host 2``, or ``host 1, process 0 (rank 2)`` where hosts run several processes."""
+        if self.procs_per_host == 1:
+            return f"host {rank}"
+        return f"host {rank // self.procs_per_host}, process {rank % self.procs_per_host} (rank {rank})"
+
+    def by_host(self) -> list[tuple[int, tuple[HostSnapshot, ...]]]:
+        """Each host's index and its processes, in rank order."""
+        per = self.procs_per_host
+        return [(host, self.hosts[host * per:(host + 1) * per]) for host in range((len(self.hosts) + per - 1) // per)]
 
     @property
     def elapsed(self) -> float:

@@ -44,7 +44,11 @@ def run_cell(shell, code):
         ("--en X=1", "unrecognized arguments: --en X=1"),  # never an abbreviation of --env
         ("-b slurm", "argument -b/--backend: invalid choice: 'slurm'"),
         ("--namespace ml", "--namespace is for -b kubernetes, and this cell runs on -b local"),
-        ("-n 10000", "10000 hosts is more than the local backend runs"),
+        ("-n 10000", "10000 host processes are more than the local backend runs"),
+        ("--procs-per-host 0", "--procs-per-host must be at least 1, got 0"),
+        ("-a gpu-h100x8 --procs-per-host 3", "3 processes per host do not divide the 8 GPUs of a gpu-h100x8 host"),
+        ("-a tpu-v5e-16 --procs-per-host 4", "4 processes per host: tpu-v5e-16 hosts run one process each"),
+        ("-n 2000 --procs-per-host 8", "16000 host processes are more than the local backend runs"),
         ("--storage s3://bucket/x", "unsupported storage URI 's3://bucket/x'"),
     ],
 )
@@ -144,7 +148,7 @@ def test_a_registered_backend_brings_its_flags(monkeypatch):
         """A magic."""
 
     assert "-b fake:" in cell.__doc__ and "--fake-scenario NAME" in cell.__doc__
-    assert "-b local:" not in cell.__doc__  # a backend with no flags adds no group
+    assert cell.__doc__.index("-b local:") < cell.__doc__.index("-b kubernetes:")  # in registration order
     assert cell.__doc__.index("-b kubernetes:") < cell.__doc__.index("-b fake:")
 
 

@@ -240,3 +240,38 @@ def test_a_brief_text_twin_says_nothing_while_the_cell_is_quick():
     assert stream.getvalue() == ""
     status.update(session_cell([host(0)], JobStatus.RUNNING))  # 3 s in: it says where the hosts are
     assert stream.getvalue() == "In[4] · session ks-test: 1 running · 3.0 s\n"
+
+
+# -- hosts that run several processes --------------------------------------------------------------------------
+
+
+def processes_job(processes, status=JobStatus.RUNNING, per_host=2) -> JobSnapshot:
+    return JobSnapshot("kn-test", "local", "gpu-h100x2", status, T0, T0 + 3, tuple(processes), procs_per_host=per_host)
+
+
+def test_a_row_per_host_each_expandable_to_its_processes():
+    panel = HostPanel(4, procs_per_host=2)
+    panel.update(processes_job([host(0), host(1), failed(2), host(3, "stopped")], JobStatus.FAILED))
+    assert "kn-test · local · gpu-h100x2 · 2 hosts x 2 processes · 2.0 s · FAILED" in panel.header.value
+    assert len(panel.rows) == 2 and len(panel.details.children) == 2
+    assert "★" in panel.rows[0].value and "running" in panel.rows[0].value
+    assert "failed" in panel.rows[1].value  # its worst process's state
+    assert "[rank 2] step 7 on host 2" in panel.rows[1].value  # tagged by rank
+    assert panel.details.titles == ("host 0 (leader) · running · execute · 2 processes",
+                                    "host 1 · failed · execute · 2 processes")
+    drill = panel.details.children[1].value
+    assert ">1.0</span>" in drill and ">1.1</span>" in drill  # a row per process: host.process
+    assert "host 1, process 0 (rank 2) · failed" in drill and "host 1, process 1 (rank 3) · stopped" in drill
+    assert "ValueError: bad shard" in drill and "step 7 on host 3" in drill  # each one's traceback and log
+    assert "host 1, process 0 (rank 2): ValueError at cell line 12" in panel.failures.value
+    assert panel.progress.max == 4  # the bar counts processes
+
+
+def test_the_text_twin_names_each_process_by_host_and_process():
+    text = text_summary(processes_job([host(0), host(1), failed(2), failed(3)], JobStatus.FAILED))
+    lines = text.splitlines()
+    assert lines[0] == "kn-test · local · gpu-h100x2 · 2 hosts x 2 processes · 2.0 s · FAILED"
+    assert lines[1].split() == ["h.proc", "state", "phase", "time", "last", "line", "/", "exit"]
+    assert [line.split()[0] for line in lines[2:6]] == ["0.0*", "0.1", "1.0", "1.1"]
+    assert "ranks 2-3: the same ValueError at cell line 12" in lines
+    assert "<td>1.1</td>" in html_summary(processes_job([host(0), host(1), host(2), host(3)]))

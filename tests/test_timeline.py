@@ -23,3 +23,15 @@ def test_timeline_has_one_row_per_host():
     legend = [text.get_text() for text in axes.get_legend().get_texts()]
     assert "execute" in legend and "start barrier" in legend
     figure.savefig(__import__("io").BytesIO(), format="png")  # it renders
+
+
+def test_timeline_has_one_row_per_process_named_by_host_and_process():
+    handle = kinetic_nb.submit("import os\nif os.environ['RANK'] == '3':\n    raise ValueError('rank 3')", hosts=2,
+                               procs_per_host=2, framework="none")
+    handle.wait()
+    axes = handle.timeline().axes[0]
+    assert [label.get_text() for label in axes.get_yticklabels()] == [
+        "host 0 · proc 0 · rank 0 (leader)", "host 0 · proc 1 · rank 1", "host 1 · proc 0 · rank 2",
+        "host 1 · proc 1 · rank 3"]
+    failure_markers = [line for line in axes.lines if line.get_marker() == "x"]
+    assert len(failure_markers) == 1 and list(failure_markers[0].get_ydata()) == [3]

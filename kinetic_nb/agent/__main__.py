@@ -21,7 +21,9 @@ from kinetic_nb.runner.channel import CHANNEL_ENV, parse_address
 from kinetic_nb.runner.envelope import read_sealed, write_sealed
 from kinetic_nb.runner.environment_install import installed_environment
 from kinetic_nb.runner.execute import exception_type_name
-from kinetic_nb.runner.host_variables import host_environment, resolve_host_index
+from kinetic_nb.runner.frameworks import on_real_gpus
+from kinetic_nb.runner.gpus import host_devices, visible_gpus
+from kinetic_nb.runner.host_variables import host_environment, process_environment, resolve_host_index
 from kinetic_nb.runner.job_keys import KEY_FILE_ENV, JobKey, key_from_file, key_from_text
 from kinetic_nb.runner.protocol import JobPlan, Phase, ResultPayload
 from kinetic_nb.runner.redact import host_secrets
@@ -83,23 +85,28 @@ def main(argv: list[str] | None = None) -> int:
         os.write(ready, b"1")
         os.close(ready)
     if args.all_hosts:
-        problem = processes.host_count_problem(plan.hosts)
+        problem = processes.host_count_problem(plan.world_size)
         if problem:
             print(f"kinetic agent: {problem}", file=sys.stderr)
             return 2
         processes.raise_open_file_limit()
-        indices = list(range(plan.hosts))
+        ranks = list(range(plan.world_size))
         base = dict(os.environ)
+        # This machine's GPUs, shared out: each host of the slice sees its own (counted without CUDA).
+        gpus = visible_gpus(base) if on_real_gpus(plan) else None
 
-        def environment(index: int, output_dir: str) -> dict[str, str]:
-            return host_environment(plan, index, storage.uri, output_dir, base)
-    else:  # a pod or VM: this host's index and environment come from the platform
-        indices = [resolve_host_index(os.environ) or protocol.LEADER_INDEX]
+        def environment(rank: int, output_dir: str) -> dict[str, str]:
+            env = host_environment(plan, rank, storage.uri, output_dir, base)
+            if gpus is not None:
+                env["CUDA_VISIBLE_DEVICES"] = host_devices(gpus, plan.host_of(rank), plan.devices_per_host)
+            return env
+    else:  # a pod or VM: this host's index and the job's variables come from the platform; each process's rank here
+        ranks = list(plan.ranks_of(resolve_host_index(os.environ) or protocol.LEADER_INDEX))
 
-        def environment(index: int, output_dir: str) -> dict[str, str]:
-            return {**os.environ, "KINETIC_OUTPUT_DIR": output_dir}
+        def environment(rank: int, output_dir: str) -> dict[str, str]:
+            return process_environment(plan, rank, output_dir, os.environ)
     processes.adopt_orphans()
-    agent = Agent(storage, plan, indices, environment, key=key,
+    agent = Agent(storage, plan, ranks, environment, key=key,
                   on_storage_error=lambda text: keep_state(storage_error=text),
                   redactor=host_secrets(key.hex(), plan.env_names))
     signal.signal(signal.SIGTERM, agent.stop_on_signal)  # a pod's deletion: record the hosts as stopped
@@ -107,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         hub = parse_address(os.environ.get(CHANNEL_ENV, ""))  # where a backend placed the hub (host 0's node)
         if args.all_hosts:
             agent.open_hub()
-        elif hub is not None and protocol.LEADER_INDEX in indices:
+        elif hub is not None and protocol.LEADER_INDEX in ranks:
             agent.open_hub(hub, agents=plan.hosts - 1)
         elif hub is not None:
             agent.join_hub(hub)

@@ -55,6 +55,8 @@ TOKEN_URL = "http://metadata.google.internal/computeMetadata/v1/instance/service
 ATTEMPTS = 5
 #: A host pod's index (set on every host pod, not the root's).
 HOST_INDEX_ENV = "KINETIC_HOST_INDEX"
+#: How many processes a host runs (torchrun's name, set on every host pod): host h's are ranks h*N .. h*N+N-1.
+PROCS_PER_HOST_ENV = "LOCAL_WORLD_SIZE"
 #: A host whose environment install failed on this many container starts in a row is in a crash loop: at the
 #: next start its end is recorded and the container parks (kinetic_nb.agent.watch then ends the job).
 MAX_STARTS = 3
@@ -289,14 +291,17 @@ def _crash_loop(directory, record_path, job_uri, key, host):
             last = file.read().strip()
     except OSError:
         last = "(none recorded)"
-    name = EXIT_RECORD.format(host=host)
-    body = json.dumps({"host_index": host, "exit_code": 1, "ended_at": time.time(), "stderr_tail": [last],
-                       "reason": f"a crash loop: its environment install failed on each of its {starts - 1} starts; "
-                                 f"the last: {last}"}, sort_keys=True, indent=1).encode()
-    try:
-        store_new(job_uri, name, seal(key, name, body))
-    except Refused as error:
-        print(f"kinetic_nb: could not record the crash loop: {error}", file=sys.stderr)
+    per_host = os.environ.get(PROCS_PER_HOST_ENV, "1")
+    per_host = int(per_host) if per_host.isdigit() and int(per_host) > 0 else 1
+    for rank in range(host * per_host, (host + 1) * per_host):  # the end of each of the host's processes
+        name = EXIT_RECORD.format(host=rank)
+        body = json.dumps({"host_index": rank, "exit_code": 1, "ended_at": time.time(), "stderr_tail": [last],
+                           "reason": f"a crash loop: its environment install failed on each of its {starts - 1} "
+                                     f"starts; the last: {last}"}, sort_keys=True, indent=1).encode()
+        try:
+            store_new(job_uri, name, seal(key, name, body))
+        except Refused as error:
+            print(f"kinetic_nb: could not record the crash loop: {error}", file=sys.stderr)
     print(f"kinetic_nb: host {host}'s environment install failed on each of its {starts - 1} starts; its end is "
           "recorded, and this container waits to be deleted with the job", file=sys.stderr)
     return True

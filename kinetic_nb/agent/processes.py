@@ -122,7 +122,7 @@ def host_count_problem(hosts: int) -> str | None:
     the memory available, and :data:`MAX_LOCAL_HOSTS`.
     """
     if hosts > MAX_LOCAL_HOSTS:
-        return (f"{hosts} hosts is more than the local backend runs (at most {MAX_LOCAL_HOSTS}): "
+        return (f"{hosts} host processes are more than the local backend runs (at most {MAX_LOCAL_HOSTS}): "
                 "one machine is not a slice; use a cluster backend")
     _, hard_files = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard_files != resource.RLIM_INFINITY and hosts * FDS_PER_HOST + FDS_RESERVED > hard_files:

@@ -175,8 +175,9 @@ class RayHost:
         index = bundle_index if index is None else index
         host, port = coordinator.rsplit(":", 1)
         key_hex = secrets.get(KEY_ENV, "")  # to the agent through a pipe: never in an environment
-        env = host_environment(plan, index, job_uri, "", {**os.environ, **{name: value for name, value in
-                                                                           secrets.items() if name != KEY_ENV}})
+        # The host's environment, as its first process's: the agent gives each of its processes its own rank.
+        env = host_environment(plan, plan.ranks_of(index)[0], job_uri, "",
+                               {**os.environ, **{name: value for name, value in secrets.items() if name != KEY_ENV}})
         env.update({"KINETIC_COORDINATOR_ADDRESS": coordinator, "JAX_COORDINATOR_ADDRESS": coordinator,
                     "MASTER_ADDR": host, "MASTER_PORT": port, NODE_ID_ENV: where["node_id"]})
         if channel:  # a session's hub, on host 0's node: its agent listens there, every other host joins it
@@ -191,7 +192,7 @@ class RayHost:
             )
             self.agent.stdin.write(key_hex.encode() + b"\n")
             self.agent.stdin.close()
-        threading.Thread(target=self._end_when_the_agent_ends, args=(job_uri, plan.hosts),
+        threading.Thread(target=self._end_when_the_agent_ends, args=(job_uri, plan.world_size),
                          name="kinetic-agent-watch", daemon=True).start()
         return {"index": index, "node_id": where["node_id"]}
 

@@ -131,7 +131,8 @@ class _Host:
 
 
 class Agent:
-    """Supervises hosts ``indices`` of the job ``plan`` stored in ``storage``.
+    """Supervises the processes ``indices`` (their ranks: every process of a local job, its host's on a pod or a
+    Ray node) of the job ``plan`` stored in ``storage``; each is a "host" to the records, keyed by its rank.
 
     ``key`` (the job's key, bound to it) seals every record the agent writes and
     verifies every control record before the agent acts on it; the hosts it
@@ -183,7 +184,8 @@ class Agent:
         """Listen for the session's channel before the hosts are forked (they are told where in their
         environment); from here on this agent's records go through it too. ``agents``: how many other hosts'
         agents join it (a backend with an agent per host)."""
-        self.hub = Hub(self.key, address, hosts=self.plan.hosts, agents=agents, on_record=self._heard,
+        self.hub = Hub(self.key, address, hosts=self.plan.world_size, agents=agents,
+                       procs_per_host=self.plan.procs_per_host, on_record=self._heard,
                        on_lost=self._left_the_channel)
         self._relay = Relay(self.storage, serves=lambda name: name.startswith((protocol.HOSTS_DIR + "/",
                                                                              protocol.CELLS_DIR + "/")),
@@ -216,7 +218,7 @@ class Agent:
                 print(f"kinetic agent: could not join the session's hub ({error}); the session's cells travel "
                       "through storage", file=sys.stderr, flush=True)
 
-        Joining(address, self.key, agent_role(self.indices[0]), on_broken=self._relay.fall_back,
+        Joining(address, self.key, agent_role(self.plan.host_of(self.indices[0])), on_broken=self._relay.fall_back,
                 give_up_after_s=HUB_JOIN_S, then=then)
 
     def _left_the_channel(self, role: str) -> None:

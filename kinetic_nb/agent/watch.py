@@ -57,7 +57,7 @@ def job_has_ended(storage: Storage, plan: JobPlan, key: bytes, now: float | None
         return True
     if plan.created_at and now > plan.created_at + plan.barrier_timeout_s:
         _record_never_started(storage, plan, key, listing, now, seen)
-    for index in range(plan.hosts):
+    for index in range(plan.world_size):
         name = protocol.host_exit(index)
         if name in listing and _verifies(storage, key, name, seen):
             continue
@@ -71,7 +71,7 @@ def _record_never_started(storage: Storage, plan: JobPlan, key: bytes, listing: 
                           seen: dict[str, bool]) -> None:
     """Past the start window: the end of each host that never beat and has no end, recorded (so the hosts
     waiting for it at the start barrier stop too)."""
-    for index in range(plan.hosts):
+    for index in range(plan.world_size):
         name = protocol.host_exit(index)
         if protocol.host_heartbeat(index) in listing or name in listing:
             continue

@@ -109,6 +109,11 @@ class Backend(abc.ABC):
     #: The hosts do not see this machine's disk (a pod, a Ray node): the notebook's folder travels with the job.
     ships_workdir: ClassVar[bool] = False
 
+    def simulates(self, acc: Any) -> bool:
+        """Whether this backend stands CPU devices in for the accelerator ``acc``'s chips (the plan's
+        ``simulated``: JAX on CPU, torch on gloo)."""
+        return self.simulates_accelerators
+
     @classmethod
     def from_options(cls, **options: Any) -> Backend:
         """The backend configured by ``options`` (its flags' options, ``config`` defaults, stored options)."""

@@ -22,12 +22,15 @@ import sys
 import threading
 import time
 from collections.abc import Mapping
+from typing import Any
 
 from kinetic_nb.agent.local_state import AgentState
 from kinetic_nb.agent.processes import host_count_problem, process_start
-from kinetic_nb.backends.base import Backend, JobSecrets, PlatformView, register
+from kinetic_nb.backends.base import Backend, BackendFlag, JobSecrets, PlatformView, register
 from kinetic_nb.backends.warm_agent import launch_warm, warm_agent_wanted
 from kinetic_nb.runner import protocol
+from kinetic_nb.runner.frameworks import on_real_gpus
+from kinetic_nb.runner.gpus import machine_gpus, visible_gpus
 from kinetic_nb.runner.logs import last_lines
 from kinetic_nb.runner.protocol import ExitSummary, JobPlan
 from kinetic_nb.runner.records import recorded_success
@@ -88,24 +91,67 @@ def _alive(state: AgentState, job_id: str) -> bool:
             return True
 
 
+def gpu_shortfall(plan: JobPlan, gpus: list[str]) -> str:
+    """Why this machine cannot run ``plan``'s GPU slice on its own ``gpus`` (model names), or ""."""
+    wanted = plan.hosts * plan.devices_per_host
+    if len(gpus) >= wanted:
+        return ""
+    models = ", ".join(sorted(set(gpus)))
+    return (f"{plan.accelerator} x {plan.hosts} host{'s' if plan.hosts != 1 else ''} needs {wanted} GPU"
+            f"{'s' if wanted != 1 else ''}; this machine shows {len(gpus)} ({models}): choose a smaller -a or -n, "
+            "or --simulate to run the slice on CPU")
+
+
 @register
 class LocalBackend(Backend):
-    """Every host a process on this machine, the accelerator simulated with CPU devices."""
+    """Every host a process on this machine: a GPU slice on this machine's GPUs where it has them, every other
+    accelerator (and a GPU slice with ``simulate``, or on a machine without GPUs) simulated with CPU devices."""
 
     name = "local"
-    summary = "processes on this machine (the accelerator simulated on CPU)"
+    summary = "processes on this machine (simulated on CPU; -a gpu-... on its GPUs where it has them)"
     simulates_accelerators = True
+    flags = (
+        BackendFlag("--simulate", "simulate", "Run a gpu-... slice on CPU devices (gloo) even where this machine "
+                    "has GPUs.", switch=True),
+    )
 
-    def __init__(self) -> None:
+    def __init__(self, *, simulate: bool = False) -> None:
+        #: Run GPU slices on CPU even where this machine has GPUs.
+        self.simulate = bool(simulate)
         #: Each job's launcher until it exits (``--detach``: as soon as the agent has written its record).
         self._agents: dict[str, subprocess.Popen] = {}
         self._launcher_codes: dict[str, int] = {}
 
+    @classmethod
+    def from_options(cls, *, simulate: bool | None = None, config: Mapping[str, Any] | None = None,
+                     **options: Any) -> LocalBackend:
+        if options:
+            raise ValueError(f"the local backend takes simulate, got {', '.join(sorted(options))}")
+        return cls(simulate=bool(simulate))
+
+    def options(self) -> dict[str, object]:
+        return {"simulate": True} if self.simulate else {}
+
+    def simulates(self, acc: Any) -> bool:
+        """A GPU slice runs on this machine's GPUs when it has any (counted without CUDA: ``runner.gpus``) and
+        ``simulate`` is off; every other slice on CPU devices."""
+        return self.simulate or acc.kind != "gpu" or not visible_gpus(os.environ)
+
     def preflight(self, plan: JobPlan) -> None:
-        problem = platform_problem(sys.platform) or host_count_problem(plan.hosts)
+        problem = platform_problem(sys.platform) or host_count_problem(plan.world_size)
+        if not problem and on_real_gpus(plan):
+            problem = gpu_shortfall(plan, _named(visible_gpus(os.environ), machine_gpus()))
         if problem:
             raise ValueError(problem)
         warm_agent_wanted()  # a KINETIC_WARM_AGENT it cannot read is said before anything is stored
+
+    def launch_notices(self, plan: JobPlan) -> list[str]:
+        if not on_real_gpus(plan):
+            return []
+        gpus = _named(visible_gpus(os.environ), machine_gpus())
+        return [f"{plan.accelerator} runs on this machine's GPUs: {plan.hosts} host{'s' if plan.hosts != 1 else ''}"
+                f" x {plan.devices_per_host} of {len(gpus)} ({', '.join(sorted(set(gpus)))}), {plan.world_size} "
+                f"process{'es' if plan.world_size != 1 else ''} (--simulate runs it on CPU)"]
 
     def coordinator_address(self, job_id: str) -> str:
         return f"127.0.0.1:{_free_port()}"
@@ -146,7 +192,7 @@ class LocalBackend(Backend):
     def observe(self, storage: Storage, plan: JobPlan, listing: list[ObjectInfo],
                 recorded: Mapping[int, ExitSummary], key: bytes | None) -> PlatformView:
         """A dead agent's hosts as ended (with the tail of its log), and its storage error."""
-        if len(recorded) >= plan.hosts:
+        if len(recorded) >= plan.world_size:
             self._launcher_code(plan.job_id)  # reap the launcher
             return PlatformView()
         log_path, state_path = agent_files(plan.job_id)
@@ -158,7 +204,7 @@ class LocalBackend(Backend):
         tail = tuple(_log_tail(log_path))
         reason = f"{died}; its log: {log_path}"
         # Looked up one by one: an exit record may have landed after the poll's listing.
-        missing = [index for index in range(plan.hosts)
+        missing = [index for index in range(plan.world_size)
                    if index not in recorded and not storage.exists(protocol.host_exit(index))]
         exits = {index: ExitSummary(index, None, recorded_success=recorded_success(storage, key, index),
                                     ended_at=time.time(), reason=reason, stderr_tail=tail,
@@ -211,6 +257,13 @@ class LocalBackend(Backend):
         if time.time() - (plan.created_at or time.time()) > AGENT_START_TIMEOUT_S:
             return f"the job's agent never started ({AGENT_START_TIMEOUT_S:g} s after the job was stored)"
         return None
+
+def _named(visible: list[str], machine: list[str]) -> list[str]:
+    """The model names of the ``visible`` GPUs (``CUDA_VISIBLE_DEVICES`` entries: indices, or UUIDs that
+    name a GPU of ``machine`` by no index)."""
+    return [machine[int(entry)] if entry.isdigit() and int(entry) < len(machine) else "NVIDIA GPU"
+            for entry in visible]
+
 
 def _log_tail(path: str) -> list[str]:
     try:

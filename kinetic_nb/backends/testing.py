@@ -110,13 +110,13 @@ class FakeBackend(Backend):
         self.launched.append(plan.job_id)
         self._key = secrets.key
         script = self.script or self._play_the_cell(storage)
-        for index in range(plan.hosts):
+        for index in range(plan.world_size):
             self._play(storage, plan, index, script.get(index))
 
     def cancel(self, storage: Storage, plan: JobPlan, reason: str, key: bytes | None) -> None:
         super().cancel(storage, plan, reason, key)
         self.cancelled.append(plan.job_id)
-        for index in range(plan.hosts):  # what every agent would do: stop the hosts still running
+        for index in range(plan.world_size):  # what every agent would do: stop the hosts still running
             store_exit(storage, key, ExitSummary(index, None, "SIGTERM", stopped=True, ended_at=time.time()))
 
     def observe(self, storage: Storage, plan: JobPlan, listing: list[ObjectInfo],

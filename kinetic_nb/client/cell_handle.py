@@ -241,8 +241,9 @@ class CellHandle:
     # -- the hosts ------------------------------------------------------------------------------
 
     def logs(self, host: int = protocol.LEADER_INDEX) -> str:
-        """Host ``host``'s stdout and stderr during this cell (a one-shot job's: its whole log)."""
-        check_host(host, self.plan.hosts)
+        """Host ``host``'s stdout and stderr during this cell (a one-shot job's: its whole log); ``host`` is a
+        process's rank where hosts run several."""
+        check_host(host, self.plan.world_size)
         if self.session is None:
             return self.group.logs(host)
         self.snapshot()

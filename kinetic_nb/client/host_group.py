@@ -135,8 +135,8 @@ class HostGroup:
         self._wakeup = False
 
     def logs(self, host: int = protocol.LEADER_INDEX) -> str:
-        """Host ``host``'s whole stdout and stderr so far."""
-        check_host(host, self.plan.hosts)
+        """Host ``host``'s whole stdout and stderr so far (``host``: a process's rank, where hosts run several)."""
+        check_host(host, self.plan.world_size)
         text = read_log(self.storage, host, self.key, session=self.plan.session)
         if not text and self.outcome_recorded:  # cleaned up after success: the tail the poller kept
             text = "".join(f"{line}\n" for line in self.poller.snapshot().hosts[host].log_tail)
@@ -162,7 +162,7 @@ class HostGroup:
             Host index to its stacks, as ``faulthandler`` prints them.
         """
         if host is not None:
-            check_host(host, self.plan.hosts)
+            check_host(host, self.plan.world_size)
         running = [h.index for h in self.poller.poll().hosts if h.exit is None and host in (None, h.index)]
         return self.ask_for_stacks(running, wait) if running else {}
 
@@ -288,7 +288,8 @@ def _close_wakeup(wakeup: Wakeup) -> None:
 
 
 def check_host(host: int, hosts: int) -> None:
-    """``ValueError`` naming the host when ``host`` is not one of ``hosts``."""
+    """``ValueError`` naming the host when ``host`` is not one of ``hosts`` (where hosts run several
+    processes: a rank, of the world size)."""
     if not (isinstance(host, int) and 0 <= host < hosts):
         raise ValueError(f"host {host!r} is out of range for a {hosts}-host job")
 

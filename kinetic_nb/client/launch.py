@@ -16,7 +16,15 @@ from kinetic_nb.client.cell_handle import CellHandle
 from kinetic_nb.client.echo import show_output
 from kinetic_nb.client.host_group import HostGroup
 from kinetic_nb.client.keys import create_key
-from kinetic_nb.client.plan import check_shape, choose_framework, make_plan, new_job_id, prepare_cell, resolve_slice
+from kinetic_nb.client.plan import (
+    check_shape,
+    choose_framework,
+    choose_procs_per_host,
+    make_plan,
+    new_job_id,
+    prepare_cell,
+    resolve_slice,
+)
 from kinetic_nb.errors import (
     KineticWarning,
 )
@@ -45,20 +53,21 @@ def choose_backend(backend: str | Backend, options: Mapping[str, Any] | None) ->
 def launch_hosts(group_id: str, kind: str, root: Storage, backend: Backend, acc: Accelerator, hosts: int, *,
                  framework: str, env: Mapping[str, str], quiet: bool, payload: bytes | None = None,
                  echo: Callable[[str, str], None] | None = None, detached: bool = False, keep: bool = False,
-                 **plan_options: Any) -> HostGroup:
+                 procs_per_host: int | None = None, **plan_options: Any) -> HostGroup:
     """The one launch path of a group of hosts, a one-shot job's (``kind`` JOB, its cell's ``payload``) or a
     session's (SESSION): the plan, the backend's preflight, the key, the sealed plan and handle record, then the
     hosts. Nothing is stored before the preflight passed; the key exists before anything of the group is."""
     plan = make_plan(job_id=group_id, acc=acc, hosts=hosts, framework=framework,
                      coordinator_address=backend.coordinator_address(group_id),
-                     simulated=backend.simulates_accelerators, env_names=sorted(env),
-                     start_window=backend.start_window_s(), session=kind == SESSION, **plan_options)
+                     simulated=backend.simulates(acc), env_names=sorted(env),
+                     start_window=backend.start_window_s(), session=kind == SESSION,
+                     procs_per_host=choose_procs_per_host(acc, framework, procs_per_host), **plan_options)
     backend.preflight(plan)
     folder = pack_folder(os.getcwd()) if backend.ships_workdir else None  # too large: one line, nothing stored
     if folder is not None:
         plan = dataclasses.replace(plan, workdir=protocol.WORKDIR)
-    if acc.simulated_locally and backend.simulates_accelerators and not quiet:
-        print(local_notice(acc), file=sys.stderr)
+    if acc.simulated_locally and plan.simulated and not quiet:
+        print(local_notice(acc, plan.procs_per_host, hosts), file=sys.stderr)
     for notice in [] if quiet else backend.launch_notices(plan):
         print(f"kinetic_nb: {notice}", file=sys.stderr)
     warn_if_shared(root)
@@ -128,6 +137,7 @@ def submit(
     detach: bool = False,
     keep: bool = False,
     backend_options: Mapping[str, Any] | None = None,
+    procs_per_host: int | None = None,
 ) -> CellHandle:
     """Run ``source`` on every host of a slice; return at once with a ``CellHandle`` on its one cell.
 
@@ -174,18 +184,22 @@ def submit(
     backend_options : mapping, optional
         The backend's settings; ``kubernetes``: ``namespace``, ``image``,
         ``service_account``, ... and ``config`` (see ``KubernetesSettings.resolve``).
+    procs_per_host : int, optional
+        Processes on each host, each with its own rank (``RANK``,
+        ``LOCAL_RANK``, ...). Default: one per GPU for torch on GPU hosts, else
+        one (see ``client.plan.choose_procs_per_host``).
     """
     namespace = {} if namespace is None else namespace
     out = list(out)
     env = {name: SecretValue(value) for name, value in (env or {}).items()}  # masked in any traceback from here on
-    check_shape(hosts=hosts, timeout=timeout, grace=grace)
+    check_shape(hosts=hosts, timeout=timeout, grace=grace, procs_per_host=procs_per_host)
     chosen_backend = choose_backend(backend, backend_options)
     acc, host_count = resolve_slice(hosts, accelerator)
     payload = prepare_cell(source, namespace, filename=f"<{cell_name}>", out=out)
     group = launch_hosts(new_job_id(), JOB, open_storage(storage or storage_root(chosen_backend)), chosen_backend, acc, host_count,
                           framework=choose_framework(framework, payload.modules), env=env, quiet=quiet,
                           payload=payload.data, echo=print_to_stdout if echo is True else (echo or None),
-                          detached=detach, keep=keep, timeout=timeout, grace=grace)
+                          detached=detach, keep=keep, timeout=timeout, grace=grace, procs_per_host=procs_per_host)
     handle = CellHandle(group)
     global _last_handle
     _last_handle = handle

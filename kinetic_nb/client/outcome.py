@@ -59,6 +59,11 @@ class HostFailure:
     host_index: int
     payload: ResultPayload
     uri: str
+    #: How messages name it: ``host 2``, or ``host 1, process 0 (rank 2)`` (``JobPlan.name_of``).
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        self.name = self.name or f"host {self.host_index}"
 
     @property
     def stopped(self) -> bool:
@@ -84,9 +89,9 @@ class HostFailure:
         except Exception:  # noqa: BLE001 - whatever stops it, the type name and message still tell
             error = RemoteHostError(f"{self.type_name}: {self.message}")
         if isinstance(error, SystemExit):  # from a host that predates HostExitError: never end the caller
-            code, error = error.code, HostExitError(f"the cell on host {self.host_index} exited with SystemExit")
+            code, error = error.code, HostExitError(f"the cell on {self.name} exited with SystemExit")
             error.code = code
-        attach_remote_traceback(error, self.payload.traceback, self.host_index, job_id)
+        attach_remote_traceback(error, self.payload.traceback, self.name, job_id)
         return error
 
 
@@ -101,14 +106,15 @@ class RemoteTraceback(Exception):
         return f'\n"""\n{self.text.rstrip()}\n"""'
 
 
-def attach_remote_traceback(error: BaseException, text: str, host_index: int, job_id: str) -> None:
-    """Show the host's frames: as the cause in plain Python, as the whole traceback in IPython."""
+def attach_remote_traceback(error: BaseException, text: str, host: int | str, job_id: str) -> None:
+    """Show the frames of ``host`` (its index, or its name: ``host 1, process 0 (rank 2)``): as the cause in
+    plain Python, as the whole traceback in IPython."""
     if not text:
         return
     error.__cause__ = RemoteTraceback(text)
 
     def render_traceback() -> list[str]:
-        return render_remote_traceback(text, type(error).__name__, f"host {host_index}",
+        return render_remote_traceback(text, type(error).__name__, host if isinstance(host, str) else f"host {host}",
                                        list(getattr(error, "__notes__", ())))
 
     try:
@@ -124,7 +130,7 @@ def read_leader(storage: Storage, key: bytes | None) -> HostFailure | None:
 
 
 def read_failure(storage: Storage, name: str, host_index: int, *, warn: bool, key: bytes | None,
-                 strict: bool = False) -> HostFailure | None:
+                 strict: bool = False, host_name: str = "") -> HostFailure | None:
     """Download and decode one payload into its record; skip an unreadable or success-claiming one.
 
     Parameters
@@ -144,6 +150,8 @@ def read_failure(storage: Storage, name: str, host_index: int, *, warn: bool, ke
     strict : bool
         Raise ``UnreadableResultError`` for a payload that exists but cannot
         be unpickled here, instead of skipping it.
+    host_name : str
+        How messages name the host (default ``host {host_index}``).
 
     Returns
     -------
@@ -152,6 +160,7 @@ def read_failure(storage: Storage, name: str, host_index: int, *, warn: bool, ke
         object is missing, unreadable, or a worker's that claims success.
     """
     uri = f"{storage.uri}/{name}"
+    host_name = host_name or f"host {host_index}"
     try:
         payload = ResultPayload.from_dict(load_payload(storage, name, key))  # streamed, verified first
     except ObjectNotFoundError:
@@ -161,28 +170,29 @@ def read_failure(storage: Storage, name: str, host_index: int, *, warn: bool, ke
     except Exception as error:
         if strict:
             raise UnreadableResultError(
-                f"host {host_index} recorded its outcome in {uri}, but it cannot be unpickled here: "
+                f"{host_name} recorded its outcome in {uri}, but it cannot be unpickled here: "
                 f"{type(error).__name__}: {error} (a class or module the hosts have and this notebook lacks?)"
             ) from error
         if warn:
-            warnings.warn(f"skipping the unreadable payload of host {host_index} ({uri}): {error}", KineticWarning, 3)
+            warnings.warn(f"skipping the unreadable payload of {host_name} ({uri}): {error}", KineticWarning, 3)
         return None
     if payload.success and host_index != protocol.LEADER_INDEX:
-        warnings.warn(f"skipping the payload of host {host_index} ({uri}): a worker payload that claims success",
+        warnings.warn(f"skipping the payload of {host_name} ({uri}): a worker payload that claims success",
                       KineticWarning, 3)
         return None
-    return HostFailure(host_index, payload, uri)
+    return HostFailure(host_index, payload, uri, host_name)
 
 
 def _hosts_text(indices: list[int]) -> str:
     return ", ".join(map(str, indices))
 
 
-def _raise_host_failure(failure: HostFailure, job_id: str, others: list[int], extra: list[str] = ()) -> None:
+def _raise_host_failure(failure: HostFailure, job_id: str, others: list[int], extra: list[str] = (),
+                        *, many: str = "hosts") -> None:
     error = failure.exception(job_id)
-    note = f"Reported by host {failure.host_index} of multi-host job {job_id} ({failure.uri})."
+    note = f"Reported by {failure.name} of multi-host job {job_id} ({failure.uri})."
     if others:
-        note += f" Other hosts that also reported a failure: {_hosts_text(others)}."
+        note += f" Other {many} that also reported a failure: {_hosts_text(others)}."
     error.add_note(note)
     _add_notes(error, [*_phase_notes(failure), *extra])
     raise error from error.__cause__
@@ -197,7 +207,7 @@ def _raise_leader_failure(failure: HostFailure, job_id: str, extra: list[str] = 
 def _raise_tampered(error: IntegrityError, next_verified: HostFailure | None) -> None:
     error.add_note("Nothing was unpickled from it.")
     if next_verified is not None:
-        error.add_note(f"The next verified failure: host {next_verified.host_index}: "
+        error.add_note(f"The next verified failure: {next_verified.name}: "
                        f"{next_verified.type_name}: {next_verified.message}")
     raise error
 
@@ -283,9 +293,9 @@ def resolve_outcome(
         leader, tampered = None, error
     except UnreadableResultError as error:
         leader, unreadable_leader = None, error
-    if tampered is not None and (status is JobStatus.SUCCEEDED or plan.hosts == 1):
+    if tampered is not None and (status is JobStatus.SUCCEEDED or plan.world_size == 1):
         raise tampered  # a leader "success" that does not verify never returns a value
-    if unreadable_leader is not None and (status is JobStatus.SUCCEEDED or plan.hosts == 1):
+    if unreadable_leader is not None and (status is JobStatus.SUCCEEDED or plan.world_size == 1):
         raise unreadable_leader
     leader_ok = leader is not None and leader.payload.success
     if leader is not None and not leader_ok and not leader.is_consequence:
@@ -295,7 +305,7 @@ def resolve_outcome(
         return leader.payload  # rule 2
     if status is JobStatus.CANCELLED:
         raise JobCancelledError(f"job {plan.job_id} was cancelled ({storage.uri})")
-    if plan.hosts == 1:
+    if plan.world_size == 1:
         if leader is not None and not leader_ok:
             _raise_leader_failure(leader, plan.job_id)
         raise _no_payload_error(storage, plan, [protocol.LEADER_INDEX], describe_host, leader_ok, exits)
@@ -305,7 +315,8 @@ def resolve_outcome(
     consequence: HostFailure | None = None
     for index in failing:
         try:
-            failure = read_failure(storage, protocol.worker_result(index), index, warn=True, key=key)
+            failure = read_failure(storage, protocol.worker_result(index), index, warn=True, key=key,
+                                   host_name=plan.name_of(index))
         except IntegrityError as error:
             tampered = tampered or error
             continue
@@ -319,13 +330,13 @@ def resolve_outcome(
         extra = []
         if leader is not None and not leader_ok:
             extra.append(f"The leader (host 0) failed as a consequence: {leader.type_name}: {leader.message}")
-        _raise_host_failure(failure, plan.job_id, [i for i in failing if i != index], extra)
+        _raise_host_failure(failure, plan.job_id, [i for i in failing if i != index], extra, many=_many(plan))
     if tampered is not None:
         _raise_tampered(tampered, consequence)
     # A host that died or was lost without a payload failed on its own account:
     # it ranks before every consequence, the leader's included.
     leader_failed = leader is not None and not leader_ok
-    dead = [i for i in range(plan.hosts) if (i in lost or (i in exits and exits[i].failed))
+    dead = [i for i in range(plan.world_size) if (i in lost or (i in exits and exits[i].failed))
             and i not in failing and not (i == protocol.LEADER_INDEX and leader is not None)]
     consequences = []
     if leader_failed:
@@ -338,7 +349,8 @@ def resolve_outcome(
     if leader_failed:
         _raise_leader_failure(leader, plan.job_id, listing_notes)
     if consequence is not None:
-        _raise_host_failure(consequence, plan.job_id, [i for i in failing if i != consequence.host_index])
+        _raise_host_failure(consequence, plan.job_id, [i for i in failing if i != consequence.host_index],
+                            many=_many(plan))
     if unreadable_leader is not None:  # no host's own failure to raise: the leader's record is the news
         _add_notes(unreadable_leader, listing_notes)
         raise unreadable_leader
@@ -374,10 +386,15 @@ def _no_payload_error(
     else:
         head = f"job {plan.job_id} failed and no host wrote a result payload: {storage.uri}/{protocol.RESULT} is missing"
     if culprits:
-        head += f"; host {culprits[0]} {describe_host(culprits[0]).splitlines()[0].split(';')[0]}"
+        head += f"; {plan.name_of(culprits[0])} {describe_host(culprits[0]).splitlines()[0].split(';')[0]}"
         if len(culprits) > 1:
-            head += f" first, then hosts {', '.join(map(str, culprits[1:]))} ended too"
+            head += f" first, then {_many(plan)} {', '.join(map(str, culprits[1:]))} ended too"
     lines = [head + "."]
-    for index in range(plan.hosts):
-        lines.append(f"host {index} {describe_host(index)}")
+    for index in range(plan.world_size):
+        lines.append(f"{plan.name_of(index)} {describe_host(index)}")
     return JobFailedError("\n".join(lines))
+
+
+def _many(plan: JobPlan) -> str:
+    """How a list of the plan's processes is introduced: ``hosts 3, 5``, or ``ranks 3, 5``."""
+    return "ranks" if plan.procs_per_host > 1 else "hosts"

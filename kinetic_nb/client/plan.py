@@ -53,11 +53,12 @@ def new_job_id(prefix: str = "kn") -> str:
 
 #: How ``check_shape`` names each value: as the Python API's parameter, or as the magic's flag.
 _SHAPE_NAMES = {"hosts": ("hosts", "-n/--hosts"), "timeout": ("timeout", "--timeout"), "grace": ("grace", "--grace"),
-                "idle_timeout": ("idle_timeout", "--idle-timeout")}
+                "idle_timeout": ("idle_timeout", "--idle-timeout"),
+                "procs_per_host": ("procs_per_host", "--procs-per-host")}
 
 
 def check_shape(*, hosts: int | None = None, timeout: float | None = None, grace: float | None = None,
-                idle_timeout: float | None = None, flags: bool = False) -> None:
+                idle_timeout: float | None = None, procs_per_host: int | None = None, flags: bool = False) -> None:
     """The one check of a cell's or a session's numbers (None: not given), for ``submit``, ``start``, a
     session cell and the magics: one ``ValueError`` line naming the parameter, or with ``flags`` the flag
     (the magic turns it into a ``UsageError``)."""
@@ -66,6 +67,8 @@ def check_shape(*, hosts: int | None = None, timeout: float | None = None, grace
 
     if hosts is not None and not hosts >= 1:
         raise ValueError(f"{name('hosts')} must be at least 1, got {hosts}")
+    if procs_per_host is not None and not procs_per_host >= 1:
+        raise ValueError(f"{name('procs_per_host')} must be at least 1, got {procs_per_host}")
     if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
         raise ValueError(f"{name('timeout')} must be a positive number of seconds, got {timeout:g}")
     if grace is not None and not (math.isfinite(grace) and grace >= 0):
@@ -76,14 +79,37 @@ def check_shape(*, hosts: int | None = None, timeout: float | None = None, grace
 
 
 def resolve_slice(hosts: int | None, accelerator: str | None) -> tuple[Accelerator, int]:
-    """The accelerator and host count from ``-n`` and ``-a``; they must agree when both are given."""
+    """The accelerator and host count from ``-n`` and ``-a``: a TPU slice has its own number of hosts (``-n``
+    must agree); a GPU name is a host's shape (``gpu-h100x8``: 8 GPUs), of which ``-n`` hosts make the slice."""
     check_shape(hosts=hosts)
     acc = resolve_accelerator(accelerator or "cpu")
-    if accelerator is None or acc.kind == "cpu":
+    if accelerator is None or acc.kind in ("cpu", "gpu"):
         return acc, hosts or acc.hosts
     if hosts is not None and hosts != acc.hosts:
         raise ValueError(f"{hosts} hosts do not match {acc.name}, which has {acc.hosts} hosts")
     return acc, acc.hosts
+
+
+def choose_procs_per_host(acc: Accelerator, framework: str, requested: int | None = None) -> int:
+    """Processes on each host: ``requested`` (``--procs-per-host``), else the framework's convention.
+
+    torch on GPU hosts runs one process per GPU (as torchrun, Accelerate's
+    ``notebook_launcher`` and Lightning's ``ddp_notebook`` do); JAX runs one
+    process per host that drives every local device (ask for one per GPU with
+    ``--procs-per-host``); TPU hosts run one process each, which holds the
+    host's chips. A session that picks its framework at its first cell
+    (``auto``) runs one per host unless told.
+    """
+    if requested is None:
+        return acc.devices_per_host if acc.kind == "gpu" and framework == Framework.TORCH.value else 1
+    check_shape(procs_per_host=requested)
+    if acc.kind == "tpu" and requested != 1:
+        raise ValueError(f"{requested} processes per host: {acc.name} hosts run one process each (it holds every "
+                         "TPU chip of its host)")
+    if acc.kind == "gpu" and acc.devices_per_host % requested:
+        raise ValueError(f"{requested} processes per host do not divide the {acc.devices_per_host} GPUs of a "
+                         f"{acc.name} host: each process drives the same number of GPUs")
+    return requested
 
 
 def choose_framework(requested: str, modules: Iterable[str]) -> str:
@@ -157,6 +183,7 @@ def make_plan(
     session: bool = False,
     idle_timeout: float | None = None,
     start_window: float = 0.0,
+    procs_per_host: int = 1,
 ) -> JobPlan:
     """The plan for one job or session.
 
@@ -168,6 +195,7 @@ def make_plan(
     return JobPlan(
         job_id=job_id,
         hosts=hosts,
+        procs_per_host=procs_per_host,
         accelerator=acc.name,
         devices_per_host=acc.devices_per_host,
         framework=framework,

@@ -113,7 +113,7 @@ class JobPoller:
         self.submitted_at = submitted_at if submitted_at is not None else time.time()
         self.on_leader_output = on_leader_output
         self._echo = LeaderEcho(on_leader_output) if on_leader_output is not None else None
-        self.records = [_HostRecords() for _ in range(plan.hosts)]
+        self.records = [_HostRecords() for _ in range(plan.world_size)]
         self.listing: list[ObjectInfo] = []
         self.platform = PlatformView()
         #: Stacks fetched for hosts that turned quiet, by host index.
@@ -124,7 +124,7 @@ class JobPoller:
         #: What the panel's header calls it (a session's cell: ``In[4] · session ks-...``).
         self.label = label
         #: A cell's poller on a local disk: per host, the next of the cell's log chunks to look for.
-        self.next_chunk = [0] * plan.hosts
+        self.next_chunk = [0] * plan.world_size
         #: Hosts whose output for the cell is all stored (their agent wrote the cell's last chunk).
         self.output_complete: set[int] = set()
         #: A cell the notebook interrupted: once every host is back, it ended as cancelled.
@@ -208,7 +208,7 @@ class JobPoller:
         """A cell on a local disk: each host's few records looked at by name (a stat each, and the next log
         chunks it expects), as cheap after a thousand cells as after one."""
         found: list[ObjectInfo] = []
-        for index in range(self.plan.hosts):
+        for index in range(self.plan.world_size):
             for name in (protocol.host_heartbeat(index), protocol.host_status(index), protocol.host_exit(index)):
                 try:
                     stat = os.stat(self.storage.local_path(name))
@@ -239,18 +239,18 @@ class JobPoller:
             if self.cell is not None:
                 in_cell = protocol.parse_cell_log_chunk(info.name)
                 if in_cell is not None:
-                    if in_cell[0] == self.cell and in_cell[1] < self.plan.hosts \
+                    if in_cell[0] == self.cell and in_cell[1] < self.plan.world_size \
                             and self._versions.get(info.name) != info.version:
                         changed.append((in_cell[1], "log", info))
                     continue
                 ended_cell = protocol.parse_cell_done(info.name)
                 if ended_cell is not None:  # a host's status as the cell left it: stored at once, by its own name
-                    if ended_cell[0] == self.cell and ended_cell[1] < self.plan.hosts \
+                    if ended_cell[0] == self.cell and ended_cell[1] < self.plan.world_size \
                             and info.name not in self._versions:
                         changed.append((ended_cell[1], "status", info))
                     continue
             parsed = protocol.parse_host_object(info.name)
-            if parsed is None or parsed[0] >= self.plan.hosts:
+            if parsed is None or parsed[0] >= self.plan.world_size:
                 continue
             index, kind, _ = parsed
             records = self.records[index]
@@ -332,7 +332,7 @@ class JobPoller:
         """What only the platform sees: a pod evicted, an agent that died (the backend keeps its own pace)."""
         self.platform = self.backend.observe(self.storage, self.plan, self.listing, self.exits, self.key)
         for index, summary in self.platform.exits.items():
-            if index < self.plan.hosts and self.records[index].exit is None:
+            if index < self.plan.world_size and self.records[index].exit is None:
                 self.records[index].exit = summary
 
     def _platform_reasons(self) -> dict[int, str]:
@@ -343,11 +343,12 @@ class JobPoller:
         """The job as last read, without a listing (a platform backend may answer from its cache)."""
         now = time.time()
         hosts = [self._cell_host(index) if self.cell is not None else self._job_host(index, now)
-                 for index in range(self.plan.hosts)]
+                 for index in range(self.plan.world_size)]
         hosts = self._with_quiet(hosts, now)
         status = self._cell_status(hosts) if self.cell is not None else self._status
         return JobSnapshot(self.plan.job_id, self.backend.name, self.plan.accelerator, status,
-                           self.submitted_at, now, tuple(hosts), label=self.label)
+                           self.submitted_at, now, tuple(hosts), label=self.label,
+                           procs_per_host=self.plan.procs_per_host)
 
     def _host(self, index: int, state: str, status: HostStatus | None, started_at: float | None,
               waiting: str = "") -> HostSnapshot:

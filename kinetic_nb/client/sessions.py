@@ -147,9 +147,9 @@ class Session:
         """The hosts whose exit record may exist: every host on a local disk (a look by name is a stat), those
         a listing of the hosts' records names elsewhere."""
         if self.storage.local_path() is not None:
-            return list(range(self.plan.hosts))
+            return list(range(self.plan.world_size))
         listed = (protocol.parse_host_object(info.name) for info in self.storage.list(protocol.HOSTS_DIR + "/"))
-        return [item[0] for item in listed if item is not None and item[1] == "exit" and item[0] < self.plan.hosts]
+        return [item[0] for item in listed if item is not None and item[1] == "exit" and item[0] < self.plan.world_size]
 
     def state(self) -> str:
         return "up" if self.ended() is None else "ended"
@@ -352,7 +352,7 @@ class Session:
             self._last_seq = seq
             self.cells_run += 1
         if self.storage.local_path() is not None:  # the hosts are on this machine: wake them now
-            for index in range(self.plan.hosts):
+            for index in range(self.plan.world_size):
                 wake(wakeup_path(self.session_id, index))
         # The cell's timeout travels with it: the agent enforces it, with or without this kernel. Through the
         # channel the agent has it at once: storage keeps it in the background, off the cell's way.
@@ -378,7 +378,7 @@ class Session:
                                                             CancelRequest(reason=reason, at=time.time()).to_json()))
         deadline = time.monotonic() + STOP_WAIT_S
         while True:
-            running = [index for index in range(self.plan.hosts) if read_exit(self.storage, self.group.key, index) is None]
+            running = [index for index in range(self.plan.world_size) if read_exit(self.storage, self.group.key, index) is None]
             agent_gone = self.group.backend.agent_gone(self.plan)
             if (not running and agent_gone is not False) or time.monotonic() > deadline:
                 break
@@ -417,14 +417,16 @@ def start(*, hosts: int | None = None, accelerator: str | None = None, backend: 
           framework: str = "auto", env: Mapping[str, str] | None = None, storage: str | None = None,
           idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT_S, grace: float | None = None,
           backend_options: Mapping[str, Any] | None = None, echo: Any = True, quiet: bool = False,
-          ready_timeout: float = 300.0, on_snapshot: Callable[[JobSnapshot], None] | None = None) -> Session:
+          ready_timeout: float = 300.0, on_snapshot: Callable[[JobSnapshot], None] | None = None,
+          procs_per_host: int | None = None) -> Session:
     """Start a session: the hosts once, the framework once; returns when every host is idle.
 
     Parameters
     ----------
-    hosts, accelerator, backend, framework, env, storage, grace, backend_options
+    hosts, accelerator, backend, framework, env, storage, grace, backend_options, procs_per_host
         As :func:`kinetic_nb.submit`; ``framework="auto"`` initializes the
-        framework when the first cell imports it.
+        framework when the first cell imports it (and runs one process per
+        host unless ``procs_per_host`` says otherwise).
     idle_timeout : float or None
         Seconds without a cell before the session stops itself (None or 0: never).
     echo : bool or callable
@@ -436,12 +438,13 @@ def start(*, hosts: int | None = None, accelerator: str | None = None, backend: 
     """
     if framework not in ("auto", "jax", "torch", "none"):
         raise ValueError(f"framework must be auto, jax, torch or none, got {framework!r}")
-    check_shape(hosts=hosts, grace=grace, idle_timeout=idle_timeout)
+    check_shape(hosts=hosts, grace=grace, idle_timeout=idle_timeout, procs_per_host=procs_per_host)
     chosen = choose_backend(backend, backend_options)
     acc, host_count = resolve_slice(hosts, accelerator)
     root = open_storage(storage or storage_root(chosen)).child(protocol.SESSIONS_DIR)
     group = launch_hosts(new_job_id("ks"), SESSION, root, chosen, acc, host_count, framework=framework,
-                         env=env or {}, quiet=quiet, detached=True, grace=grace, idle_timeout=idle_timeout or None)
+                         env=env or {}, quiet=quiet, detached=True, grace=grace, idle_timeout=idle_timeout or None,
+                         procs_per_host=procs_per_host)
     session = Session(group, echo=print_to_stdout if echo is True else (echo or None))
     _wait_until_idle(session, ready_timeout, on_snapshot)
     return session

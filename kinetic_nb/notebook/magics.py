@@ -238,7 +238,8 @@ class KineticMagics(_BackendSettings):
         # travel, and this frame's own `line` (which %xmode Verbose prints) no longer holds them.
         line = without_env_values(line, self.kinetic_cell.parser)
         try:
-            check_shape(hosts=args.hosts, timeout=args.timeout, grace=args.grace, flags=True)
+            check_shape(hosts=args.hosts, timeout=args.timeout, grace=args.grace, procs_per_host=args.procs_per_host,
+                        flags=True)
         except ValueError as error:
             raise UsageError(str(error)) from None
         out = _names(args.out)
@@ -273,6 +274,7 @@ class KineticMagics(_BackendSettings):
                 detach=args.detach and not args.quiet,
                 keep=args.keep,
                 backend_options=self._backend_options(args),
+                procs_per_host=args.procs_per_host,
             )
         except (CaptureError, UnknownAcceleratorError, ValueError) as error:
             raise UsageError(str(error)) from None
@@ -286,7 +288,8 @@ class KineticMagics(_BackendSettings):
         if handle.one_shot:  # a session's cell is interrupted on its hosts, never cancelled
             handle.group.shutting_down = lambda: bool(getattr(self.shell, "exit_now", False))  # set by a shutdown request
         # A session's cell keeps a one-line panel once it succeeded: its output and value say the rest.
-        view = None if quiet else live_view(handle.plan.hosts, brief=not handle.one_shot)
+        view = None if quiet else live_view(handle.plan.world_size, brief=not handle.one_shot,
+                                            procs_per_host=handle.plan.procs_per_host)
         try:
             value = handle.result(on_snapshot=view.update if view else None)
         finally:

@@ -13,7 +13,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic_arguments import MagicArgumentParser
 
 from kinetic_nb.client import backend_options, sessions
-from kinetic_nb.client.plan import check_shape, resolve_slice
+from kinetic_nb.client.plan import check_shape, choose_procs_per_host, resolve_slice
 from kinetic_nb.client.sessions import Session
 from kinetic_nb.notebook.display import live_view
 from kinetic_nb.runner.redact import SecretValue
@@ -29,6 +29,9 @@ SLICE_FLAGS = (
                                + ".")),
     (("-e", "--env"), dict(action="append", default=[], metavar="KEY=VALUE", type=SecretValue,
                            help="Set an environment variable on every host (repeatable).")),
+    (("--procs-per-host",), dict(type=int, default=None, metavar="N",
+                                 help="Processes on each host, each with its own rank (default: one per GPU for "
+                                      "torch on GPU hosts, else one).")),
 )
 
 
@@ -67,15 +70,17 @@ def doctor_parser(parser_for: Any) -> Any:
 
 def start_session(args: Any, backend_options: Mapping[str, Any], env: Mapping[str, str]) -> Session:
     try:
-        check_shape(hosts=args.hosts, grace=args.grace, idle_timeout=args.idle_timeout, flags=True)
+        check_shape(hosts=args.hosts, grace=args.grace, idle_timeout=args.idle_timeout,
+                    procs_per_host=args.procs_per_host, flags=True)
     except ValueError as error:
         raise UsageError(str(error)) from None
     try:
-        _, hosts = resolve_slice(args.hosts, args.accelerator)
+        acc, hosts = resolve_slice(args.hosts, args.accelerator)
+        per_host = choose_procs_per_host(acc, args.framework, args.procs_per_host)
     except ValueError as error:
         raise UsageError(str(error)) from None
     # The same panel as a cell's, live while the hosts start; one line once they are all up.
-    view = live_view(hosts, brief=True)
+    view = live_view(hosts * per_host, brief=True, procs_per_host=per_host)
     last: list[JobSnapshot] = []
 
     def show(snapshot: JobSnapshot) -> None:
@@ -86,7 +91,8 @@ def start_session(args: Any, backend_options: Mapping[str, Any], env: Mapping[st
         session = sessions.start(hosts=args.hosts, accelerator=args.accelerator, backend=args.backend,
                                  framework=args.framework, env=env, storage=args.storage,
                                  idle_timeout=args.idle_timeout, grace=args.grace,
-                                 backend_options=backend_options, on_snapshot=show)
+                                 backend_options=backend_options, on_snapshot=show,
+                                 procs_per_host=args.procs_per_host)
     except ValueError as error:
         raise UsageError(str(error)) from None
     finally:
@@ -108,6 +114,8 @@ def check_cell_fits_session(session: Session, args: Any, backend_options: Mappin
                                   if value is not None for flag in (f"{flag} {value}",)))
     if args.backend != "local" and args.backend != session.group.backend.name:
         given.append(f"-b {args.backend}")
+    if args.procs_per_host is not None and args.procs_per_host != plan.procs_per_host:
+        given.append(f"--procs-per-host {args.procs_per_host}")
     if args.framework != "auto" and args.framework != plan.framework:
         given.append(f"--framework {args.framework}")
     if args.storage is not None and not session.storage.uri.startswith(args.storage.rstrip("/")):

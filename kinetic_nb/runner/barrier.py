@@ -183,7 +183,7 @@ def start_barrier(storage: Storage, plan: JobPlan, key: bytes, host_index: int, 
                   channel: Callable[[], bool] | None = None) -> LeaderReady:
     """A job's (or a session's) start: every host has checked the plan and loaded the payload (and a session's
     has tried to join its channel: ``channel``, see :func:`meet`). The leader's verdict."""
-    return meet(storage, key, leader=host_index == protocol.LEADER_INDEX, hosts=plan.hosts,
+    return meet(storage, key, leader=host_index == protocol.LEADER_INDEX, hosts=plan.world_size,
                 timeout=plan.barrier_timeout_s, sighting=HostStatuses(storage, key), what="start barrier",
                 channel=channel)
 

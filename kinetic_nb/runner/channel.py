@@ -64,7 +64,7 @@ NOTEBOOK = "notebook"
 
 
 def host_role(index: int) -> str:
-    """How host ``index``'s runner names itself on the channel."""
+    """How the process of rank ``index`` (a host's, where each runs one) names itself on the channel."""
     return f"host-{index}"
 
 
@@ -319,7 +319,7 @@ class Hub:
     """
 
     def __init__(self, key: bytes, address: tuple[str, int] = ("127.0.0.1", 0), *, hosts: int, agents: int = 0,
-                 on_record: Callable[[str, bytes | Stored], None] | None = None,
+                 procs_per_host: int = 1, on_record: Callable[[str, bytes | Stored], None] | None = None,
                  on_lost: Callable[[str], None] | None = None):
         self._secret = channel_key(key)
         self.mirror = Mirror()
@@ -328,6 +328,8 @@ class Hub:
         #: backend with an agent per host: their records, the hosts' output, reach notebooks through it too).
         self._expected = {host_role(index) for index in range(hosts)} | {agent_role(index) for index in range(1, agents + 1)}
         self._host_roles = {host_role(index) for index in range(hosts)}
+        #: Processes per host: an agent (``agent_role(host)``) reads the statuses of its host's processes.
+        self._procs_per_host = procs_per_host
         self._on_lost = on_lost
         self._peers: list[_Outbox] = []
         self._joined: set[str] = set()
@@ -389,15 +391,14 @@ class Hub:
             if self._on_lost is not None and link.role != NOTEBOOK and not self._closed:
                 self._on_lost(link.role)
 
-    @staticmethod
-    def _wants(link: Link, name: str) -> bool:
+    def _wants(self, link: Link, name: str) -> bool:
         """Notebooks read everything; hosts and agents what hosts read (no host's records, no cell's output), and
-        an agent its own host's status."""
+        an agent its own host's processes' statuses."""
         if link.role == NOTEBOOK:
             return True
         host = protocol.parse_host_object(name)
         if host is not None:
-            return host[1] == "status" and link.role == agent_role(host[0])
+            return host[1] == "status" and link.role == agent_role(host[0] // self._procs_per_host)
         return protocol.parse_cell_log_chunk(name) is None
 
     def publish(self, name: str, data: bytes | Stored, *, at: float | None = None, origin: Link | None = None) -> None:

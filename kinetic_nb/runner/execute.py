@@ -25,7 +25,7 @@ from kinetic_nb.runner import envelope, frameworks, protocol, versions
 from kinetic_nb.runner.cell import run_cell
 from kinetic_nb.runner.channel import announced_address
 from kinetic_nb.runner.group import CellGroup
-from kinetic_nb.runner.host_variables import HOST_INDEX_VARIABLES, resolve_host_index
+from kinetic_nb.runner.host_variables import HOST_INDEX_VARIABLES, RANK_VARIABLE, resolve_rank
 from kinetic_nb.runner.job_keys import KEY_ENV, key_from_environment
 from kinetic_nb.runner.protocol import HostState, JobPlan, Phase, ResultPayload
 from kinetic_nb.runner.redact import Redactor, host_secrets
@@ -59,7 +59,7 @@ def run_host(job_uri: str, key: bytes | None = None) -> int:
     key = key if key is not None else from_environment
     key_hex = key.hex() if key is not None else None
     storage = open_storage(job_uri)
-    host_index = resolve_host_index(os.environ)
+    host_index = resolve_rank(os.environ)  # its rank: the host's index where each host runs one process
     relay = None
     if announced_address() is not None and storage.local_path() is None:
         # A session's host whose hub listens nearby: its records go through the channel once it is joined.
@@ -192,11 +192,13 @@ class HostRun:
                 f"the plan speaks protocol version {plan.protocol_version}, this host's kinetic_nb "
                 f"speaks {protocol.PROTOCOL_VERSION}: install the same kinetic_nb version everywhere"
             )
-        if not self.index_was_given and plan.hosts > 1:
-            raise PlanError(f"no host index in the environment ({', '.join(HOST_INDEX_VARIABLES)}) "
-                            f"for a {plan.hosts}-host job")
-        if self.host_index >= plan.hosts:
-            raise PlanError(f"host index {self.host_index} is out of range for a {plan.hosts}-host job")
+        shape = f"a {plan.hosts}-host job" + (f" of {plan.world_size} processes" if plan.procs_per_host > 1 else "")
+        if not self.index_was_given and plan.world_size > 1:
+            raise PlanError(f"no host index or rank in the environment "
+                            f"({', '.join((RANK_VARIABLE, *HOST_INDEX_VARIABLES))}) for {shape}")
+        if self.host_index >= plan.world_size:
+            raise PlanError(f"{'rank' if plan.procs_per_host > 1 else 'host index'} {self.host_index} is out of "
+                            f"range for {shape}")
         here = versions.installed_versions()
         refused = versions.refusal(plan.client_versions, here)
         if refused:
@@ -253,8 +255,8 @@ class HostRun:
         self.status.update(state=state, phase=self.phase, message=first_line, traceback=self.failure_traceback)
         # One line in the log: the traceback travels in the payload, and the
         # leader's log is echoed into the cell, which raises it anyway.
-        print(f"host {self.host_index} {'stopped' if stopped else 'failed'} in phase {self.phase}: {first_line}",
-              file=sys.stderr)
+        name = self.plan.name_of(self.host_index) if self.plan is not None else f"host {self.host_index}"
+        print(f"{name} {'stopped' if stopped else 'failed'} in phase {self.phase}: {first_line}", file=sys.stderr)
         if stopped and not self.is_leader:
             return  # a stopped worker reports nothing: it did not fail on its own
         if self.key is None:

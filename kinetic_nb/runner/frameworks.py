@@ -54,21 +54,32 @@ def coordinator_address(plan: JobPlan) -> str:
     return os.environ.get(COORDINATOR_ENV) or plan.coordinator_address
 
 
-def jax_arguments(plan: JobPlan, host_index: int, address: str) -> dict[str, Any]:
+def local_rank(plan: JobPlan, rank: int) -> int:
+    """Process ``rank``'s place on its host, and so its GPU (``cuda:LOCAL_RANK``) where a host runs one per GPU."""
+    return rank % plan.procs_per_host
+
+
+def jax_arguments(plan: JobPlan, rank: int, address: str) -> dict[str, Any]:
     """Every keyword argument the runner would give ``jax.distributed.initialize``, by newer JAX's names.
 
     ``heartbeat_timeout_seconds`` and ``shutdown_timeout_seconds`` came with
     later JAX releases: the oldest that ``setup.cfg`` allows (0.4.30) takes
     neither and rejects them (:func:`accepted_arguments` leaves them out there).
+    A process of several on a GPU host drives its own GPUs (``local_device_ids``).
     """
-    return {
+    arguments = {
         "coordinator_address": address,
-        "num_processes": plan.hosts,
-        "process_id": host_index,
+        "num_processes": plan.world_size,
+        "process_id": rank,
         "initialization_timeout": int(plan.barrier_timeout_s),
         "heartbeat_timeout_seconds": plan.heartbeat_timeout_s,
         "shutdown_timeout_seconds": plan.shutdown_timeout_s,
     }
+    if on_real_gpus(plan) and plan.procs_per_host > 1:
+        each = max(1, plan.devices_per_host // plan.procs_per_host)
+        first = local_rank(plan, rank) * each
+        arguments["local_device_ids"] = list(range(first, first + each))
+    return arguments
 
 
 def accepted_arguments(function: Callable[..., Any], arguments: Mapping[str, Any]
@@ -101,19 +112,22 @@ def accepted_arguments(function: Callable[..., Any], arguments: Mapping[str, Any
     return {name: value for name, value in arguments.items() if name in names}, left_out
 
 
-def initialize(plan: JobPlan, host_index: int) -> None:
-    """Join the job's distributed group, with explicit arguments and short timeouts.
+def initialize(plan: JobPlan, rank: int) -> None:
+    """Join the job's distributed group as process ``rank``, with explicit arguments and short timeouts.
 
     An older JAX (``setup.cfg`` allows 0.4.30) is given only the arguments
     its ``jax.distributed.initialize`` takes; one line on this host's stderr
-    names what was left out (JAX's own defaults apply to those).
+    names what was left out (JAX's own defaults apply to those). On real GPUs
+    a torch process is bound to ``cuda:LOCAL_RANK`` (``torch.cuda.set_device``,
+    as torchrun's scripts do: every GPU stays visible, so ``cuda:N`` names
+    the same device in every process of the host); a host that shows fewer
+    GPUs than its accelerator has fails in one line naming what it saw.
     """
     address = coordinator_address(plan)
     if plan.framework == Framework.JAX.value:
         import jax
 
-        arguments, left_out = accepted_arguments(jax.distributed.initialize,
-                                                 jax_arguments(plan, host_index, address))
+        arguments, left_out = accepted_arguments(jax.distributed.initialize, jax_arguments(plan, rank, address))
         if left_out:
             print(f"kinetic_nb: jax {getattr(jax, '__version__', '(unknown version)')}'s "
                   f"jax.distributed.initialize takes no {', '.join(left_out)}: left out, JAX's defaults apply",
@@ -123,6 +137,12 @@ def initialize(plan: JobPlan, host_index: int) -> None:
             raise AcceleratorNotSeenError(
                 f"JAX sees no GPU on this {plan.accelerator} host (jax {jax.__version__}, backend "
                 f"{jax.default_backend()}: {_jax_cuda_plugin()}){GKE_DRIVER_HINT}")
+        wanted = max(1, plan.devices_per_host // plan.procs_per_host)
+        if on_real_gpus(plan) and jax.local_device_count() < wanted:
+            raise AcceleratorNotSeenError(
+                f"JAX sees {jax.local_device_count()} GPU(s) in {plan.name_of(rank)} of this {plan.accelerator} "
+                f"slice, which gives it {wanted} ({plan.devices_per_host} per host, {plan.procs_per_host} "
+                f"process{'es' if plan.procs_per_host > 1 else ''} per host)")
     elif plan.framework == Framework.TORCH.value:
         import torch
         import torch.distributed as dist
@@ -132,12 +152,19 @@ def initialize(plan: JobPlan, host_index: int) -> None:
                 f"torch sees no CUDA on this {plan.accelerator} host (torch {torch.__version__}, "
                 f"{'built for CUDA ' + torch.version.cuda if torch.version.cuda else 'a CPU-only build'}, "
                 f"{torch.cuda.device_count()} GPU(s) visible){GKE_DRIVER_HINT}")
-        backend = "nccl" if torch.cuda.is_available() and not plan.simulated else "gloo"
+        if on_real_gpus(plan):
+            if torch.cuda.device_count() < plan.devices_per_host:
+                raise AcceleratorNotSeenError(
+                    f"torch sees {torch.cuda.device_count()} GPU(s) on this {plan.accelerator} host, which has "
+                    f"{plan.devices_per_host} (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '(unset)')})")
+            torch.cuda.set_device(local_rank(plan, rank) * max(1, plan.devices_per_host // plan.procs_per_host))
+        # A GPU accelerator that is not simulated never falls back to gloo: it has CUDA, checked above.
+        backend = "nccl" if on_real_gpus(plan) else "gloo"
         dist.init_process_group(
             backend,
             init_method=f"tcp://{address}",
-            rank=host_index,
-            world_size=plan.hosts,
+            rank=rank,
+            world_size=plan.world_size,
             timeout=datetime.timedelta(seconds=plan.barrier_timeout_s),
         )
 

@@ -472,12 +472,12 @@ class CellGroup:
 
         def wake_workers() -> None:
             if self.wakeup is not None:
-                for index in range(1, self.plan.hosts):
+                for index in range(1, self.plan.world_size):
                     wake(wakeup_path(self.plan.job_id, index))
 
-        meet(cell_storage, run.outcome_key, leader=run.is_leader, hosts=self.plan.hosts,
+        meet(cell_storage, run.outcome_key, leader=run.is_leader, hosts=self.plan.world_size,
              timeout=min(self.plan.barrier_timeout_s, CELL_BARRIER_TIMEOUT_S),
-             sighting=CellMarkers(cell_storage, self.plan.hosts), what="cell barrier",
+             sighting=CellMarkers(cell_storage, self.plan.world_size), what="cell barrier",
              sleep=self._sleep, max_pause=self._max_look, on_go=wake_workers)
 
     def _tell_the_agent(self, seq: int, error: BaseException) -> None:

@@ -78,7 +78,7 @@ def settle(handle, kubelet: FakeKubelet, timeout: float = 90.0) -> dict:
     while True:
         kubelet.step()
         summaries = handle.backend.exit_summaries(handle.storage, handle.plan, handle.storage.list(), handle.key)
-        if len(summaries) == handle.plan.hosts:
+        if len(summaries) == handle.plan.world_size:
             return summaries
         if time.monotonic() > deadline:
             logs = {index: kubelet.output(index) for index in range(len(kubelet.pods))}
@@ -170,6 +170,38 @@ def test_an_oom_killed_host_fails_the_cell_with_the_pods_reason(cluster, tmp_pat
     with pytest.raises(JobFailedError, match=r"host 1 was killed by SIGKILL \(OOMKilled\)"):
         handle.result(timeout=30)
     assert api.objects == {}  # deleted by the client with the outcome
+
+
+def test_each_pod_starts_its_hosts_processes_with_their_ranks_and_a_pods_end_is_theirs(cluster, tmp_path):
+    """2 pods x 2 processes: each pod's agent starts two processes with their own ranks; when pod 1 is OOM-killed,
+    both of its processes end with the pod's reason and the cell names the lower one."""
+    api, kubelets = cluster
+    source = ("import os, time\n"
+              "print('rank', os.environ['RANK'], 'local', os.environ['LOCAL_RANK'], 'of', os.environ['WORLD_SIZE'],\n"
+              "      'host', os.environ['KINETIC_HOST_INDEX'], flush=True)\n"
+              "if os.environ['KINETIC_HOST_INDEX'] == '1':\n"
+              "    time.sleep(300)\n"
+              "'done'")
+    handle = kinetic_nb.submit(source, hosts=2, procs_per_host=2, framework="none", backend="kubernetes",
+                               storage=f"file://{tmp_path}/jobs", quiet=True)
+    [job] = [job for job in api.created("Job") if not is_root(job)]
+    assert job["spec"]["completions"] == 2  # a pod per host
+    kubelet = start_pods(api, kubelets, tmp_path)
+
+    said = [f"rank {rank} local {local} of 4 host {host}" for rank, (host, local) in enumerate([(0, 0), (0, 1),
+                                                                                                (1, 0), (1, 1)])]
+
+    def printed(rank: int) -> bool:
+        kubelet.step()
+        return said[rank] in handle.logs(rank)
+
+    wait_for(lambda: all(printed(rank) for rank in range(4)), what="every process to say its rank")
+    kubelet.kill(1, "OOMKilled")
+    summaries = settle(handle, kubelet)
+    assert sorted(summaries) == [0, 1, 2, 3]
+    assert summaries[2].describe() == summaries[3].describe() == "was killed by SIGKILL (OOMKilled)"
+    with pytest.raises(JobFailedError, match=r"host 1, process 0 \(rank 2\) was killed by SIGKILL \(OOMKilled\)"):
+        handle.result(timeout=30)
 
 
 def test_a_cell_imports_a_module_from_the_notebooks_folder_on_the_pods(cluster, tmp_path, monkeypatch, capsys):

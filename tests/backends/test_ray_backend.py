@@ -68,6 +68,22 @@ dist.all_gather_object(nodes, os.environ["KINETIC_RAY_NODE_ID"])
     assert nodes == sorted(node["NodeID"] for node in ray_cluster.alive_nodes())
 
 
+def test_each_hosts_actor_starts_its_processes_with_their_ranks_on_its_node(ray_cluster):
+    cell = """
+import os, torch, torch.distributed as dist
+mine = (dist.get_rank(), os.environ["LOCAL_RANK"], os.environ["KINETIC_HOST_INDEX"], os.environ["KINETIC_RAY_NODE_ID"])
+everyone = [None] * dist.get_world_size()
+dist.all_gather_object(everyone, mine)
+everyone
+"""
+    handle = submit(ray_cluster, cell, hosts=2, procs_per_host=2, framework="torch")
+    everyone = handle.result(timeout=300)
+    assert [entry[:3] for entry in everyone] == [(0, "0", "0"), (1, "1", "0"), (2, "0", "1"), (3, "1", "1")]
+    nodes = [entry[3] for entry in everyone]
+    assert nodes[0] == nodes[1] != nodes[2] == nodes[3]  # a host's processes share its node
+    assert [host.state for host in handle.hosts()] == ["succeeded"] * 4
+
+
 def test_a_worker_failing_after_the_leader_succeeded_fails_the_cell(ray_cluster):
     cell = ("import os, time\nif os.environ['KINETIC_HOST_INDEX'] == '2':\n    time.sleep(1)\n"
             "    raise ValueError('shard 2 is corrupt')\n'leader value'")

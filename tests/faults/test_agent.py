@@ -156,7 +156,7 @@ def test_no_host_outlives_an_agent_killed_while_forking():
 
 def test_the_local_backend_refuses_more_hosts_than_it_can_run():
     before = set(os.listdir(open_storage(os.environ["KINETIC_STORAGE"]).local_path()))
-    with pytest.raises(ValueError, match="10000 hosts is more than the local backend runs") as info:
+    with pytest.raises(ValueError, match="10000 host processes are more than the local backend runs") as info:
         kinetic_nb.submit("1", hosts=10000)
     assert "\n" not in str(info.value)
     assert set(os.listdir(open_storage(os.environ["KINETIC_STORAGE"]).local_path())) == before  # nothing stored

@@ -68,3 +68,30 @@ def test_sigkill(moment, victim):
         # error, rule 6): none failed on a cause of its own, and none is blamed.
         assert not summary.failed or summary.stopped or any(is_peer_loss(line) for line in summary.stderr_tail), summary
         assert f"host {other} " not in first_line
+
+
+def test_sigkill_of_one_process_of_a_host_inside_a_collective():
+    """2 hosts x 2 processes in a torch all-reduce: rank 3 (host 1's second process) is killed while the others
+    wait in it; the cell names that process and its signal, and every other process is stopped (none survives:
+    the suite's fixture checks)."""
+    source = (
+        "import os, signal, threading, torch, torch.distributed as dist\n"
+        "dist.barrier()\n"
+        "if os.environ['RANK'] == '3':\n"
+        "    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGKILL)).start()\n"
+        "    threading.Event().wait()\n"
+        "t = torch.ones(1)\n"
+        "dist.all_reduce(t)\n"
+    )
+    started = time.monotonic()
+    handle = kinetic_nb.submit(source, hosts=2, procs_per_host=2, framework="torch", grace=2)
+    with pytest.raises(JobFailedError) as info:
+        handle.result()
+    assert time.monotonic() - started < BOUND_S
+    first_line = str(info.value).splitlines()[0]
+    assert "host 1, process 1 (rank 3) was killed by SIGKILL in phase execute" in first_line
+    ended = exits(handle)
+    assert sorted(ended) == [0, 1, 2, 3] and ended[3].signal == "SIGKILL"
+    for rank in (0, 1, 2):
+        summary = ended[rank]
+        assert not summary.failed or summary.stopped or any(is_peer_loss(line) for line in summary.stderr_tail), summary

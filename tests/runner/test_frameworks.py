@@ -103,6 +103,7 @@ def test_a_gpu_host_where_torch_sees_no_cuda_fails_in_one_line_naming_what_it_sa
 @pytest.mark.parametrize("backend", ["cpu", "gpu"])
 def test_a_gpu_host_where_jax_sees_no_gpu_fails_in_one_line(old_jax, monkeypatch, backend):
     monkeypatch.setattr(sys.modules["jax"], "default_backend", lambda: backend, raising=False)
+    monkeypatch.setattr(sys.modules["jax"], "local_device_count", lambda: 8, raising=False)
     plan = dataclasses.replace(GPU_PLAN, framework="jax")
     if backend == "gpu":
         frameworks.initialize(plan, 0)
@@ -110,3 +111,39 @@ def test_a_gpu_host_where_jax_sees_no_gpu_fails_in_one_line(old_jax, monkeypatch
     with pytest.raises(AcceleratorNotSeenError, match=r"^JAX sees no GPU on this gpu-h100x8 host \(jax 0\.4\.30, "
                                                       r"backend cpu: .*\); on GKE the driver is mounted at "):
         frameworks.initialize(plan, 0)
+
+
+@pytest.mark.parametrize(("per_host", "seen", "fails"), [(1, 8, False), (1, 7, True), (8, 1, False), (8, 0, True)])
+def test_a_gpu_host_where_jax_sees_fewer_gpus_than_promised_fails_in_one_line(old_jax, monkeypatch, per_host, seen,
+                                                                               fails):
+    monkeypatch.setattr(sys.modules["jax"], "default_backend", lambda: "gpu", raising=False)
+    monkeypatch.setattr(sys.modules["jax"], "local_device_count", lambda: seen, raising=False)
+    plan = dataclasses.replace(GPU_PLAN, framework="jax", procs_per_host=per_host)
+    if not fails:
+        frameworks.initialize(plan, 2)
+        return
+    with pytest.raises(AcceleratorNotSeenError) as caught:
+        frameworks.initialize(plan, 2)
+    name = "host 2" if per_host == 1 else "host 0, process 2 (rank 2)"
+    assert str(caught.value) == (f"JAX sees {seen} GPU(s) in {name} of this gpu-h100x8 slice, which gives it "
+                                 f"{8 // per_host} (8 per host, {per_host} process{'es' if per_host > 1 else ''} "
+                                 "per host)")
+
+
+def test_a_process_of_several_on_a_gpu_host_drives_its_own_gpus():
+    plan = dataclasses.replace(GPU_PLAN, framework="jax", procs_per_host=4)
+    assert frameworks.jax_arguments(plan, 6, "a:1")["local_device_ids"] == [4, 5]  # host 1, process 2: GPUs 4-5
+    assert frameworks.jax_arguments(plan, 6, "a:1")["num_processes"] == 8
+    assert "local_device_ids" not in frameworks.jax_arguments(dataclasses.replace(plan, simulated=True), 6, "a:1")
+    assert "local_device_ids" not in frameworks.jax_arguments(dataclasses.replace(plan, procs_per_host=1), 1, "a:1")
+
+
+def test_a_gpu_host_where_torch_sees_fewer_gpus_than_its_accelerator_fails_in_one_line(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    with pytest.raises(AcceleratorNotSeenError) as caught:
+        frameworks.initialize(GPU_PLAN, 0)
+    assert str(caught.value) == "torch sees 1 GPU(s) on this gpu-h100x8 host, which has 8 (CUDA_VISIBLE_DEVICES=0)"

@@ -23,7 +23,7 @@ def test_a_cell_barrier_waits_for_a_cell_not_for_the_start_window(tmp_path, monk
     monkeypatch.setattr(barrier, "WORKER_SLACK_S", 0.0)  # a worker waits a little longer than the leader
     monkeypatch.setattr(session, "MAX_LOOK_LOCAL_S", 0.02)
     storage = LocalStorage(str(tmp_path / "session"))
-    plan = types.SimpleNamespace(job_id=f"ks-test-{os.getpid()}", hosts=2, barrier_timeout_s=3000.0, session=True)
+    plan = types.SimpleNamespace(job_id=f"ks-test-{os.getpid()}", hosts=2, world_size=2, barrier_timeout_s=3000.0, session=True)
     # The parts of a HostRun the loop reads, for host 1 of 2: no peers, so the leader never answers.
     run = types.SimpleNamespace(storage=storage, plan=plan, host_index=1, is_leader=False, key=KEY, outcome_key=KEY)
     loop = session.CellGroup(run)

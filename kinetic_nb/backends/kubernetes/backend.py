@@ -335,7 +335,7 @@ class KubernetesBackend(Backend):
         """
         names = {info.name: info for info in listing}
         summaries: dict[int, ExitSummary] = {}
-        for index in range(plan.hosts):
+        for index in range(plan.world_size):  # a record per process; a pod runs procs_per_host of them
             name = protocol.host_exit(index)
             if (plan.job_id, index) in self._exits:
                 summaries[index] = self._exits[plan.job_id, index]
@@ -343,7 +343,7 @@ class KubernetesBackend(Backend):
                 stored = read_exit(storage, key, index)  # one that does not verify is as good as none
                 if stored is not None:
                     summaries[index] = self._exits[plan.job_id, index] = stored
-        if len(summaries) == plan.hosts:
+        if len(summaries) == plan.world_size:
             return summaries
         try:
             pods = self.pods(plan)
@@ -353,18 +353,27 @@ class KubernetesBackend(Backend):
         plan_info = names.get(protocol.PLAN)
         states = host_states(pods)
         verdicts = self._pending_verdicts(plan, states)
+        # A pod is a host: it has ended on its own records once every one of its processes has one.
+        ended_hosts = {host: summaries[plan.ranks_of(host)[0]] for host in range(plan.hosts)
+                       if all(rank in summaries for rank in plan.ranks_of(host))}
         found = pod_exit_summaries(
-            plan.hosts, states, summaries, now=self._clock(),
+            plan.hosts, states, ended_hosts, now=self._clock(),
             launched_at=self._launched_at.get(plan.job_id, plan_info.updated if plan_info else None),
             cancelled=protocol.CANCEL in names or plan.job_id in self._cancelled,
-            recorded_success=lambda index: recorded_success(storage, key, index),
+            recorded_success=lambda host: recorded_success(storage, key, plan.ranks_of(host)[0]),
             pending_timeout_s=self.settings.pending_timeout_s,
             pending_failures={index: verdict.failure for index, verdict in verdicts.items() if verdict.failure},
             waiting={index: verdict.waiting for index, verdict in verdicts.items()},
             root_failed=root_failure(pods),
         )
-        for index, summary in found.items():
-            summaries[index] = self._exits[plan.job_id, index] = store_exit(storage, key, summary)
+        for host, summary in found.items():
+            for rank in plan.ranks_of(host):  # the pod's end is each of its processes' that has none of its own
+                if rank in summaries:
+                    continue
+                if rank != host:
+                    summary = dataclasses.replace(summary, host_index=rank,
+                                                  recorded_success=recorded_success(storage, key, rank))
+                summaries[rank] = self._exits[plan.job_id, rank] = store_exit(storage, key, summary)
         return summaries
 
     def observe(self, storage: Storage, plan: JobPlan, listing: list[ObjectInfo],
@@ -373,19 +382,19 @@ class KubernetesBackend(Backend):
         summaries = self.exit_summaries(storage, plan, listing, key)
         exits = {index: summary for index, summary in summaries.items() if index not in recorded}
         waiting: dict[int, str] = {}
-        if len(summaries) < plan.hosts:
+        if len(summaries) < plan.world_size:
             try:
                 states = self.host_states(plan)  # cached with the pod listing: no extra request
             except Exception:  # noqa: BLE001 - a reason is a nicety; polling goes on
                 states = {}
             verdicts = self._verdicts.get(plan.job_id, {})
-            waiting = {index: verdicts[index].waiting if index in verdicts else state.reason
-                       for index, state in states.items() if index not in summaries}
+            waiting = {rank: verdicts[host].waiting if host in verdicts else state.reason
+                       for host, state in states.items() for rank in plan.ranks_of(host) if rank not in summaries}
             if self.settings.mode is not ImageMode.CUSTOM:
                 names = {info.name for info in listing}
-                waiting.update({index: INSTALLING for index, state in states.items()
-                                if state.state == HostState.RUNNING.value and index not in summaries
-                                and protocol.host_status(index) not in names})
+                waiting.update({rank: INSTALLING for host, state in states.items() for rank in plan.ranks_of(host)
+                                if state.state == HostState.RUNNING.value and rank not in summaries
+                                and protocol.host_status(rank) not in names})
             waiting = {index: text for index, text in waiting.items() if text}
         return PlatformView(exits=exits, waiting=waiting)
 

@@ -44,7 +44,7 @@ from kinetic_nb.backends.kubernetes.kubelet_text import (
 )
 from kinetic_nb.runner.channel import CHANNEL_ENV
 from kinetic_nb.runner.frameworks import COORDINATOR_ENV, NVIDIA_DIR
-from kinetic_nb.runner.host_variables import index_variables, job_variables
+from kinetic_nb.runner.host_variables import job_variables
 from kinetic_nb.runner.job_keys import KEY_ENV, KEY_FILE_ENV
 from kinetic_nb.runner.protocol import JobPlan
 
@@ -150,7 +150,7 @@ _NAME_HASH_CHARS = 6
 
 #: Runs once per container start. The first start runs the host agent (``exec``,
 #: so the agent's own exit code, OOMKilled included, is the container's). A later
-#: start finds the host's ``status.json`` or ``exit.json`` already stored and
+#: start finds the host's (its first process's) ``status.json`` or ``exit.json`` already stored and
 #: parks instead of running the cell a second time: a LeaderWorkerSet's pods must
 #: have ``restartPolicy: Always``, so the kubelet restarts a host that ended, and
 #: a pod the StatefulSet recreates after an eviction would start over; a host
@@ -168,7 +168,7 @@ _ALREADY_STARTED = (
     "from kinetic_nb.runner import protocol\n"
     "from kinetic_nb.runner.host_variables import resolve_host_index\n"
     "from kinetic_nb.storage import open_storage\n"
-    "index = resolve_host_index(os.environ) or 0\n"
+    'index = (resolve_host_index(os.environ) or 0) * int(os.environ.get("LOCAL_WORLD_SIZE") or 1)\n'
     'storage = open_storage(os.environ["KINETIC_JOB_URI"])\n'
     "sys.exit(0 if storage.exists(protocol.host_status(index)) or storage.exists(protocol.host_exit(index)) else 1)\n"
 )
@@ -517,7 +517,8 @@ def host_environment(plan: JobPlan, acc: Accelerator, job_uri: str, settings: Ku
         if plan.session:  # the session's hub, beside host 0's agent (runner.channel)
             leader = "127.0.0.1" if plan.hosts == 1 else leader_host(plan.job_id, settings.namespace)
             env.append(literal(CHANNEL_ENV, f"{leader}:{settings.channel_port}"))
-    env += [reference(name, "$(KINETIC_HOST_INDEX)") for name in index_variables(0) if name != "KINETIC_HOST_INDEX"]
+    # Each process's rank (RANK, LOCAL_RANK, ...) is set by the pod's agent as it starts it (a pod is a host,
+    # which may run several): runner.host_variables.process_environment.
     if settings.mode.value != "custom":  # the prebuilt and build image modes install into the scratch volume
         env.append(literal(bootstrap.DIRECTORY_ENV, ENVIRONMENT_DIR))
     env += secret_env(plan)  # the job's key file and the user's own -e values, last: they win

@@ -276,14 +276,15 @@ class RayBackend(Backend):
         if len(ready) < len(job.starts):  # someone's agent never started: nobody else records it
             for index in range(plan.hosts):
                 if index not in job.started.values():
-                    store_exit(storage, key, ExitSummary(index, None, stopped=True, ended_at=time.time(),
-                                                         reason="cancelled before its actor started"))
+                    for rank in plan.ranks_of(index):
+                        store_exit(storage, key, ExitSummary(rank, None, stopped=True, ended_at=time.time(),
+                                                             reason="cancelled before its actor started"))
             self._remove(plan.job_id)
 
     def observe(self, storage: Storage, plan: JobPlan, listing: list[ObjectInfo],
                 recorded: Mapping[int, ExitSummary], key: bytes | None) -> PlatformView:
         """Pending placement, and the ends of hosts whose actor, node or agent died without a record."""
-        if len(recorded) >= plan.hosts:
+        if len(recorded) >= plan.world_size:
             return PlatformView()
         job = self._job(plan, storage)
         if job is None:
@@ -413,21 +414,21 @@ class RayBackend(Backend):
                     job.nodes[started["index"]] = started["node_id"]
                     job.placed = True
                 except Exception as error:  # noqa: BLE001 - the actor's own failure is the host's end
-                    exits[bundle] = store_exit(storage, key, self._death(ray, job, bundle, error))
+                    _host_ended(exits, storage, key, plan, self._death(ray, job, bundle, error))
                     job.started[bundle] = bundle
         if not job.placed and job.group is not None:
             reason = self._placement_waits(ray, job)
             if reason:
                 if time.time() - job.launched_at > self.pending_timeout_s:
-                    for index in range(plan.hosts):
+                    for index in range(plan.world_size):
                         exits[index] = store_exit(storage, key, ExitSummary(
                             index, None, ended_at=time.time(),
                             reason=f"not placed within {self.pending_timeout_s:g} s: {reason}"))
                     self._remove(plan.job_id)
                 else:
-                    waiting = dict.fromkeys(range(plan.hosts), reason)
+                    waiting = dict.fromkeys(range(plan.world_size), reason)
         for bundle, index in job.started.items():
-            if index in exits:
+            if plan.ranks_of(index)[0] in exits:
                 continue
             ping = job.pings.get(bundle)
             if ping is None:
@@ -441,12 +442,13 @@ class RayBackend(Backend):
             except ray.exceptions.ActorUnavailableError:
                 continue  # not a death: a blip, or a node not yet declared lost (then ActorDiedError): ask again
             except Exception as error:  # noqa: BLE001 - the actor died: its host with it
-                exits[index] = store_exit(storage, key, self._death(ray, job, index, error))
+                _host_ended(exits, storage, key, plan, self._death(ray, job, index, error))
                 continue
-            if code is not None and not job.storage.exists(protocol.host_exit(index)):
-                exits[index] = store_exit(storage, key, ExitSummary(
+            if code is not None:
+                _host_ended(exits, storage, key, plan, ExitSummary(
                     index, None, ended_at=time.time(), stderr_tail=tuple(tail),
-                    reason=f"the host's agent exited with code {code} without recording it"))
+                    reason=f"the host's agent exited with code {code} without recording it"),
+                    unless_recorded=True)
         return PlatformView(exits=exits, waiting=waiting)
 
     def _placement_waits(self, ray: Any, job: _Job) -> str:
@@ -469,6 +471,16 @@ class RayBackend(Backend):
             reason = _first_line(getattr(error, "cause", None) or error)
         return ExitSummary(index, None, ended_at=time.time(), reason=reason)
 
+
+
+def _host_ended(exits: dict[int, ExitSummary], storage: Storage, key: bytes | None, plan: JobPlan,
+                summary: ExitSummary, *, unless_recorded: bool = False) -> None:
+    """Host ``summary.host_index``'s end as each of its processes' (``unless_recorded``: those that recorded
+    none of their own), stored and kept in ``exits`` by rank."""
+    for rank in plan.ranks_of(summary.host_index):
+        if unless_recorded and storage.exists(protocol.host_exit(rank)):
+            continue
+        exits[rank] = store_exit(storage, key, dataclasses.replace(summary, host_index=rank))
 
 
 def actor_name(job_id: str, index: int) -> str:

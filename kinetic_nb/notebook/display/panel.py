@@ -105,13 +105,15 @@ def failure_groups(hosts: Iterable[HostSnapshot]) -> list[tuple[list[int], str, 
 
 
 def failure_lines(snapshot: JobSnapshot) -> list[str]:
-    """``"hosts 1-63: the same ValueError at cell line 12"``, one line per group."""
+    """``"hosts 1-63: the same ValueError at cell line 12"`` (``ranks`` where hosts run several processes), one
+    line per group."""
     lines = []
+    many = "ranks" if snapshot.procs_per_host > 1 else "hosts"
     for indices, label, traceback in failure_groups(snapshot.hosts):
         if len(indices) == 1:
-            lines.append(f"host {indices[0]}: {label}")
+            lines.append(f"{snapshot.name_of(indices[0])}: {label}")
         else:
-            lines.append(f"hosts {host_ranges(indices)}: {'the same ' if traceback else ''}{label}")
+            lines.append(f"{many} {host_ranges(indices)}: {'the same ' if traceback else ''}{label}")
     return lines
 
 
@@ -122,7 +124,7 @@ def quiet_lines(snapshot: JobSnapshot) -> list[str]:
         if host.state != HostState.QUIET:
             continue
         where = [line.strip() for line in _main_thread(host.stacks) if line.strip().startswith("File")][:QUIET_FRAMES]
-        text = f"host {host.index} is quiet: no output and no phase change since another host ended"
+        text = f"{snapshot.name_of(host.index)} is quiet: no output and no phase change since another host ended"
         lines.append(text + (": " + " <- ".join(where) if where else ""))
     return lines
 
@@ -139,8 +141,34 @@ def _seconds(value: float) -> str:
 
 
 def _header_text(snapshot: JobSnapshot) -> str:
-    return (f"{snapshot.label or snapshot.job_id} · {snapshot.backend} · {snapshot.accelerator} · {len(snapshot.hosts)} hosts · "
+    per = snapshot.procs_per_host
+    shape = f"{len(snapshot.hosts)} hosts" if per == 1 else \
+        f"{len(snapshot.hosts) // per} hosts x {per} processes"
+    return (f"{snapshot.label or snapshot.job_id} · {snapshot.backend} · {snapshot.accelerator} · {shape} · "
             f"{_seconds(snapshot.elapsed)} · {snapshot.status}")
+
+
+def _label(host: HostSnapshot, procs_per_host: int) -> str:
+    """A process's short name in a row: its host's index, or ``host.process`` where hosts run several."""
+    if procs_per_host == 1:
+        return str(host.index)
+    return f"{host.index // procs_per_host}.{host.index % procs_per_host}"
+
+
+#: A host's state in its row, where it runs several processes: the first of these its processes are in.
+HOST_STATE_ORDER = (HostState.FAILED, HostState.LOST, HostState.QUIET, HostState.STOPPED, HostState.RUNNING,
+                    HostState.READY, HostState.PENDING, HostState.IDLE, HostState.SUCCEEDED)
+
+
+def host_summary(host: int, processes: tuple[HostSnapshot, ...]) -> HostSnapshot:
+    """Host ``host``'s row, from its processes: the state that matters most among theirs (a failure first),
+    that process's phase and time, and the last line of the first process that printed one, tagged by rank."""
+    rank = {state.value: order for order, state in enumerate(HOST_STATE_ORDER)}
+    worst = min(processes, key=lambda process: (rank.get(process.state, len(rank)), process.index))
+    speaker = next((process for process in processes if process.last_line), None)
+    last = f"[rank {speaker.index}] {speaker.last_line}" if speaker is not None else ""
+    return HostSnapshot(index=host, state=worst.state, phase=worst.phase, started_at=worst.started_at,
+                        updated_at=worst.updated_at, last_line=last, exit=worst.exit)
 
 
 def _counts_text(snapshot: JobSnapshot) -> str:
@@ -153,12 +181,13 @@ def _badge(state: str) -> str:
             f'padding:0 4px">{html.escape(state)}</span>')
 
 
-def _row_html(host: HostSnapshot, now: float) -> str:
+def _row_html(host: HostSnapshot, now: float, label: str | None = None) -> str:
     leader = " ★" if host.is_leader else ""
     last = html.escape(host.last_line[:LAST_LINE_CHARS])
+    label = str(host.index) if label is None else label
     return (
         '<div style="display:flex;gap:10px;font-family:monospace;font-size:12px;white-space:nowrap">'
-        f'<span style="width:4.5em" title="{"leader" if host.is_leader else "worker"}">{host.index}{leader}</span>'
+        f'<span style="width:4.5em" title="{"leader" if host.is_leader else "worker"}">{label}{leader}</span>'
         f'<span style="width:6.5em">{_badge(host.state)}</span>'
         f'<span style="width:11em">{html.escape(host.phase)}</span>'
         f'<span style="width:5em;text-align:right">{_seconds(host.elapsed(now))}</span>'
@@ -184,13 +213,24 @@ def _detail_html(host: HostSnapshot) -> str:
     return "".join(parts)
 
 
-def _title(host: HostSnapshot) -> str:
-    return f"host {host.index}{' (leader)' if host.is_leader else ''} · {host.state} · {host.phase}"
+def _title(host: HostSnapshot, name: str | None = None) -> str:
+    name = f"host {host.index}" if name is None else name
+    return f"{name}{' (leader)' if host.is_leader else ''} · {host.state} · {host.phase}"
+
+
+def _processes_html(snapshot: JobSnapshot, processes: tuple[HostSnapshot, ...]) -> str:
+    """A host's drill-down where it runs several processes: a row per process, then each one's own drill-down
+    (its traceback, its log tail) under its name."""
+    rows = "".join(_row_html(process, snapshot.taken_at, _label(process, snapshot.procs_per_host))
+                   for process in processes)
+    details = "".join(f"<div><b>{html.escape(_title(process, snapshot.name_of(process.index)))}</b></div>"
+                      f"{_detail_html(process)}" for process in processes)
+    return rows + details
 
 
 def _grid_html(snapshot: JobSnapshot) -> str:
     cells = "".join(
-        f'<span title="{_title(host)}" style="display:inline-block;width:10px;height:10px;margin:1px;'
+        f'<span title="{_title(host, snapshot.name_of(host.index))}" style="display:inline-block;width:10px;height:10px;margin:1px;'
         f'background:{STATE_COLORS.get(host.state, "#999")}"></span>'
         for host in snapshot.hosts
     )
@@ -204,7 +244,8 @@ def _problems_html(snapshot: JobSnapshot) -> str:
     by_state: dict[str, list[int]] = {}
     for host in bad:
         by_state.setdefault(host.state, []).append(host.index)
-    items = "".join(f"<li>{_badge(state)} hosts {host_ranges(indices)}</li>" for state, indices in by_state.items())
+    many = "ranks" if snapshot.procs_per_host > 1 else "hosts"
+    items = "".join(f"<li>{_badge(state)} {many} {host_ranges(indices)}</li>" for state, indices in by_state.items())
     return f"<ul style='margin:2px 0'>{items}</ul>"
 
 
@@ -218,12 +259,14 @@ def _failures_html(snapshot: JobSnapshot) -> str:
 class HostPanel:
     """The live panel: stock ipywidgets, changed only by assigning traits."""
 
-    def __init__(self, hosts: int, *, brief: bool = False):
+    def __init__(self, hosts: int, *, brief: bool = False, procs_per_host: int = 1):
         import ipywidgets as widgets
 
         #: A session's cell: once it succeeded, only the header stays (its output and value follow it).
         self.brief = brief
-        self.compact = hosts > GRID_ABOVE
+        #: Where hosts run several processes, a row is a host and its drill-down lists its processes.
+        self.procs_per_host = procs_per_host
+        self.compact = hosts // procs_per_host > GRID_ABOVE
         self.header = widgets.HTML()
         # The bar counts hosts done with the cell; its label (the state) is never cut.
         self.progress = widgets.IntProgress(min=0, max=hosts, value=0, layout=widgets.Layout(width="100%"),
@@ -237,8 +280,8 @@ class HostPanel:
             self._detail_hosts: list[int] = []
         else:
             tight = widgets.Layout(margin="0", height="22px")  # rows read as one table
-            self.rows = [widgets.HTML(layout=tight) for _ in range(hosts)]
-            self.details = widgets.Accordion(children=[widgets.HTML() for _ in range(hosts)])
+            self.rows = [widgets.HTML(layout=tight) for _ in range(hosts // procs_per_host)]
+            self.details = widgets.Accordion(children=[widgets.HTML() for _ in range(hosts // procs_per_host)])
             body = [widgets.VBox(self.rows)]
         self.body = widgets.VBox([self.progress, *body, self.failures, self.details], layout=widgets.Layout(
             margin="0"))
@@ -263,10 +306,24 @@ class HostPanel:
                 self._update_rows(snapshot)
 
     def _update_rows(self, snapshot: JobSnapshot) -> None:
+        if snapshot.procs_per_host > 1:
+            self._update_host_rows(snapshot)
+            return
         for host, row, detail in zip(snapshot.hosts, self.rows, self.details.children, strict=True):
             row.value = _row_html(host, snapshot.taken_at)
             detail.value = _detail_html(host)
         titles = tuple(_title(host) for host in snapshot.hosts)
+        if tuple(self.details.titles) != titles:
+            self.details.titles = titles
+
+    def _update_host_rows(self, snapshot: JobSnapshot) -> None:
+        """A row per host (its processes summed up), and a drill-down per host with a row per process."""
+        summaries = [host_summary(index, processes) for index, processes in snapshot.by_host()]
+        for (_, processes), summary, row, detail in zip(snapshot.by_host(), summaries, self.rows,
+                                                        self.details.children, strict=True):
+            row.value = _row_html(summary, snapshot.taken_at)
+            detail.value = _processes_html(snapshot, processes)
+        titles = tuple(f"{_title(summary)} · {snapshot.procs_per_host} processes" for summary in summaries)
         if tuple(self.details.titles) != titles:
             self.details.titles = titles
 
@@ -280,7 +337,7 @@ class HostPanel:
             self.details.children = [self._widgets.HTML() for _ in shown]
         for host, detail in zip(shown, self.details.children, strict=True):
             detail.value = _detail_html(host)
-        titles = tuple(_title(host) for host in shown)
+        titles = tuple(_title(host, snapshot.name_of(host.index)) for host in shown)
         if tuple(self.details.titles) != titles:
             self.details.titles = titles
 
@@ -295,12 +352,14 @@ def text_summary(snapshot: JobSnapshot, *, brief: bool = False) -> str:
     if len(hosts) > GRID_ABOVE:
         lines.append(_counts_text(snapshot))
         hosts = tuple(host for host in hosts if not host.fine)[:MAX_DETAILS]
+    per = snapshot.procs_per_host
     if hosts:
-        lines.append(f"{'host':>6}  {'state':<9}  {'phase':<20}  {'time':>7}  last line / exit")
+        lines.append(f"{'host' if per == 1 else 'h.proc':>6}  {'state':<9}  {'phase':<20}  {'time':>7}  "
+                     "last line / exit")
     for host in hosts:
         leader = "*" if host.is_leader else " "
         tail = host.exit_summary if host.exit and not host.fine else host.last_line[:LAST_LINE_CHARS]
-        lines.append(f"{host.index:>5}{leader}  {host.state:<9}  {host.phase:<20}  "
+        lines.append(f"{_label(host, per):>5}{leader}  {host.state:<9}  {host.phase:<20}  "
                      f"{_seconds(host.elapsed(snapshot.taken_at)):>7}  {tail}")
     lines.extend(failure_lines(snapshot))
     lines.extend(quiet_lines(snapshot))
@@ -313,7 +372,7 @@ def html_summary(snapshot: JobSnapshot, *, brief: bool = False) -> str:
         return f"<div><b>{html.escape(_header_text(snapshot))}</b> {_counts_text(snapshot)}</div>"
     hosts = snapshot.hosts if len(snapshot.hosts) <= GRID_ABOVE else [h for h in snapshot.hosts if not h.fine]
     rows = "".join(
-        f"<tr><td>{host.index}{' ★' if host.is_leader else ''}</td><td>{_badge(host.state)}</td>"
+        f"<tr><td>{_label(host, snapshot.procs_per_host)}{' ★' if host.is_leader else ''}</td><td>{_badge(host.state)}</td>"
         f"<td>{html.escape(host.phase)}</td><td>{_seconds(host.elapsed(snapshot.taken_at))}</td>"
         f"<td><code>{html.escape(host.last_line[:LAST_LINE_CHARS])}</code></td></tr>"
         for host in hosts[:MAX_DETAILS if len(snapshot.hosts) > GRID_ABOVE else None]
@@ -367,11 +426,11 @@ def in_widget_frontend() -> bool:
 class WidgetView:
     """A ``HostPanel`` displayed in the cell, with a static HTML and text fallback."""
 
-    def __init__(self, hosts: int, *, brief: bool = False):
+    def __init__(self, hosts: int, *, brief: bool = False, procs_per_host: int = 1):
         from IPython.display import display
 
         self.brief = brief
-        self.panel = HostPanel(hosts, brief=brief)
+        self.panel = HostPanel(hosts, brief=brief, procs_per_host=procs_per_host)
         self._display = display(self._bundle(None), raw=True, display_id=True)
 
     def _bundle(self, snapshot: JobSnapshot | None) -> dict[str, Any]:
@@ -394,13 +453,14 @@ class WidgetView:
         self._display.update(self._bundle(snapshot), raw=True)
 
 
-def live_view(hosts: int, *, widgets: bool | None = None, stream: IO[str] | None = None, brief: bool = False
-              ) -> WidgetView | TextStatus:
-    """The panel when a widget frontend can show it, else its text twin. ``brief`` (a session's cell): once
-    the cell succeeded, its header alone stays (the rows matter while it runs, or when it failed)."""
+def live_view(hosts: int, *, widgets: bool | None = None, stream: IO[str] | None = None, brief: bool = False,
+              procs_per_host: int = 1) -> WidgetView | TextStatus:
+    """The panel when a widget frontend can show it, else its text twin: ``hosts`` processes in all,
+    ``procs_per_host`` on each host. ``brief`` (a session's cell): once the cell succeeded, its header alone
+    stays (the rows matter while it runs, or when it failed)."""
     if widgets is None:
         widgets = in_widget_frontend()
-    return WidgetView(hosts, brief=brief) if widgets else TextStatus(stream, brief=brief)
+    return WidgetView(hosts, brief=brief, procs_per_host=procs_per_host) if widgets else TextStatus(stream, brief=brief)
 
 
 def watch_in_background(source: SnapshotSource, view: WidgetView | TextStatus | None = None, *,
@@ -417,7 +477,7 @@ def watch_in_background(source: SnapshotSource, view: WidgetView | TextStatus | 
         Polled with ``source.snapshot()`` every ``interval`` seconds; nothing
         else of it is called.
     view : WidgetView or TextStatus, optional
-        What to draw on (default: ``live_view`` for ``source.plan.hosts``).
+        What to draw on (default: ``live_view`` for ``source.plan``'s processes).
     interval : float
         Seconds between two polls.
 
@@ -426,7 +486,7 @@ def watch_in_background(source: SnapshotSource, view: WidgetView | TextStatus | 
     threading.Thread
         The started daemon thread; it ends after the view's final update.
     """
-    view = view if view is not None else live_view(source.plan.hosts)
+    view = view if view is not None else live_view(source.plan.world_size, procs_per_host=source.plan.procs_per_host)
     context = contextvars.copy_context()
 
     def follow() -> None:

@@ -52,7 +52,7 @@ def _show_figures_inline() -> None:
 
 
 def plot_timeline(snapshot: JobSnapshot) -> Any:
-    """A matplotlib ``Figure``: one row per host, one coloured bar per phase.
+    """A matplotlib ``Figure``: one row per process (per host where each runs one), one coloured bar per phase.
 
     Failed hosts end in a red cross, stopped hosts in an orange bar; the
     leader's row is labelled; hosts whose cell ran ``STRAGGLER_FACTOR`` times
@@ -88,7 +88,7 @@ def plot_timeline(snapshot: JobSnapshot) -> Any:
                               color="#d32f2f", fontsize=8, annotation_clip=False)
                 axes.axhspan(index - 0.45, index + 0.45, fill=False, edgecolor="#d32f2f", linewidth=1)
     axes.set_yticks([host.index for host in hosts])
-    axes.set_yticklabels([f"{host.index} (leader)" if host.is_leader else str(host.index) for host in hosts],
+    axes.set_yticklabels([_row_label(host.index, snapshot.procs_per_host) for host in hosts],
                          fontsize=8 if len(hosts) <= 64 else 4)
     axes.invert_yaxis()
     axes.set_xlabel("seconds since submission")
@@ -97,3 +97,10 @@ def plot_timeline(snapshot: JobSnapshot) -> Any:
     axes.legend(handles=[Patch(color=color, label=phase) for phase, color in PHASE_COLORS.items() if phase in seen],
                 fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return figure
+
+
+def _row_label(rank: int, procs_per_host: int) -> str:
+    """``0 (leader)``, ``3``; where hosts run several processes ``host 1 · proc 0 · rank 2``."""
+    name = str(rank) if procs_per_host == 1 else \
+        f"host {rank // procs_per_host} · proc {rank % procs_per_host} · rank {rank}"
+    return f"{name} (leader)" if rank == 0 else name

@@ -11,7 +11,7 @@ from kinetic_nb.runner.protocol.names import LEADER_INDEX
 
 #: Bumped whenever an object name, a payload key or a record's shape changes
 #: incompatibly; a host refuses a plan with another version.
-PROTOCOL_VERSION = 6
+PROTOCOL_VERSION = 7
 
 
 class Phase(str, enum.Enum):
@@ -100,9 +100,15 @@ def _to_json(record: Any) -> bytes:
 
 @dataclasses.dataclass(frozen=True)
 class JobPlan:
-    """The one immutable plan every host receives, as ``plan.json``."""
+    """The one immutable plan every host receives, as ``plan.json``.
+
+    A slice is ``hosts`` machines of ``procs_per_host`` processes each: ``world_size`` processes, numbered by
+    global rank (``rank = host * procs_per_host + local rank``). Every record is a process's and is keyed by
+    its rank (``hosts/{rank}/``: the host's index where each host runs one process); rank 0 is the leader.
+    """
 
     job_id: str
+    #: Machines (pods, Ray nodes, VMs): each runs one agent, which starts ``procs_per_host`` processes.
     hosts: int
     accelerator: str
     devices_per_host: int
@@ -136,7 +142,29 @@ class JobPlan:
     #: Where the notebook's folder is stored for hosts that do not share its disk (``protocol.WORKDIR``): each
     #: host unpacks it and runs there, with it first on ``sys.path``; "" where the hosts see the folder.
     workdir: str = ""
+    #: Processes on each host (torch on GPU hosts: one per GPU); every one gets its rank and device.
+    procs_per_host: int = 1
     protocol_version: int = PROTOCOL_VERSION
+
+    @property
+    def world_size(self) -> int:
+        """How many processes the slice runs: one record set, one rank, each."""
+        return self.hosts * self.procs_per_host
+
+    def host_of(self, rank: int) -> int:
+        """The host that runs process ``rank``."""
+        return rank // self.procs_per_host
+
+    def ranks_of(self, host: int) -> range:
+        """The ranks host ``host`` runs."""
+        return range(host * self.procs_per_host, (host + 1) * self.procs_per_host)
+
+    def name_of(self, rank: int) -> str:
+        """How a message names process ``rank``: ``host 2`` where each host runs one process, else
+        ``host 1, process 0 (rank 2)``."""
+        if self.procs_per_host == 1:
+            return f"host {rank}"
+        return f"host {rank // self.procs_per_host}, process {rank % self.procs_per_host} (rank {rank})"
 
     @property
     def coordinator_host(self) -> str:
