@@ -188,7 +188,9 @@ class Session:
         """Hosts, their states, uptime, cells run and the idle countdown, as text."""
         snapshot = self.group.snapshot()
         uptime = time.time() - self.plan.created_at
-        lines = [f"session {self.session_id} · {snapshot.backend} · {self.plan.accelerator} · {self.plan.hosts} hosts "
+        shape = f"{self.plan.hosts} hosts" + (f" x {self.plan.procs_per_host} processes"
+                                               if self.plan.procs_per_host > 1 else "")
+        lines = [f"session {self.session_id} · {snapshot.backend} · {self.plan.accelerator} · {shape} "
                  f"· framework {self.plan.framework} · up {uptime:.0f} s · {self._last_seq} cells"]
         if self.plan.idle_timeout_s:
             last = max((host.updated_at or 0.0 for host in snapshot.hosts), default=0.0)
@@ -197,8 +199,10 @@ class Session:
         ended = self.ended()
         if ended:
             lines.append(f"ended: {ended}")
-        for host in snapshot.hosts:
-            lines.append(f"{host.index:>5}{'*' if host.is_leader else ' '}  {host.state:<9}  {host.last_line[:100]}")
+        for host in snapshot.hosts:  # one row per process: its rank, or host.process where hosts run several
+            label = str(host.index) if self.plan.procs_per_host == 1 else \
+                f"{self.plan.host_of(host.index)}.{host.index % self.plan.procs_per_host}"
+            lines.append(f"{label:>5}{'*' if host.is_leader else ' '}  {host.state:<9}  {host.last_line[:100]}")
         return "\n".join(lines)
 
     # -- the direct channel -----------------------------------------------------------------

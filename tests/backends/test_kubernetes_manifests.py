@@ -38,7 +38,7 @@ from kinetic_nb.backends.kubernetes.pods import host_states
 from kinetic_nb.client.plan import make_plan, resolve_slice
 from kinetic_nb.runner import frameworks
 from kinetic_nb.runner.channel import CHANNEL_ENV, parse_address
-from kinetic_nb.runner.host_variables import resolve_host_index
+from kinetic_nb.runner.host_variables import process_environment, resolve_host_index
 from kinetic_nb.runner.protocol import JobPlan
 
 from .crd_schema import LWS_RELEASES, check_custom_resource, load_crd
@@ -495,7 +495,11 @@ def test_every_host_resolves_its_own_index_and_meets_the_others_at_host_0(case):
         with mock.patch.dict(os.environ, env, clear=True):
             assert frameworks.coordinator_address(plan) == expected_coordinator
         assert f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}" == expected_coordinator
-        assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"]) == (str(index), str(plan.hosts), "0")
+        assert "RANK" not in env and env["WORLD_SIZE"] == str(plan.world_size)
+        for rank in plan.ranks_of(index):  # the pod's agent gives each of its processes its own rank
+            started = process_environment(plan, rank, "/kinetic/outputs", env)
+            assert (started["RANK"], started["LOCAL_RANK"], started["GROUP_RANK"]) == (
+                str(rank), str(rank % plan.procs_per_host), str(index))
         assert env["KINETIC_HOST_INDEX"] == str(index)
         assert (env["KINETIC_JOB_ID"], env["KINETIC_JOB_URI"], env["KINETIC_NUM_HOSTS"]) == (
             JOB_ID, URI, str(plan.hosts))
