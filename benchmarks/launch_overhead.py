@@ -10,12 +10,16 @@ column. The "cold" column is the same cell with every agent started afresh
 initialisation are printed separately, as the extra time over the trivial
 cell.
 
+The hosts x processes rows (``--shapes 2x4``) run the trivial cell on hosts
+that each run several processes (``procs_per_host``: torch on GPU hosts runs
+one per GPU), against the floor of as many processes in all.
+
 The Ray column is the same trivial cell with ``-b ray`` on a 4-node Ray
 cluster this script starts on this machine (``tests/ray_cluster.py``: 1 CPU
 a node, one host per node) and stops before it exits, so only host counts
 up to 4 have one; ``--no-ray`` skips it (it needs the ``ray`` extra).
 
-    python benchmarks/launch_overhead.py [--repeat 5] [--hosts 1 2 4 8] [--no-frameworks] [--no-ray]
+    python benchmarks/launch_overhead.py [--repeat 5] [--hosts 1 2 4 8] [--shapes 2x4] [--no-frameworks] [--no-ray]
 """
 
 from __future__ import annotations
@@ -80,6 +84,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--hosts", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--shapes", nargs="*", default=["2x4"], metavar="HOSTSxPROCS",
+                        help="hosts x processes per host rows (none: skip them)")
     parser.add_argument("--no-frameworks", action="store_true", help="skip the JAX and torch rows")
     parser.add_argument("--no-ray", action="store_true", help="skip the Ray column (no local Ray cluster)")
     args = parser.parse_args()
@@ -106,6 +112,14 @@ def main() -> None:
                 ray = f"{ray_s:8.3f}  {ray_s / trivial[hosts]:8.2f}"
             print(f"{hosts:>5}  {floor:8.3f}  {trivial[hosts]:8.3f}  {trivial[hosts] / floor:6.2f}  {cold:8.3f}  "
                   f"{cold / floor:6.2f}  {ray:>8}")
+    if args.shapes:
+        print(f"\n{'hosts x processes':>17}  {'floor s':>8}  {'cell s':>8}  {'ratio':>6}  (goal <= 1.50; floor: as many "
+              "processes in all)")
+    for shape in args.shapes:
+        hosts, per_host = (int(part) for part in shape.split("x"))
+        floor = median_of(args.repeat, floor_seconds, hosts * per_host)
+        cell = median_of(args.repeat, functools.partial(cell_seconds, "None", hosts, "none", procs_per_host=per_host))
+        print(f"{shape:>17}  {floor:8.3f}  {cell:8.3f}  {cell / floor:6.2f}")
     if args.no_frameworks:
         return
     print("\nframework initialisation (import + distributed init + teardown), over the trivial cell:")
