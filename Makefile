@@ -19,6 +19,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m ruff check .
 	scripts/ensure_chromium.sh
+	scripts/ensure_sshd.sh
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 binder-check:

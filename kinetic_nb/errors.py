@@ -97,6 +97,10 @@ class AcceleratorNotSeenError(KineticError, RuntimeError):
     the cell fails rather than run quietly on the CPU."""
 
 
+class SshHostError(KineticError, ConnectionError):
+    """An ssh host that cannot be reached, refuses the key or shows another host key: named, with the fix."""
+
+
 class HostStoppedError(KineticError):
     """This host was stopped because another host failed first.
 

@@ -1,0 +1,178 @@
+"""One OpenSSH connection per host for the life of a job or session, opened in parallel.
+
+The hosts are reached with the user's own OpenSSH setup: their ``~/.ssh/config``
+(or ``--ssh-config FILE``), agent and keys (gcloud's ``google_compute_engine``
+key included), known hosts and ``ProxyJump`` lines, exactly as ``ssh HOST``
+would. That is why this drives the ``ssh`` program rather than a library such
+as asyncssh, which reads none of the config's ``Match``/``Include``/``ProxyJump``
+the way OpenSSH does: a host that ``ssh HOST true`` reaches, kinetic_nb reaches.
+Each host's connection is an OpenSSH control master (``ControlMaster``,
+``ControlPersist``) in a private directory: every command after the first rides
+on it, with no new handshake, and a 64-host start is 64 handshakes at once, not
+in a row.
+
+A host that cannot be reached, whose key is refused or whose host key changed
+fails before any host runs, with one line naming the host and what to do.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import dataclasses
+import os
+import shlex
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable, Sequence
+
+from kinetic_nb.errors import SshHostError
+
+__all__ = ["SSH_TIMEOUT_S", "Connections", "SshHost", "describe_ssh_failure"]
+
+#: Seconds ``ssh`` may take to connect to one host (``ConnectTimeout``): an address that drops packets fails
+#: in this long, not in the kernel's minutes.
+SSH_TIMEOUT_S = 15
+#: How long a control master outlives its last use when nobody closes it (a notebook killed mid-job):
+#: long enough for a session's pauses between cells, short enough to leave nothing behind for long.
+CONTROL_PERSIST_S = 600
+#: Connections opened at once.
+PARALLEL_OPENS = 32
+#: ssh's own exit status when the connection itself failed (any other is the remote command's).
+SSH_FAILED = 255
+
+
+@dataclasses.dataclass(frozen=True)
+class SshHost:
+    """One host as the user names it (``user@name`` or a ``Host`` alias of their ssh config), and its index."""
+
+    index: int
+    target: str
+
+    def __str__(self) -> str:
+        return f"host {self.index} ({self.target})"
+
+
+def describe_ssh_failure(host: SshHost, stderr: str) -> str:
+    """What ssh's own complaint means, in one line naming the host and the fix; ssh's last line otherwise."""
+    text = stderr.replace("\r", "")
+    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith(("@", "Warning:"))]
+    if "REMOTE HOST IDENTIFICATION HAS CHANGED" in text or "Host key verification failed" in text:
+        if "HAS CHANGED" in text:
+            return (f"{host}: its host key changed since it was last seen (a rebuilt machine, or someone in between): "
+                    f"check it, then remove the old one with `ssh-keygen -R {_name_of(host.target)}`")
+        return (f"{host}: its host key is not known and cannot be asked about here (BatchMode): connect once with "
+                f"`ssh {host.target} true` to check and accept it")
+    if "Permission denied" in text:
+        return (f"{host}: the key was refused ({lines[-1] if lines else 'Permission denied'}): check that "
+                f"`ssh {host.target} true` works without a password (ssh-add the key, or name it in your ssh config)")
+    for marker, why in (("Could not resolve hostname", "its name does not resolve"),
+                        ("Connection refused", "nothing listens for ssh there (connection refused)"),
+                        ("Connection timed out", "it did not answer (connection timed out)"),
+                        ("No route to host", "no route to it"),
+                        ("Network is unreachable", "its network is unreachable"),
+                        ("Connection closed", "it closed the connection")):
+        if marker in text:
+            return f"{host} cannot be reached: {why}"
+    return f"{host}: ssh failed: {lines[-1] if lines else 'no message'}"
+
+
+def _name_of(target: str) -> str:
+    return target.rsplit("@", 1)[-1]
+
+
+class Connections:
+    """A control master per host, in a 0700 directory of this process's own, until :meth:`close`.
+
+    ``config``: an ssh config file to use instead of ``~/.ssh/config`` (``ssh -F``). ``options``: more
+    ``-o`` options for every connection.
+    """
+
+    def __init__(self, targets: Sequence[str], *, config: str | None = None, options: Sequence[str] = ()):
+        if not targets:
+            raise ValueError("no ssh hosts given: name them, host 0 first (--ssh-hosts h0,h1,...)")
+        self.hosts = [SshHost(index, target) for index, target in enumerate(targets)]
+        self.config = config
+        self.options = list(options)
+        self._directory = tempfile.mkdtemp(prefix="kinetic-ssh-")  # 0700: the masters' sockets are ours alone
+        self._open: set[int] = set()
+
+    def _base(self, host: SshHost) -> list[str]:
+        command = ["ssh"]
+        if self.config:
+            command += ["-F", self.config]
+        command += ["-o", "BatchMode=yes", "-o", f"ConnectTimeout={SSH_TIMEOUT_S}",
+                    "-o", f"ControlPath={os.path.join(self._directory, f'{host.index}')}"]
+        for option in self.options:
+            command += ["-o", option]
+        return command
+
+    def open(self) -> None:
+        """Connect to every host at once; ``SshHostError`` naming every host that failed (the lowest first), with
+        the connections that did open closed again."""
+        with concurrent.futures.ThreadPoolExecutor(max_workers=min(len(self.hosts), PARALLEL_OPENS)) as pool:
+            failures = [problem for problem in pool.map(self._open_one, self.hosts) if problem]
+        if failures:
+            self.close()
+            more = f" (and {len(failures) - 1} more: {'; '.join(failures[1:])})" if len(failures) > 1 else ""
+            raise SshHostError(failures[0] + more)
+
+    def _open_one(self, host: SshHost) -> str:
+        command = [*self._base(host), "-o", "ControlMaster=yes", "-o", f"ControlPersist={CONTROL_PERSIST_S}",
+                   "-f", "-N", host.target]
+        try:
+            done = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                  timeout=SSH_TIMEOUT_S + 15)
+        except subprocess.TimeoutExpired:
+            return f"{host} cannot be reached: no answer within {SSH_TIMEOUT_S + 15} s"
+        if done.returncode != 0:
+            return describe_ssh_failure(host, done.stderr)
+        self._open.add(host.index)
+        return ""
+
+    def run(self, index: int, command: Sequence[str] | str, *, input: bytes | None = None,
+            timeout: float | None = None) -> subprocess.CompletedProcess:
+        """Run ``command`` (a list is quoted for the remote shell) on host ``index`` over its connection; its
+        standard input is ``input`` (the way secrets travel: never a command line); ``SshHostError`` when the
+        connection itself failed."""
+        host = self.hosts[index]
+        remote = command if isinstance(command, str) else shlex.join(command)
+        done = subprocess.run([*self._base(host), host.target, remote], input=input or b"", capture_output=True,
+                              timeout=timeout)
+        if done.returncode == SSH_FAILED and index not in self._open:
+            raise SshHostError(describe_ssh_failure(host, done.stderr.decode(errors="replace")))
+        return done
+
+    def run_all(self, command: Sequence[str] | str, *, input: bytes | None = None,
+                timeout: float | None = None) -> list[subprocess.CompletedProcess]:
+        """``command`` on every host at once, in host order."""
+        return self.run_each(lambda index: command, input=input, timeout=timeout)
+
+    def run_each(self, command_for: Callable[[int], Sequence[str] | str], *, input: bytes | None = None,
+                 timeout: float | None = None) -> list[subprocess.CompletedProcess]:
+        """``command_for(index)`` on each host at once, in host order."""
+        with concurrent.futures.ThreadPoolExecutor(max_workers=min(len(self.hosts), PARALLEL_OPENS)) as pool:
+            return list(pool.map(lambda host: self.run(host.index, command_for(host.index), input=input,
+                                                       timeout=timeout), self.hosts))
+
+    def master_alive(self, index: int) -> bool:
+        """Whether host ``index``'s control master still runs (``ssh -O check``)."""
+        host = self.hosts[index]
+        return subprocess.run([*self._base(host), "-O", "check", host.target], capture_output=True).returncode == 0
+
+    def close(self) -> None:
+        """End every control master (``ssh -O exit``) and remove their directory."""
+        for index in sorted(self._open):
+            host = self.hosts[index]
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                subprocess.run([*self._base(host), "-O", "exit", host.target], capture_output=True, timeout=10)
+        self._open.clear()
+        shutil.rmtree(self._directory, ignore_errors=True)
+
+    def __enter__(self) -> Connections:
+        self.open()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

@@ -1,0 +1,80 @@
+"""What each ssh host is, asked of all of them at once before anything of a job runs there.
+
+One small Python program per host, over its connection: the interpreter's
+version, whether the job's ``file://`` storage is a directory it sees, and (on
+host 0) a free port for the framework's coordinator. Each answer that rules a
+host out is one line naming the host and the way out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+
+from kinetic_nb.backends.ssh.connections import Connections
+from kinetic_nb.errors import SshHostError
+
+__all__ = ["DEFAULT_PYTHON", "HostFacts", "probe_hosts"]
+
+#: The interpreter a host runs kinetic_nb with unless told (``--ssh-python``).
+DEFAULT_PYTHON = "python3"
+
+#: Runs on each host with its own Python (any 3.x): argv[1] is a path to look for ("" for none), argv[2] "port" to
+#: ask for a free port.
+_PROBE = r"""
+import json, os, socket, sys
+answer = {"python": list(sys.version_info[:3]), "executable": sys.executable, "hostname": socket.gethostname(),
+          "sees": None, "port": None}
+if sys.argv[1]:
+    answer["sees"] = os.path.isdir(sys.argv[1])
+if sys.argv[2] == "port":
+    with socket.socket() as probe:
+        probe.bind(("", 0))
+        answer["port"] = probe.getsockname()[1]
+print(json.dumps(answer))
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class HostFacts:
+    """What one host said of itself."""
+
+    python: tuple[int, int, int]
+    executable: str
+    hostname: str
+    #: Whether it sees the job's ``file://`` storage (None: storage it reaches over the network).
+    sees_storage: bool | None
+    #: A port free on it when asked (host 0: the coordinator's).
+    port: int | None
+
+
+def probe_hosts(connections: Connections, *, python: str = DEFAULT_PYTHON, storage_path: str | None = None,
+                notebook_python: tuple[int, int] = sys.version_info[:2]) -> list[HostFacts]:
+    """Every host's facts, asked at once; ``SshHostError`` with one line for the lowest host that cannot run the
+    job: no such Python, another minor version than the notebook's, or no sight of ``storage_path`` (a
+    ``file://`` root, which every host must share)."""
+    answers = connections.run_each(lambda index: [python, "-c", _PROBE, storage_path or "",
+                                                  "port" if index == 0 else ""], timeout=60)
+    facts = []
+    for host, answer in zip(connections.hosts, answers, strict=True):
+        if answer.returncode != 0:
+            said = answer.stderr.decode(errors="replace").strip().splitlines()
+            if answer.returncode == 127 or (said and "not found" in said[-1]):
+                raise SshHostError(f"{host} has no {python}: install Python "
+                                   f"{notebook_python[0]}.{notebook_python[1]} there, or name one with --ssh-python")
+            raise SshHostError(f"{host}: {python} could not run the probe: {said[-1] if said else 'no message'}")
+        record = json.loads(answer.stdout.decode().strip().splitlines()[-1])
+        found = HostFacts(tuple(record["python"]), record["executable"], record["hostname"], record["sees"],
+                          record["port"])
+        if found.python[:2] != tuple(notebook_python):
+            raise SshHostError(
+                f"{host} runs Python {'.'.join(map(str, found.python))} ({found.executable}) and this notebook "
+                f"{notebook_python[0]}.{notebook_python[1]}: the hosts need the notebook's minor version (cells and "
+                f"their values travel pickled); install it there and name it with --ssh-python, or run the notebook "
+                f"on that Python")
+        if found.sees_storage is False:
+            raise SshHostError(f"{host} does not see the job storage {storage_path}: a file:// root must be a "
+                               "directory every host shares; use --storage gs://BUCKET/PREFIX")
+        facts.append(found)
+    return facts

@@ -1,0 +1,162 @@
+"""Real OpenSSH servers for the ssh backend's tests: one ``sshd`` per test host, each on its own loopback address.
+
+Every run generates its own host keys and client key in a 0700 directory under
+the user's home (sshd's ``StrictModes`` refuses keys under a world-writable
+directory such as ``/tmp``), and writes an ssh config naming the hosts
+``h0``, ``h1``, ... so that the tests never touch the user's ``~/.ssh``. Each
+``sshd`` runs in the foreground in its own process group, logging to a file of
+its own (``accepted(i)`` counts the logins it took), and is stopped with its
+group. ``scripts/ensure_sshd.sh`` installs Debian's ``openssh-server``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pathlib
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+
+#: The first test host's loopback address; host i listens on 127.0.0.(FIRST_OCTET + i).
+FIRST_OCTET = 20
+#: An address where nothing listens for ssh: "cannot be reached".
+NOBODY = "127.0.0.250"
+SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
+
+
+def _free_port(address: str) -> int:
+    with socket.socket() as probe:
+        probe.bind((address, 0))
+        return probe.getsockname()[1]
+
+
+def _keygen(path: pathlib.Path) -> str:
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", path.name, "-f", str(path)], check=True)
+    return (path.with_suffix(".pub") if path.suffix else pathlib.Path(f"{path}.pub")).read_text().strip()
+
+
+class SshTestHosts:
+    """``count`` running sshd's, their client config (``config``) and targets (``targets``: h0, h1, ...)."""
+
+    def __init__(self, count: int):
+        self.count = count
+        cache = pathlib.Path.home() / ".cache"
+        cache.mkdir(mode=0o700, exist_ok=True)
+        self.directory = pathlib.Path(tempfile.mkdtemp(prefix="kinetic-sshd-", dir=cache))
+        self.user = os.environ.get("USER") or __import__("pwd").getpwuid(os.getuid()).pw_name
+        self.addresses = [f"127.0.0.{FIRST_OCTET + index}" for index in range(count)]
+        self.ports = [_free_port(address) for address in self.addresses]
+        self.processes: list[subprocess.Popen] = []
+        self.config = str(self.directory / "ssh_config")
+        self.targets = [f"h{index}" for index in range(count)]
+
+    def start(self) -> SshTestHosts:
+        if os.geteuid() == 0:
+            os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # sshd's privilege separation directory
+        client_key = self.directory / "client_key"
+        (self.directory / "authorized_keys").write_text(_keygen(client_key) + "\n")
+        (self.directory / "authorized_keys").chmod(0o600)
+        _keygen(self.directory / "other_key")  # a key no host accepts
+        known = []
+        for index, (address, port) in enumerate(zip(self.addresses, self.ports, strict=True)):
+            host_dir = self.directory / f"host{index}"
+            host_dir.mkdir(mode=0o700)
+            public = _keygen(host_dir / "ssh_host_ed25519_key")
+            known.append(f"[{address}]:{port} {' '.join(public.split()[:2])}")
+            config = host_dir / "sshd_config"
+            config.write_text("\n".join([
+                f"ListenAddress {address}:{port}",
+                f"HostKey {host_dir / 'ssh_host_ed25519_key'}",
+                f"PidFile {host_dir / 'sshd.pid'}",
+                f"AuthorizedKeysFile {self.directory / 'authorized_keys'}",
+                "StrictModes yes",
+                "UsePAM no",
+                "PasswordAuthentication no",
+                "KbdInteractiveAuthentication no",
+                "PubkeyAuthentication yes",
+                "PermitRootLogin prohibit-password",
+                f"AllowUsers {self.user}",
+                "LogLevel VERBOSE",
+                "",
+            ]))
+            log = open(host_dir / "sshd.log", "wb")  # noqa: SIM115 - the server's for its life
+            self.processes.append(subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stdout=log, stderr=log,
+                                                   stdin=subprocess.DEVNULL, start_new_session=True))
+            log.close()
+        (self.directory / "known_hosts").write_text("\n".join(known) + "\n")
+        self._write_client_config(client_key)
+        for address, port in zip(self.addresses, self.ports, strict=True):
+            self._wait_listening(address, port)
+        return self
+
+    def _write_client_config(self, client_key: pathlib.Path) -> None:
+        common = [f"  User {self.user}", f"  IdentityFile {client_key}", "  IdentitiesOnly yes",
+                  f"  UserKnownHostsFile {self.directory / 'known_hosts'}", "  GlobalKnownHostsFile /dev/null",
+                  "  StrictHostKeyChecking yes", "  LogLevel ERROR"]
+        blocks = []
+        for index, (address, port) in enumerate(zip(self.addresses, self.ports, strict=True)):
+            blocks += [f"Host h{index}", f"  HostName {address}", f"  Port {port}", *common]
+        # What the failure tests reach: a host with another key, and an address where nothing listens.
+        blocks += ["Host wrong-key", f"  HostName {self.addresses[0]}", f"  Port {self.ports[0]}",
+                   *[line if "IdentityFile" not in line else f"  IdentityFile {self.directory / 'other_key'}"
+                     for line in common]]
+        blocks += ["Host nobody", f"  HostName {NOBODY}", f"  Port {_free_port(NOBODY)}", *common]
+        pathlib.Path(self.config).write_text("\n".join(blocks) + "\n")
+
+    def forget_host_key(self, index: int) -> None:
+        """Give host ``index`` a new host key, as a rebuilt machine has: the client's known one no longer matches."""
+        key = self.directory / f"host{index}" / "ssh_host_ed25519_key"
+        key.unlink()
+        pathlib.Path(f"{key}.pub").unlink()
+        _keygen(key)
+        self._restart(index)
+
+    def _restart(self, index: int) -> None:
+        self._stop(index)
+        host_dir = self.directory / f"host{index}"
+        log = open(host_dir / "sshd.log", "ab")  # noqa: SIM115
+        self.processes[index] = subprocess.Popen([SSHD, "-D", "-e", "-f", str(host_dir / "sshd_config")],
+                                                 stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+                                                 start_new_session=True)
+        log.close()
+        self._wait_listening(self.addresses[index], self.ports[index])
+
+    @staticmethod
+    def _wait_listening(address: str, port: int, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection((address, port), timeout=1):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"sshd on {address}:{port} did not start")
+            time.sleep(0.05)
+
+    def accepted(self, index: int) -> int:
+        """How many logins host ``index``'s sshd has accepted."""
+        return (self.directory / f"host{index}" / "sshd.log").read_text(errors="replace").count("Accepted publickey")
+
+    def _stop(self, index: int) -> None:
+        process = self.processes[index]
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+    def stop(self) -> None:
+        for index in range(len(self.processes)):
+            self._stop(index)
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    def __enter__(self) -> SshTestHosts:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
