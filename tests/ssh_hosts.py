@@ -40,10 +40,16 @@ def _keygen(path: pathlib.Path) -> str:
 
 
 class SshTestHosts:
-    """``count`` running sshd's, their client config (``config``) and targets (``targets``: h0, h1, ...)."""
+    """``count`` running sshd's, their client config (``config``) and targets (``targets``: h0, h1, ...).
 
-    def __init__(self, count: int):
+    ``environment``: variables every login on the hosts gets (the client's ``SetEnv``, the servers'
+    ``AcceptEnv``): the test interpreter's packages on ``PYTHONPATH``, as a machine with jax and torch
+    installed has them, and a cache directory of the run's own (``XDG_CACHE_HOME``).
+    """
+
+    def __init__(self, count: int, environment: dict[str, str] | None = None):
         self.count = count
+        self.environment = dict(environment or {})
         cache = pathlib.Path.home() / ".cache"
         cache.mkdir(mode=0o700, exist_ok=True)
         self.directory = pathlib.Path(tempfile.mkdtemp(prefix="kinetic-sshd-", dir=cache))
@@ -80,6 +86,7 @@ class SshTestHosts:
                 "PubkeyAuthentication yes",
                 "PermitRootLogin prohibit-password",
                 f"AllowUsers {self.user}",
+                *([f"AcceptEnv {' '.join(self.environment)}"] if self.environment else []),
                 "LogLevel VERBOSE",
                 "",
             ]))
@@ -96,7 +103,9 @@ class SshTestHosts:
     def _write_client_config(self, client_key: pathlib.Path) -> None:
         common = [f"  User {self.user}", f"  IdentityFile {client_key}", "  IdentitiesOnly yes",
                   f"  UserKnownHostsFile {self.directory / 'known_hosts'}", "  GlobalKnownHostsFile /dev/null",
-                  "  StrictHostKeyChecking yes", "  LogLevel ERROR"]
+                  "  StrictHostKeyChecking yes", "  LogLevel ERROR",
+                  *([f"  SetEnv {' '.join(f'{name}={value}' for name, value in self.environment.items())}"]
+                    if self.environment else [])]
         blocks = []
         for index, (address, port) in enumerate(zip(self.addresses, self.ports, strict=True)):
             blocks += [f"Host h{index}", f"  HostName {address}", f"  Port {port}", *common]

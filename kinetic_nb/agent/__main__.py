@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import signal
 import sys
@@ -44,6 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--key-stdin", action="store_true",
                         help="read the job's key (hex, one line) from standard input, never from the environment, "
                              "so neither this agent's environment nor its hosts' holds it")
+    parser.add_argument("--env-stdin", action="store_true",
+                        help="after the key, read one JSON line of environment variables from standard input (an "
+                             "ssh host's: the -e values never travel on a command line)")
     parser.add_argument("--detach", action="store_true",
                         help="leave the launching process's tree once this agent's record is written, so "
                              "whatever ends that process and its children (a kernel's shutdown) spares the job")
@@ -53,9 +57,10 @@ def main(argv: list[str] | None = None) -> int:
     # A launcher's blocked signals (a Ray worker blocks SIGINT) are inherited across exec: unblocked here,
     # every host can be interrupted and stopped as on any backend.
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
-    storage = open_storage(args.job)
     try:
         key = _read_key(args.key_stdin)
+        if args.env_stdin:
+            os.environ.update(_read_environment())
     except IntegrityError as error:
         print(f"kinetic agent: {error}; refusing a job it cannot verify", file=sys.stderr)
         return 2
@@ -63,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kinetic agent: no job key on standard input (--key-stdin) or in a file named by {KEY_FILE_ENV}; "
               "refusing a job it cannot verify", file=sys.stderr)
         return 2
+    storage = open_storage(args.job)
     if args.watch:
         return wait_for_job_end(storage, key)
     try:
@@ -140,6 +146,22 @@ def _read_key(from_stdin: bool) -> JobKey | None:
         os.environ.pop(KEY_FILE_ENV, None)
         return key_from_text(sys.stdin.readline(), where="standard input")
     return key_from_file(os.environ)
+
+
+def _read_environment() -> dict[str, str]:
+    """One JSON line of variables from standard input, after the key; then standard input is closed (an ssh
+    session's channel: a detached agent must not hold it)."""
+    line = sys.stdin.readline()
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    try:
+        variables = json.loads(line)
+    except ValueError:
+        raise IntegrityError("no environment line on standard input after the key (--env-stdin)") from None
+    if not isinstance(variables, dict) or not all(isinstance(value, str) for value in variables.values()):
+        raise IntegrityError("the environment line on standard input is not an object of strings (--env-stdin)")
+    return variables
 
 
 def refuse(storage, key: bytes, error: BaseException) -> None:

@@ -217,43 +217,66 @@ def install(record, job_uri, key, directory, log, *, requirements):
 
 
 def main(argv):
-    requirements = "--no-requirements" not in argv[: argv.index("--")] if "--" in argv else True
+    options = argv[: argv.index("--")] if "--" in argv else []
+    requirements = "--no-requirements" not in options
     command = argv[argv.index("--") + 1:] if "--" in argv else argv
     if not command:
         print("kinetic_nb: the environment bootstrap needs a command to run after it", file=sys.stderr)
         return 2
+    # An ssh host: the key comes first on standard input (then what else COMMAND reads there), the install is
+    # kept under --environments by its content and reused, it runs once (no kubelet restarts it), and COMMAND's
+    # output goes to --output, a file on the host (the ssh session it came by may end before it does).
+    from_stdin = "--key-stdin" in options
+    once = "--once" in options
+    environments = _cache_path(_option(options, "--environments"))
+    output = _cache_path(_option(options, "--output"))
+    stdin = sys.stdin.buffer.read() if from_stdin else b""
     try:
-        with open(os.environ[KEY_FILE_ENV], "rb") as file:
-            key = bytes.fromhex(file.read(4 * KEY_BYTES).decode("ascii", errors="replace").strip())
+        if from_stdin:
+            key = bytes.fromhex(stdin.split(b"\n", 1)[0].decode("ascii", errors="replace").strip())
+        else:
+            with open(os.environ[KEY_FILE_ENV], "rb") as file:
+                key = bytes.fromhex(file.read(4 * KEY_BYTES).decode("ascii", errors="replace").strip())
         job_uri = os.environ[JOB_URI_ENV]
         if len(key) != KEY_BYTES:
             raise ValueError
     except (KeyError, ValueError, OSError):
-        print(f"kinetic_nb: no job key file or job URI ({KEY_FILE_ENV}, {JOB_URI_ENV})", file=sys.stderr)
+        where = "standard input" if from_stdin else f"a job key file ({KEY_FILE_ENV})"
+        print(f"kinetic_nb: no job key on {where}, or no job URI ({JOB_URI_ENV})", file=sys.stderr)
         return 2
     directory = os.environ.get(DIRECTORY_ENV) or os.path.join("/tmp", "kinetic-environment")
-    os.makedirs(directory, exist_ok=True)
-    record_path = os.path.join(directory, "record.json")
+    if environments is None:
+        os.makedirs(directory, exist_ok=True)
     host = os.environ.get(HOST_INDEX_ENV, "")
-    if host.isdigit() and _crash_loop(directory, record_path, job_uri, key, int(host)):
+    if not once and host.isdigit() and _crash_loop(directory, os.path.join(directory, "record.json"), job_uri, key,
+                                                   int(host)):
         return _park()
     try:
         body = unseal(key, INSTALL_OBJECT, fetch(job_uri, INSTALL_OBJECT))
         digest = hashlib.sha256(body).hexdigest()
-        try:
-            with open(record_path) as file:
-                done = json.load(file)
-        except (OSError, ValueError):
-            done = {}
-        if done.get("digest") != digest or not done.get("ok"):  # a restarted container finds it installed
-            started = time.time()
-            with open(os.path.join(directory, "install.log"), "wb") as log:
-                venv = install(json.loads(body), job_uri, key, directory, log, requirements=requirements)
-            done = {"digest": digest, "ok": True, "started_at": started, "ended_at": time.time(), "venv": venv,
-                    "log": os.path.join(directory, "install.log")}
-            with open(record_path + ".tmp", "w") as file:
-                json.dump(done, file)
-            os.replace(record_path + ".tmp", record_path)
+        if environments is not None:  # one environment per content, shared by the jobs that install the same
+            directory = os.path.join(environments, digest[:16])
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+        record_path = os.path.join(directory, "record.json")
+        with open(os.path.join(directory, ".lock"), "w") as lock:
+            import fcntl
+
+            fcntl.flock(lock, fcntl.LOCK_EX)  # another job's install of the same environment finishes first
+            try:
+                with open(record_path) as file:
+                    done = json.load(file)
+            except (OSError, ValueError):
+                done = {}
+            installed_now = done.get("digest") != digest or not done.get("ok")
+            if installed_now:  # a restarted container (an ssh host's next job) finds it installed
+                started = time.time()
+                with open(os.path.join(directory, "install.log"), "wb") as log:
+                    venv = install(json.loads(body), job_uri, key, directory, log, requirements=requirements)
+                done = {"digest": digest, "ok": True, "started_at": started, "ended_at": time.time(), "venv": venv,
+                        "log": os.path.join(directory, "install.log")}
+                with open(record_path + ".tmp", "w") as file:
+                    json.dump(done, file)
+                os.replace(record_path + ".tmp", record_path)
     except Refused as error:
         print(f"kinetic_nb: environment install failed: {error}", file=sys.stderr)
         _write(os.path.join(directory, LAST_ERROR), _why(error, os.path.join(directory, "install.log")))
@@ -261,10 +284,35 @@ def main(argv):
     env = dict(os.environ)
     env["PATH"] = os.path.join(done["venv"], "bin") + os.pathsep + env.get("PATH", "/usr/bin:/bin")
     env["VIRTUAL_ENV"] = done["venv"]
-    env[RECORD_ENV] = record_path
+    if installed_now or not once:  # the host's timeline starts with the install it waited for, not an old one
+        env[RECORD_ENV] = record_path
     sys.stdout.flush()
+    if from_stdin:  # what came on standard input, the key first, is COMMAND's standard input
+        read_end, write_end = os.pipe()
+        os.write(write_end, stdin)
+        os.close(write_end)
+        os.dup2(read_end, 0)
+        os.close(read_end)
+    if output is not None:
+        os.makedirs(os.path.dirname(output) or ".", mode=0o700, exist_ok=True)
+        target = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.dup2(target, 1)
+        os.dup2(target, 2)
+        os.close(target)
     os.execvpe(command[0], command, env)
     return 127  # pragma: no cover - execvpe does not return
+
+
+def _cache_path(path):
+    """``path`` under the user's cache directory (``$XDG_CACHE_HOME``, else ``~/.cache``) unless it is absolute."""
+    if path is None or os.path.isabs(os.path.expanduser(path)):
+        return None if path is None else os.path.expanduser(path)
+    return os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), path)
+
+
+def _option(options, name):
+    """The value after ``name`` in ``options`` (``--output FILE``), or None."""
+    return options[options.index(name) + 1] if name in options[:-1] else None
 
 
 def _crash_loop(directory, record_path, job_uri, key, host):

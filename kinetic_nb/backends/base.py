@@ -109,6 +109,11 @@ class Backend(abc.ABC):
     #: The hosts do not see this machine's disk (a pod, a Ray node): the notebook's folder travels with the job.
     ships_workdir: ClassVar[bool] = False
 
+    def default_hosts(self) -> int | None:
+        """How many hosts a cell gets when ``-n`` does not say (None: the accelerator's): a backend whose hosts
+        are named (``--ssh-hosts``) has that many."""
+        return None
+
     def simulates(self, acc: Any) -> bool:
         """Whether this backend stands CPU devices in for the accelerator ``acc``'s chips (the plan's
         ``simulated``: JAX on CPU, torch on gloo)."""

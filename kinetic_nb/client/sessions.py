@@ -444,7 +444,7 @@ def start(*, hosts: int | None = None, accelerator: str | None = None, backend: 
         raise ValueError(f"framework must be auto, jax, torch or none, got {framework!r}")
     check_shape(hosts=hosts, grace=grace, idle_timeout=idle_timeout, procs_per_host=procs_per_host)
     chosen = choose_backend(backend, backend_options)
-    acc, host_count = resolve_slice(hosts, accelerator)
+    acc, host_count = resolve_slice(hosts if hosts is not None else chosen.default_hosts(), accelerator)
     root = open_storage(storage or storage_root(chosen)).child(protocol.SESSIONS_DIR)
     group = launch_hosts(new_job_id("ks"), SESSION, root, chosen, acc, host_count, framework=framework,
                          env=env or {}, quiet=quiet, detached=True, grace=grace, idle_timeout=idle_timeout or None,

@@ -3,7 +3,8 @@
 Run over ``local`` (real host processes), ``kubernetes`` (the API test double,
 with each pod's real container command, the host agent, run as a local
 process), ``ray`` (actors on the real 4-node Ray cluster of the
-``ray_cluster`` fixture) and ``fake`` (scripted hosts). Assertions are on stored state and on
+``ray_cluster`` fixture), ``ssh`` (real sshd's on loopback addresses, the
+``ssh_hosts`` fixture) and ``fake`` (scripted hosts). Assertions are on stored state and on
 the outcome, never on log text.
 """
 
@@ -25,6 +26,7 @@ from kinetic_nb.runner.protocol import CancelRequest
 from kinetic_nb.runner.records import read_exit, read_record
 from kinetic_nb.state import JobStatus
 
+from .conftest import ssh_options
 from .k8s_cluster import FakeKubelet, FakeKubernetes, pods_for, workload
 
 pytestmark = pytest.mark.filterwarnings("ignore:job storage file.*is local to this machine:kinetic_nb.errors.KineticWarning")
@@ -131,6 +133,30 @@ class RayHarness(LocalHarness):
                                  storage=self.storage, quiet=True, **options)
 
 
+class SshHarness(LocalHarness):
+    """Two of the session's real sshd's on loopback addresses (their agents run on this machine, so what is
+    left of a job is found as the local backend's is)."""
+
+    name = "ssh"
+
+    def __init__(self, tmp_path, monkeypatch, hosts):
+        super().__init__(tmp_path, monkeypatch)
+        self.options = ssh_options(hosts, 2)
+        self.made: list[Backend] = []
+
+    def backend(self) -> Backend:
+        self.made.append(get_backend("ssh", **self.options))
+        return self.made[-1]
+
+    def submit(self, source: str, hosts: int, **options):
+        return kinetic_nb.submit(source, hosts=hosts, backend=self.backend(), storage=self.storage, quiet=True,
+                                 **options)
+
+    def close(self) -> None:
+        for backend in self.made:
+            backend.close()
+
+
 class FakeHarness(LocalHarness):
     name = "fake"
 
@@ -147,10 +173,13 @@ class FakeHarness(LocalHarness):
                                  **options)
 
 
-@pytest.fixture(params=[LocalHarness, KubernetesHarness, RayHarness, FakeHarness], ids=lambda harness: harness.name)
+@pytest.fixture(params=[LocalHarness, KubernetesHarness, RayHarness, SshHarness, FakeHarness],
+                ids=lambda harness: harness.name)
 def harness(request, tmp_path, monkeypatch):
     if request.param is RayHarness:
         made = RayHarness(tmp_path, monkeypatch, request.getfixturevalue("ray_cluster"))
+    elif request.param is SshHarness:
+        made = SshHarness(tmp_path, monkeypatch, request.getfixturevalue("ssh_hosts"))
     else:
         made = request.param(tmp_path, monkeypatch)
     yield made

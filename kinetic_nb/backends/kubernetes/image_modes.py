@@ -174,10 +174,14 @@ def store_environment(storage: Storage, key: bytes, *, requirements: bytes | Non
     """
     wheel = wheel or package_wheel()
     wheel_object = f"{protocol.ENVIRONMENT_DIR}/{wheel.name}"
-    write_sealed(storage, wheel_object, key, wheel.read_bytes())
+    wheel_bytes = wheel.read_bytes()
+    write_sealed(storage, wheel_object, key, wheel_bytes)
     if requirements is not None:
         write_sealed(storage, REQUIREMENTS_OBJECT, key, requirements)
+    # The contents' hashes make the record itself say what is installed: a host that keeps environments
+    # (an ssh host, a restarted pod) reuses one only for the same wheel and requirements, whatever their names.
     record = {"wheel": wheel_object, "requirements": REQUIREMENTS_OBJECT if requirements is not None else None,
-              "packages": host_packages(storage.uri)}
+              "packages": host_packages(storage.uri), "wheel_sha256": hashlib.sha256(wheel_bytes).hexdigest(),
+              "requirements_sha256": hashlib.sha256(requirements).hexdigest() if requirements is not None else None}
     write_sealed(storage, protocol.ENVIRONMENT_INSTALL, key, json.dumps(record, indent=1).encode())
     return record

@@ -150,11 +150,16 @@ class Connections:
         return self.run_each(lambda index: command, input=input, timeout=timeout)
 
     def run_each(self, command_for: Callable[[int], Sequence[str] | str], *, input: bytes | None = None,
+                 input_for: Callable[[int], bytes | None] | None = None,
                  timeout: float | None = None) -> list[subprocess.CompletedProcess]:
-        """``command_for(index)`` on each host at once, in host order."""
+        """``command_for(index)`` on each host at once, in host order, its standard input ``input`` (or
+        ``input_for(index)``)."""
+        def one(host: SshHost) -> subprocess.CompletedProcess:
+            given = input_for(host.index) if input_for is not None else input
+            return self.run(host.index, command_for(host.index), input=given, timeout=timeout)
+
         with concurrent.futures.ThreadPoolExecutor(max_workers=min(len(self.hosts), PARALLEL_OPENS)) as pool:
-            return list(pool.map(lambda host: self.run(host.index, command_for(host.index), input=input,
-                                                       timeout=timeout), self.hosts))
+            return list(pool.map(one, self.hosts))
 
     def master_alive(self, index: int) -> bool:
         """Whether host ``index``'s control master still runs (``ssh -O check``)."""

@@ -20,20 +20,23 @@ __all__ = ["DEFAULT_PYTHON", "HostFacts", "probe_hosts"]
 #: The interpreter a host runs kinetic_nb with unless told (``--ssh-python``).
 DEFAULT_PYTHON = "python3"
 
-#: Runs on each host with its own Python (any 3.x): argv[1] is a path to look for ("" for none), argv[2] "port" to
-#: ask for a free port.
+#: Runs on each host with its own Python (any 3.x): argv[1] is a path to look for ("" for none), argv[2] how many
+#: free ports to find.
 _PROBE = r"""
-import json, os, socket, sys
+import contextlib, json, os, socket, sys
 answer = {"python": list(sys.version_info[:3]), "executable": sys.executable, "hostname": socket.gethostname(),
-          "sees": None, "port": None}
+          "sees": None, "ports": []}
 if sys.argv[1]:
     answer["sees"] = os.path.isdir(sys.argv[1])
-if sys.argv[2] == "port":
-    with socket.socket() as probe:
+with contextlib.ExitStack() as held:  # held together: distinct ports
+    for _ in range(int(sys.argv[2])):
+        probe = held.enter_context(socket.socket())
         probe.bind(("", 0))
-        answer["port"] = probe.getsockname()[1]
+        answer["ports"].append(probe.getsockname()[1])
 print(json.dumps(answer))
 """
+#: Ports host 0 finds: the framework's coordinator's, and a session's hub's.
+HOST_0_PORTS = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,17 +48,18 @@ class HostFacts:
     hostname: str
     #: Whether it sees the job's ``file://`` storage (None: storage it reaches over the network).
     sees_storage: bool | None
-    #: A port free on it when asked (host 0: the coordinator's).
-    port: int | None
+    #: Ports free on it when asked (host 0: the coordinator's, then a session hub's).
+    ports: tuple[int, ...]
 
 
 def probe_hosts(connections: Connections, *, python: str = DEFAULT_PYTHON, storage_path: str | None = None,
-                notebook_python: tuple[int, int] = sys.version_info[:2]) -> list[HostFacts]:
+                notebook_python: tuple[int, int] = sys.version_info[:2], ports: int = HOST_0_PORTS
+                ) -> list[HostFacts]:
     """Every host's facts, asked at once; ``SshHostError`` with one line for the lowest host that cannot run the
     job: no such Python, another minor version than the notebook's, or no sight of ``storage_path`` (a
     ``file://`` root, which every host must share)."""
     answers = connections.run_each(lambda index: [python, "-c", _PROBE, storage_path or "",
-                                                  "port" if index == 0 else ""], timeout=60)
+                                                  str(ports if index == 0 else 0)], timeout=60)
     facts = []
     for host, answer in zip(connections.hosts, answers, strict=True):
         if answer.returncode != 0:
@@ -66,7 +70,7 @@ def probe_hosts(connections: Connections, *, python: str = DEFAULT_PYTHON, stora
             raise SshHostError(f"{host}: {python} could not run the probe: {said[-1] if said else 'no message'}")
         record = json.loads(answer.stdout.decode().strip().splitlines()[-1])
         found = HostFacts(tuple(record["python"]), record["executable"], record["hostname"], record["sees"],
-                          record["port"])
+                          tuple(record["ports"]))
         if found.python[:2] != tuple(notebook_python):
             raise SshHostError(
                 f"{host} runs Python {'.'.join(map(str, found.python))} ({found.executable}) and this notebook "
