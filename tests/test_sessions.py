@@ -318,3 +318,19 @@ def test_interrupt_stops_a_one_shot_job_and_only_the_cell_of_a_session(session):
     with pytest.raises(KeyboardInterrupt):
         cell.result(timeout=HANG_GUARD_S)
     assert session.run("'still up'").result() == "still up"
+
+
+def test_a_local_session_cell_never_waits_for_a_channel_it_does_not_use(session, monkeypatch):
+    """A cell's outcome is removed at once on a local disk: the pause for what the channel has yet to store is
+    for a session whose cells went through it (it cost every local cell 1.5 s once)."""
+    import time as real_time
+    import types
+
+    from kinetic_nb.client import cell_handle
+
+    pauses: list[float] = []
+    clock = types.SimpleNamespace(monotonic=real_time.monotonic, time=real_time.time,
+                                  sleep=lambda seconds: (pauses.append(seconds), real_time.sleep(seconds)))
+    monkeypatch.setattr(cell_handle, "time", clock)
+    assert session.run("21 * 2").result(timeout=60) == 42
+    assert not [pause for pause in pauses if pause >= cell_handle.STORE_INTERVAL_S]

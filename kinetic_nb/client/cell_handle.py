@@ -373,7 +373,8 @@ class CellHandle:
 
     def _remove_outcome(self) -> None:
         storage = getattr(self.storage, "plain", self.storage)
-        if storage is not self.storage:  # through the channel: what the hosts store comes a moment later
+        relay = getattr(self.storage, "relay", None)
+        if relay is not None and relay.up:  # through the channel: what the hosts store comes a moment later
             time.sleep(STORE_INTERVAL_S + 0.5)
         try:
             remove_job_objects(storage, keep=(protocol.PAYLOAD, "log/", protocol.CELL_DONE_PREFIX))
