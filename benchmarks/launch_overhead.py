@@ -10,6 +10,12 @@ column. The "cold" column is the same cell with every agent started afresh
 initialisation are printed separately, as the extra time over the trivial
 cell.
 
+The ssh rows run the trivial cell with ``-b ssh`` on 4 real sshd's this script
+starts on loopback addresses (``tests/ssh_hosts.py``, as the tests do), once
+the hosts' environment is installed (a first job installs it), against the
+local one-shot cell; and a session's trivial cell on them against a local
+session's. ``--no-ssh`` skips them (they need Debian's openssh-server).
+
 The hosts x processes rows (``--shapes 2x4``) run the trivial cell on hosts
 that each run several processes (``procs_per_host``: torch on GPU hosts runs
 one per GPU), against the floor of as many processes in all.
@@ -20,6 +26,7 @@ a node, one host per node) and stops before it exits, so only host counts
 up to 4 have one; ``--no-ray`` skips it (it needs the ``ray`` extra).
 
     python benchmarks/launch_overhead.py [--repeat 5] [--hosts 1 2 4 8] [--shapes 2x4] [--no-frameworks] [--no-ray]
+                                         [--no-ssh]
 """
 
 from __future__ import annotations
@@ -76,6 +83,45 @@ def ray_cluster(skip: bool) -> contextlib.AbstractContextManager:
     return RayCluster(RAY_NODES)
 
 
+def ssh_rows(repeat: int) -> None:
+    """The trivial cell and a session's trivial cell with -b ssh on 4 loopback sshd's, against the local ones."""
+    import sysconfig
+
+    from tests.ssh_hosts import SshTestHosts
+
+    cache = tempfile.mkdtemp(prefix="kinetic-bench-ssh-cache-")
+    os.chdir(tempfile.mkdtemp(prefix="kinetic-bench-notebook-"))  # a notebook's folder: the hosts get a copy
+    python = os.path.join(sys.base_prefix, "bin", f"python{sys.version_info[0]}.{sys.version_info[1]}")
+    with SshTestHosts(4, {"PYTHONPATH": sysconfig.get_paths()["purelib"], "XDG_CACHE_HOME": cache}) as hosts:
+        print(f"\n{'-b ssh, 4 loopback sshd':>24}  {'ssh s':>8}  {'local s':>8}  {'ratio':>6}  (goal <= 1.50)")
+        for count in (1, 2, 4):
+            on_ssh = {"backend": "ssh", "backend_options": {"ssh_hosts": ",".join(hosts.targets[:count]),
+                                                            "ssh_config": hosts.config, "ssh_python": python}}
+            cell_seconds("None", None, "none", **on_ssh)  # the hosts' environment, installed once
+            ssh_s = median_of(repeat, functools.partial(cell_seconds, "None", None, "none", **on_ssh))
+            local_s = median_of(repeat, cell_seconds, "None", count, "none")
+            print(f"{f'one-shot cell, {count} hosts':>24}  {ssh_s:8.3f}  {local_s:8.3f}  {ssh_s / local_s:6.2f}")
+        ssh_session = kinetic_nb.start(framework="none", echo=False, backend="ssh", backend_options=on_ssh[
+            "backend_options"])
+        local_session = kinetic_nb.start(hosts=4, framework="none", echo=False)
+        try:
+            for session in (ssh_session, local_session):
+                session.run("None").result()
+            runs = max(repeat, 11)
+            ssh_s = median_of(runs, lambda: _timed(lambda: ssh_session.run("None").result()))
+            local_s = median_of(runs, lambda: _timed(lambda: local_session.run("None").result()))
+            print(f"{'session cell, 4 hosts':>24}  {ssh_s:8.3f}  {local_s:8.3f}  {ssh_s / local_s:6.2f}")
+        finally:
+            ssh_session.stop()
+            local_session.stop()
+
+
+def _timed(call) -> float:
+    started = time.perf_counter()
+    call()
+    return time.perf_counter() - started
+
+
 def median_of(repeat: int, measure, *args) -> float:
     return statistics.median(measure(*args) for _ in range(repeat))
 
@@ -87,6 +133,7 @@ def main() -> None:
     parser.add_argument("--shapes", nargs="*", default=["2x4"], metavar="HOSTSxPROCS",
                         help="hosts x processes per host rows (none: skip them)")
     parser.add_argument("--no-frameworks", action="store_true", help="skip the JAX and torch rows")
+    parser.add_argument("--no-ssh", action="store_true", help="skip the ssh rows (4 local sshd's)")
     parser.add_argument("--no-ray", action="store_true", help="skip the Ray column (no local Ray cluster)")
     args = parser.parse_args()
     os.environ.setdefault("KINETIC_STORAGE", tempfile.mkdtemp(prefix="kinetic-bench-"))
@@ -120,6 +167,8 @@ def main() -> None:
         floor = median_of(args.repeat, floor_seconds, hosts * per_host)
         cell = median_of(args.repeat, functools.partial(cell_seconds, "None", hosts, "none", procs_per_host=per_host))
         print(f"{shape:>17}  {floor:8.3f}  {cell:8.3f}  {cell / floor:6.2f}")
+    if not args.no_ssh:
+        ssh_rows(args.repeat)
     if args.no_frameworks:
         return
     print("\nframework initialisation (import + distributed init + teardown), over the trivial cell:")
