@@ -87,6 +87,20 @@ def storage_root(tmp_path_factory: pytest.TempPathFactory) -> str:
     return f"file://{root}"
 
 
+@pytest.fixture(scope="session")
+def ssh_hosts(tmp_path_factory):
+    """Four real sshd's on loopback addresses (``tests/ssh_hosts``); every login sees the test interpreter's
+    packages (jax, torch) on PYTHONPATH, as a machine with them installed would, and a cache of the run's own."""
+    import sysconfig
+
+    from .ssh_hosts import SshTestHosts
+
+    cache = tmp_path_factory.mktemp("ssh-hosts-cache")
+    environment = {"PYTHONPATH": sysconfig.get_paths()["purelib"], "XDG_CACHE_HOME": str(cache)}
+    with SshTestHosts(4, environment) as hosts:
+        yield hosts
+
+
 @pytest.fixture(autouse=True)
 def no_process_survives():
     """Fail a test that leaves any job process behind (and clean them up)."""

@@ -118,8 +118,29 @@ def test_07_ray(tmp_path, ray_cluster, monkeypatch):
     assert ray_cluster.wait_until_nothing_is_left() == []
 
 
+def test_08_ssh(tmp_path, ssh_hosts, monkeypatch):
+    """On the four test sshd's, named through the environment as a user's would be (the kernel inherits it)."""
+    import sys
+
+    monkeypatch.setenv("KINETIC_SSH_HOSTS", ",".join(ssh_hosts.targets))
+    monkeypatch.setenv("KINETIC_SSH_CONFIG", ssh_hosts.config)
+    monkeypatch.setenv("KINETIC_SSH_PYTHON", str(pathlib.Path(sys.base_prefix) / "bin" /
+                                                 f"python{sys.version_info[0]}.{sys.version_info[1]}"))
+    cells = run("08_ssh.ipynb", tmp_path)
+    hosts, every, jax_cell, failing, start, first, second, stop = cells
+    assert errors(cells) == [failing]
+    assert "hosts: h0,h1,h2,h3" in cell_text(hosts)
+    assert value_of(every) == "4 ssh hosts ran this cell"
+    assert all(f"host {index} runs as process" in cell_text(every) for index in range(4))
+    assert value_of(jax_cell) == "4 processes, allgather total 12.0"
+    assert "ValueError: host 2 found a bad shard" in cell_text(failing) and "Reported by host 2" in cell_text(failing)
+    assert "is up · ssh" in cell_text(start)
+    assert (value_of(first), value_of(second)) == (0, 1)
+    assert "stopped" in cell_text(stop)
+
+
 @pytest.mark.parametrize("name", ["01_quickstart.ipynb", "02_jax_data_parallel.ipynb", "03_torch_ddp.ipynb",
-                                  "04_failures.ipynb", "06_sessions.ipynb", "07_ray.ipynb"])
+                                  "04_failures.ipynb", "06_sessions.ipynb", "07_ray.ipynb", "08_ssh.ipynb"])
 def test_examples_are_committed_without_outputs(name):
     notebook = nbformat.read(EXAMPLES / name, as_version=4)
     assert all(not cell.get("outputs") for cell in notebook.cells if cell.cell_type == "code")

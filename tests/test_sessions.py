@@ -334,3 +334,17 @@ def test_a_local_session_cell_never_waits_for_a_channel_it_does_not_use(session,
     monkeypatch.setattr(cell_handle, "time", clock)
     assert session.run("21 * 2").result(timeout=60) == 42
     assert not [pause for pause in pauses if pause >= cell_handle.STORE_INTERVAL_S]
+
+
+def test_a_start_that_does_not_finish_leaves_no_session_up():
+    """Whatever ends the wait for the hosts (an interrupt, a display that fails), the session it started is
+    stopped: no host of it survives the test (the suite's fixture checks)."""
+    class DisplayBroke(Exception):
+        pass
+
+    def show(snapshot):
+        if any(host.state == "idle" for host in snapshot.hosts):
+            raise DisplayBroke("the panel could not draw")
+
+    with pytest.raises(DisplayBroke):
+        kinetic_nb.start(hosts=2, framework="none", echo=False, on_snapshot=show)

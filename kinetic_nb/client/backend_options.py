@@ -57,6 +57,12 @@ def chosen_options(backend: str, given: Mapping[str, Any], config: Mapping[str, 
     return options
 
 
+def build(backend: str, options: Mapping[str, Any]) -> Backend:
+    """The backend ``backend``, configured by ``options`` (its flags' values): built once by the magic, which
+    asks it how many hosts it names (``-b ssh``) before the panel is drawn."""
+    return backend_class(backend).from_options(**dict(options))
+
+
 def doctor_backends() -> list[type[Backend]]:
     """The backends ``%kinetic doctor`` can check (each declares ``has_doctor``)."""
     return [backend for backend in backends() if backend.has_doctor]

@@ -450,7 +450,12 @@ def start(*, hosts: int | None = None, accelerator: str | None = None, backend: 
                          env=env or {}, quiet=quiet, detached=True, grace=grace, idle_timeout=idle_timeout or None,
                          procs_per_host=procs_per_host)
     session = Session(group, echo=print_to_stdout if echo is True else (echo or None))
-    _wait_until_idle(session, ready_timeout, on_snapshot)
+    try:
+        _wait_until_idle(session, ready_timeout, on_snapshot)
+    except BaseException:  # an interrupt, or a display that failed: a session that never started is not left up
+        with contextlib.suppress(Exception):
+            session.stop("stopped: its start did not finish")
+        raise
     return session
 
 

@@ -68,14 +68,16 @@ def doctor_parser(parser_for: Any) -> Any:
         checked)
 
 
-def start_session(args: Any, backend_options: Mapping[str, Any], env: Mapping[str, str]) -> Session:
+def start_session(args: Any, options: Mapping[str, Any], env: Mapping[str, str]) -> Session:
     try:
         check_shape(hosts=args.hosts, grace=args.grace, idle_timeout=args.idle_timeout,
                     procs_per_host=args.procs_per_host, flags=True)
     except ValueError as error:
         raise UsageError(str(error)) from None
     try:
-        acc, hosts = resolve_slice(args.hosts, args.accelerator)
+        backend = backend_options.build(args.backend, options)  # the hosts it names (-b ssh) when -n does not
+        acc, hosts = resolve_slice(args.hosts if args.hosts is not None else backend.default_hosts(),
+                                   args.accelerator)
         per_host = choose_procs_per_host(acc, args.framework, args.procs_per_host)
     except ValueError as error:
         raise UsageError(str(error)) from None
@@ -88,10 +90,9 @@ def start_session(args: Any, backend_options: Mapping[str, Any], env: Mapping[st
         view.update(snapshot)
 
     try:
-        session = sessions.start(hosts=args.hosts, accelerator=args.accelerator, backend=args.backend,
+        session = sessions.start(hosts=args.hosts, accelerator=args.accelerator, backend=backend,
                                  framework=args.framework, env=env, storage=args.storage,
-                                 idle_timeout=args.idle_timeout, grace=args.grace,
-                                 backend_options=backend_options, on_snapshot=show,
+                                 idle_timeout=args.idle_timeout, grace=args.grace, on_snapshot=show,
                                  procs_per_host=args.procs_per_host)
     except ValueError as error:
         raise UsageError(str(error)) from None

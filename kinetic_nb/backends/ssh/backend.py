@@ -46,8 +46,10 @@ logger = logging.getLogger(__name__)
 ENVIRONMENTS_DIR = "kinetic_nb/environments"
 #: Where a host's agent writes its own output (``--output``), there too: what it said before the job's records.
 AGENT_LOGS_DIR = "kinetic_nb/agents"
-#: The hosts when no flag names them.
+#: The hosts, the ssh config and the hosts' Python when no flag names them.
 HOSTS_ENV = "KINETIC_SSH_HOSTS"
+CONFIG_ENV = "KINETIC_SSH_CONFIG"
+PYTHON_ENV = "KINETIC_SSH_PYTHON"
 #: Variables of the notebook's environment a host's agent gets too: how the hosts reach the job's storage.
 PASSED_ON = ("STORAGE_EMULATOR_HOST",)
 #: How long one host's environment install and agent start may take (pip may download).
@@ -86,10 +88,10 @@ class SshBackend(Backend):
         BackendFlag("--ssh-hosts", "ssh_hosts", "The hosts, host 0 first: H0,H1,... as your ssh config or "
                     f"user@address names them, or a file with one per line (default ${HOSTS_ENV}).",
                     metavar="HOSTS", setting=True),
-        BackendFlag("--ssh-config", "ssh_config", "An ssh config file to use instead of ~/.ssh/config.",
-                    metavar="FILE", setting=True),
+        BackendFlag("--ssh-config", "ssh_config", "An ssh config file to use instead of ~/.ssh/config (default "
+                    f"${CONFIG_ENV}).", metavar="FILE", setting=True),
         BackendFlag("--ssh-python", "ssh_python", "The hosts' Python, of the notebook's minor version (default "
-                    f"{DEFAULT_PYTHON}).", metavar="PATH", setting=True),
+                    f"${PYTHON_ENV}, then {DEFAULT_PYTHON}).", metavar="PATH", setting=True),
     )
 
     def __init__(self, targets: list[str], *, config: str | None = None, python: str = DEFAULT_PYTHON):
@@ -111,8 +113,8 @@ class SshBackend(Backend):
                              f"{', '.join(sorted(options))}")
         config = dict(config or {})
         hosts = ssh_hosts or os.environ.get(HOSTS_ENV) or config.get("ssh_hosts") or ""
-        return cls(parse_hosts(hosts), config=ssh_config or config.get("ssh_config"),
-                   python=ssh_python or config.get("ssh_python") or DEFAULT_PYTHON)
+        return cls(parse_hosts(hosts), config=ssh_config or os.environ.get(CONFIG_ENV) or config.get("ssh_config"),
+                   python=ssh_python or os.environ.get(PYTHON_ENV) or config.get("ssh_python") or DEFAULT_PYTHON)
 
     def options(self) -> dict[str, object]:
         stored: dict[str, object] = {"ssh_hosts": ",".join(self.targets)}
