@@ -389,11 +389,6 @@ class Session:
             time.sleep(0.05)
         self.group.close_wakeup()
         self.close_channel()
-        if not running:  # what the platform still holds for it (a cluster's objects, ssh connections) goes too
-            try:
-                self.group.backend.cleanup(self.plan)
-            except Exception:  # a cleanup never hides the stop
-                logger.warning("could not clean up after session %s", self.session_id, exc_info=True)
         if running:
             return (f"session {self.session_id}: asked to stop, but host{'s' if len(running) > 1 else ''} "
                     f"{', '.join(map(str, running))} had not ended after {STOP_WAIT_S:g} s")

@@ -110,7 +110,5 @@ def test_a_session_runs_its_cells_on_the_ssh_hosts(ssh_hosts):
         with pytest.raises(ValueError, match="host 1 says no"):
             session.run("if mine == 1:\n    raise ValueError('host 1 says no')").result(timeout=120)
         assert session.run("mine").result(timeout=120) == 0  # the session stayed up
-        connections = session.group.backend._jobs[session.session_id][0]
     finally:
         session.stop()
-    assert not any(connections.master_alive(index) for index in range(4))  # stopped: its connections closed
