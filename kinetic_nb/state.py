@@ -22,7 +22,7 @@ from typing import Protocol
 
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.environment_install import LOG_PREFIX as ENVIRONMENT_LOG_PREFIX
-from kinetic_nb.runner.protocol import ExitSummary, HostState, HostStatus, JobPlan, Phase
+from kinetic_nb.runner.protocol import ExitSummary, HostState, HostStatus, JobPlan, Phase, process_name
 from kinetic_nb.runner.status import HEARTBEAT_INTERVAL_S, IDLE_HEARTBEAT_INTERVAL_S
 
 __all__ = [
@@ -270,9 +270,7 @@ class JobSnapshot:
 
     def name_of(self, rank: int) -> str:
         """``host 2``, or ``host 1, process 0 (rank 2)`` where hosts run several processes."""
-        if self.procs_per_host == 1:
-            return f"host {rank}"
-        return f"host {rank // self.procs_per_host}, process {rank % self.procs_per_host} (rank {rank})"
+        return process_name(rank, self.procs_per_host)
 
     def by_host(self) -> list[tuple[int, tuple[HostSnapshot, ...]]]:
         """Each host's index and its processes, in rank order."""

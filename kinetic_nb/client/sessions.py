@@ -56,7 +56,7 @@ from kinetic_nb.runner.channel import NOTEBOOK, STORED, Channel, parse_address
 from kinetic_nb.runner.envelope import read_sealed, seal
 from kinetic_nb.runner.group import cell_key
 from kinetic_nb.runner.job_keys import SESSION
-from kinetic_nb.runner.protocol import CancelRequest, HostState, HostStatus, JobPlan, LeaderReady
+from kinetic_nb.runner.protocol import CancelRequest, HostState, HostStatus, JobPlan, LeaderReady, process_label
 from kinetic_nb.runner.records import open_record, read_exit, read_host_status, read_record
 from kinetic_nb.runner.relayed import CARRY_MAX_BYTES, Relay, RelayedStorage, hosts_agreed
 from kinetic_nb.runner.wakeup import wake, wakeup_path
@@ -200,8 +200,7 @@ class Session:
         if ended:
             lines.append(f"ended: {ended}")
         for host in snapshot.hosts:  # one row per process: its rank, or host.process where hosts run several
-            label = str(host.index) if self.plan.procs_per_host == 1 else \
-                f"{self.plan.host_of(host.index)}.{host.index % self.plan.procs_per_host}"
+            label = process_label(host.index, self.plan.procs_per_host)
             lines.append(f"{label:>5}{'*' if host.is_leader else ' '}  {host.state:<9}  {host.last_line[:100]}")
         return "\n".join(lines)
 

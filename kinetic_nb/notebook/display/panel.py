@@ -27,6 +27,7 @@ import time
 from collections.abc import Iterable
 from typing import IO, Any
 
+from kinetic_nb.runner.protocol import process_label
 from kinetic_nb.state import (
     SNAPSHOT_INTERVAL_S,
     HostSnapshot,
@@ -150,9 +151,7 @@ def _header_text(snapshot: JobSnapshot) -> str:
 
 def _label(host: HostSnapshot, procs_per_host: int) -> str:
     """A process's short name in a row: its host's index, or ``host.process`` where hosts run several."""
-    if procs_per_host == 1:
-        return str(host.index)
-    return f"{host.index // procs_per_host}.{host.index % procs_per_host}"
+    return process_label(host.index, procs_per_host)
 
 
 #: A host's state in its row, where it runs several processes: the first of these its processes are in.

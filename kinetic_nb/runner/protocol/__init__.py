@@ -83,6 +83,8 @@ from kinetic_nb.runner.protocol.messages import (
     LeaderReady,
     Phase,
     ResultPayload,
+    process_label,
+    process_name,
     stopped_message,
 )
 from kinetic_nb.runner.protocol.names import (
@@ -212,6 +214,8 @@ __all__ = [
     "parse_host_object",
     "parse_stacks_request",
     "parse_worker_result",
+    "process_label",
+    "process_name",
     "result_object",
     "stacks_request",
     "stopped_message",

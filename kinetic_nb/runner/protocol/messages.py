@@ -94,6 +94,19 @@ EXIT_FAILED = 1
 EXIT_STOPPED = 3
 
 
+def process_name(rank: int, procs_per_host: int) -> str:
+    """How a message names process ``rank``: ``host 2`` where each host runs one process, else
+    ``host 1, process 0 (rank 2)``."""
+    if procs_per_host == 1:
+        return f"host {rank}"
+    return f"host {rank // procs_per_host}, process {rank % procs_per_host} (rank {rank})"
+
+
+def process_label(rank: int, procs_per_host: int) -> str:
+    """A process's short name in a table row: ``2``, or ``1.0`` (host.process) where hosts run several."""
+    return str(rank) if procs_per_host == 1 else f"{rank // procs_per_host}.{rank % procs_per_host}"
+
+
 def _to_json(record: Any) -> bytes:
     return json.dumps(dataclasses.asdict(record), sort_keys=True, indent=1).encode()
 
@@ -160,11 +173,8 @@ class JobPlan:
         return range(host * self.procs_per_host, (host + 1) * self.procs_per_host)
 
     def name_of(self, rank: int) -> str:
-        """How a message names process ``rank``: ``host 2`` where each host runs one process, else
-        ``host 1, process 0 (rank 2)``."""
-        if self.procs_per_host == 1:
-            return f"host {rank}"
-        return f"host {rank // self.procs_per_host}, process {rank % self.procs_per_host} (rank {rank})"
+        """How a message names process ``rank`` (:func:`process_name`)."""
+        return process_name(rank, self.procs_per_host)
 
     @property
     def coordinator_host(self) -> str:
