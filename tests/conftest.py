@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -20,6 +21,8 @@ _JOB_COMMAND = "kinetic_nb.agent"
 _JOB_VARIABLE = "KINETIC_JOB_URI"
 #: A notebook's warm agent, whose command line every agent and host it forks keeps (``kinetic_nb.agent.warm``).
 _WARM_COMMAND = "kinetic_nb.agent.warm"
+#: An ssh host's warm agent (``kinetic_nb.backends.ssh.pool``), kept by the notebook between jobs.
+_SSH_WARM_COMMAND = "kinetic_nb.agent.warm --stdio"
 #: This session's jobs all live below it (another test run's jobs are not ours to judge).
 _session_root = ""
 #: How long a finished job's supervisor may take to exit after the test.
@@ -54,6 +57,10 @@ def job_processes() -> list[psutil.Process]:
             continue
         try:
             command = " ".join(process.info["cmdline"] or ())
+            if _SSH_WARM_COMMAND in command:
+                if forked_by_an_ssh_warm_agent(process):  # a job's agent or process on an ssh test host
+                    found.append(process)
+                continue  # an ssh host's warm agent, or its ssh client: the ssh_hosts fixture proves they end
             if (_JOB_COMMAND in command and _session_root in command) or (
                 _session_root in process.environ().get(_JOB_VARIABLE, "\0")
             ) or _forked_by_a_warm_agent(process, command):
@@ -63,13 +70,24 @@ def job_processes() -> list[psutil.Process]:
     return found
 
 
+def forked_by_an_ssh_warm_agent(process: psutil.Process) -> bool:
+    """A process an ssh host's warm agent forked (a job's agent), or one of theirs: they keep its command line,
+    and their parent has it too (the warm agent's own parent is the host's sshd)."""
+    parent = process.parent()
+    return parent is not None and _SSH_WARM_COMMAND in " ".join(parent.cmdline())
+
+
 def _forked_by_a_warm_agent(process: psutil.Process, command: str) -> bool:
     """A job's agent or host that a notebook's warm agent forked (of this test run's notebooks): they carry the
     warm agent's command line, and its environment as it started (this run's storage root). The warm agent
-    itself is the notebook's, and ends with it: it is the one whose parent is the notebook it names."""
+    itself is the notebook's, and ends with it: it is the one whose parent is the notebook it names. An ssh host's
+    warm agent (``--stdio``) is the host's, and ends with the notebook's connection: this run's storage root is
+    in the environment only of what it forked."""
     if _WARM_COMMAND not in command or _session_root not in process.environ().get("KINETIC_STORAGE", "\0"):
         return False
     words = command.split()
+    if "--stdio" in words:  # an ssh host's warm agent has the host's login environment; what it forked, the job's
+        return True
     notebook = int(words[words.index("--parent") + 1])
     return process.ppid() != notebook
 
@@ -99,6 +117,26 @@ def ssh_hosts(tmp_path_factory):
     environment = {"PYTHONPATH": sysconfig.get_paths()["purelib"], "XDG_CACHE_HOME": str(cache)}
     with SshTestHosts(4, environment) as hosts:
         yield hosts
+        # The notebook's connections to the hosts, and the warm agent it keeps on each, end with its pools.
+        from kinetic_nb.backends.ssh.pool import close_pools
+
+        close_pools()
+        deadline = time.monotonic() + _SURVIVOR_WAIT_S
+        while (left := ssh_warm_agents(str(cache))) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not left, f"ssh hosts' warm agents survived their pools: {left}"
+
+
+def ssh_warm_agents(cache: str) -> list[str]:
+    """The warm agents running on the ssh test hosts (in environments under ``cache``), and their ssh clients."""
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        command = " ".join(process.info["cmdline"] or ())
+        with contextlib.suppress(psutil.Error):
+            if (_SSH_WARM_COMMAND in command and (cache in command or "ssh " in command)
+                    and not forked_by_an_ssh_warm_agent(process)):
+                found.append(f"{process.pid}: {command}")
+    return found
 
 
 @pytest.fixture(autouse=True)

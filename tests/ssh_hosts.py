@@ -58,6 +58,9 @@ class SshTestHosts:
         self.ports = [_free_port(address) for address in self.addresses]
         self.processes: list[subprocess.Popen] = []
         self.config = str(self.directory / "ssh_config")
+        #: The key every host accepts, and one none does.
+        self.client_key = str(self.directory / "client_key")
+        self.other_key = str(self.directory / "other_key")
         self.targets = [f"h{index}" for index in range(count)]
 
     def start(self) -> SshTestHosts:
@@ -114,6 +117,12 @@ class SshTestHosts:
                    *[line if "IdentityFile" not in line else f"  IdentityFile {self.directory / 'other_key'}"
                      for line in common]]
         blocks += ["Host nobody", f"  HostName {NOBODY}", f"  Port {_free_port(NOBODY)}", *common]
+        # The hosts by their bare addresses, as a TPU VM's workers are reached: the key and the known hosts are
+        # the ones the backend names (gcloud's), not these.
+        for address, port in zip(self.addresses, self.ports, strict=True):
+            blocks += [f"Host {address}", f"  Port {port}",
+                       *[line for line in common if not line.strip().startswith(
+                           ("IdentityFile", "UserKnownHostsFile", "StrictHostKeyChecking"))]]
         pathlib.Path(self.config).write_text("\n".join(blocks) + "\n")
 
     def forget_host_key(self, index: int) -> None:

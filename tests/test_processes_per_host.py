@@ -10,6 +10,8 @@ from kinetic_nb.accelerators import resolve_accelerator
 from kinetic_nb.client.plan import choose_procs_per_host
 from kinetic_nb.errors import JobFailedError
 
+from .ddp_check import DDP_TRAIN, flat, full_batch_parameters
+
 #: Every process's view of itself, gathered to the leader: its environment's ranks and torch's.
 RANKS = (
     "import os, torch.distributed as dist\n"
@@ -37,36 +39,9 @@ def test_torch_on_a_simulated_gpu_slice_runs_one_process_per_gpu(capfd):
 
 def test_torch_ddp_across_two_hosts_of_two_processes_agrees_with_one_process():
     """Data-parallel SGD on 4 shards (2 hosts x 2 processes, gloo) ends where full-batch SGD in one process does."""
-    train = (
-        "import torch, torch.distributed as dist\n"
-        "from torch.nn.parallel import DistributedDataParallel\n"
-        "torch.manual_seed(0)\n"
-        "x, y = torch.randn(64, 3), torch.randn(64, 1)\n"
-        "model = DistributedDataParallel(torch.nn.Linear(3, 1))\n"
-        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
-        "shard = slice(dist.get_rank() * 16, (dist.get_rank() + 1) * 16)\n"
-        "for _ in range(5):\n"
-        "    optimizer.zero_grad()\n"
-        "    torch.nn.functional.mse_loss(model(x[shard]), y[shard]).backward()\n"
-        "    optimizer.step()\n"
-        "[p.detach().flatten().tolist() for p in model.module.parameters()]\n"
-    )
-    handle = kinetic_nb.submit(train, hosts=2, procs_per_host=2, framework="torch")
-    distributed = handle.result()
-
-    import torch
-
-    torch.manual_seed(0)
-    x, y = torch.randn(64, 3), torch.randn(64, 1)
-    model = torch.nn.Linear(3, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    for _ in range(5):
-        optimizer.zero_grad()
-        torch.nn.functional.mse_loss(model(x), y).backward()
-        optimizer.step()
-    alone = [p.detach().flatten().tolist() for p in model.parameters()]
-    assert [value for row in distributed for value in row] == pytest.approx([v for row in alone for v in row],
-                                                                            abs=1e-6)
+    world, distributed = kinetic_nb.submit(DDP_TRAIN, hosts=2, procs_per_host=2, framework="torch").result()
+    assert world == 4
+    assert flat(distributed) == pytest.approx(flat(full_batch_parameters()), abs=1e-6)
 
 
 def test_jax_with_two_processes_per_host_counts_four():

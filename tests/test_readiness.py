@@ -18,11 +18,12 @@ import json
 import pytest
 
 from kinetic_nb.accelerators import resolve_accelerator
+from kinetic_nb.backends.host_environment import host_packages
 from kinetic_nb.backends.kubernetes import cloud_build
 from kinetic_nb.backends.kubernetes import doctor as doctor_module
 from kinetic_nb.backends.kubernetes import doctor_image as readiness_image
 from kinetic_nb.backends.kubernetes.doctor import doctor, required_permissions
-from kinetic_nb.backends.kubernetes.image_modes import host_packages, stock_image
+from kinetic_nb.backends.kubernetes.image_modes import stock_image
 from kinetic_nb.errors import KineticError
 
 from .backends.google_api_double import RegistryAndCloudBuildDouble

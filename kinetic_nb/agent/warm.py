@@ -12,7 +12,14 @@ The socket is in Linux's abstract namespace under a random name, and both
 ends check the other's credentials (``SO_PEERCRED``): only this user's
 notebook that started it is served. It ends with the notebook (a parent-death
 signal); the agents it forked do not: like any job's agent they live until
-their job ends, so a kernel restart leaves a job running. Host-safe.
+their job ends, so a kernel restart leaves a job running.
+
+On an ssh host (``--stdio``) the warm agent runs in the host's kept
+environment and takes its requests as JSON lines on standard input, the
+notebook's ssh channel (ssh has authenticated the other end), answering one
+line each: a job's agent to fork (its variables over the host's own), or
+free ports for a job's coordinator and hub. It ends when standard input
+does: the notebook or its connection is gone. Host-safe.
 """
 
 from __future__ import annotations
@@ -143,11 +150,70 @@ def _record_ended(request: dict) -> None:
                        finished=True).write(path)
 
 
+def serve_stdio() -> int:
+    """An ssh host's warm agent: one JSON request a line on standard input, one JSON answer a line on standard
+    output (the first, ``{"ready": ...}``, once its imports are done); it ends when standard input does."""
+    base = dict(os.environ)  # the host's login environment, this environment's bin first (as the bootstrap's)
+    base["PATH"] = os.path.join(sys.prefix, "bin") + os.pathsep + base.get("PATH", "/usr/bin:/bin")
+    base["VIRTUAL_ENV"] = sys.prefix
+    cwd = os.getcwd()
+    _answer_line({"ready": True, "pid": os.getpid()})
+    pending = b""
+    while True:
+        _reap()
+        readable, _, _ = select.select([0], [], [], REAP_EVERY_S)
+        if not readable:
+            continue
+        chunk = os.read(0, 65536)
+        if not chunk:
+            return 0
+        pending += chunk
+        if len(pending) > MAX_REQUEST_BYTES:
+            return 1
+        while b"\n" in pending:
+            line, pending = pending.split(b"\n", 1)
+            _answer_line(_answer(line, base, cwd))
+
+
+def _answer_line(answer: dict) -> None:
+    os.write(1, (json.dumps(answer) + "\n").encode())
+
+
+def _answer(line: bytes, base: dict[str, str], cwd: str) -> dict:
+    """What one ``--stdio`` request asks: ``{"ports": N}`` (N free ports, distinct) or ``{"launch": {"argv",
+    "env", "key", "log"}}`` (fork that job's agent: the pid; ``log`` under the host's cache directory)."""
+    try:
+        request = json.loads(line)
+        if "ports" in request:
+            with contextlib.ExitStack() as held:  # held together: distinct ports
+                probes = [held.enter_context(socket.socket()) for _ in range(int(request["ports"]))]
+                for probe in probes:
+                    probe.bind(("", 0))
+                return {"ports": [probe.getsockname()[1] for probe in probes]}
+        job = request["launch"]
+        log = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), job["log"])
+        os.makedirs(os.path.dirname(log), mode=0o700, exist_ok=True)
+        forked = {"argv": list(job["argv"]), "env": {**base, **job["env"]}, "cwd": cwd, "key": job["key"],
+                  "log": log}
+    except (ValueError, KeyError, TypeError, OSError) as error:
+        return {"error": f"{type(error).__name__}: {error}"}
+    pid = os.fork()
+    if pid == 0:
+        os._exit(_become_agent(forked))
+    return {"pid": pid}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kinetic_nb.agent.warm", description=__doc__)
-    parser.add_argument("--parent", type=int, required=True, help="the notebook's pid: this ends with it")
-    parser.add_argument("--name", required=True, help="the socket's name in the abstract namespace")
+    parser.add_argument("--parent", type=int, help="the notebook's pid: this ends with it")
+    parser.add_argument("--name", help="the socket's name in the abstract namespace")
+    parser.add_argument("--stdio", action="store_true",
+                        help="an ssh host's: requests on standard input, answers on standard output")
     args = parser.parse_args(argv)
+    if args.stdio:
+        return serve_stdio()
+    if args.parent is None or not args.name:
+        parser.error("--parent and --name are needed (or --stdio)")
     return serve(args.parent, args.name)
 
 

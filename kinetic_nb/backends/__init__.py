@@ -31,6 +31,7 @@ from kinetic_nb.backends import local as _local  # noqa: E402, F401
 from kinetic_nb.backends.kubernetes import backend as _kubernetes  # noqa: E402, F401
 from kinetic_nb.backends.ray import backend as _ray  # noqa: E402, F401
 from kinetic_nb.backends.ssh import backend as _ssh  # noqa: E402, F401
+from kinetic_nb.backends.ssh import tpu_vm as _tpu_vm  # noqa: E402, F401
 
 BACKENDS = backend_names()
 

@@ -114,6 +114,11 @@ class Backend(abc.ABC):
         are named (``--ssh-hosts``) has that many."""
         return None
 
+    def default_accelerator(self) -> str | None:
+        """The accelerator a cell gets when ``-a`` does not say (None: cpu): a backend whose hosts are a known
+        slice (a Cloud TPU VM's) names it."""
+        return None
+
     def simulates(self, acc: Any) -> bool:
         """Whether this backend stands CPU devices in for the accelerator ``acc``'s chips (the plan's
         ``simulated``: JAX on CPU, torch on gloo)."""

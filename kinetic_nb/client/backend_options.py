@@ -32,6 +32,16 @@ def settings() -> list[tuple[str, BackendFlag]]:
     return [(backend.name, flag) for backend in backends() for flag in backend.flags if flag.setting]
 
 
+def shared_flags() -> dict[str, list[str]]:
+    """Each flag string that more than one backend declares (``--requirements``: kubernetes, ssh, tpu-vm), and
+    those backends' names in registration order: the magics add such a flag once, and each of them takes it."""
+    declared: dict[str, list[str]] = {}
+    for backend in backends():
+        for flag in backend.flags:
+            declared.setdefault(flag.flag, []).append(backend.name)
+    return {flag: names for flag, names in declared.items() if len(names) > 1}
+
+
 def chosen_options(backend: str, given: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
     """The options of backend ``backend`` from the flags ``given`` (by ``dest``; None: not given) and
     the notebook's ``config`` settings (by option; None: not set).
@@ -42,15 +52,13 @@ def chosen_options(backend: str, given: Mapping[str, Any], config: Mapping[str, 
         One line, for a flag of another backend than the chosen one, or an unknown backend.
     """
     chosen = backend_class(backend)
-    options: dict[str, Any] = {}
+    options: dict[str, Any] = {flag.option: given[flag.dest] for flag in chosen.flags
+                               if given.get(flag.dest) is not None}
+    ours = {flag.dest for flag in chosen.flags}
     for other in backends():
         for flag in other.flags:
-            value = given.get(flag.dest)
-            if value is None:
-                continue
-            if other is not chosen:
+            if given.get(flag.dest) is not None and flag.dest not in ours:
                 raise ValueError(f"{flag.flag} is for -b {other.name}, and this cell runs on -b {chosen.name}")
-            options[flag.option] = value
     defaults = {flag.option: config.get(flag.option) for flag in chosen.flags if flag.setting}
     if any(value is not None for value in defaults.values()):
         options["config"] = defaults

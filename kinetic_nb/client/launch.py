@@ -17,13 +17,13 @@ from kinetic_nb.client.echo import show_output
 from kinetic_nb.client.host_group import HostGroup
 from kinetic_nb.client.keys import create_key
 from kinetic_nb.client.plan import (
+    backend_slice,
     check_shape,
     choose_framework,
     choose_procs_per_host,
     make_plan,
     new_job_id,
     prepare_cell,
-    resolve_slice,
 )
 from kinetic_nb.errors import (
     KineticWarning,
@@ -194,7 +194,7 @@ def submit(
     env = {name: SecretValue(value) for name, value in (env or {}).items()}  # masked in any traceback from here on
     check_shape(hosts=hosts, timeout=timeout, grace=grace, procs_per_host=procs_per_host)
     chosen_backend = choose_backend(backend, backend_options)
-    acc, host_count = resolve_slice(hosts if hosts is not None else chosen_backend.default_hosts(), accelerator)
+    acc, host_count = backend_slice(chosen_backend, hosts, accelerator)
     payload = prepare_cell(source, namespace, filename=f"<{cell_name}>", out=out)
     group = launch_hosts(new_job_id(), JOB, open_storage(storage or storage_root(chosen_backend)), chosen_backend, acc, host_count,
                           framework=choose_framework(framework, payload.modules), env=env, quiet=quiet,

@@ -90,6 +90,15 @@ def resolve_slice(hosts: int | None, accelerator: str | None) -> tuple[Accelerat
     return acc, acc.hosts
 
 
+def backend_slice(backend: Any, hosts: int | None, accelerator: str | None) -> tuple[Accelerator, int]:
+    """:func:`resolve_slice`, the backend filling what ``-n`` and ``-a`` leave out: the hosts it names
+    (``--ssh-hosts``), the slice it is (a TPU VM's type)."""
+    own = backend.default_accelerator()
+    if accelerator and own and resolve_accelerator(accelerator).name != own:
+        raise ValueError(f"-a {accelerator} does not match the slice -b {backend.name} runs on, a {own}: leave -a out")
+    return resolve_slice(hosts if hosts is not None else backend.default_hosts(), accelerator or own)
+
+
 def choose_procs_per_host(acc: Accelerator, framework: str, requested: int | None = None) -> int:
     """Processes on each host: ``requested`` (``--procs-per-host``), else the framework's convention.
 

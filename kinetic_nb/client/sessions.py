@@ -35,12 +35,12 @@ from kinetic_nb.client.host_group import HostGroup
 from kinetic_nb.client.keys import load_key
 from kinetic_nb.client.launch import choose_backend, launch_hosts, print_to_stdout, storage_root
 from kinetic_nb.client.plan import (
+    backend_slice,
     check_protocol,
     check_shape,
     choose_framework,
     new_job_id,
     prepare_cell,
-    resolve_slice,
 )
 from kinetic_nb.client.waiting import wait_for
 from kinetic_nb.errors import (
@@ -443,7 +443,7 @@ def start(*, hosts: int | None = None, accelerator: str | None = None, backend: 
         raise ValueError(f"framework must be auto, jax, torch or none, got {framework!r}")
     check_shape(hosts=hosts, grace=grace, idle_timeout=idle_timeout, procs_per_host=procs_per_host)
     chosen = choose_backend(backend, backend_options)
-    acc, host_count = resolve_slice(hosts if hosts is not None else chosen.default_hosts(), accelerator)
+    acc, host_count = backend_slice(chosen, hosts, accelerator)
     root = open_storage(storage or storage_root(chosen)).child(protocol.SESSIONS_DIR)
     group = launch_hosts(new_job_id("ks"), SESSION, root, chosen, acc, host_count, framework=framework,
                          env=env or {}, quiet=quiet, detached=True, grace=grace, idle_timeout=idle_timeout or None,

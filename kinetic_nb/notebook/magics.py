@@ -153,10 +153,19 @@ def _arguments(flags: tuple[tuple[tuple, dict], ...]) -> Callable[[Any], Any]:
 
 def _backend_flags(func: Any) -> Any:
     """Add every registered backend's flags to a magic, grouped under the backend's name in its help."""
-    for backend in reversed(backend_options.backends()):
-        for flag in reversed(backend.flags):
-            func = argument(flag.flag, **flag.argparse_options())(func)
-        if backend.flags:
+    shared = backend_options.shared_flags()
+    added: set[str] = set()
+    groups = []
+    for backend in backend_options.backends():  # a flag several backends take: once, in the first one's group
+        own = [flag for flag in backend.flags if flag.flag not in added]
+        added.update(flag.flag for flag in own)
+        groups.append((backend, own))
+    for backend, own in reversed(groups):
+        for flag in reversed(own):
+            also = [name for name in shared.get(flag.flag, ()) if name != backend.name]
+            suffix = f" (also -b {', -b '.join(also)})" if also else ""
+            func = argument(flag.flag, **flag.argparse_options(suffix))(func)
+        if own:
             func = argument_group(f"-b {backend.name}")(func)
     return func
 

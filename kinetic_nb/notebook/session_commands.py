@@ -13,7 +13,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic_arguments import MagicArgumentParser
 
 from kinetic_nb.client import backend_options, sessions
-from kinetic_nb.client.plan import check_shape, choose_procs_per_host, resolve_slice
+from kinetic_nb.client.plan import backend_slice, check_shape, choose_procs_per_host, resolve_slice
 from kinetic_nb.client.sessions import Session
 from kinetic_nb.notebook.display import live_view
 from kinetic_nb.runner.redact import SecretValue
@@ -37,9 +37,14 @@ SLICE_FLAGS = (
 
 def add_backend_flags(parser: MagicArgumentParser, backends: list[Any]) -> MagicArgumentParser:
     """Each of ``backends``' own flags, its name in their help."""
+    shared = backend_options.shared_flags()
+    added: set[str] = set()
     for backend in backends:
         for flag in backend.flags:
-            parser.add_argument(flag.flag, **flag.argparse_options(f" (-b {backend.name})"))
+            if flag.flag not in added:  # a flag several backends take is added once
+                names = shared.get(flag.flag, [backend.name])
+                parser.add_argument(flag.flag, **flag.argparse_options(f" (-b {', -b '.join(names)})"))
+                added.add(flag.flag)
     return parser
 
 
@@ -76,8 +81,7 @@ def start_session(args: Any, options: Mapping[str, Any], env: Mapping[str, str])
         raise UsageError(str(error)) from None
     try:
         backend = backend_options.build(args.backend, options)  # the hosts it names (-b ssh) when -n does not
-        acc, hosts = resolve_slice(args.hosts if args.hosts is not None else backend.default_hosts(),
-                                   args.accelerator)
+        acc, hosts = backend_slice(backend, args.hosts, args.accelerator)
         per_host = choose_procs_per_host(acc, args.framework, args.procs_per_host)
     except ValueError as error:
         raise UsageError(str(error)) from None

@@ -13,7 +13,12 @@ def pytest_configure(config):
     )
 
 
+def python_of_the_hosts() -> str:
+    """The interpreter the ssh test hosts run: the test interpreter's own (its packages come on PYTHONPATH)."""
+    return os.path.join(sys.base_prefix, "bin", f"python{sys.version_info[0]}.{sys.version_info[1]}")
+
+
 def ssh_options(ssh_hosts, hosts: int = 4) -> dict:
     """``backend_options`` for ``-b ssh`` on the first ``hosts`` test hosts, with the test interpreter's Python."""
-    python = os.path.join(sys.base_prefix, "bin", f"python{sys.version_info[0]}.{sys.version_info[1]}")
-    return {"ssh_hosts": ",".join(ssh_hosts.targets[:hosts]), "ssh_config": ssh_hosts.config, "ssh_python": python}
+    return {"ssh_hosts": ",".join(ssh_hosts.targets[:hosts]), "ssh_config": ssh_hosts.config,
+            "ssh_python": python_of_the_hosts()}

@@ -20,6 +20,7 @@ import pytest
 import kinetic_nb
 from kinetic_nb.backends import Backend, PlatformView, get_backend
 from kinetic_nb.backends.kubernetes import backend as k8s
+from kinetic_nb.backends.ssh.pool import close_pools
 from kinetic_nb.backends.testing import FakeBackend, HostScript
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.protocol import CancelRequest
@@ -142,19 +143,16 @@ class SshHarness(LocalHarness):
     def __init__(self, tmp_path, monkeypatch, hosts):
         super().__init__(tmp_path, monkeypatch)
         self.options = ssh_options(hosts, 2)
-        self.made: list[Backend] = []
 
     def backend(self) -> Backend:
-        self.made.append(get_backend("ssh", **self.options))
-        return self.made[-1]
+        return get_backend("ssh", **self.options)
 
     def submit(self, source: str, hosts: int, **options):
         return kinetic_nb.submit(source, hosts=hosts, backend=self.backend(), storage=self.storage, quiet=True,
                                  **options)
 
     def close(self) -> None:
-        for backend in self.made:
-            backend.close()
+        close_pools()  # the connections and warm agents this notebook keeps for the two hosts
 
 
 class FakeHarness(LocalHarness):

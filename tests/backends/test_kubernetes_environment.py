@@ -27,8 +27,9 @@ import pytest
 
 import kinetic_nb
 from kinetic_nb.agent import bootstrap
+from kinetic_nb.backends import host_environment as environment
 from kinetic_nb.backends.kubernetes import backend as k8s
-from kinetic_nb.backends.kubernetes import image_modes as environment
+from kinetic_nb.backends.kubernetes.image_modes import stock_image
 from kinetic_nb.runner import envelope, job_keys, protocol
 from kinetic_nb.runner.records import read_exit
 from kinetic_nb.storage import open_storage
@@ -260,7 +261,7 @@ def test_a_prebuilt_job_installs_then_runs_and_shows_the_install(prebuilt_cluste
     handle = kinetic_nb.submit(source, hosts=2, backend="kubernetes", storage=f"file://{tmp_path}/jobs",
                                quiet=True, keep=True)
     [job] = [job for job in api.created("Job") if job["metadata"]["name"].endswith("-root") is False]
-    assert job["spec"]["template"]["spec"]["containers"][0]["image"] == environment.stock_image()
+    assert job["spec"]["template"]["spec"]["containers"][0]["image"] == stock_image()
     kubelet = start_pods()
     wait_for(lambda: (kubelet.step(), handle.backend.exit_summaries(handle.storage, handle.plan,
                                                                     handle.storage.list(), handle.key))[1].keys() == {0, 1},

@@ -10,8 +10,10 @@ from __future__ import annotations
 import pytest
 
 import kinetic_nb
+from kinetic_nb.backends.ssh.pool import pool_for
 from kinetic_nb.errors import SshHostError
 
+from ..ddp_check import DDP_TRAIN, flat, full_batch_parameters
 from .conftest import ssh_options
 
 
@@ -37,6 +39,15 @@ def test_jax_hosts_allgather_across_the_ssh_hosts(ssh_hosts):
     assert handle.result(timeout=300) == (4, 12.0)
 
 
+def test_torch_ddp_across_the_ssh_hosts_agrees_with_one_process(ssh_hosts):
+    """Data-parallel SGD on 4 shards, one a host (gloo over the hosts' addresses), ends where full-batch SGD in
+    one process does."""
+    handle = kinetic_nb.submit(DDP_TRAIN, framework="torch", quiet=True, **on_ssh(ssh_hosts))
+    world, distributed = handle.result(timeout=300)
+    assert world == 4
+    assert flat(distributed) == pytest.approx(flat(full_batch_parameters()), abs=1e-6)
+
+
 def test_a_workers_own_failure_is_raised_with_its_host(ssh_hosts):
     source = "import os\nif os.environ['KINETIC_HOST_INDEX'] == '2':\n    raise KeyError('host two')\n'fine'"
     handle = kinetic_nb.submit(source, framework="none", quiet=True, grace=1, **on_ssh(ssh_hosts))
@@ -58,27 +69,107 @@ def test_an_unreachable_host_fails_before_anything_is_stored(ssh_hosts, storage_
         kinetic_nb.submit("1", quiet=True, **options)
 
 
-def agent_processes(job_id: str, host: int) -> list:
-    """Host ``host``'s agent and the processes it started, found by their environment."""
+def agent_processes(ssh_hosts, job_id: str, host: int) -> list:
+    """Host ``host``'s agent and the processes it started: forked by the host's warm agent (the test hosts are
+    this machine's processes), or started by the bootstrap, with the job's and the host's variables."""
     import psutil
 
+    warm = pool_of(ssh_hosts).warm
+    if warm and warm[host].remote_pid is not None:
+        return psutil.Process(warm[host].remote_pid).children(recursive=True)
     found = []
     for process in psutil.process_iter():
-        try:  # the agent's command names the job; its environment as it started, the host (its runner's too)
-            if job_id in " ".join(process.cmdline()) and process.environ().get("KINETIC_HOST_INDEX") == str(host):
+        try:
+            environment = process.environ()
+            if job_id in environment.get("KINETIC_JOB_URI", "") and environment.get("KINETIC_HOST_INDEX") == str(host):
                 found.append(process)
         except (psutil.Error, OSError):
             continue
     return found
 
 
-def test_a_dropped_connection_does_not_end_the_cell(ssh_hosts):
+def pool_of(ssh_hosts, hosts: int = 4):
+    """The notebook's open connections to the first ``hosts`` test hosts, and the warm agents it keeps there."""
+    options = ssh_options(ssh_hosts, hosts)
+    return pool_for(options["ssh_hosts"].split(","), config=options["ssh_config"], python=options["ssh_python"])
+
+
+def test_a_dropped_connection_does_not_end_the_cell_and_the_next_job_connects_again(ssh_hosts):
     source = "import time\ntime.sleep(3)\n'finished without its ssh connections'"
     handle = kinetic_nb.submit(source, framework="none", quiet=True, **on_ssh(ssh_hosts))
-    connections = handle.backend._jobs[handle.job_id][0]
+    connections = pool_of(ssh_hosts).connections
     connections.close()  # every control master ends: the sessions that started the agents are gone
     assert not any(connections.master_alive(index) for index in range(4))
     assert handle.result(timeout=120) == "finished without its ssh connections"
+    assert kinetic_nb.submit("'again'", framework="none", quiet=True, **on_ssh(ssh_hosts)).result(timeout=120) == "again"
+
+
+#: What a cell on a host says of its agent: the command line of its runner's parent.
+AGENT_COMMAND = "open(f'/proc/{__import__(\"os\").getppid()}/cmdline').read().replace(chr(0), ' ')"
+
+
+def test_a_later_job_is_forked_by_each_hosts_warm_agent_over_the_open_connections(ssh_hosts):
+    kinetic_nb.submit("1", framework="none", quiet=True, **on_ssh(ssh_hosts)).result(timeout=300)
+    kinetic_nb.submit("2", framework="none", quiet=True, **on_ssh(ssh_hosts)).result(timeout=300)  # the warm agents ready
+    logins = [ssh_hosts.accepted(index) for index in range(4)]
+    handle = kinetic_nb.submit(f"import os\nprint('agent:', {AGENT_COMMAND})\n{AGENT_COMMAND}", framework="none",
+                               quiet=True, **on_ssh(ssh_hosts))
+    assert "kinetic_nb.agent.warm --stdio" in handle.result(timeout=120)  # forked, past its imports
+    for index in range(4):
+        assert "agent: " in handle.logs(index) and "warm --stdio" in handle.logs(index)
+    assert [ssh_hosts.accepted(index) for index in range(4)] == logins  # no new login on any host
+    warm = pool_of(ssh_hosts).warm
+    assert len(warm) == 4 and all(agent.alive() for agent in warm)
+
+
+@pytest.fixture(scope="module")
+def requirement_index(tmp_path_factory):
+    """A package index on loopback (the hosts read requirements from the network, never this machine's disk)
+    holding one package, kinetic_probe_requirement."""
+    import functools
+    import http.server
+    import threading
+
+    from .test_kubernetes_environment import _wheel
+
+    directory = tmp_path_factory.mktemp("index")
+    _wheel(directory, "kinetic_probe_requirement", "1.0",
+           {"kinetic_probe_requirement.py": b"INSTALLED_BY = 'the requirements file'\n"})
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(directory))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/"
+    server.shutdown()
+    server.server_close()
+
+
+def test_requirements_are_installed_on_every_host_and_their_environment_gets_its_own_warm_agents(
+        ssh_hosts, requirement_index, tmp_path):
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text(f"--no-index\n--find-links {requirement_index}\nkinetic_probe_requirement\n")
+    options = on_ssh(ssh_hosts)
+    options["backend_options"]["requirements"] = str(requirements)
+    source = "import kinetic_probe_requirement, sys\n(kinetic_probe_requirement.INSTALLED_BY, sys.prefix)"
+    handle = kinetic_nb.submit(source, framework="none", quiet=True, **options)
+    installed_by, prefix = handle.result(timeout=600)
+    assert installed_by == "the requirements file" and "kinetic_nb/environments/" in prefix
+    digest = pool_of(ssh_hosts).warm[0].digest
+    assert prefix.endswith(f"{digest[:16]}/venv")  # the warm agents are this environment's now
+    again = kinetic_nb.submit(f"{source}[1], {AGENT_COMMAND}", framework="none", quiet=True, **options)
+    assert again.result(timeout=120)[0] == prefix
+    # Without the requirements, the hosts' environment is another one: never the one with the requirement.
+    plain = kinetic_nb.submit("import sys\nsys.prefix", framework="none", quiet=True, **on_ssh(ssh_hosts))
+    assert plain.result(timeout=300) != prefix
+
+
+def test_a_requirement_only_this_machine_has_is_one_line_before_anything_is_stored(ssh_hosts, tmp_path):
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("./my-package\n")
+    options = on_ssh(ssh_hosts)
+    options["backend_options"]["requirements"] = str(requirements)
+    with pytest.raises(ValueError, match=r"requirements.txt, line 1: '\./my-package' is a path on this machine, "
+                                         r"which the hosts do not have"):
+        kinetic_nb.submit("1", framework="none", quiet=True, **options)
 
 
 def test_a_host_whose_agent_and_processes_are_killed_is_lost(ssh_hosts):
@@ -92,7 +183,7 @@ def test_a_host_whose_agent_and_processes_are_killed_is_lost(ssh_hosts):
     while not all(host.last_line == "working" for host in handle.hosts()):
         assert __import__("time").monotonic() < deadline, "the hosts did not start"
         __import__("time").sleep(0.1)
-    victims = agent_processes(handle.job_id, 3)
+    victims = agent_processes(ssh_hosts, handle.job_id, 3)
     assert len(victims) >= 2  # the agent and its runner
     for process in victims:
         process.send_signal(signal.SIGKILL)  # the machine is gone: no exit record will come

@@ -36,9 +36,10 @@ from typing import Any
 from kinetic_nb.accelerators import resolve_accelerator
 from kinetic_nb.backends.base import Backend, BackendFlag, JobSecrets, PlatformView, register
 from kinetic_nb.backends.forward import answers
+from kinetic_nb.backends.host_environment import host_packages, store_environment
 from kinetic_nb.backends.kubernetes.api import KubernetesApi, api_message, connect, missing_namespace, status_code
 from kinetic_nb.backends.kubernetes.events import PendingVerdict, pending_verdicts
-from kinetic_nb.backends.kubernetes.image_modes import ImageMode, host_packages, store_environment
+from kinetic_nb.backends.kubernetes.image_modes import ImageMode
 from kinetic_nb.backends.kubernetes.kinetic_profile import kinetic_target
 from kinetic_nb.backends.kubernetes.manifests import (
     LWS_GROUP,
@@ -62,9 +63,9 @@ from kinetic_nb.backends.kubernetes.pods import (
     stuck_pending,
 )
 from kinetic_nb.backends.kubernetes.port_forward import pod_port_forward
-from kinetic_nb.backends.kubernetes.requirements import framework_requirement, pod_requirements, with_framework
 from kinetic_nb.backends.kubernetes.root import root_job, root_name, root_owner_reference
 from kinetic_nb.backends.kubernetes.settings import DEFAULT_COORDINATOR_PORT, DEFAULT_NAMESPACE, KubernetesSettings
+from kinetic_nb.backends.requirements import framework_requirement, host_requirements, with_framework
 from kinetic_nb.errors import KineticError, KineticWarning
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.job_keys import KEY_ENV, key_from_text
@@ -193,9 +194,9 @@ class KubernetesBackend(Backend):
 
     def preflight(self, plan: JobPlan) -> None:
         """Read ``--requirements``, refusing a line a pod cannot satisfy (a path on this machine: see
-        :mod:`~kinetic_nb.backends.kubernetes.requirements`); in the build image mode, make sure its image
+        :mod:`~kinetic_nb.backends.requirements`); in the build image mode, make sure its image
         exists (Cloud Build makes it once per requirements: minutes the first time, a registry lookup after)."""
-        requirements = self._pod_requirements(plan)
+        requirements = self._host_requirements(plan)
         if requirements is not None and self.settings.mode is ImageMode.BUILD and self._built_image is None:
             from kinetic_nb.backends.kubernetes.cloud_build import ensure_image
 
@@ -203,10 +204,10 @@ class KubernetesBackend(Backend):
                                              base_image=self.settings.require_image_base(),
                                              packages=host_packages("gs://"))
 
-    def _pod_requirements(self, plan: JobPlan) -> bytes | None:
+    def _host_requirements(self, plan: JobPlan) -> bytes | None:
         """What the pods pip-install besides kinetic_nb: ``--requirements`` (checked), and the cell's
         framework for the accelerator unless they name it (:func:`framework_requirement`); None: nothing."""
-        requirements = pod_requirements(self.settings.requirements) if self.settings.requirements else None
+        requirements = host_requirements(self.settings.requirements) if self.settings.requirements else None
         if self.settings.mode is ImageMode.CUSTOM:
             return requirements
         return with_framework(requirements, framework_requirement(resolve_accelerator(plan.accelerator).kind,
@@ -226,7 +227,7 @@ class KubernetesBackend(Backend):
         if target is not None and self.settings.context == target.context:
             notices[0] += f" (from {target.describe()})"
         if self.settings.mode is not ImageMode.CUSTOM:
-            user = pod_requirements(self.settings.requirements) if self.settings.requirements else None
+            user = host_requirements(self.settings.requirements) if self.settings.requirements else None
             added = framework_requirement(resolve_accelerator(plan.accelerator).kind, plan.framework, user)
             if added is not None:
                 notices.append(f"the pods install {added} for {plan.accelerator} (this notebook's version); name "
@@ -281,7 +282,7 @@ class KubernetesBackend(Backend):
                           stacklevel=2)
         settings = self.pod_settings()
         if settings.mode is not ImageMode.CUSTOM:  # before any pod exists: the pods install it first
-            requirements = self._pod_requirements(plan) if settings.mode is ImageMode.PREBUILT else None
+            requirements = self._host_requirements(plan) if settings.mode is ImageMode.PREBUILT else None
             store_environment(storage, secrets.key, requirements=requirements)
         root = self._create(root_job(plan, storage.uri, settings))
         owner = root_owner_reference(plan.job_id, as_api_dict(root)["metadata"]["uid"])

@@ -2,7 +2,7 @@
 
 The image is ``{registry}/kinetic-env:{tag}``, where the tag is a hash of what
 goes into it: the base image (the notebook's Python), the requirements file's
-bytes and the pods' own packages (:func:`~kinetic_nb.backends.kubernetes.image_modes.host_packages`).
+bytes and the pods' own packages (:func:`~kinetic_nb.backends.host_environment.host_packages`).
 kinetic_nb itself is not in it: each pod installs the notebook's own wheel at
 its start (seconds, ``--no-deps``), so a new kinetic_nb never rebuilds the
 image. When the registry already has the tag, nothing is built.
@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from kinetic_nb.backends import google_api
 from kinetic_nb.errors import KineticError
 
 __all__ = ["IMAGE_NAME", "authorized_session", "build_location", "build_request", "builds_url", "ensure_image",
@@ -126,19 +127,7 @@ def image_exists(session: Any, image: str) -> bool:
 
 def authorized_session() -> Any:
     """An ``AuthorizedSession`` with the notebook's Application Default Credentials, or a one-line KineticError."""
-    try:
-        import google.auth
-        import google.auth.exceptions
-        from google.auth.transport.requests import AuthorizedSession
-    except ImportError as error:
-        raise KineticError("the build image mode calls Cloud Build through google-auth: "
-                           "pip install 'google-cloud-storage>=3.2'") from error
-    try:
-        credentials, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
-    except google.auth.exceptions.DefaultCredentialsError as error:
-        raise KineticError("the build image mode needs Google credentials: run "
-                           "`gcloud auth application-default login`") from error
-    return AuthorizedSession(credentials)
+    return google_api.authorized_session("the build image mode")[0]
 
 
 def ensure_image(requirements: bytes, *, registry: str, base_image: str, packages: list[str],

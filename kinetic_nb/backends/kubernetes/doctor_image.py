@@ -1,7 +1,7 @@
 """The doctor's rows for the kubernetes backend's image mode (see :mod:`kinetic_nb.backends.kubernetes.doctor`).
 
 - every mode: which one, and that ``--requirements`` has no line only this
-  machine can satisfy (:mod:`kinetic_nb.backends.kubernetes.requirements`);
+  machine can satisfy (:mod:`kinetic_nb.backends.requirements`);
 - ``prebuilt``: whether the pods reach the package index cannot be seen from
   the notebook (the pods' network is the cluster's): a warning with the
   ``kubectl run`` command that tries it from a pod;
@@ -19,12 +19,13 @@ from collections.abc import Callable
 from typing import Any
 
 from kinetic_nb.accelerators import Accelerator
+from kinetic_nb.backends.host_environment import host_packages, package_version
 from kinetic_nb.backends.kubernetes import cloud_build
 from kinetic_nb.backends.kubernetes.cloud_build import authorized_session
 from kinetic_nb.backends.kubernetes.doctor_report import FAIL, OK, WARN, Check
-from kinetic_nb.backends.kubernetes.image_modes import ImageMode, host_packages, package_version
-from kinetic_nb.backends.kubernetes.requirements import FRAMEWORK_PACKAGES, pod_requirements
+from kinetic_nb.backends.kubernetes.image_modes import ImageMode
 from kinetic_nb.backends.kubernetes.settings import KubernetesSettings
+from kinetic_nb.backends.requirements import FRAMEWORK_PACKAGES, host_requirements
 from kinetic_nb.errors import KineticError
 
 __all__ = ["authorized_session", "image_checks"]
@@ -68,7 +69,7 @@ def image_checks(settings: KubernetesSettings, google_session: Callable[[], Any]
                     + (f" into {settings.require_image()}" if mode is ImageMode.PREBUILT else ""))]
     if settings.requirements:
         try:
-            requirements = pod_requirements(settings.requirements)
+            requirements = host_requirements(settings.requirements)
             checks.append(Check("requirements", OK, f"{settings.requirements}: every line is for the network"))
         except ValueError as error:
             checks.append(Check("requirements", FAIL, str(error), f"edit {settings.requirements} as said"))

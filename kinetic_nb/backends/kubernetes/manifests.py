@@ -421,7 +421,8 @@ def host_requests(acc: Accelerator) -> dict[str, str]:
 def installing_first(settings: KubernetesSettings, *command: str, requirements: bool = True) -> list[str]:
     """``command`` as a container's ``command``; in the prebuilt and build image modes, behind the bootstrap
     (:mod:`kinetic_nb.agent.bootstrap`) that installs the job's signed environment first."""
-    from kinetic_nb.backends.kubernetes.image_modes import ImageMode, bootstrap_source
+    from kinetic_nb.backends.host_environment import bootstrap_source
+    from kinetic_nb.backends.kubernetes.image_modes import ImageMode
 
     if settings.mode is ImageMode.CUSTOM:
         return literal_command(*command)

@@ -86,15 +86,18 @@ class Connections:
     """A control master per host, in a 0700 directory of this process's own, until :meth:`close`.
 
     ``config``: an ssh config file to use instead of ``~/.ssh/config`` (``ssh -F``). ``options``: more
-    ``-o`` options for every connection.
+    ``-o`` options for every connection; ``host_options``: for each host, its own (a TPU VM worker's
+    ``HostKeyAlias``).
     """
 
-    def __init__(self, targets: Sequence[str], *, config: str | None = None, options: Sequence[str] = ()):
+    def __init__(self, targets: Sequence[str], *, config: str | None = None, options: Sequence[str] = (),
+                 host_options: Sequence[Sequence[str]] = ()):
         if not targets:
             raise ValueError("no ssh hosts given: name them, host 0 first (--ssh-hosts h0,h1,...)")
         self.hosts = [SshHost(index, target) for index, target in enumerate(targets)]
         self.config = config
         self.options = list(options)
+        self.host_options = [list(each) for each in host_options]
         self._directory = tempfile.mkdtemp(prefix="kinetic-ssh-")  # 0700: the masters' sockets are ours alone
         self._open: set[int] = set()
 
@@ -104,7 +107,7 @@ class Connections:
             command += ["-F", self.config]
         command += ["-o", "BatchMode=yes", "-o", f"ConnectTimeout={SSH_TIMEOUT_S}",
                     "-o", f"ControlPath={os.path.join(self._directory, f'{host.index}')}"]
-        for option in self.options:
+        for option in [*self.options, *(self.host_options[host.index] if host.index < len(self.host_options) else ())]:
             command += ["-o", option]
         return command
 
@@ -131,6 +134,11 @@ class Connections:
         self._open.add(host.index)
         return ""
 
+    def command(self, index: int, remote: str) -> list[str]:
+        """The ``ssh`` command line that runs the shell command ``remote`` on host ``index`` over its connection."""
+        host = self.hosts[index]
+        return [*self._base(host), host.target, remote]
+
     def run(self, index: int, command: Sequence[str] | str, *, input: bytes | None = None,
             timeout: float | None = None) -> subprocess.CompletedProcess:
         """Run ``command`` (a list is quoted for the remote shell) on host ``index`` over its connection; its
@@ -138,8 +146,7 @@ class Connections:
         connection itself failed."""
         host = self.hosts[index]
         remote = command if isinstance(command, str) else shlex.join(command)
-        done = subprocess.run([*self._base(host), host.target, remote], input=input or b"", capture_output=True,
-                              timeout=timeout)
+        done = subprocess.run(self.command(index, remote), input=input or b"", capture_output=True, timeout=timeout)
         if done.returncode == SSH_FAILED and index not in self._open:
             raise SshHostError(describe_ssh_failure(host, done.stderr.decode(errors="replace")))
         return done
@@ -150,16 +157,17 @@ class Connections:
         return self.run_each(lambda index: command, input=input, timeout=timeout)
 
     def run_each(self, command_for: Callable[[int], Sequence[str] | str], *, input: bytes | None = None,
-                 input_for: Callable[[int], bytes | None] | None = None,
-                 timeout: float | None = None) -> list[subprocess.CompletedProcess]:
-        """``command_for(index)`` on each host at once, in host order, its standard input ``input`` (or
-        ``input_for(index)``)."""
+                 input_for: Callable[[int], bytes | None] | None = None, timeout: float | None = None,
+                 only: Sequence[int] | None = None) -> list[subprocess.CompletedProcess]:
+        """``command_for(index)`` on each host (or each of ``only``) at once, in host order, its standard input
+        ``input`` (or ``input_for(index)``)."""
         def one(host: SshHost) -> subprocess.CompletedProcess:
             given = input_for(host.index) if input_for is not None else input
             return self.run(host.index, command_for(host.index), input=given, timeout=timeout)
 
-        with concurrent.futures.ThreadPoolExecutor(max_workers=min(len(self.hosts), PARALLEL_OPENS)) as pool:
-            return list(pool.map(one, self.hosts))
+        hosts = self.hosts if only is None else [self.hosts[index] for index in only]
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(len(hosts), PARALLEL_OPENS))) as pool:
+            return list(pool.map(one, hosts))
 
     def master_alive(self, index: int) -> bool:
         """Whether host ``index``'s control master still runs (``ssh -O check``)."""

@@ -21,11 +21,11 @@ __all__ = ["DEFAULT_PYTHON", "HostFacts", "probe_hosts"]
 DEFAULT_PYTHON = "python3"
 
 #: Runs on each host with its own Python (any 3.x): argv[1] is a path to look for ("" for none), argv[2] how many
-#: free ports to find.
+#: free ports to find, argv[3] device paths (comma-separated prefixes) whose holders to name ("" for none).
 _PROBE = r"""
 import contextlib, json, os, socket, sys
 answer = {"python": list(sys.version_info[:3]), "executable": sys.executable, "hostname": socket.gethostname(),
-          "sees": None, "ports": []}
+          "sees": None, "ports": [], "holders": []}
 if sys.argv[1]:
     answer["sees"] = os.path.isdir(sys.argv[1])
 with contextlib.ExitStack() as held:  # held together: distinct ports
@@ -33,6 +33,16 @@ with contextlib.ExitStack() as held:  # held together: distinct ports
         probe = held.enter_context(socket.socket())
         probe.bind(("", 0))
         answer["ports"].append(probe.getsockname()[1])
+devices = tuple(prefix for prefix in sys.argv[3].split(",") if prefix)
+for pid in (name for name in os.listdir("/proc") if name.isdigit() and devices and int(name) != os.getpid()):
+    try:
+        opened = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+        if any(path.startswith(devices) for path in opened):
+            with open(f"/proc/{pid}/cmdline", "rb") as file:
+                command = " ".join(file.read().replace(b"\0", b" ").decode(errors="replace").split())  # one line
+            answer["holders"].append([int(pid), command[:200]])
+    except OSError:  # gone, or another user's (not ours to read)
+        continue
 print(json.dumps(answer))
 """
 #: Ports host 0 finds: the framework's coordinator's, and a session's hub's.
@@ -50,16 +60,19 @@ class HostFacts:
     sees_storage: bool | None
     #: Ports free on it when asked (host 0: the coordinator's, then a session hub's).
     ports: tuple[int, ...]
+    #: The processes (pid, command line) holding one of the devices asked about (a TPU VM's chips).
+    holders: tuple[tuple[int, str], ...] = ()
 
 
 def probe_hosts(connections: Connections, *, python: str = DEFAULT_PYTHON, storage_path: str | None = None,
-                notebook_python: tuple[int, int] = sys.version_info[:2], ports: int = HOST_0_PORTS
-                ) -> list[HostFacts]:
+                notebook_python: tuple[int, int] = sys.version_info[:2], ports: int = HOST_0_PORTS,
+                devices: tuple[str, ...] = (), device_name: str = "device") -> list[HostFacts]:
     """Every host's facts, asked at once; ``SshHostError`` with one line for the lowest host that cannot run the
-    job: no such Python, another minor version than the notebook's, or no sight of ``storage_path`` (a
-    ``file://`` root, which every host must share)."""
+    job: no such Python, another minor version than the notebook's, no sight of ``storage_path`` (a
+    ``file://`` root, which every host must share), or a process holding one of ``devices`` (paths by their
+    prefix: a TPU VM's chips, its ``device_name``), named with its pid and command."""
     answers = connections.run_each(lambda index: [python, "-c", _PROBE, storage_path or "",
-                                                  str(ports if index == 0 else 0)], timeout=60)
+                                                  str(ports if index == 0 else 0), ",".join(devices)], timeout=60)
     facts = []
     for host, answer in zip(connections.hosts, answers, strict=True):
         if answer.returncode != 0:
@@ -70,7 +83,7 @@ def probe_hosts(connections: Connections, *, python: str = DEFAULT_PYTHON, stora
             raise SshHostError(f"{host}: {python} could not run the probe: {said[-1] if said else 'no message'}")
         record = json.loads(answer.stdout.decode().strip().splitlines()[-1])
         found = HostFacts(tuple(record["python"]), record["executable"], record["hostname"], record["sees"],
-                          tuple(record["ports"]))
+                          tuple(record["ports"]), tuple((pid, command) for pid, command in record["holders"]))
         if found.python[:2] != tuple(notebook_python):
             raise SshHostError(
                 f"{host} runs Python {'.'.join(map(str, found.python))} ({found.executable}) and this notebook "
@@ -80,5 +93,10 @@ def probe_hosts(connections: Connections, *, python: str = DEFAULT_PYTHON, stora
         if found.sees_storage is False:
             raise SshHostError(f"{host} does not see the job storage {storage_path}: a file:// root must be a "
                                "directory every host shares; use --storage gs://BUCKET/PREFIX")
+        if found.holders:
+            pid, command = found.holders[0]
+            more = f" (and {len(found.holders) - 1} more)" if len(found.holders) > 1 else ""
+            raise SshHostError(f"{host}: its {device_name} is held by process {pid} ({command}){more}: a job, "
+                               f"session or notebook there still runs; stop it (kill {pid}) and run the cell again")
         facts.append(found)
     return facts

@@ -1,9 +1,9 @@
-"""A ``--requirements`` file as the pods install it: lines naming this machine's files refused, ``-r`` inlined.
+"""A ``--requirements`` file as the hosts install it: lines naming this machine's files refused, ``-r`` inlined.
 
-The pods run pip on the file's copy stored with the job (the prebuilt mode),
-or Cloud Build runs it on the copy sent with the build (the build mode):
-neither sees this machine's disk. So a line that names a local file can only
-fail there, minutes later, in a pod's log. :func:`pod_requirements` refuses
+The hosts run pip on the file's copy stored with the job (GKE's prebuilt
+mode, an ssh host), or Cloud Build runs it on the copy sent with the build
+(GKE's build mode): none of them sees this machine's disk. So a line that names a local file can only
+fail there, minutes later, in a host's log. :func:`host_requirements` refuses
 it before anything is stored, in one line naming the file, the line number
 and why: a local path (``./pkg``, ``/abs/path``, ``~/x``, ``dist/x.whl``), a
 ``file:`` URL, an editable install of a directory (``-e ./x``), a local
@@ -28,11 +28,11 @@ import re
 import shlex
 from pathlib import Path
 
-__all__ = ["framework_requirement", "pod_requirements", "with_framework"]
+__all__ = ["framework_requirement", "host_requirements", "with_framework"]
 
 #: pip's own comment rule: ``#`` at a line's start or after whitespace.
 _COMMENT = re.compile(r"(^|\s+)#.*$")
-#: Schemes a pod reaches over the network (VCS URLs as pip spells them).
+#: Schemes a host reaches over the network (VCS URLs as pip spells them).
 _REMOTE = re.compile(r"^(https?|ftp)://|^(git|hg|svn|bzr)\+", re.IGNORECASE)
 _FILE_URL = re.compile(r"(^|[\s@=])file:", re.IGNORECASE)
 #: What an archive or wheel named by its file name looks like.
@@ -45,9 +45,9 @@ _INCLUDE = ("-r", "--requirement")
 _CONSTRAINT = ("-c", "--constraint")
 _EDITABLE = ("-e", "--editable")
 _FIND_LINKS = ("-f", "--find-links")
-#: What a pod cannot reach, and what to do instead (the end of each refusal).
+#: What a host cannot reach, and what to do instead (the end of each refusal).
 _INSTEAD = ("publish it to an index, install it from a URL (git+https://...), "
-            "or use an image that has it (--image-mode custom)")
+            "or use hosts that have it (on GKE, an image: --image-mode custom)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,24 +95,24 @@ def _is_local_path(target: str) -> bool:
 
 
 def _refusal(line: _Line, where: str) -> str | None:
-    """Why a pod cannot satisfy ``line`` (any line but a local ``-r``), or None when it can."""
+    """Why a host cannot satisfy ``line`` (any line but a local ``-r``), or None when it can."""
     tokens = _tokens(line.text)
     if not tokens:
         return None
     if _FILE_URL.search(line.text):
-        return f"names a file: URL on this machine, which the pods cannot read: {_INSTEAD}"
+        return f"names a file: URL on this machine, which the hosts cannot read: {_INSTEAD}"
     editable = _option(tokens, _EDITABLE)
     if editable is not None:
         if _REMOTE.match(editable):
             return None
-        return f"is an editable install of a directory on this machine, which the pods do not have: {_INSTEAD}"
+        return f"is an editable install of a directory on this machine, which the hosts do not have: {_INSTEAD}"
     constraints = _option(tokens, _CONSTRAINT)
     if constraints is not None and not _REMOTE.match(constraints):
-        return (f"names a constraints file on this machine, which the pods cannot read: serve it at an "
+        return (f"names a constraints file on this machine, which the hosts cannot read: serve it at an "
                 f"https:// URL (-c https://...), or pin the packages in {where} itself")
     links = _option(tokens, _FIND_LINKS)
     if links is not None and not _REMOTE.match(links):
-        return "names a wheel directory on this machine, which the pods cannot read: serve it at a URL, or use an index"
+        return "names a wheel directory on this machine, which the hosts cannot read: serve it at a URL, or use an index"
     if tokens[0].startswith("-"):
         return None  # another option (--pre, --index-url https://..., ...): pip's to judge
     requirement = line.text.split(" -", 1)[0].strip()  # pip's rule: a requirement ends where its options start
@@ -120,9 +120,9 @@ def _refusal(line: _Line, where: str) -> str | None:
     if at and not _REMOTE.match(requirement):  # PEP 508's "name @ URL"
         if _REMOTE.match(reference.split(";", 1)[0].strip()):
             return None
-        return f"is a direct reference to a path on this machine, which the pods do not have: {_INSTEAD}"
+        return f"is a direct reference to a path on this machine, which the hosts do not have: {_INSTEAD}"
     if _is_local_path(tokens[0]):
-        return f"is a path on this machine, which the pods do not have: {_INSTEAD}"
+        return f"is a path on this machine, which the hosts do not have: {_INSTEAD}"
     return None
 
 
@@ -161,7 +161,7 @@ def _inline(text: str, path: Path, shown: str, chain: tuple[Path, ...]) -> tuple
             pieces.append(line.physical)
             continue
         if not include or _FILE_URL.search(include):
-            raise ValueError(f"{where}: {line.text!r} names a file: URL on this machine, which the pods cannot "
+            raise ValueError(f"{where}: {line.text!r} names a file: URL on this machine, which the hosts cannot "
                              "read: give the included file as a path (it is then inlined)")
         shown_target = include if os.path.isabs(include) else os.path.join(os.path.dirname(shown), include)
         target = (path.parent / Path(include).expanduser()).resolve()
@@ -171,21 +171,21 @@ def _inline(text: str, path: Path, shown: str, chain: tuple[Path, ...]) -> tuple
             raise ValueError(f"{where}: {line.text!r} nests includes more than {MAX_INCLUDE_DEPTH} deep")
         body, _ = _inline(_decode(_read(target, shown_target, f"{where}: "), shown_target, f"{where}: "),
                           target, shown_target, (*chain, target))
-        pieces.append(f"# {line.text}: inlined by kinetic_nb (the pods have no {shown_target})\n")
+        pieces.append(f"# {line.text}: inlined by kinetic_nb (the hosts have no {shown_target})\n")
         pieces.append(body if not body or body.endswith("\n") else body + "\n")
         inlined = True
     return "".join(pieces), inlined
 
 
-def pod_requirements(path: str | os.PathLike[str]) -> bytes:
-    """The bytes the pods install from the requirements file at ``path``: local ``-r`` includes inlined.
+def host_requirements(path: str | os.PathLike[str]) -> bytes:
+    """The bytes the hosts install from the requirements file at ``path``: local ``-r`` includes inlined.
 
     A file with nothing to inline comes back byte for byte.
 
     Raises
     ------
     ValueError
-        One line naming the file, the line number and why a pod cannot
+        One line naming the file, the line number and why a host cannot
         satisfy that line (see the module's docstring), or why the file cannot be read.
     """
     shown = os.fspath(path)
@@ -195,7 +195,7 @@ def pod_requirements(path: str | os.PathLike[str]) -> bytes:
     return text.encode() if inlined else data
 
 
-#: What a pod installs for a cell's framework on an accelerator, at the notebook's own version. Torch on TPUs
+#: What a host installs for a cell's framework on an accelerator, at the notebook's own version. Torch on TPUs
 #: needs torch_xla, which has no version to match the notebook's torch: it is left to --requirements.
 FRAMEWORK_PACKAGES = {("tpu", "jax"): "jax[tpu]", ("gpu", "jax"): "jax[cuda12]", ("gpu", "torch"): "torch"}
 #: A requirement's project name, at a line's start (PEP 508).
@@ -203,7 +203,7 @@ _PROJECT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
 def framework_requirement(accelerator_kind: str, framework: str, requirements: bytes | None) -> str | None:
-    """The line that installs the cell's ``framework`` for ``accelerator_kind`` on a pod, pinned to this
+    """The line that installs the cell's ``framework`` for ``accelerator_kind`` on a host, pinned to this
     notebook's version (without its local build tag: ``2.13.0+cpu`` is this machine's build); None when the
     requirements name the framework already, or there is nothing to add (CPU hosts, no framework). A session
     whose framework the first cell picks (``auto``) gets JAX on TPUs, the framework TPUs are used with."""

@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 
 from kinetic_nb.backends.base import JobSecrets
+from kinetic_nb.backends.host_environment import REQUIREMENTS_OBJECT
 from kinetic_nb.backends.kubernetes.backend import KubernetesBackend
-from kinetic_nb.backends.kubernetes.image_modes import REQUIREMENTS_OBJECT
-from kinetic_nb.backends.kubernetes.requirements import framework_requirement, pod_requirements
 from kinetic_nb.backends.kubernetes.settings import KubernetesSettings
+from kinetic_nb.backends.requirements import framework_requirement, host_requirements
 from kinetic_nb.runner.envelope import read_sealed
 from kinetic_nb.storage import open_storage
 
@@ -64,7 +64,7 @@ def test_a_line_a_pod_cannot_satisfy_is_refused_in_one_line_naming_the_file_and_
     requirements = tmp_path / "requirements.txt"
     requirements.write_text(f"jax[tpu]\n\n{line}\nnumpy\n")
     with pytest.raises(ValueError, match=r"requirements\.txt, line 3: ") as caught:
-        pod_requirements(requirements)
+        host_requirements(requirements)
     message = str(caught.value)
     assert message.startswith(f"{requirements}, line 3: {line!r} {REFUSED[line]}"), message
     assert "\n" not in message
@@ -74,14 +74,14 @@ def test_lines_a_pod_can_satisfy_pass_and_reach_the_pods_byte_for_byte(tmp_path)
     requirements = tmp_path / "requirements.txt"
     data = ("\n".join(ACCEPTED) + "\r\nscipy \\\n    >=1.11\n").encode()
     requirements.write_bytes(data)
-    assert pod_requirements(requirements) == data
+    assert host_requirements(requirements) == data
 
 
 def test_a_continued_line_is_judged_whole_and_named_by_its_first_line(tmp_path):
     requirements = tmp_path / "requirements.txt"
     requirements.write_text("jax\n-e \\\n  ./mypkg\n")
     with pytest.raises(ValueError, match=r"requirements\.txt, line 2: '-e   ./mypkg' is an editable install"):
-        pod_requirements(requirements)
+        host_requirements(requirements)
 
 
 def test_local_includes_are_inlined_relative_to_the_including_file_and_checked_alike(tmp_path):
@@ -91,14 +91,14 @@ def test_local_includes_are_inlined_relative_to_the_including_file_and_checked_a
     (tmp_path / "deps" / "more" / "extra.txt").write_text("scipy")  # no final newline
     requirements = tmp_path / "requirements.txt"
     requirements.write_text("jax\n-r deps/base.txt\n--requirement=https://example.com/r.txt\nflax\n")
-    text = pod_requirements(requirements).decode()
+    text = host_requirements(requirements).decode()
     lines = [line for line in text.splitlines() if not line.startswith("#")]
     assert lines == ["jax", "numpy", "scipy", "--requirement=https://example.com/r.txt", "flax"]
     assert "# -r deps/base.txt: inlined by kinetic_nb" in text
 
     (tmp_path / "deps" / "more" / "extra.txt").write_text("scipy\n./vendored/lib\n")
     with pytest.raises(ValueError, match="is a path on this machine") as caught:
-        pod_requirements(requirements)
+        host_requirements(requirements)
     assert str(caught.value).startswith(f"{tmp_path}/deps/more/extra.txt, line 2: './vendored/lib' is a path on "
                                         "this machine")
 
@@ -107,22 +107,22 @@ def test_an_include_that_cannot_be_read_or_goes_round_in_a_circle_is_named(tmp_p
     requirements = tmp_path / "requirements.txt"
     requirements.write_text("jax\n-r missing.txt\n")
     with pytest.raises(ValueError, match="cannot read") as caught:
-        pod_requirements(requirements)
+        host_requirements(requirements)
     assert str(caught.value) == (f"{requirements}, line 2: cannot read the requirements file {tmp_path}/missing.txt: "
                                  "No such file or directory")
     (tmp_path / "other.txt").write_text("-r requirements.txt\n")
     requirements.write_text("-r other.txt\n")
     with pytest.raises(ValueError, match=r"other\.txt, line 1: '-r requirements\.txt' includes .*requirements\.txt "
                                          r"again: the includes go round in a circle$"):
-        pod_requirements(requirements)
+        host_requirements(requirements)
 
 
 def test_a_missing_or_binary_file_is_one_line(tmp_path):
     with pytest.raises(ValueError, match=r"^cannot read the requirements file .*nowhere\.txt: No such file"):
-        pod_requirements(tmp_path / "nowhere.txt")
+        host_requirements(tmp_path / "nowhere.txt")
     (tmp_path / "binary.txt").write_bytes(b"\xff\xfe\x00jax")
     with pytest.raises(ValueError, match=r"binary\.txt is not UTF-8 text$"):
-        pod_requirements(tmp_path / "binary.txt")
+        host_requirements(tmp_path / "binary.txt")
 
 
 @pytest.mark.parametrize("mode", ["prebuilt", "build"])

@@ -1,0 +1,229 @@
+"""``-b tpu-vm``: the workers of a Cloud TPU VM slice, in worker order, reached over ssh as ``-b ssh`` reaches hosts.
+
+The slice is read from the Cloud TPU API (``GET
+https://tpu.googleapis.com/v2/projects/P/locations/Z/nodes/NAME`` through
+google-auth's ``AuthorizedSession``, with the notebook's Application Default
+Credentials): its state, its accelerator type (so ``-a`` is not needed) and
+its network endpoints, worker 0 first. Each worker is reached at its internal
+address when the notebook runs inside the slice's network (on one of its
+workers, or where no worker has an external address), at its external one
+otherwise; ``--tpu-addresses internal|external`` chooses.
+
+The connection is the user's own ssh with gcloud's key
+(``~/.ssh/google_compute_engine``, which ``gcloud compute tpus tpu-vm ssh``
+makes and pushes to the workers) and gcloud's known-hosts file, each worker's
+host key kept under an alias of the node's id and the worker's index (a
+recreated TPU of the same name is another machine; the same worker at another
+address is not). A refused key gets gcloud's fix in its one line, and a worker
+whose chips another process holds (a notebook or job still running there) is
+refused before anything runs, naming the process. Everything else is
+``-b ssh``'s: the kept environment, warm agents, the key on standard input.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import socket
+from collections.abc import Mapping
+from typing import Any
+
+from kinetic_nb.accelerators import resolve_accelerator
+from kinetic_nb.backends.base import BackendFlag, register
+from kinetic_nb.backends.google_api import authorized_session
+from kinetic_nb.backends.requirements import framework_requirement, host_requirements, with_framework
+from kinetic_nb.backends.ssh.backend import (
+    REQUIREMENTS_FLAG,
+    SSH_CONFIG_FLAG,
+    SSH_PYTHON_FLAG,
+    SshBackend,
+    ssh_settings,
+)
+from kinetic_nb.backends.ssh.probe import probe_hosts
+from kinetic_nb.errors import KineticError
+from kinetic_nb.runner.protocol import JobPlan
+from kinetic_nb.storage import Storage
+
+__all__ = ["TpuNode", "TpuVmBackend", "read_node"]
+
+#: The Cloud TPU API; ``$KINETIC_TPU_API_ENDPOINT`` replaces it (a private endpoint, or a test's double).
+TPU_API = "https://tpu.googleapis.com"
+API_ENDPOINT_ENV = "KINETIC_TPU_API_ENDPOINT"
+#: The key and known-hosts file ``gcloud compute tpus tpu-vm ssh`` makes and uses.
+GCLOUD_KEY = "~/.ssh/google_compute_engine"
+GCLOUD_KNOWN_HOSTS = "~/.ssh/google_compute_known_hosts"
+#: A TPU VM's chips as its processes hold them: ``/dev/accel*`` (v2-v4, v5p) or ``/dev/vfio/N`` (v5e, v6e).
+TPU_DEVICES = ("/dev/accel", "/dev/vfio/")
+ADDRESS_CHOICES = ("auto", "internal", "external")
+
+
+@dataclasses.dataclass(frozen=True)
+class TpuNode:
+    """What the Cloud TPU API says of a TPU VM slice."""
+
+    name: str
+    node_id: str
+    #: Cloud TPU's name for it: ``v5litepod-16``, ``v4-32``.
+    accelerator_type: str
+    state: str
+    #: Each worker's internal address, worker 0 first, and its external one (None: it has none).
+    internal: tuple[str, ...]
+    external: tuple[str | None, ...]
+
+
+def read_node(session: Any, project: str, zone: str, tpu: str, *, endpoint: str | None = None) -> TpuNode:
+    """The TPU VM ``tpu`` in ``project``/``zone``, as the Cloud TPU API answers; a one-line ``KineticError`` for
+    one that does not exist, cannot be read or is not ready."""
+    base = (endpoint or os.environ.get(API_ENDPOINT_ENV) or TPU_API).rstrip("/")
+    answer = session.get(f"{base}/v2/projects/{project}/locations/{zone}/nodes/{tpu}")
+    if answer.status_code == 404:
+        raise KineticError(f"there is no TPU VM {tpu} in project {project}, zone {zone}: see `gcloud compute tpus "
+                           f"tpu-vm list --zone {zone} --project {project}`")
+    if answer.status_code in (401, 403):
+        raise KineticError(f"the Cloud TPU API refused to describe TPU VM {tpu} ({answer.status_code}: "
+                           f"{_message(answer)}): your account needs tpu.nodes.get in project {project}")
+    if answer.status_code != 200:
+        raise KineticError(f"the Cloud TPU API could not describe TPU VM {tpu}: HTTP {answer.status_code}: "
+                           f"{_message(answer)}")
+    body = answer.json()
+    endpoints = body.get("networkEndpoints") or []
+    state = body.get("state", "STATE_UNSPECIFIED")
+    if state != "READY" or not endpoints:
+        raise KineticError(f"TPU VM {tpu} is {state}, not READY: wait for it (`gcloud compute tpus tpu-vm describe "
+                           f"{tpu} --zone {zone}`), or start it (`gcloud compute tpus tpu-vm start {tpu} --zone {zone}`)")
+    return TpuNode(name=tpu, node_id=str(body.get("id") or tpu), accelerator_type=body.get("acceleratorType", ""),
+                   state=state, internal=tuple(endpoint["ipAddress"] for endpoint in endpoints),
+                   external=tuple((endpoint.get("accessConfig") or {}).get("externalIp") for endpoint in endpoints))
+
+
+def _message(answer: Any) -> str:
+    try:
+        return answer.json()["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        return (getattr(answer, "text", "") or "no message").strip().splitlines()[0][:200]
+
+
+def choose_addresses(node: TpuNode, choice: str, here: set[str] | None = None) -> tuple[tuple[str, ...], str]:
+    """The workers' addresses by ``choice`` (``auto``: internal when this machine is one of the workers or no
+    worker has an external address, else external), and which they are."""
+    if choice not in ADDRESS_CHOICES:
+        raise ValueError(f"--tpu-addresses must be one of {', '.join(ADDRESS_CHOICES)}, got {choice!r}")
+    if choice == "auto":
+        inside = bool(set(node.internal) & (here if here is not None else local_addresses()))
+        choice = "internal" if inside or not all(node.external) else "external"
+    if choice == "external":
+        missing = [str(index) for index, address in enumerate(node.external) if not address]
+        if missing:
+            raise ValueError(f"TPU VM {node.name}'s worker {', '.join(missing)} has no external address: run the "
+                             "notebook inside its network (on worker 0, say) with --tpu-addresses internal")
+        return tuple(address for address in node.external if address), "external"
+    return node.internal, "internal"
+
+
+def local_addresses() -> set[str]:
+    """This machine's IPv4 addresses, as its name resolves and as its default route leaves (no packet is sent)."""
+    found = set()
+    try:
+        found |= {info[4][0] for info in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)}
+    except OSError:
+        pass
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("10.255.255.255", 1))  # a UDP "connection" only picks the route
+            found.add(probe.getsockname()[0])
+        except OSError:
+            pass
+    return found
+
+
+@register
+class TpuVmBackend(SshBackend):
+    """The workers of a Cloud TPU VM slice, over ssh (see the module's docstring)."""
+
+    name = "tpu-vm"
+    summary = "the workers of a Cloud TPU VM slice, over ssh (docs/ssh.md)"
+    flags = (
+        BackendFlag("--tpu", "tpu", "The TPU VM (default $KINETIC_TPU).", metavar="NAME", setting=True),
+        BackendFlag("--zone", "zone", "Its zone (default $KINETIC_ZONE).", metavar="ZONE", setting=True),
+        BackendFlag("--project", "project", "Its project (default $KINETIC_PROJECT, then your credentials').",
+                    metavar="PROJECT", setting=True),
+        BackendFlag("--tpu-addresses", "addresses", "How to reach the workers: internal (inside their network), "
+                    "external, or auto (internal when the notebook runs on a worker or no worker has an external "
+                    "address).", metavar="WHICH", setting=True),
+        SSH_CONFIG_FLAG, SSH_PYTHON_FLAG, REQUIREMENTS_FLAG,
+    )
+    hosts_named_by = "the TPU VM has (its workers)"
+
+    def __init__(self, node: TpuNode, *, zone: str, project: str, addresses: str = "auto", **settings: Any):
+        self.node, self.zone, self.project = node, zone, project
+        targets, self.addresses = choose_addresses(node, addresses)
+        # gcloud's: a worker's host key is first seen when gcloud pushes the key (accepted then, checked after).
+        options = ["CheckHostIP=no", f"UserKnownHostsFile={GCLOUD_KNOWN_HOSTS}", "StrictHostKeyChecking=accept-new"]
+        if os.path.exists(os.path.expanduser(GCLOUD_KEY)):
+            options.append(f"IdentityFile={GCLOUD_KEY}")
+        super().__init__(list(targets), ssh_options=tuple(options),
+                         host_options=tuple((f"HostKeyAlias={self.key_alias(index)}",)
+                                            for index in range(len(targets))), **settings)
+        self._requested = addresses
+
+    @classmethod
+    def from_options(cls, *, tpu: str | None = None, zone: str | None = None, project: str | None = None,
+                     addresses: str | None = None, ssh_config: str | None = None, ssh_python: str | None = None,
+                     requirements: str | None = None, config: Mapping[str, Any] | None = None,
+                     **options: Any) -> TpuVmBackend:
+        if options:
+            raise ValueError(f"the tpu-vm backend takes tpu, zone, project, addresses, ssh_config, ssh_python and "
+                             f"requirements, got {', '.join(sorted(options))}")
+        config = dict(config or {})
+        tpu = tpu or os.environ.get("KINETIC_TPU") or config.get("tpu")
+        zone = zone or os.environ.get("KINETIC_ZONE") or config.get("zone")
+        if not tpu or not zone:
+            raise ValueError("-b tpu-vm needs the TPU VM and its zone: --tpu NAME --zone ZONE (or $KINETIC_TPU, "
+                             "$KINETIC_ZONE)")
+        session, default_project = authorized_session("-b tpu-vm")
+        project = project or os.environ.get("KINETIC_PROJECT") or config.get("project") or default_project
+        if not project:
+            raise ValueError("-b tpu-vm needs the TPU VM's project: --project PROJECT (or $KINETIC_PROJECT)")
+        node = read_node(session, project, zone, tpu)
+        return cls(node, zone=zone, project=project,
+                   addresses=addresses or config.get("addresses") or "auto",
+                   **ssh_settings(ssh_config, ssh_python, requirements, config))
+
+    def options(self) -> dict[str, object]:
+        return {"tpu": self.node.name, "zone": self.zone, "project": self.project, "addresses": self._requested,
+                **self._ssh_options()}
+
+    def default_accelerator(self) -> str | None:
+        return resolve_accelerator(self.node.accelerator_type).name
+
+    def host_requirements(self, plan: JobPlan) -> bytes | None:
+        """``--requirements``, and the cell's framework for TPUs at the notebook's version (``jax[tpu]``) unless
+        the file names it: a TPU VM's image has no JAX (one that has it satisfies the line as it is)."""
+        requirements = host_requirements(self.requirements) if self.requirements else None
+        return with_framework(requirements, framework_requirement("tpu", plan.framework, requirements))
+
+    def key_alias(self, worker: int) -> str:
+        """The name a worker's host key is kept under in gcloud's known-hosts file."""
+        return f"tpu.{self.node.node_id}-{worker}"
+
+    def connection_hint(self, problem: str) -> str:
+        worker = re.match(r"host (\d+) ", problem)
+        if "host key changed" in problem and worker:
+            alias = self.key_alias(int(worker.group(1)))
+            return (f"{problem.split(': check it', 1)[0]}: check it, then remove the old one with "
+                    f"`ssh-keygen -R {alias} -f {GCLOUD_KNOWN_HOSTS}`")
+        if "key was refused" in problem:
+            return (f"{problem}; on a TPU VM, gcloud makes your key and pushes it to every worker: run "
+                    f"`gcloud compute tpus tpu-vm ssh {self.node.name} --zone {self.zone} --project {self.project} "
+                    "--worker=all --command=true` once")
+        if "cannot be reached" in problem and self.addresses == "internal":
+            return f"{problem}; these are the workers' internal addresses: from outside their network, use " \
+                   "--tpu-addresses external"
+        return problem
+
+    def _launch(self, pool, storage: Storage, plan: JobPlan, secrets) -> None:
+        # A worker whose chips another process holds (a notebook, job or session still running there) would fail
+        # deep in the framework's start: refused here, naming the process.
+        probe_hosts(pool.connections, python=self.python, ports=0, devices=TPU_DEVICES, device_name="TPU")
+        super()._launch(pool, storage, plan, secrets)

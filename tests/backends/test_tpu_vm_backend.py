@@ -1,0 +1,164 @@
+"""``-b tpu-vm``: the slice read from a recording double of the Cloud TPU API (``tests/backends/tpu_api_double``)
+through google-auth's real ``AuthorizedSession``, its workers the four real test ``sshd``'s, reached by their
+addresses with the key and known-hosts file gcloud would use (here the run's own).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import google.auth
+import google.oauth2.credentials
+import pytest
+
+import kinetic_nb
+from kinetic_nb.backends.ssh import tpu_vm
+from kinetic_nb.backends.ssh.pool import close_pools
+from kinetic_nb.backends.ssh.tpu_vm import TpuNode, choose_addresses
+from kinetic_nb.errors import KineticError, SshHostError
+
+from .tpu_api_double import TpuApiDouble, tpu_node
+
+PROJECT, ZONE = "ml-team", "us-west4-a"
+
+
+@pytest.fixture
+def tpu_api(ssh_hosts, monkeypatch, tmp_path):
+    """The double, answering for TPU VM ``slice-16`` (a v5litepod-16: 4 workers, the test hosts) and a few others;
+    the notebook's credentials a token of the test's; gcloud's key the one the hosts accept."""
+    nodes = {(PROJECT, ZONE, "slice-16"): tpu_node(ssh_hosts.addresses),
+             (PROJECT, ZONE, "creating"): tpu_node(ssh_hosts.addresses, state="CREATING")}
+    with TpuApiDouble(nodes, denied={"not-yours"}) as double:
+        monkeypatch.setenv(tpu_vm.API_ENDPOINT_ENV, double.url)
+        credentials = google.oauth2.credentials.Credentials(token="test-token")
+        monkeypatch.setattr(google.auth, "default", lambda scopes=None: (credentials, PROJECT))
+        monkeypatch.setattr(tpu_vm, "GCLOUD_KEY", ssh_hosts.client_key)
+        monkeypatch.setattr(tpu_vm, "GCLOUD_KNOWN_HOSTS", str(tmp_path / "google_compute_known_hosts"))
+        yield double
+    close_pools()  # the next test's known-hosts file is another
+
+
+def on_tpu_vm(ssh_hosts, tpu: str = "slice-16") -> dict:
+    from .conftest import ssh_options
+
+    options = ssh_options(ssh_hosts)
+    return {"backend": "tpu-vm", "backend_options": {"tpu": tpu, "zone": ZONE, "ssh_config": options["ssh_config"],
+                                                      "ssh_python": options["ssh_python"]}}
+
+
+def test_a_cell_runs_on_the_slices_workers_in_order_with_its_accelerator(ssh_hosts, tpu_api, tmp_path):
+    source = "import os\nprint('worker', os.environ['KINETIC_HOST_INDEX'])\n'leader value'"
+    handle = kinetic_nb.submit(source, framework="none", quiet=True, **on_tpu_vm(ssh_hosts))
+    assert handle.plan.hosts == 4 and handle.plan.accelerator == "tpu-v5e-16"  # from the node: no -a
+    assert handle.result(timeout=300) == "leader value"
+    for index in range(4):
+        assert f"worker {index}" in handle.logs(index)
+    # Read through the real request path: the credentials' token on the request.
+    assert ("GET", f"/v2/projects/{PROJECT}/locations/{ZONE}/nodes/slice-16", "Bearer test-token") in tpu_api.requests
+    # Each worker's host key kept under the node's id and its index, in gcloud's file.
+    known = (tmp_path / "google_compute_known_hosts").read_text()
+    assert sorted(line.split()[0] for line in known.splitlines()) == [f"tpu.4213374211-{index}" for index in range(4)]
+
+
+def test_a_key_gcloud_has_not_pushed_is_one_line_with_gclouds_fix(ssh_hosts, tpu_api, monkeypatch):
+    monkeypatch.setattr(tpu_vm, "GCLOUD_KEY", ssh_hosts.other_key)
+    with pytest.raises(SshHostError) as caught:
+        kinetic_nb.submit("1", framework="none", quiet=True, **on_tpu_vm(ssh_hosts))
+    text = str(caught.value)
+    assert text.startswith(f"host 0 ({ssh_hosts.addresses[0]}): the key was refused") and "\n" not in text
+    assert text.endswith(f"run `gcloud compute tpus tpu-vm ssh slice-16 --zone {ZONE} --project {PROJECT} "
+                         "--worker=all --command=true` once")
+
+
+def test_a_worker_whose_tpu_another_process_holds_is_refused_naming_it(ssh_hosts, tpu_api, monkeypatch, tmp_path):
+    chip = tmp_path / "accel0"
+    chip.write_bytes(b"")
+    monkeypatch.setattr(tpu_vm, "TPU_DEVICES", (str(chip),))  # the chips a worker's processes would hold
+    holder = subprocess.Popen([sys.executable, "-c", f"import time\nchip = open({str(chip)!r})\ntime.sleep(120)"])
+    try:
+        deadline = time.monotonic() + 30
+        while str(chip) not in [os.readlink(f"/proc/{holder.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{holder.pid}/fd")]:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        with pytest.raises(SshHostError, match=rf"^host 0 \({ssh_hosts.addresses[0]}\): its TPU is held by process "
+                                               rf"{holder.pid} \({sys.executable} -c import time.*\): a job, session or "
+                                               rf"notebook there still runs; stop it \(kill {holder.pid}\)"):
+            kinetic_nb.submit("1", framework="none", quiet=True, **on_tpu_vm(ssh_hosts))
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+@pytest.mark.parametrize(("tpu", "message"), [
+    ("missing", rf"^there is no TPU VM missing in project {PROJECT}, zone {ZONE}: see `gcloud compute tpus tpu-vm list"),
+    ("creating", r"^TPU VM creating is CREATING, not READY: wait for it"),
+    ("not-yours", r"^the Cloud TPU API refused to describe TPU VM not-yours \(403: Permission 'tpu.nodes.get' denied"),
+])
+def test_a_slice_that_cannot_be_used_is_one_line_before_any_worker_is_reached(ssh_hosts, tpu_api, tpu, message):
+    logins = [ssh_hosts.accepted(index) for index in range(4)]
+    with pytest.raises(KineticError, match=message):
+        kinetic_nb.submit("1", framework="none", quiet=True, **on_tpu_vm(ssh_hosts, tpu))
+    assert [ssh_hosts.accepted(index) for index in range(4)] == logins
+
+
+def test_an_accelerator_other_than_the_slices_is_one_line(ssh_hosts, tpu_api):
+    with pytest.raises(ValueError, match=r"^-a tpu-v5e-8 does not match the slice -b tpu-vm runs on, a tpu-v5e-16: "
+                                         r"leave -a out$"):
+        kinetic_nb.submit("1", accelerator="tpu-v5e-8", framework="none", quiet=True, **on_tpu_vm(ssh_hosts))
+
+
+def test_the_tpu_and_zone_are_needed(monkeypatch):
+    monkeypatch.delenv("KINETIC_TPU", raising=False)
+    monkeypatch.delenv("KINETIC_ZONE", raising=False)
+    with pytest.raises(ValueError, match=r"^-b tpu-vm needs the TPU VM and its zone: --tpu NAME --zone ZONE"):
+        kinetic_nb.submit("1", quiet=True, backend="tpu-vm", backend_options={"tpu": "slice-16"})
+
+
+NODE = TpuNode(name="slice", node_id="1", accelerator_type="v4-16", state="READY",
+               internal=("10.0.0.2", "10.0.0.3"), external=("34.1.1.2", "34.1.1.3"))
+
+
+def test_workers_are_reached_inside_their_network_from_a_worker_and_from_outside_by_external_addresses():
+    assert choose_addresses(NODE, "auto", here={"192.168.1.5"}) == (("34.1.1.2", "34.1.1.3"), "external")
+    assert choose_addresses(NODE, "auto", here={"10.0.0.2"}) == (("10.0.0.2", "10.0.0.3"), "internal")  # on worker 0
+    assert choose_addresses(NODE, "internal", here=set()) == (("10.0.0.2", "10.0.0.3"), "internal")
+    private = TpuNode(**{**NODE.__dict__, "external": ("34.1.1.2", None)})
+    assert choose_addresses(private, "auto", here=set())[1] == "internal"  # not every worker is reachable outside
+    with pytest.raises(ValueError, match=r"^TPU VM slice's worker 1 has no external address: run the notebook inside"):
+        choose_addresses(private, "external", here=set())
+    with pytest.raises(ValueError, match=r"^--tpu-addresses must be one of auto, internal, external, got 'public'$"):
+        choose_addresses(NODE, "public", here=set())
+
+
+def test_a_workers_changed_host_key_names_the_alias_gcloud_keeps_it_under(monkeypatch, tmp_path):
+    import sysconfig
+
+    from ..ssh_hosts import SshTestHosts
+    from .conftest import python_of_the_hosts
+
+    environment = {"PYTHONPATH": sysconfig.get_paths()["purelib"], "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    known_hosts = tmp_path / "google_compute_known_hosts"
+    with SshTestHosts(1, environment) as rebuilt, \
+            TpuApiDouble({(PROJECT, ZONE, "one"): tpu_node(rebuilt.addresses, accelerator_type="v5litepod-4")}) as api:
+        monkeypatch.setenv(tpu_vm.API_ENDPOINT_ENV, api.url)
+        credentials = google.oauth2.credentials.Credentials(token="test-token")
+        monkeypatch.setattr(google.auth, "default", lambda scopes=None: (credentials, PROJECT))
+        monkeypatch.setattr(tpu_vm, "GCLOUD_KEY", rebuilt.client_key)
+        monkeypatch.setattr(tpu_vm, "GCLOUD_KNOWN_HOSTS", str(known_hosts))
+        options = {"backend": "tpu-vm", "backend_options": {"tpu": "one", "zone": ZONE, "ssh_config": rebuilt.config,
+                                                            "ssh_python": python_of_the_hosts()}}
+        try:
+            assert kinetic_nb.submit("'first'", framework="none", quiet=True, **options).result(timeout=300) == "first"
+            close_pools()  # the next job connects afresh, and meets the new key
+            rebuilt.forget_host_key(0)
+            with pytest.raises(SshHostError) as caught:
+                kinetic_nb.submit("1", framework="none", quiet=True, **options)
+        finally:
+            close_pools()
+    assert str(caught.value) == (
+        f"host 0 ({rebuilt.addresses[0]}): its host key changed since it was last seen (a rebuilt machine, or "
+        f"someone in between): check it, then remove the old one with `ssh-keygen -R tpu.4213374211-0 -f "
+        f"{known_hosts}`")

@@ -1,0 +1,83 @@
+"""``TpuApiDouble``: a recording double of the Cloud TPU API's REST ``nodes.get``, served over HTTP on loopback.
+
+The Cloud TPU API cannot be reached here. The double answers
+``GET /v2/projects/P/locations/Z/nodes/NAME`` as the API documents a Node
+(``state``, ``acceleratorType``, ``networkEndpoints`` with ``ipAddress`` and
+``accessConfig.externalIp``, ``id``) or with Google's error body, and records
+every request with its ``Authorization`` header, so a test goes through the
+real request path: google-auth's ``AuthorizedSession`` adding the
+credentials' token, ``requests``, HTTP. Whether Google's service accepts the
+request is not tested here (docs/ssh.md says so).
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import re
+import threading
+
+_NODE = re.compile(r"^/v2/projects/([^/]+)/locations/([^/]+)/nodes/([^/?]+)$")
+
+
+class TpuApiDouble:
+    """``nodes``: ``(project, zone, name)`` -> the Node to answer; ``denied``: names answered 403."""
+
+    def __init__(self, nodes: dict[tuple[str, str, str], dict] | None = None, denied: set[str] = frozenset()):
+        self.nodes = dict(nodes or {})
+        self.denied = set(denied)
+        self.requests: list[tuple[str, str, str | None]] = []  # (method, path, Authorization)
+        double = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                double.requests.append(("GET", self.path, self.headers.get("Authorization")))
+                status, body = double.answer(self.path)
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def answer(self, path: str) -> tuple[int, dict]:
+        match = _NODE.match(path)
+        if match is None:
+            return 404, _error(404, f"no such method: {path}", "NOT_FOUND")
+        project, zone, name = match.groups()
+        if name in self.denied:
+            return 403, _error(403, f"Permission 'tpu.nodes.get' denied on resource '{path[4:]}'",
+                               "PERMISSION_DENIED")
+        node = self.nodes.get((project, zone, name))
+        if node is None:
+            return 404, _error(404, f"Resource '{path[4:]}' was not found", "NOT_FOUND")
+        return 200, {"name": path[4:], **node}
+
+    def __enter__(self) -> TpuApiDouble:
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _error(code: int, message: str, status: str) -> dict:
+    return {"error": {"code": code, "message": message, "status": status}}
+
+
+def tpu_node(addresses: list[str], *, accelerator_type: str = "v5litepod-16", state: str = "READY",
+             external: list[str | None] | None = None, node_id: str = "4213374211") -> dict:
+    """A Node as the API describes a TPU VM slice whose workers have ``addresses``, worker 0 first."""
+    external = external or [None] * len(addresses)
+    return {"id": node_id, "state": state, "acceleratorType": accelerator_type, "health": "HEALTHY",
+            "runtimeVersion": "v2-alpha-tpuv5-lite",
+            "networkEndpoints": [{"ipAddress": address, "port": 8470,
+                                  **({"accessConfig": {"externalIp": outside}} if outside else {})}
+                                 for address, outside in zip(addresses, external, strict=True)]}
