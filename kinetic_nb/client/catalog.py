@@ -331,6 +331,9 @@ def collect(older_than: float | str, *, storage: str | None = None) -> list[tupl
             group = None  # no plan: nothing of the job can still run
         except IntegrityError:
             continue
+        except (KineticError, ValueError) as error:  # its backend cannot be made here: whether it runs is unknown
+            logger.warning("kept %s: its -b %s backend cannot be made here: %s", job_id, record.get("backend"), error)
+            continue
         if group is not None and not group.status().done:
             continue  # never pull a job's objects from under a live host
         removed.append((job_id, _remove(job_id, job, record, group.plan if group else None)))

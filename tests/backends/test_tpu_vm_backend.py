@@ -58,6 +58,10 @@ def test_a_cell_runs_on_the_slices_workers_in_order_with_its_accelerator(ssh_hos
         assert f"worker {index}" in handle.logs(index)
     # Read through the real request path: the credentials' token on the request.
     assert ("GET", f"/v2/projects/{PROJECT}/locations/{ZONE}/nodes/slice-16", "Bearer test-token") in tpu_api.requests
+    # The job's backend made again from its record (%kinetic jobs, attach, gc) does not ask the API again.
+    asked = len(tpu_api.requests)
+    assert handle.job_id in [row.job_id for row in kinetic_nb.jobs()]
+    assert len(tpu_api.requests) == asked
     # Each worker's host key kept under the node's id and its index, in gcloud's file.
     known = (tmp_path / "google_compute_known_hosts").read_text()
     assert sorted(line.split()[0] for line in known.splitlines()) == [f"tpu.4213374211-{index}" for index in range(4)]

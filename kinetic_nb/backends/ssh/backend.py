@@ -110,22 +110,35 @@ class SshBackend(Backend):
     )
 
     def __init__(self, targets: list[str], *, config: str | None = None, python: str = DEFAULT_PYTHON,
-                 requirements: str | None = None, ssh_options: tuple[str, ...] = (),
-                 host_options: tuple[tuple[str, ...], ...] = ()):
+                 requirements: str | None = None):
         if not targets:
             raise ValueError(f"-b ssh needs its hosts: --ssh-hosts H0,H1,... (host 0 first), a file naming one per "
                              f"line, or ${HOSTS_ENV}")
-        self.targets = targets
+        self._targets = list(targets)
+        self._settings(config, python, requirements)
+
+    def _settings(self, config: str | None, python: str, requirements: str | None) -> None:
+        """What every ssh-reached backend keeps: the ssh config, the hosts' Python, the requirements file."""
         self.config = config
         self.python = python or DEFAULT_PYTHON
         self.requirements = requirements
-        #: More ``-o`` options for every connection (a TPU VM's key and known hosts).
-        self.ssh_options = tuple(ssh_options)
-        self.host_options = tuple(tuple(each) for each in host_options)
         #: Each job's pool and requirements, from its coordinator's choice to its launch's end.
         self._jobs: dict[str, HostPool] = {}
         self._requirements: dict[str, bytes | None] = {}
         self._host0: str | None = None
+
+    @property
+    def targets(self) -> list[str]:
+        """The hosts as ssh is given them, host 0 first."""
+        return self._targets
+
+    def ssh_options(self) -> tuple[str, ...]:
+        """More ``-o`` options for every connection (a TPU VM's key and known hosts)."""
+        return ()
+
+    def host_options(self) -> tuple[tuple[str, ...], ...]:
+        """Each host's own ``-o`` options (a TPU VM worker's host key alias)."""
+        return ()
 
     @classmethod
     def from_options(cls, *, ssh_hosts: str | None = None, ssh_config: str | None = None,
@@ -166,8 +179,8 @@ class SshBackend(Backend):
             return f"{self.host0_address()}:{pool.host0_ports()[0]}"
 
     def _pool(self) -> HostPool:
-        return pool_for(self.targets, config=self.config, python=self.python, options=self.ssh_options,
-                        host_options=self.host_options, hint=self.connection_hint)
+        return pool_for(self.targets, config=self.config, python=self.python, options=self.ssh_options(),
+                        host_options=self.host_options(), hint=self.connection_hint)
 
     def connection_hint(self, problem: str) -> str:
         """What to do about a host that cannot be reached (``problem``, one line): ssh's own advice here."""

@@ -40,7 +40,7 @@ from kinetic_nb.backends.ssh.backend import (
     SshBackend,
     ssh_settings,
 )
-from kinetic_nb.backends.ssh.probe import probe_hosts
+from kinetic_nb.backends.ssh.probe import DEFAULT_PYTHON, probe_hosts
 from kinetic_nb.errors import KineticError
 from kinetic_nb.runner.protocol import JobPlan
 from kinetic_nb.storage import Storage
@@ -155,17 +155,48 @@ class TpuVmBackend(SshBackend):
     )
     hosts_named_by = "the TPU VM has (its workers)"
 
-    def __init__(self, node: TpuNode, *, zone: str, project: str, addresses: str = "auto", **settings: Any):
-        self.node, self.zone, self.project = node, zone, project
-        targets, self.addresses = choose_addresses(node, addresses)
+    def __init__(self, tpu: str, *, zone: str, project: str | None = None, addresses: str = "auto",
+                 config: str | None = None, python: str = DEFAULT_PYTHON, requirements: str | None = None,
+                 session: Any = None):
+        if addresses not in ADDRESS_CHOICES:
+            raise ValueError(f"--tpu-addresses must be one of {', '.join(ADDRESS_CHOICES)}, got {addresses!r}")
+        self.tpu, self.zone, self.project, self.requested_addresses = tpu, zone, project, addresses
+        self._settings(config, python, requirements)
+        self._session = session
+        self._node: TpuNode | None = None
+        self._addresses: tuple[tuple[str, ...], str] | None = None
+
+    @property
+    def node(self) -> TpuNode:
+        """The slice, read from the Cloud TPU API when first needed (a stored job's backend made again for
+        ``%kinetic jobs`` or ``gc`` never calls it)."""
+        if self._node is None:
+            session, default_project = (self._session, None) if self._session is not None else \
+                authorized_session("-b tpu-vm")
+            self.project = self.project or default_project
+            if not self.project:
+                raise ValueError("-b tpu-vm needs the TPU VM's project: --project PROJECT (or $KINETIC_PROJECT)")
+            self._node = read_node(session, self.project, self.zone, self.tpu)
+        return self._node
+
+    @property
+    def targets(self) -> list[str]:
+        return list(self._chosen()[0])
+
+    def _chosen(self) -> tuple[tuple[str, ...], str]:
+        if self._addresses is None:
+            self._addresses = choose_addresses(self.node, self.requested_addresses)
+        return self._addresses
+
+    def ssh_options(self) -> tuple[str, ...]:
         # gcloud's: a worker's host key is first seen when gcloud pushes the key (accepted then, checked after).
         options = ["CheckHostIP=no", f"UserKnownHostsFile={GCLOUD_KNOWN_HOSTS}", "StrictHostKeyChecking=accept-new"]
         if os.path.exists(os.path.expanduser(GCLOUD_KEY)):
             options.append(f"IdentityFile={GCLOUD_KEY}")
-        super().__init__(list(targets), ssh_options=tuple(options),
-                         host_options=tuple((f"HostKeyAlias={self.key_alias(index)}",)
-                                            for index in range(len(targets))), **settings)
-        self._requested = addresses
+        return tuple(options)
+
+    def host_options(self) -> tuple[tuple[str, ...], ...]:
+        return tuple((f"HostKeyAlias={self.key_alias(index)}",) for index in range(len(self.targets)))
 
     @classmethod
     def from_options(cls, *, tpu: str | None = None, zone: str | None = None, project: str | None = None,
@@ -181,18 +212,15 @@ class TpuVmBackend(SshBackend):
         if not tpu or not zone:
             raise ValueError("-b tpu-vm needs the TPU VM and its zone: --tpu NAME --zone ZONE (or $KINETIC_TPU, "
                              "$KINETIC_ZONE)")
-        session, default_project = authorized_session("-b tpu-vm")
-        project = project or os.environ.get("KINETIC_PROJECT") or config.get("project") or default_project
-        if not project:
-            raise ValueError("-b tpu-vm needs the TPU VM's project: --project PROJECT (or $KINETIC_PROJECT)")
-        node = read_node(session, project, zone, tpu)
-        return cls(node, zone=zone, project=project,
+        return cls(tpu, zone=zone, project=project or os.environ.get("KINETIC_PROJECT") or config.get("project"),
                    addresses=addresses or config.get("addresses") or "auto",
                    **ssh_settings(ssh_config, ssh_python, requirements, config))
 
     def options(self) -> dict[str, object]:
-        return {"tpu": self.node.name, "zone": self.zone, "project": self.project, "addresses": self._requested,
-                **self._ssh_options()}
+        stored: dict[str, object] = {"tpu": self.tpu, "zone": self.zone, "addresses": self.requested_addresses}
+        if self.project:
+            stored["project"] = self.project
+        return {**stored, **self._ssh_options()}
 
     def default_accelerator(self) -> str | None:
         return resolve_accelerator(self.node.accelerator_type).name
@@ -215,9 +243,9 @@ class TpuVmBackend(SshBackend):
                     f"`ssh-keygen -R {alias} -f {GCLOUD_KNOWN_HOSTS}`")
         if "key was refused" in problem:
             return (f"{problem}; on a TPU VM, gcloud makes your key and pushes it to every worker: run "
-                    f"`gcloud compute tpus tpu-vm ssh {self.node.name} --zone {self.zone} --project {self.project} "
+                    f"`gcloud compute tpus tpu-vm ssh {self.tpu} --zone {self.zone} --project {self.project} "
                     "--worker=all --command=true` once")
-        if "cannot be reached" in problem and self.addresses == "internal":
+        if "cannot be reached" in problem and self._chosen()[1] == "internal":
             return f"{problem}; these are the workers' internal addresses: from outside their network, use " \
                    "--tpu-addresses external"
         return problem
