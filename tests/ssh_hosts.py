@@ -18,6 +18,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -44,12 +45,20 @@ class SshTestHosts:
 
     ``environment``: variables every login on the hosts gets (the client's ``SetEnv``, the servers'
     ``AcceptEnv``): the test interpreter's packages on ``PYTHONPATH``, as a machine with jax and torch
-    installed has them, and a cache directory of the run's own (``XDG_CACHE_HOME``).
+    installed has them, and a cache directory of the run's own (``XDG_CACHE_HOME``: each host its own folder
+    in it, as separate machines have).
+
+    ``users``: each host logs in a user of its own, made for the run (root only: ``useradd``), with a home of
+    its own under a fresh folder and a virtual environment there, ``~/venv`` (``--ssh-python venv/bin/python``),
+    made with ``--system-site-packages`` over the test interpreter's packages (a ``.pth`` naming them), as a
+    machine with jax and torch installed in a venv has them; its cache is its home's.
     """
 
-    def __init__(self, count: int, environment: dict[str, str] | None = None):
+    def __init__(self, count: int, environment: dict[str, str] | None = None, *, users: bool = False):
         self.count = count
         self.environment = dict(environment or {})
+        self.own_users = users
+        self.homes: list[pathlib.Path] = []
         cache = pathlib.Path.home() / ".cache"
         cache.mkdir(mode=0o700, exist_ok=True)
         self.directory = pathlib.Path(tempfile.mkdtemp(prefix="kinetic-sshd-", dir=cache))
@@ -62,6 +71,8 @@ class SshTestHosts:
         self.client_key = str(self.directory / "client_key")
         self.other_key = str(self.directory / "other_key")
         self.targets = [f"h{index}" for index in range(count)]
+        #: The user each host logs in (this one's, unless ``users``).
+        self.users = [f"kn{os.getpid()}h{index}" if users else self.user for index in range(count)]
 
     def start(self) -> SshTestHosts:
         if os.geteuid() == 0:
@@ -69,6 +80,8 @@ class SshTestHosts:
         client_key = self.directory / "client_key"
         (self.directory / "authorized_keys").write_text(_keygen(client_key) + "\n")
         (self.directory / "authorized_keys").chmod(0o600)
+        if self.own_users:
+            self._make_users()
         _keygen(self.directory / "other_key")  # a key no host accepts
         known = []
         for index, (address, port) in enumerate(zip(self.addresses, self.ports, strict=True)):
@@ -81,14 +94,14 @@ class SshTestHosts:
                 f"ListenAddress {address}:{port}",
                 f"HostKey {host_dir / 'ssh_host_ed25519_key'}",
                 f"PidFile {host_dir / 'sshd.pid'}",
-                f"AuthorizedKeysFile {self.directory / 'authorized_keys'}",
+                f"AuthorizedKeysFile {'.ssh/authorized_keys' if self.own_users else self.directory / 'authorized_keys'}",
                 "StrictModes yes",
                 "UsePAM no",
                 "PasswordAuthentication no",
                 "KbdInteractiveAuthentication no",
                 "PubkeyAuthentication yes",
                 "PermitRootLogin prohibit-password",
-                f"AllowUsers {self.user}",
+                f"AllowUsers {self.users[index]}",
                 *([f"AcceptEnv {' '.join(self.environment)}"] if self.environment else []),
                 "LogLevel VERBOSE",
                 "",
@@ -103,15 +116,54 @@ class SshTestHosts:
             self._wait_listening(address, port)
         return self
 
+    def _make_users(self) -> None:
+        """A user per host, with a home of its own (``StrictModes``: the user's, not writable by others) holding
+        the client's key and a ``.pth`` that puts the test interpreter's packages on its user site."""
+        import sysconfig
+
+        homes = pathlib.Path(tempfile.mkdtemp(prefix="kinetic-ssh-homes-"))
+        homes.chmod(0o755)
+        packages = sysconfig.get_paths()["purelib"]
+        version = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+        for user in self.users:
+            home = homes / user
+            subprocess.run(["useradd", "--home-dir", str(home), "--create-home", "--shell", "/bin/sh",
+                            "--user-group", "--password", "*", user], check=True)  # "*": no password, not locked
+            self.homes.append(home)
+            (home / ".ssh").mkdir(mode=0o700)
+            shutil.copy(self.directory / "authorized_keys", home / ".ssh" / "authorized_keys")
+            subprocess.run([os.path.join(sys.base_prefix, "bin", version), "-m", "venv", "--system-site-packages",
+                            "--without-pip", str(home / "venv")], check=True)
+            (home / "venv" / "lib" / version / "site-packages" / "kinetic-test-packages.pth").write_text(packages + "\n")
+            subprocess.run(["chown", "-R", f"{user}:{user}", str(home)], check=True)
+
+    def _remove_users(self) -> None:
+        for user, home in zip(self.users, self.homes, strict=False):
+            subprocess.run(["userdel", user], capture_output=True)
+            shutil.rmtree(home, ignore_errors=True)
+        if self.homes:
+            shutil.rmtree(self.homes[0].parent, ignore_errors=True)
+        self.homes = []
+
+    def _environment(self, index: int) -> dict[str, str]:
+        """What host ``index``'s logins get: the cache a folder of the host's own, as separate machines have."""
+        return {name: f"{value}/host{index}" if name == "XDG_CACHE_HOME" else value
+                for name, value in self.environment.items()}
+
     def _write_client_config(self, client_key: pathlib.Path) -> None:
-        common = [f"  User {self.user}", f"  IdentityFile {client_key}", "  IdentitiesOnly yes",
-                  f"  UserKnownHostsFile {self.directory / 'known_hosts'}", "  GlobalKnownHostsFile /dev/null",
-                  "  StrictHostKeyChecking yes", "  LogLevel ERROR",
-                  *([f"  SetEnv {' '.join(f'{name}={value}' for name, value in self.environment.items())}"]
-                    if self.environment else [])]
+        def block_lines(index: int, user: str) -> list[str]:
+            environment = self._environment(index)
+            return [f"  User {user}", f"  IdentityFile {client_key}", "  IdentitiesOnly yes",
+                    f"  UserKnownHostsFile {self.directory / 'known_hosts'}", "  GlobalKnownHostsFile /dev/null",
+                    "  StrictHostKeyChecking yes", "  LogLevel ERROR",
+                    *([f"  SetEnv {' '.join(f'{name}={value}' for name, value in environment.items())}"]
+                      if environment else [])]
+
         blocks = []
         for index, (address, port) in enumerate(zip(self.addresses, self.ports, strict=True)):
-            blocks += [f"Host h{index}", f"  HostName {address}", f"  Port {port}", *common]
+            blocks += [f"Host h{index}", f"  HostName {address}", f"  Port {port}",
+                       *block_lines(index, self.users[index])]
+        common = block_lines(0, self.users[0])  # the failure tests' hosts: host 0's user and environment
         # What the failure tests reach: a host with another key, and an address where nothing listens.
         blocks += ["Host wrong-key", f"  HostName {self.addresses[0]}", f"  Port {self.ports[0]}",
                    *[line if "IdentityFile" not in line else f"  IdentityFile {self.directory / 'other_key'}"
@@ -119,9 +171,9 @@ class SshTestHosts:
         blocks += ["Host nobody", f"  HostName {NOBODY}", f"  Port {_free_port(NOBODY)}", *common]
         # The hosts by their bare addresses, as a TPU VM's workers are reached: the key and the known hosts are
         # the ones the backend names (gcloud's), not these.
-        for address, port in zip(self.addresses, self.ports, strict=True):
+        for index, (address, port) in enumerate(zip(self.addresses, self.ports, strict=True)):
             blocks += [f"Host {address}", f"  Port {port}",
-                       *[line for line in common if not line.strip().startswith(
+                       *[line for line in block_lines(index, self.users[index]) if not line.strip().startswith(
                            ("IdentityFile", "UserKnownHostsFile", "StrictHostKeyChecking"))]]
         pathlib.Path(self.config).write_text("\n".join(blocks) + "\n")
 
@@ -171,6 +223,7 @@ class SshTestHosts:
     def stop(self) -> None:
         for index in range(len(self.processes)):
             self._stop(index)
+        self._remove_users()
         shutil.rmtree(self.directory, ignore_errors=True)
 
     def __enter__(self) -> SshTestHosts:

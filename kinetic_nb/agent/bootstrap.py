@@ -203,6 +203,8 @@ def install(record, job_uri, key, directory, log, *, requirements):
     venv = os.path.join(directory, "venv")
     # The image's own packages stay visible (a base image with jax keeps it), and its pip installs here.
     _run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", venv], log)
+    if sys.prefix != sys.base_prefix:  # this Python is a virtual environment's: its packages stay visible too
+        _see_outer_environment(venv)
     python = os.path.join(venv, "bin", "python")
     if subprocess.run([python, "-c", "import pip"], capture_output=True).returncode != 0:
         _run([python, "-m", "ensurepip", "--default-pip"], log)
@@ -214,6 +216,19 @@ def install(record, job_uri, key, directory, log, *, requirements):
     if packages:
         _run([*pip, *packages], log)
     return venv
+
+
+def _see_outer_environment(venv):
+    """Make the packages of the virtual environment this bootstrap runs in (an ssh host's ``--ssh-python
+    ~/venv/bin/python``) visible in ``venv``, after its own: ``--system-site-packages`` reaches only the base
+    interpreter's. Each of its site directories is added as ``site`` adds one (its own ``.pth`` files read, so
+    its editable installs come too)."""
+    import site
+
+    version = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    lines = [f"import site; site.addsitedir({path!r})" for path in site.getsitepackages() if os.path.isdir(path)]
+    with open(os.path.join(venv, "lib", version, "site-packages", "kinetic-outer-environment.pth"), "w") as file:
+        file.write("\n".join(lines) + "\n")
 
 
 def main(argv):

@@ -71,15 +71,19 @@ def offline_pip(wheelhouse: pathlib.Path) -> dict[str, str]:
     return {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheelhouse), "PIP_NO_CACHE_DIR": "1"}
 
 
+#: A stock image's ``python3``: an interpreter of the notebook's version that is no virtual environment's.
+IMAGE_PYTHON = os.path.join(sys.base_prefix, "bin", f"python{sys.version_info[0]}.{sys.version_info[1]}")
+
+
 def run_bootstrap(job_uri: str, directory: pathlib.Path, *command: str, extra: dict[str, str] | None = None,
-                  options: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+                  options: tuple[str, ...] = (), python: str = IMAGE_PYTHON) -> subprocess.CompletedProcess:
     """The bootstrap as a pod runs it: ``python3 -c TEXT -- COMMAND``, with no kinetic_nb on its path."""
     directory.parent.mkdir(parents=True, exist_ok=True)
     key_file = directory.parent / "job-key"  # the pod's mounted Secret
     key_file.write_text(KEY.hex())
     env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp"), bootstrap.KEY_FILE_ENV: str(key_file),
            bootstrap.JOB_URI_ENV: job_uri, bootstrap.DIRECTORY_ENV: str(directory), **(extra or {})}
-    return subprocess.run([sys.executable, "-c", environment.bootstrap_source(), *options, "--", *command],
+    return subprocess.run([python, "-c", environment.bootstrap_source(), *options, "--", *command],
                           env=env, capture_output=True, text=True, timeout=240, cwd=directory.anchor)
 
 
@@ -172,6 +176,20 @@ def test_a_rewritten_install_record_is_refused(tmp_path, wheelhouse):
     assert done.returncode == 1 and "environment/install.json carries no signature" in done.stderr
 
 
+def test_a_bootstrap_run_by_a_virtual_environments_python_keeps_its_packages_visible(tmp_path, wheelhouse):
+    """An ssh host's ``--ssh-python ~/venv/bin/python`` (or an image whose python3 is a venv's): the environment
+    kinetic_nb keeps sees that venv's packages (here this test's, psutil among them), after its own kinetic_nb."""
+    storage = open_storage(f"file://{tmp_path}/job")
+    environment.store_environment(storage, KEY, requirements=None)
+    probe = "import json, kinetic_nb, psutil; print(json.dumps([kinetic_nb.__file__, psutil.__file__]))"
+    done = run_bootstrap(storage.uri, tmp_path / "env", "python", "-c", probe, extra=offline_pip(wheelhouse),
+                         python=sys.executable)
+    assert done.returncode == 0, done.stderr + done.stdout
+    ours, theirs = json.loads(done.stdout.splitlines()[-1])
+    assert ours.startswith(str(tmp_path / "env" / "venv"))  # the wheel's, not this checkout's
+    assert theirs.startswith(sys.prefix)  # the outer venv's own
+
+
 def test_the_bootstrap_reads_gs_storage(gcs_root, wheelhouse, tmp_path):
     storage = open_storage(f"{gcs_root}/job")
     record = environment.store_environment(storage, KEY, requirements=b"kinetic_probe_requirement\n")
@@ -221,7 +239,7 @@ def _bootstrap_command(job_uri, directory, extra):
     key_file = directory.parent / "job-key"
     env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp"), bootstrap.KEY_FILE_ENV: str(key_file),
            bootstrap.JOB_URI_ENV: job_uri, bootstrap.DIRECTORY_ENV: str(directory), **extra}
-    return [sys.executable, "-c", environment.bootstrap_source(), "--", "true"], {"env": env, "cwd": directory.anchor}
+    return [IMAGE_PYTHON, "-c", environment.bootstrap_source(), "--", "true"], {"env": env, "cwd": directory.anchor}
 
 
 # -- the whole path, pods played by FakeKubelet --------------------------------------------------

@@ -1,16 +1,22 @@
 """``-b ssh`` end to end, against four real ``sshd`` processes on loopback addresses (``tests/ssh_hosts``).
 
 Each host's environment is installed by the bootstrap from the job's signed wheel, once per content, and the
-same agent and runner as every backend run there, detached from the ssh session. The hosts see the test
-interpreter's packages (jax, torch) on ``PYTHONPATH``, as machines with them installed would.
+same agent and runner as every backend run there, detached from the ssh session; later jobs' agents are forked
+by a warm agent on each host. The hosts see the test interpreter's packages (jax, torch) on ``PYTHONPATH``, as
+machines with them installed would, each with a cache of its own; one test gives each host a user, a home and a
+virtual environment of its own.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import time
+
 import pytest
 
 import kinetic_nb
-from kinetic_nb.backends.ssh.pool import pool_for
+from kinetic_nb.backends.ssh.pool import close_pools, pool_for
 from kinetic_nb.errors import SshHostError
 
 from ..ddp_check import DDP_TRAIN, flat, full_batch_parameters
@@ -203,3 +209,41 @@ def test_a_session_runs_its_cells_on_the_ssh_hosts(ssh_hosts):
         assert session.run("mine").result(timeout=120) == 0  # the session stayed up
     finally:
         session.stop()
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("useradd"),
+                    reason="a user of its own per test host is made with useradd, which needs root (CI runs as root)")
+def test_hosts_of_users_of_their_own_install_and_run_in_their_own_homes(gcs_root):
+    """Each host a user of its own with its own home and Python, a venv there with the packages (jax, torch)
+    installed, the job on gs:// storage: every host installs the environment in its own home, sees its venv's
+    packages there, runs as its user, and leaves nothing."""
+    import psutil
+
+    from ..ssh_hosts import SshTestHosts
+
+    source = ("import os, pwd, sys\n"
+              "me = pwd.getpwuid(os.getuid()).pw_name\n"
+              "import jax, torch  # the host's own venv's, seen from the environment kinetic_nb keeps\n"
+              "print('host', os.environ['KINETIC_HOST_INDEX'], 'runs as', me, 'in', sys.prefix, flush=True)\n"
+              "(me, sys.prefix)")
+    with SshTestHosts(2, users=True) as hosts:
+        options = {"backend": "ssh", "storage": gcs_root, "framework": "none", "quiet": True,
+                   "backend_options": {"ssh_hosts": ",".join(hosts.targets), "ssh_config": hosts.config,
+                                       "ssh_python": "venv/bin/python"}}
+        try:
+            handle = kinetic_nb.submit(source, **options)
+            user, prefix = handle.result(timeout=600)
+            environments = hosts.homes[0] / ".cache" / "kinetic_nb" / "environments"
+            assert user == hosts.users[0] and os.path.dirname(os.path.dirname(prefix)) == str(environments)
+            for index in range(2):  # each in its own home's environment, as its own user
+                theirs = prefix.replace(str(hosts.homes[0]), str(hosts.homes[index]))
+                said = [line for line in handle.logs(index).splitlines() if line.startswith("host ")]
+                assert said == [f"host {index} runs as {hosts.users[index]} in {theirs}"]
+            again = kinetic_nb.submit(f"{source}[0], {AGENT_COMMAND}", **options).result(timeout=120)
+            assert again == (hosts.users[0], again[1]) and "kinetic_nb.agent.warm --stdio" in again[1]  # forked warm
+        finally:
+            close_pools()
+        deadline = time.monotonic() + 15
+        while left := [p.pid for p in psutil.process_iter(["username"]) if p.info["username"] in hosts.users]:
+            assert time.monotonic() < deadline, f"processes of the hosts' users survived: {left}"
+            time.sleep(0.1)
