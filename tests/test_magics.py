@@ -44,6 +44,10 @@ def run_cell(shell, code):
         ("--en X=1", "unrecognized arguments: --en X=1"),  # never an abbreviation of --env
         ("-b slurm", "argument -b/--backend: invalid choice: 'slurm'"),
         ("--namespace ml", "--namespace is for -b kubernetes, and this cell runs on -b local"),
+        ("--ssh-python python3", "--ssh-python is for -b ssh, -b tpu-vm, and this cell runs on -b local"),
+        ("-b tpu-vm --tpu one", "-b tpu-vm needs the TPU VM and its zone: --tpu NAME --zone ZONE"),
+        ("-b tpu-vm --tpu one --zone z --tpu-addresses public", "--tpu-addresses must be one of auto, internal, "
+                                                               "external, got 'public'"),
         ("-n 10000", "10000 host processes are more than the local backend runs"),
         ("--procs-per-host 0", "--procs-per-host must be at least 1, got 0"),
         ("-a gpu-h100x8 --procs-per-host 3", "3 processes per host do not divide the 8 GPUs of a gpu-h100x8 host"),

@@ -292,9 +292,12 @@ def main(argv):
                 with open(record_path + ".tmp", "w") as file:
                     json.dump(done, file)
                 os.replace(record_path + ".tmp", record_path)
-    except Refused as error:
+    except (Refused, OSError) as error:  # OSError: the environment's folder cannot be made or written
         print(f"kinetic_nb: environment install failed: {error}", file=sys.stderr)
-        _write(os.path.join(directory, LAST_ERROR), _why(error, os.path.join(directory, "install.log")))
+        try:
+            _write(os.path.join(directory, LAST_ERROR), _why(error, os.path.join(directory, "install.log")))
+        except OSError:
+            pass
         return 1
     env = dict(os.environ)
     env["PATH"] = os.path.join(done["venv"], "bin") + os.pathsep + env.get("PATH", "/usr/bin:/bin")

@@ -58,7 +58,9 @@ def chosen_options(backend: str, given: Mapping[str, Any], config: Mapping[str, 
     for other in backends():
         for flag in other.flags:
             if given.get(flag.dest) is not None and flag.dest not in ours:
-                raise ValueError(f"{flag.flag} is for -b {other.name}, and this cell runs on -b {chosen.name}")
+                takers = shared_flags().get(flag.flag, [other.name])
+                raise ValueError(f"{flag.flag} is for -b {', -b '.join(takers)}, and this cell runs on "
+                                 f"-b {chosen.name}")
     defaults = {flag.option: config.get(flag.option) for flag in chosen.flags if flag.setting}
     if any(value is not None for value in defaults.values()):
         options["config"] = defaults

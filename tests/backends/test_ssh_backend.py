@@ -18,6 +18,7 @@ import pytest
 import kinetic_nb
 from kinetic_nb.backends.ssh.pool import close_pools, pool_for
 from kinetic_nb.errors import SshHostError
+from kinetic_nb.runner import protocol
 
 from ..ddp_check import DDP_TRAIN, flat, full_batch_parameters
 from .conftest import ssh_options
@@ -247,3 +248,30 @@ def test_hosts_of_users_of_their_own_install_and_run_in_their_own_homes(gcs_root
         while left := [p.pid for p in psutil.process_iter(["username"]) if p.info["username"] in hosts.users]:
             assert time.monotonic() < deadline, f"processes of the hosts' users survived: {left}"
             time.sleep(0.1)
+
+
+def test_a_launch_that_fails_on_one_host_stops_the_hosts_that_started_at_once(ssh_hosts, storage_root):
+    """Host 2 cannot keep an environment (a file where its folder goes): the cell fails in one line naming it, and
+    the agents that did start on the others stop on the cancel record at once, not at their start barrier's
+    timeout (the check that no job process outlives the test holds them to it)."""
+    import pathlib
+
+    close_pools()  # no warm agent: every host starts the bootstrap's way
+    environments = pathlib.Path(ssh_hosts.environment["XDG_CACHE_HOME"]) / "host2" / "kinetic_nb" / "environments"
+    aside = environments.with_name("environments.aside")
+    if environments.exists():
+        environments.rename(aside)
+    environments.parent.mkdir(parents=True, exist_ok=True)
+    environments.write_text("not a folder")
+    try:
+        with pytest.raises(SshHostError, match=r"^host 2 \(h2\): its agent did not start: kinetic_nb: environment "
+                                               r"install failed: \[Errno 20\] Not a directory: ") as caught:
+            kinetic_nb.submit("'never'", framework="none", quiet=True, **on_ssh(ssh_hosts))
+        assert "\n" not in str(caught.value)
+    finally:
+        environments.unlink()
+        if aside.exists():
+            aside.rename(environments)
+    root = pathlib.Path(storage_root.removeprefix("file://"))
+    job = max(root.glob("kn-*"), key=lambda path: path.stat().st_mtime)
+    assert (job / protocol.CANCEL).exists()  # what the agents that started obeyed
