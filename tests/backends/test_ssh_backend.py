@@ -275,3 +275,55 @@ def test_a_launch_that_fails_on_one_host_stops_the_hosts_that_started_at_once(ss
     root = pathlib.Path(storage_root.removeprefix("file://"))
     job = max(root.glob("kn-*"), key=lambda path: path.stat().st_mtime)
     assert (job / protocol.CANCEL).exists()  # what the agents that started obeyed
+
+
+def warm_agents_now(ssh_hosts) -> set[str]:
+    """The warm agents on the test hosts and their ssh clients, and the control masters to the hosts."""
+    import psutil
+
+    from ..conftest import ssh_warm_agents
+
+    masters = set()
+    for process in psutil.process_iter(["cmdline"]):
+        command = " ".join(process.info["cmdline"] or ())
+        if "ControlMaster=yes" in command and ssh_hosts.config in command:
+            masters.add(f"{process.pid}: {command}")
+    return set(ssh_warm_agents(ssh_hosts.environment["XDG_CACHE_HOME"])) | masters
+
+
+def test_an_idle_pool_closes_and_its_warm_agents_end(ssh_hosts, monkeypatch):
+    from kinetic_nb.backends.ssh import pool as pools
+
+    close_pools()
+    before = warm_agents_now(ssh_hosts)
+    monkeypatch.setattr(pools, "IDLE_CLOSE_S", 2.0)
+    for _ in range(2):  # the second finds the warm agents the first started
+        kinetic_nb.submit("1", framework="none", quiet=True, **on_ssh(ssh_hosts, 2)).result(timeout=300)
+    held = pool_of(ssh_hosts, 2)
+    assert held.warm and not held.closed
+    deadline = time.monotonic() + 30
+    while not held.closed or warm_agents_now(ssh_hosts) - before:
+        assert time.monotonic() < deadline, "an idle pool stayed open, or its warm agents ran on"
+        time.sleep(0.1)
+    assert not any(held.connections.master_alive(index) for index in range(2))
+
+
+def test_a_notebook_that_exits_leaves_no_warm_agent_or_connection_behind(ssh_hosts, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    before = warm_agents_now(ssh_hosts)
+    notebook = ("import json, sys, kinetic_nb\n"
+                "options = json.loads(sys.argv[1])\n"
+                "for _ in range(2):\n"
+                "    print(kinetic_nb.submit('6 * 7', framework='none', quiet=True, backend='ssh',\n"
+                "                            backend_options=options).result(timeout=300))\n")
+    done = subprocess.run([sys.executable, "-c", notebook, json.dumps(ssh_options(ssh_hosts, 2))],
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["42", "42"]
+    deadline = time.monotonic() + 15
+    while left := warm_agents_now(ssh_hosts) - before:
+        assert time.monotonic() < deadline, f"the exited notebook's warm agents or connections ran on: {left}"
+        time.sleep(0.1)
