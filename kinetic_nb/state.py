@@ -209,6 +209,9 @@ class HostSnapshot:
     history: tuple[tuple[str, float], ...] = ()
     #: Every thread's Python stack, fetched once when the host turned quiet.
     stacks: str = ""
+    #: At its last cell's end (``HostStatus.memory``): ``rss``, ``peak_rss``, and ``device``, ``device_peak``
+    #: where its framework reports them, in bytes; empty before that.
+    memory: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def is_leader(self) -> bool:

@@ -41,6 +41,14 @@ if host == 3:
 'done'"""
 
 
+#: Host 2 holds 600 MiB more than the others at the cell's end: the panel flags it.
+MEMORY_CELL = """%%kinetic -n 4 --framework none
+import os
+if os.environ['RANK'] == '2':
+    held = b'\\x01' * (600 * 2**20)
+print('done', flush=True)"""
+
+
 SESSION_CELLS = [
     "%kinetic start -n 3 --framework none --idle-timeout 120",
     "%%kinetic\n'trivial'",
@@ -58,7 +66,7 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def jupyterlab(tmp_path_factory):
     root = tmp_path_factory.mktemp("lab")
-    for name, cells in (("panel.ipynb", [CELL]), ("session.ipynb", SESSION_CELLS)):
+    for name, cells in (("panel.ipynb", [CELL]), ("session.ipynb", SESSION_CELLS), ("memory.ipynb", [MEMORY_CELL])):
         # A cell tagged raises-exception fails without stopping "Run All Cells" (the session is stopped after).
         notebook = new_notebook(cells=[new_code_cell("%load_ext kinetic_nb"), *(
             new_code_cell(cell, metadata={"tags": ["raises-exception"]} if "raise" in cell else {})
@@ -144,6 +152,27 @@ def test_the_panel_goes_live_in_jupyterlab(jupyterlab):
             news.first.click()  # JupyterLab's news prompt would cover the panel
             page.get_by_text("Would you like to get notified").wait_for(state="hidden", timeout=10_000)
     assert (OUTPUT / "panel.png").stat().st_size > 10_000
+
+
+def test_the_panel_shows_each_hosts_memory_and_flags_the_host_above_the_others(jupyterlab):
+    """What a reviewer sees in build/test-output/memory-panel.png (docs/images/memory.png is one such)."""
+    with notebook_run(jupyterlab("memory.ipynb"), "memory-panel", 900) as page:
+        page.get_by_text("SUCCEEDED", exact=False).first.wait_for(timeout=120_000)
+        panel = page.locator(".jp-OutputArea .widget-vbox").first
+        flag = panel.get_by_text("host 2 holds", exact=False).first
+        flag.wait_for(timeout=30_000)
+        assert "of resident memory" in flag.inner_text() and "the others' median" in flag.inner_text()
+        assert "memory at the cell's end, resident: 0 " in panel.inner_text()
+        assert panel.get_by_text("host 0 holds", exact=False).count() == 0
+        page.get_by_text("host 2 · succeeded", exact=False).first.click()
+        figures = panel.get_by_text("resident (peak", exact=False).nth(2)  # host 2's drill-down
+        figures.wait_for(state="visible", timeout=10_000)
+        assert figures.inner_text().startswith("memory: 6")  # 600 MiB and more
+        news = page.get_by_role("button", name="No", exact=True)
+        if news.count():
+            news.first.click()
+            page.get_by_text("Would you like to get notified").wait_for(state="hidden", timeout=10_000)
+    assert (OUTPUT / "memory-panel.png").stat().st_size > 10_000
 
 
 def test_a_session_cells_panel_ends_as_a_one_shot_jobs_does(jupyterlab):

@@ -22,6 +22,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -309,7 +310,7 @@ class CellHandle:
             if on_snapshot is not None and not shown:
                 # Decided while a host's end may still be being recorded: the panel's last word is the outcome.
                 on_snapshot(snapshot if snapshot.status.done else dataclasses.replace(snapshot, status=decided))
-            self._after_outcome(decided)
+            self._after_outcome(decided, snapshot)
         self.outputs = dict(self._payload.outputs)
         self.missing_outputs = self._payload.missing_outputs
         return self._payload.result
@@ -356,7 +357,7 @@ class CellHandle:
             error.add_note(self._fate())
         return error
 
-    def _after_outcome(self, decided: JobStatus) -> None:
+    def _after_outcome(self, decided: JobStatus, snapshot: JobSnapshot) -> None:
         """A one-shot job notes its outcome (and after a success removes all but handle.json and outputs/);
         a session cell's outcome objects are deleted once read, as a one-shot job's are: a long session does
         not pile up every cell's values. A cell's payload stays (its name is how the session numbers its
@@ -364,6 +365,8 @@ class CellHandle:
         if self.session is None:
             self.group.record_outcome(decided)
             return
+        for line in self.session.memory_growth.note(snapshot.hosts, self.poller.plan.name_of):
+            print(line, file=sys.stderr, flush=True)  # once per host and session, in the cell's output
         if self.storage.local_path() is not None:
             self._remove_outcome()
         else:  # on a bucket a listing and a round of deletes: not on the way to the cell's value

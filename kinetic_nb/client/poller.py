@@ -361,6 +361,7 @@ class JobPoller:
             last_line=records.last_line(), log_tail=records.lines(),
             message=status.message if status else waiting, traceback=status.traceback if status else "",
             exit=records.exit, history=tuple((phase, float(at)) for phase, at in status.history) if status else (),
+            memory=_memory(status.memory) if status else {},
         )
 
     def _job_host(self, index: int, now: float) -> HostSnapshot:
@@ -414,3 +415,11 @@ class JobPoller:
                     max(filter(None, (self.records[host.index].active_at, host.updated_at)), default=None),
                     first_end, self.plan.grace_s, now)
                 else host for host in hosts]
+
+
+def _memory(figures: object) -> dict[str, int]:
+    """A status's memory figures as the display reads them: byte counts by name, anything else left out."""
+    if not isinstance(figures, dict):
+        return {}
+    return {name: value for name, value in figures.items()
+            if isinstance(name, str) and isinstance(value, int) and not isinstance(value, bool) and value >= 0}

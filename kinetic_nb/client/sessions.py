@@ -34,6 +34,7 @@ from kinetic_nb.client.cell_handle import CellHandle
 from kinetic_nb.client.host_group import HostGroup
 from kinetic_nb.client.keys import load_key
 from kinetic_nb.client.launch import choose_backend, launch_hosts, print_to_stdout, storage_root
+from kinetic_nb.client.memory_growth import MemoryGrowth
 from kinetic_nb.client.plan import (
     backend_slice,
     check_protocol,
@@ -85,6 +86,8 @@ class Session:
         self.group = group
         self.echo = echo
         self.cells_run = 0
+        #: Each host's memory after each cell: a host that keeps growing is said once (``client.memory_growth``).
+        self.memory_growth = MemoryGrowth()
         self._ended_hosts = False
         #: The last cell run from this kernel: its poll read the leader's status when the cell ended.
         self._last_cell: CellHandle | None = None

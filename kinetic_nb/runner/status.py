@@ -11,6 +11,7 @@ from typing import Any
 
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.environment_install import installed_environment
+from kinetic_nb.runner.memory import measure
 from kinetic_nb.runner.protocol import HostState, HostStatus, Phase
 from kinetic_nb.runner.records import write_record
 from kinetic_nb.storage import Storage
@@ -20,6 +21,8 @@ logger = logging.getLogger(__name__)
 #: How often a live host rewrites its heartbeat; a reader that sees no new
 #: heartbeat for several intervals can suspect the host is gone.
 HEARTBEAT_INTERVAL_S = 2.0
+#: The states that end a cell on a host: its status then carries the host's memory.
+CELL_END_STATES = (HostState.IDLE, HostState.SUCCEEDED, HostState.FAILED, HostState.STOPPED)
 #: How often an idle session host does: nobody waits on it, and each beat is a request on a bucket (a reader
 #: gives an idle host several of these before it calls it lost: ``state.IDLE_LOST_AFTER_S``).
 IDLE_HEARTBEAT_INTERVAL_S = 60.0
@@ -84,6 +87,8 @@ class StatusReporter:
                 history = []  # a session's timeline is its current cell's
             if phase is not None and phase.value != self._status.phase:
                 history = [*history, [phase.value, now]]
+            if state in CELL_END_STATES:  # the cell's memory, in the write that records its end
+                session["memory"] = measure()
             self._status = dataclasses.replace(
                 self._status,
                 state=state.value if state else self._status.state,

@@ -27,6 +27,7 @@ import time
 from collections.abc import Iterable
 from typing import IO, Any
 
+from kinetic_nb.notebook.display.memory import memory_detail, memory_flags, memory_line
 from kinetic_nb.runner.protocol import process_label
 from kinetic_nb.state import (
     SNAPSHOT_INTERVAL_S,
@@ -166,8 +167,11 @@ def host_summary(host: int, processes: tuple[HostSnapshot, ...]) -> HostSnapshot
     worst = min(processes, key=lambda process: (rank.get(process.state, len(rank)), process.index))
     speaker = next((process for process in processes if process.last_line), None)
     last = f"[rank {speaker.index}] {speaker.last_line}" if speaker is not None else ""
+    memory = {figure: sum(process.memory[figure] for process in processes if figure in process.memory)
+              for figure in ("rss", "peak_rss", "device", "device_peak")
+              if any(figure in process.memory for process in processes)}  # the host's: its processes' together
     return HostSnapshot(index=host, state=worst.state, phase=worst.phase, started_at=worst.started_at,
-                        updated_at=worst.updated_at, last_line=last, exit=worst.exit)
+                        updated_at=worst.updated_at, last_line=last, exit=worst.exit, memory=memory)
 
 
 def _counts_text(snapshot: JobSnapshot) -> str:
@@ -196,6 +200,8 @@ def _row_html(host: HostSnapshot, now: float, label: str | None = None) -> str:
 
 def _detail_html(host: HostSnapshot) -> str:
     parts = []
+    if host.memory:
+        parts.append(f'<div style="font-family:monospace;color:#555">{html.escape(memory_detail(host))}</div>')
     if host.traceback:
         parts.append(f'<pre style="color:#b71c1c;white-space:pre-wrap">{html.escape(host.traceback)}</pre>')
     elif host.message:
@@ -249,10 +255,22 @@ def _problems_html(snapshot: JobSnapshot) -> str:
 
 
 def _failures_html(snapshot: JobSnapshot) -> str:
-    lines = failure_lines(snapshot)
-    if not lines:
-        return ""
-    return "".join(f'<div style="color:#b71c1c;font-family:monospace">{html.escape(line)}</div>' for line in lines)
+    """Each host's memory at its cell's end (grey), the failures, then the hosts whose memory stands out (amber:
+    worth a look, not an error)."""
+    measured = memory_line(_per_host(snapshot))
+    memory = f'<div style="color:#555;font-family:monospace">{html.escape(measured)}</div>' if measured else ""
+    failures = "".join(f'<div style="color:#b71c1c;font-family:monospace">{html.escape(line)}</div>'
+                       for line in failure_lines(snapshot))
+    flags = "".join(f'<div style="color:#b26a00;font-family:monospace">{html.escape(line)}</div>'
+                    for line in memory_flags(_per_host(snapshot)))
+    return memory + failures + flags
+
+
+def _per_host(snapshot: JobSnapshot) -> list[HostSnapshot]:
+    """A row per host: its processes together, where hosts run several."""
+    if snapshot.procs_per_host > 1:
+        return [host_summary(index, processes) for index, processes in snapshot.by_host()]
+    return list(snapshot.hosts)
 
 
 class HostPanel:
@@ -360,7 +378,10 @@ def text_summary(snapshot: JobSnapshot, *, brief: bool = False) -> str:
         tail = host.exit_summary if host.exit and not host.fine else host.last_line[:LAST_LINE_CHARS]
         lines.append(f"{_label(host, per):>5}{leader}  {host.state:<9}  {host.phase:<20}  "
                      f"{_seconds(host.elapsed(snapshot.taken_at)):>7}  {tail}")
+    if memory_line(_per_host(snapshot)):
+        lines.append(memory_line(_per_host(snapshot)))
     lines.extend(failure_lines(snapshot))
+    lines.extend(memory_flags(_per_host(snapshot)))
     lines.extend(quiet_lines(snapshot))
     return "\n".join(lines)
 

@@ -226,6 +226,9 @@ class HostStatus:
     #: Counts the host's writes of this record: a reader never goes back to a lower one, so an older
     #: signed status replayed over the newest is ignored.
     revision: int = 0
+    #: At a cell's end (``runner.memory.measure``): ``rss``, ``peak_rss`` and, where the framework reports
+    #: them, ``device`` and ``device_peak``, in bytes.
+    memory: dict = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> bytes:
         return _to_json(self)
