@@ -6,7 +6,9 @@ Runs on the local backend, on the machine's own GPUs (not the CPU simulation):
    NCCL world of one only: NCCL refuses two ranks on one device);
 2. a JAX cell whose ``jax.devices()`` are GPUs;
 3. a torch session of 3 cells on the GPU, its tensor kept from cell to cell;
-4. a shape the machine lacks (``-n`` one more host than it has GPUs), refused in one line.
+4. a shape the machine lacks (``-n`` one more host than it has GPUs), refused in one line;
+5. each host's accelerator memory at a cell's end (issue 28): a torch cell holding 1 GiB on ``cuda:0`` and a
+   JAX cell holding 1 GiB on its GPU report ``device`` and ``device_peak`` of at least that in their status.
 
 Each step prints one line with its result and time; the script exits 1 if any
 step fails. Save its output under ``benchmarks/results/`` with the date.
@@ -67,6 +69,17 @@ def too_many_hosts() -> str:
     raise AssertionError("a shape this machine lacks was not refused")
 
 
+def device_memory(framework: str) -> dict:
+    """A cell that keeps 1 GiB on the GPU: its host's end status must carry at least that as ``device``."""
+    source = {"torch": "import torch\nheld = torch.ones(256 * 2**20, device='cuda')\nNone",
+              "jax": "import jax.numpy as jnp\nheld = jnp.ones(256 * 2**20)\nheld.block_until_ready()\nNone"}[framework]
+    handle = kinetic_nb.submit(source, accelerator="gpu-h100x1", framework=framework)
+    handle.result()
+    memory = dict(handle.snapshot().hosts[0].memory)
+    assert memory.get("device", 0) >= 2**30 and memory.get("device_peak", 0) >= memory["device"], memory
+    return memory
+
+
 def main() -> int:
     os.environ.setdefault("KINETIC_STORAGE", tempfile.mkdtemp(prefix="kinetic-gpu-check-"))
     gpus = machine_gpus()
@@ -79,6 +92,8 @@ def main() -> int:
              lambda: kinetic_nb.submit(JAX_DEVICES, accelerator="gpu-h100x1", framework="jax").result()),
         step("torch session of 3 cells on the GPU", session_cells),
         step("a shape this machine lacks", too_many_hosts),
+        step("torch's accelerator memory in a host's end status", lambda: device_memory("torch")),
+        step("JAX's accelerator memory in a host's end status", lambda: device_memory("jax")),
     ]
     return 0 if all(results) else 1
 
