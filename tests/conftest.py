@@ -6,6 +6,7 @@ import contextlib
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import time
 
@@ -137,6 +138,21 @@ def ssh_warm_agents(cache: str) -> list[str]:
                     and not forked_by_an_ssh_warm_agent(process)):
                 found.append(f"{process.pid}: {command}")
     return found
+
+
+@pytest.fixture(autouse=True)
+def fresh_gcs_clients():
+    """Each test meets gs:// with the clients its own environment makes. kinetic_nb keeps one client per process
+    (and emulator), made on first use: one made while another test stood in for Google's credentials (a TPU
+    VM's, the doctor's) or had an emulator, by that test or by a thread a test left (a bucket session's cleanup),
+    must not serve a test that checks what a user without credentials meets."""
+    gcs = sys.modules.get("kinetic_nb.storage.gcs")
+    if gcs is not None:
+        gcs._clients.clear()
+    yield
+    gcs = sys.modules.get("kinetic_nb.storage.gcs")
+    if gcs is not None:
+        gcs._clients.clear()
 
 
 @pytest.fixture(autouse=True)
