@@ -154,3 +154,8 @@ class KineticTimeoutError(KineticError, TimeoutError):
 
 class KineticWarning(UserWarning):
     """A host record was skipped or a host misbehaved after success."""
+
+
+class PostMortemError(KineticError):
+    """``%kinetic pm``: the host has no failure to look into, or the expression raised there (its type and
+    message, as the host gave them)."""

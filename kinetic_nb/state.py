@@ -71,11 +71,12 @@ CHATTER = re.compile(
     r"|I0000 00:00:[\d.]+ +\d+ (coordination_service|coordination_service_agent|client_server|"
     r"coordination_service_rpc_handler|grpc_server)\.cc:\d+\] .*"
     r"|INFO:jax\._src\.distributed:(Starting|Connecting to) JAX distributed service on .*"
+    r"|USDT:[\d-]+ [\d:]+ \d+:\d+ SyncActivityProfilerHandler\.cpp:\d+\] profiler_(start|stop)"  # torch's profiler
     r"|" + re.escape(ENVIRONMENT_LOG_PREFIX) + r".*)$"
 )
 #: How each kind of ``CHATTER`` line starts: a line still being written that
 #: may become one is held back from the cell until it is complete.
-CHATTER_STARTS = ("[Gloo] Rank ", "I0000 00:00:", "INFO:jax._src.distributed:", ENVIRONMENT_LOG_PREFIX)
+CHATTER_STARTS = ("[Gloo] Rank ", "I0000 00:00:", "INFO:jax._src.distributed:", "USDT:", ENVIRONMENT_LOG_PREFIX)
 #: Host states that need no attention.
 FINE_STATES = frozenset({HostState.PENDING.value, HostState.READY.value, HostState.RUNNING.value, HostState.IDLE.value,
                          HostState.SUCCEEDED.value})
@@ -212,6 +213,10 @@ class HostSnapshot:
     #: At its last cell's end (``HostStatus.memory``): ``rss``, ``peak_rss``, and ``device``, ``device_peak``
     #: where its framework reports them, in bytes; empty before that.
     memory: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    #: A failed host's failing frames and their variables, as text its host made (``runner.frame_locals``).
+    frame_locals: tuple = ()
+    #: A profiled cell's span on this host, ``(start, end)`` on its clock; empty when it was not profiled.
+    profiled: tuple = ()
 
     @property
     def is_leader(self) -> bool:

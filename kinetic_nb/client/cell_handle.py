@@ -32,6 +32,7 @@ from kinetic_nb import views
 from kinetic_nb.client.host_group import STACKS_WAIT_S, HostGroup, check_host, remove_job_objects
 from kinetic_nb.client.outcome import read_leader, resolve_outcome
 from kinetic_nb.client.poller import JobPoller
+from kinetic_nb.client.profile import GATHER_WAIT_S, MergedProfile, merged_profile
 from kinetic_nb.client.waiting import wait_for
 from kinetic_nb.errors import (
     CellInterrupted,
@@ -47,6 +48,7 @@ from kinetic_nb.runner.protocol import CancelRequest
 from kinetic_nb.runner.records import read_record
 from kinetic_nb.runner.relayed import STORE_INTERVAL_S
 from kinetic_nb.state import HostSnapshot, HostState, JobSnapshot, JobStatus
+from kinetic_nb.storage.defaults import user_directory
 
 __all__ = ["CellHandle", "JobHandle", "Session"]
 
@@ -92,14 +94,19 @@ class CellHandle:
         A session cell's own timeout (a one-shot job's is in its plan).
     echo : callable, optional
         Where the leader's output goes as it arrives.
+    profiled : bool
+        Whether the cell runs under its framework's profiler on every host (``profile()`` merges the traces).
     name : str, optional
         The cell as the notebook knows it (``In[4]``), for the panel's header.
     """
 
     def __init__(self, group: HostGroup, *, session: Session | None = None, seq: int = ONLY_CELL,
                  timeout: float | None = None, echo: Callable[[str, str], None] | None = None,
-                 name: str | None = None):
+                 name: str | None = None, profiled: bool = False):
         self.group = group
+        #: Whether the cell was asked to run under its framework's profiler on every host (``profile()``).
+        self.profiled = profiled
+        self._profile: MergedProfile | None = None
         self.session = session
         self.seq = seq
         self.plan = group.plan
@@ -160,6 +167,31 @@ class CellHandle:
             snapshot = self.poller.snapshot()
         self._snapshot = snapshot
         return snapshot
+
+    def profile(self, *, wait: float = GATHER_WAIT_S) -> MergedProfile:
+        """A profiled cell's (``--profile``) hosts' traces merged into one Chrome trace, one process per host,
+        aligned on the cell's barrier; where it is, and which hosts it lacks and why. Merged once, after the
+        cell's outcome; a host still running gets ``wait`` seconds to store its trace.
+
+        Raises
+        ------
+        ValueError
+            When the cell was not profiled (no host stored a profile, and none was asked for).
+        """
+        if self._profile is not None:
+            return self._profile
+        storage = getattr(self.storage, "plain", self.storage)  # the hosts store traces beside the channel
+        if not self.profiled and not storage.list(protocol.PROFILE_DIR + "/"):
+            raise ValueError(f"cell {self.job_id} was not profiled (%%kinetic --profile, or %kinetic profile before "
+                             "a session's cell)")
+
+        def ended(rank: int) -> bool:
+            return (self._snapshot or self.snapshot()).hosts[rank].ended
+
+        copy = user_directory("profiles") / f"{self.job_id.replace('/', '-')}.trace.json.gz"
+        self._profile = merged_profile(storage, self.key, self.plan.world_size, self.poller.plan.name_of, ended,
+                                       str(copy), wait)
+        return self._profile
 
     def status(self) -> JobStatus:
         """PENDING, RUNNING, SUCCEEDED, FAILED or CANCELLED."""
@@ -380,7 +412,8 @@ class CellHandle:
         if relay is not None and relay.up:  # through the channel: what the hosts store comes a moment later
             time.sleep(STORE_INTERVAL_S + 0.5)
         try:
-            remove_job_objects(storage, keep=(protocol.PAYLOAD, "log/", protocol.CELL_DONE_PREFIX))
+            remove_job_objects(storage, keep=(protocol.PAYLOAD, "log/", protocol.CELL_DONE_PREFIX,
+                                              protocol.PROFILE_DIR + "/"))
         except Exception:
             logger.debug("could not remove the outcome of cell %s", self.seq, exc_info=True)
 

@@ -245,14 +245,15 @@ class HostGroup:
             logger.warning("could not record the lost hosts of %s", self.job_id, exc_info=True)
 
     def record_outcome(self, status: JobStatus) -> None:
-        """Note the outcome in handle.json; after a success, remove all but handle.json and outputs/."""
+        """Note the outcome in handle.json; after a success, remove all but handle.json, outputs/ and profile/."""
         if self.outcome_recorded:
             return
         self.outcome_recorded = True
         self.close_wakeup()
         try:
             if status is JobStatus.SUCCEEDED and not self.keep:
-                remove_job_objects(self.storage, keep=(protocol.HANDLE, protocol.OUTPUTS_DIR + "/"))
+                remove_job_objects(self.storage, keep=(protocol.HANDLE, protocol.OUTPUTS_DIR + "/",
+                                                      protocol.PROFILE_DIR + "/"))
             self.write_record(status=str(status), decided_at=time.time())
         except Exception:  # bookkeeping must not hide the outcome
             logger.warning("could not record the outcome of %s", self.job_id, exc_info=True)

@@ -138,6 +138,7 @@ def submit(
     keep: bool = False,
     backend_options: Mapping[str, Any] | None = None,
     procs_per_host: int | None = None,
+    profile: bool = False,
 ) -> CellHandle:
     """Run ``source`` on every host of a slice; return at once with a ``CellHandle`` on its one cell.
 
@@ -188,6 +189,9 @@ def submit(
         Processes on each host, each with its own rank (``RANK``,
         ``LOCAL_RANK``, ...). Default: one per GPU for torch on GPU hosts, else
         one (see ``client.plan.choose_procs_per_host``).
+    profile : bool
+        Run the cell under its framework's profiler on every host; ``handle.profile()`` merges the hosts'
+        traces into one (``client.profile``).
     """
     namespace = {} if namespace is None else namespace
     out = list(out)
@@ -195,12 +199,13 @@ def submit(
     check_shape(hosts=hosts, timeout=timeout, grace=grace, procs_per_host=procs_per_host)
     chosen_backend = choose_backend(backend, backend_options)
     acc, host_count = backend_slice(chosen_backend, hosts, accelerator)
-    payload = prepare_cell(source, namespace, filename=f"<{cell_name}>", out=out)
+    payload = prepare_cell(source, namespace, filename=f"<{cell_name}>", out=out,
+                           extra={protocol.CELL_PROFILE: True} if profile else None)
     group = launch_hosts(new_job_id(), JOB, open_storage(storage or storage_root(chosen_backend)), chosen_backend, acc, host_count,
                           framework=choose_framework(framework, payload.modules), env=env, quiet=quiet,
                           payload=payload.data, echo=print_to_stdout if echo is True else (echo or None),
                           detached=detach, keep=keep, timeout=timeout, grace=grace, procs_per_host=procs_per_host)
-    handle = CellHandle(group)
+    handle = CellHandle(group, profiled=profile)
     global _last_handle
     _last_handle = handle
     if detach:

@@ -45,6 +45,7 @@ from kinetic_nb.errors import (
 )
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.envelope import load_payload
+from kinetic_nb.runner.frame_locals import FrameLocals, locals_notes
 from kinetic_nb.runner.protocol import ExitSummary, JobPlan, ResultPayload
 from kinetic_nb.state import JobStatus, is_peer_loss
 from kinetic_nb.storage import ObjectInfo, Storage
@@ -213,8 +214,10 @@ def _raise_tampered(error: IntegrityError, next_verified: HostFailure | None) ->
 
 
 def _phase_notes(failure: HostFailure) -> list[str]:
+    """The phase it failed in, then the first few variables of its failing frame (text its host made)."""
     phase = failure.payload.phase
-    return [f"Failed during phase: {phase}"] if phase else []
+    frames = [frame for record in failure.payload.frame_locals if (frame := FrameLocals.from_dict(record))]
+    return [*([f"Failed during phase: {phase}"] if phase else []), *locals_notes(frames, failure.name)]
 
 
 def _add_notes(error: BaseException, notes: list[str]) -> None:

@@ -28,6 +28,7 @@ from kinetic_nb.backends.base import PlatformView
 from kinetic_nb.client.echo import LeaderEcho
 from kinetic_nb.errors import IntegrityError, ObjectNotFoundError
 from kinetic_nb.runner import protocol
+from kinetic_nb.runner.frame_locals import FrameLocals
 from kinetic_nb.runner.logs import LogScreen
 from kinetic_nb.runner.protocol import CancelRequest, ExitSummary, HostStatus, JobPlan, Phase
 from kinetic_nb.runner.records import open_log_chunk, open_record, unverified_line
@@ -362,6 +363,8 @@ class JobPoller:
             message=status.message if status else waiting, traceback=status.traceback if status else "",
             exit=records.exit, history=tuple((phase, float(at)) for phase, at in status.history) if status else (),
             memory=_memory(status.memory) if status else {},
+            frame_locals=_frame_locals(status.frame_locals) if status else (),
+            profiled=_span(status.profiled) if status else (),
         )
 
     def _job_host(self, index: int, now: float) -> HostSnapshot:
@@ -415,6 +418,20 @@ class JobPoller:
                     max(filter(None, (self.records[host.index].active_at, host.updated_at)), default=None),
                     first_end, self.plan.grace_s, now)
                 else host for host in hosts]
+
+
+def _frame_locals(records: object) -> tuple[FrameLocals, ...]:
+    """A status's failing frames as the display reads them; anything malformed left out."""
+    if not isinstance(records, list):
+        return ()
+    return tuple(frame for record in records if (frame := FrameLocals.from_dict(record)) is not None)
+
+
+def _span(span: object) -> tuple[float, float] | tuple[()]:
+    """A status's profiled span as ``(start, end)``; anything malformed, none."""
+    if isinstance(span, list) and len(span) == 2 and all(isinstance(at, (int, float)) for at in span):
+        return float(span[0]), float(span[1])
+    return ()
 
 
 def _memory(figures: object) -> dict[str, int]:

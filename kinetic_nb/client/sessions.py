@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from kinetic_nb.backends import Backend, get_backend
+from kinetic_nb.client import post_mortem
 from kinetic_nb.client.catalog_records import listed_ids, owned_here, printable
 from kinetic_nb.client.cell_handle import CellHandle
 from kinetic_nb.client.host_group import HostGroup
@@ -305,9 +306,11 @@ class Session:
     # -- cells ---------------------------------------------------------------------------
 
     def run(self, source: str, *, out: Iterable[str] = (), namespace: Mapping[str, Any] | None = None,
-            timeout: float | None = None, cell_name: str = "kinetic cell", echo: Any = None) -> CellHandle:
+            timeout: float | None = None, cell_name: str = "kinetic cell", echo: Any = None,
+            profile: bool = False) -> CellHandle:
         """Send ``source`` to every host; a handle on the cell (``result()``, ``hosts()``, ``logs()``, ...).
 
+        ``profile=True`` runs it under its framework's profiler on every host (``CellHandle.profile()``).
         Names the hosts already hold are taken from the hosts, never shipped
         from ``namespace``; other names the cell reads from ``namespace`` are
         shipped as a one-shot job ships them.
@@ -322,15 +325,20 @@ class Session:
             self.join_channel()
         held = self.held_names()
         # With framework "auto", the hosts initialize the one the first cell that imports one uses.
-        extra = (lambda modules: {protocol.CELL_FRAMEWORK: choose_framework("auto", modules)}) \
-            if self.plan.framework == "auto" else None
+        profiled = {protocol.CELL_PROFILE: True} if profile else {}  # under its framework's profiler on every host
+
+        def extra(modules: set[str]) -> dict[str, Any]:
+            if self.plan.framework == "auto":
+                return {protocol.CELL_FRAMEWORK: choose_framework("auto", modules), **profiled}
+            return profiled
         payload = prepare_cell(source, namespace or {}, filename=f"<{cell_name}>", out=out, held=held, extra=extra)
         self.group.open_wakeup()  # before the cell is stored: its hosts wake this notebook when they are done
         seq = self._submit(payload.data, timeout)
         printer = print_to_stdout if echo is True else (echo or self.echo)
         # The panel names the cell as the notebook does (In[4]); a cell from the API by its number.
         name = cell_name.removeprefix("kinetic ") if cell_name != "kinetic cell" else None
-        self._last_cell = CellHandle(self.group, session=self, seq=seq, timeout=timeout, echo=printer, name=name)
+        self._last_cell = CellHandle(self.group, session=self, seq=seq, timeout=timeout, echo=printer, name=name,
+                                     profiled=profile)
         return self._last_cell
 
     def cell(self, seq: int) -> CellHandle:
@@ -368,6 +376,18 @@ class Session:
         else:
             self.share(*submitted)
         return seq
+
+    def post_mortem(self, rank: int, expression: str, *, frame: str = "raised") -> str:
+        """The text of ``expression`` evaluated on ``rank`` in the frame its last cell failed in, as ``%debug``
+        would (``frame="cell"``: the cell's own innermost frame, where the failure left the cell's code). The
+        other hosts are not touched; the host keeps the frame until its next cell starts.
+
+        Raises
+        ------
+        PostMortemError
+            The host keeps no failing frame, the expression raised there, or no answer came.
+        """
+        return post_mortem.ask(self, rank, expression, frame=frame)
 
     # -- lifecycle -----------------------------------------------------------------------
 

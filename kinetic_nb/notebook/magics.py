@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime
 import keyword
+import re
 import shlex
 import sys
 from collections.abc import Callable
@@ -31,7 +32,14 @@ from kinetic_nb.client.cell_handle import CellHandle
 from kinetic_nb.client.launch import submit
 from kinetic_nb.client.plan import check_shape
 from kinetic_nb.client.sessions import Session, SessionEndedError, attach_session
-from kinetic_nb.errors import CaptureError, IntegrityError, KineticError, ObjectNotFoundError, UnknownAcceleratorError
+from kinetic_nb.errors import (
+    CaptureError,
+    IntegrityError,
+    KineticError,
+    ObjectNotFoundError,
+    PostMortemError,
+    UnknownAcceleratorError,
+)
 from kinetic_nb.notebook.display import live_view
 from kinetic_nb.notebook.session_commands import (
     SLICE_FLAGS,
@@ -43,8 +51,8 @@ from kinetic_nb.notebook.session_commands import (
 from kinetic_nb.runner.redact import MASK, SecretValue
 
 #: The ``%kinetic`` line magic's subcommands, in the order its help lists them.
-SUBCOMMANDS = ("start", "stop", "restart", "sessions", "jobs", "attach", "cancel", "logs", "stacks", "gc", "doctor",
-               "accelerators")
+SUBCOMMANDS = ("start", "stop", "restart", "profile", "pm", "sessions", "jobs", "attach", "cancel", "logs", "stacks", "gc",
+               "doctor", "accelerators")
 
 
 def _names(values: list[str]) -> list[str]:
@@ -133,6 +141,9 @@ _LINE_PARSERS = {
     "stacks": _parser("%kinetic stacks", (("job_id",), {}), (("--host",), dict(type=int, default=None))),
     "start": session_start_parser(_parser),
     "stop": _parser("%kinetic stop"),
+    "profile": _parser("%kinetic profile"),
+    # Its help; the line itself is read by ``_line_pm``, which keeps the expression as written (quotes and all).
+    "pm": refuse_abbreviations(MagicArgumentParser(prog="%kinetic pm", add_help=False)),
     "restart": _parser("%kinetic restart"),
     "sessions": _parser("%kinetic sessions", (("-n", "--limit"), dict(type=int, default=20, help="How many."))),
     "gc": _parser("%kinetic gc", (("--older-than",), dict(required=True, metavar="DURATION",
@@ -140,6 +151,12 @@ _LINE_PARSERS = {
     "doctor": doctor_parser(_parser),
     "accelerators": _parser("%kinetic accelerators"),
 }
+
+
+_LINE_PARSERS["pm"].add_argument("--cell", action="store_true",
+                                 help="In the cell's own innermost frame (default: where it was raised, as %%debug).")
+_LINE_PARSERS["pm"].add_argument("host", help="The host (its rank) whose last failure to look into.")
+_LINE_PARSERS["pm"].add_argument("expression", nargs="+", help="What to evaluate there, as Python.")
 
 
 def _arguments(flags: tuple[tuple[tuple, dict], ...]) -> Callable[[Any], Any]:
@@ -189,6 +206,8 @@ class KineticMagics(_BackendSettings):
     #: The session ``%kinetic stop`` stopped, until another starts: a cell then says so instead of quietly
     #: running as a one-shot job on one host.
     stopped_session: str | None = None
+    #: ``%kinetic profile``: the session's next cell runs under its framework's profiler.
+    profile_next: bool = False
 
     def _backend_options(self, args: Any) -> dict[str, Any]:
         """The chosen backend's options from its flags, with this notebook's ``%config`` settings as defaults."""
@@ -213,6 +232,9 @@ class KineticMagics(_BackendSettings):
     @argument("--keep", action="store_true", help="Keep all of the job's objects after a success.")
     @argument("--quiet", action="store_true",
               help="No panel and no kinetic notices; the leader's output and the outcome still show.")
+    @argument("--profile", action="store_true",
+              help="Run the cell under its framework's profiler (JAX's, torch's) on every host, and merge the hosts' "
+                   "traces into one, aligned on the cell's barrier.")
     @argument("--once", action="store_true",
               help="Run a one-shot job beside the session this notebook is on (%%kinetic start), on purpose.")
     @_backend_flags
@@ -260,7 +282,9 @@ class KineticMagics(_BackendSettings):
             check_cell_fits_session(self.session, args, self._backend_options(args), _environment(args.env))
             try:
                 handle = self.session.run(source, out=out, namespace=self.shell.user_ns, timeout=args.timeout,
-                                          cell_name=f"kinetic In[{self._cell_number()}]")
+                                          cell_name=f"kinetic In[{self._cell_number()}]",
+                                          profile=args.profile or self.profile_next)
+                self.profile_next = False
             except (CaptureError, SessionEndedError, ValueError) as error:
                 raise UsageError(str(error)) from None
             return self._wait_and_show(handle, out, quiet=args.quiet)
@@ -284,6 +308,7 @@ class KineticMagics(_BackendSettings):
                 keep=args.keep,
                 backend_options=self._backend_options(args),
                 procs_per_host=args.procs_per_host,
+                profile=args.profile,
             )
         except (CaptureError, UnknownAcceleratorError, ValueError) as error:
             raise UsageError(str(error)) from None
@@ -304,6 +329,8 @@ class KineticMagics(_BackendSettings):
         finally:
             if view is not None:
                 view.close(handle.snapshot())
+            if handle.profiled:
+                self._say_profile(handle)
         # Names the cell did not bind when it ran were warned about; others were never asked for.
         missing = [name for name in out if name not in handle.outputs and name not in handle.missing_outputs]
         if missing:
@@ -312,6 +339,16 @@ class KineticMagics(_BackendSettings):
         self.shell.user_ns.update({name: handle.outputs[name] for name in out if name in handle.outputs}
                                   if out else handle.outputs)
         return value
+
+    @staticmethod
+    def _say_profile(handle: CellHandle) -> None:
+        """Where the merged profile is, after the cell's outcome (a failed cell's too); a profile that cannot be
+        merged is one line, never in place of the cell's own outcome."""
+        try:
+            lines = handle.profile().describe(handle.poller.plan.name_of)
+        except Exception as error:  # noqa: BLE001 - the cell's outcome comes first
+            lines = [f"kinetic_nb: the cell's profile could not be merged: {type(error).__name__}: {error}"]
+        print("\n".join(lines), file=sys.stderr, flush=True)
 
     def _cell_number(self) -> int:
         """This cell's ``In[n]``: IPython stores the input before running it (and
@@ -330,6 +367,9 @@ class KineticMagics(_BackendSettings):
             %kinetic start [-n N] [-a NAME] ...      keep a slice up: every %%kinetic cell runs on it
                            [--idle-timeout S]        (its hosts, framework and variables stay warm)
             %kinetic stop / restart                  stop this notebook's session / start it afresh
+            %kinetic profile                         profile the session's next cell on every host
+            %kinetic pm HOST [--cell] EXPR           evaluate EXPR where HOST's last session cell failed
+                                                     (as %debug would; its frame is kept until the next cell)
             %kinetic sessions                        this user's sessions, from any kernel
             %kinetic jobs [-n LIMIT]                 recent jobs and their state
             %kinetic attach JOB_ID [-o NAME[,NAME]]  wait for a job again (also after a restart);
@@ -345,6 +385,8 @@ class KineticMagics(_BackendSettings):
 
         Each also takes ``--storage URI``.
         """
+        if line.split(None, 1)[:1] == ["pm"]:  # the expression is Python, taken as written (quotes and all)
+            return self._line_pm(line.split(None, 1)[1] if len(line.split(None, 1)) > 1 else "")
         words = shlex.split(line)
         if not words or words[0] not in _LINE_PARSERS:
             given = f" {words[0]!r}" if words else ""
@@ -380,6 +422,29 @@ class KineticMagics(_BackendSettings):
         self.session = self.session.restart()
         print(self.session.summary())
         return self.session
+
+    def _line_pm(self, rest: str) -> None:
+        """``%kinetic pm HOST [--cell] EXPRESSION``: the expression is the rest of the line, as written."""
+        match = re.fullmatch(r"\s*(?P<cell>--cell\s+)?(?P<host>\S+)\s*(?P<expression>.*)", rest, re.DOTALL)
+        host = match["host"] if match else ""
+        if not host.isdigit() or not match["expression"].strip():
+            raise UsageError("%kinetic pm expects a host and an expression, e.g. %kinetic pm 1 batch.shape"
+                             + (f", not {rest.strip()!r}" if rest.strip() else ""))
+        if self.session is None:
+            raise UsageError("%kinetic pm looks into a session's failed cell: this notebook is on no session "
+                             "(%kinetic start starts one)")
+        try:
+            print(self.session.post_mortem(int(host), match["expression"].strip(),
+                                           frame="cell" if match["cell"] else "raised"))
+        except (PostMortemError, ValueError) as error:
+            raise UsageError(str(error)) from None
+
+    def _line_profile(self, args: Any) -> None:
+        if self.session is None:
+            raise UsageError("%kinetic profile profiles a session's next cell: this notebook is on no session "
+                             "(a one-shot cell takes %%kinetic --profile)")
+        self.profile_next = True
+        print(f"the next cell on session {self.session.session_id} runs under its framework's profiler on every host")
 
     def _line_sessions(self, args: Any) -> None:
         found = sessions.sessions(storage=args.storage, limit=args.limit)

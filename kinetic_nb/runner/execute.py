@@ -24,6 +24,7 @@ from kinetic_nb.errors import PlanError, RemoteHostError, ResultSerializationErr
 from kinetic_nb.runner import envelope, frameworks, protocol, versions
 from kinetic_nb.runner.cell import run_cell
 from kinetic_nb.runner.channel import announced_address
+from kinetic_nb.runner.frame_locals import frame_locals
 from kinetic_nb.runner.group import CellGroup
 from kinetic_nb.runner.host_variables import HOST_INDEX_VARIABLES, RANK_VARIABLE, resolve_rank
 from kinetic_nb.runner.job_keys import KEY_ENV, key_from_environment
@@ -152,9 +153,18 @@ class HostRun:
         self.failure_line = ""
         #: The remote traceback of this host's failure (none for a host stopped because another failed).
         self.failure_traceback = ""
+        #: Its failing frames' variables, as text (``runner.frame_locals``), and the failure itself, kept by a
+        #: session's host for ``%kinetic pm`` until its next cell.
+        self.failure_locals: list[dict] = []
+        self.failure: BaseException | None = None
         #: A phase entered is written at once (None), or after this many seconds unless a write came first:
         #: a session's cell spends milliseconds in each, and each write is a storage request on every host.
         self.status_defer_s: float | None = None
+
+    @property
+    def raw_secrets(self) -> frozenset[bytes | str]:
+        """Values a local may hold that the redactor's text forms miss: the key's bytes."""
+        return frozenset({self.key}) if self.key else frozenset()
 
     def begin_cell(self, storage: Storage, key: bytes) -> None:
         """A session's next cell: its outcome goes to ``storage`` under ``key``, and nothing of the last
@@ -162,6 +172,9 @@ class HostRun:
         self.outcome_storage, self.outcome_key = storage, key
         self.failure_reported = False
         self.failure_line = self.failure_traceback = ""
+        if self.failure is not None:  # the last failure's frames, and what they hold (device memory), let go now:
+            traceback.clear_frames(self.failure.__traceback__)  # they sit in a cycle no refcount would free
+        self.failure_locals, self.failure = [], None
         self.phase = Phase.PAYLOAD_LOAD
 
     def enter(self, phase: Phase, state: HostState | None = None) -> None:
@@ -252,7 +265,12 @@ class HostRun:
         first_line = self.failure_line = self.redactor.text(f"{exception_type_name(error)}: {error}".splitlines()[0])
         remote_traceback = self.redactor.text(cell_traceback(error, self.filename))
         self.failure_traceback = "" if stopped else remote_traceback
-        self.status.update(state=state, phase=self.phase, message=first_line, traceback=self.failure_traceback)
+        if not stopped:
+            self.failure = error
+            self.failure_locals = [frame.to_dict() for frame in
+                                   frame_locals(error, self.filename, self.redactor, self.raw_secrets)]
+        self.status.update(state=state, phase=self.phase, message=first_line, traceback=self.failure_traceback,
+                           frame_locals=self.failure_locals)
         # One line in the log: the traceback travels in the payload, and the
         # leader's log is echoed into the cell, which raises it anyway.
         name = self.plan.name_of(self.host_index) if self.plan is not None else f"host {self.host_index}"
@@ -274,6 +292,7 @@ class HostRun:
             stopped=stopped,
             serialization_failed=serialization_failed_repr is not None,
             result_repr=serialization_failed_repr,
+            frame_locals=tuple(self.failure_locals),
         )
         try:
             name = protocol.result_object(self.host_index)

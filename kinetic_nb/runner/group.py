@@ -31,6 +31,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import io
+import json
 import signal
 import sys
 import time
@@ -42,6 +43,8 @@ from kinetic_nb.runner import envelope, frameworks, job_keys, protocol
 from kinetic_nb.runner.barrier import CellMarkers, meet, start_barrier
 from kinetic_nb.runner.cell import execute_cell, load_notebook_values
 from kinetic_nb.runner.channel import STORED, Channel, Joining, announced_address, host_role
+from kinetic_nb.runner.post_mortem import PostMortem, PostMortemRequest
+from kinetic_nb.runner.profiling import CellProfiler
 from kinetic_nb.runner.protocol import FirstFailure, HostState, JobPlan, LeaderReady, Phase
 from kinetic_nb.runner.records import open_record, read_record, write_record
 from kinetic_nb.runner.relayed import CARRY_MAX_BYTES, RelayedStorage
@@ -64,6 +67,10 @@ class HostRun(Protocol):
     filename: str
     failure_line: str
     failure_traceback: str
+    failure_locals: list
+    failure: BaseException | None
+    redactor: Any
+    raw_secrets: frozenset
     status_defer_s: float | None
 
     def begin_cell(self, storage: Storage, key: bytes) -> None: ...
@@ -149,6 +156,8 @@ class CellGroup:
         #: Joining the hub, from before this host says it is ready until the leader's verdict.
         self._joining: Joining | None = None
         self._channel_seen = 0
+        #: A session host's last failure, kept for ``%kinetic pm`` until its next cell starts.
+        self.post_mortem: PostMortem | None = None
 
     def _sleep(self, seconds: float) -> None:
         if self.wakeup is not None:
@@ -267,6 +276,7 @@ class CellGroup:
         while True:
             with contextlib.suppress(ObjectNotFoundError):
                 return self.storage.open_read(payload)
+            self._answer_post_mortem()
             now = time.monotonic()
             if now >= next_cancel_look:  # the agent also stops its hosts itself: a slower look will do
                 if self.storage.exists(protocol.CANCEL):
@@ -289,6 +299,7 @@ class CellGroup:
         while self._channel_up:
             with contextlib.suppress(ObjectNotFoundError):
                 return self.storage.open_read(payload)
+            self._answer_post_mortem()
             now = time.monotonic()
             if self.run.is_leader and now >= next_look:
                 try:
@@ -332,15 +343,17 @@ class CellGroup:
         """Run one cell (its payload open already, or read from ``place``); return its failure on this host
         (reported already), or None."""
         run, seq = self.run, place.seq
+        self.post_mortem = None  # the last failure's frames, and what they hold, are let go before a cell runs
         run.begin_cell(place.storage, place.key)
         if self._channel_up:  # the barrier markers of cells before the last are nobody's to store any more
             self.storage.relay.let_go(lambda name: (protocol.cell_marker_seq(name) or seq) >= seq - 1)
         if self.kept:
             run.status.update(state=HostState.RUNNING, phase=Phase.PAYLOAD_LOAD, cell=seq, cell_failed=False,
-                              record=False, defer_s=STATUS_DEFER_S)
+                              profiled=[], record=False, defer_s=STATUS_DEFER_S)
         else:
             run.enter(Phase.PAYLOAD_LOAD)
         failure: BaseException | None = None
+        profiler: CellProfiler | None = None
         try:
             # Interrupted while it waited behind another cell, it never runs: asked while the payload loads (on a
             # bucket each is a round trip).
@@ -355,17 +368,25 @@ class CellGroup:
             values = load_notebook_values(cell, run.host_index)
             run.enter(Phase.START_BARRIER, HostState.READY)
             self._meet(place)
+            passed_barrier_at = time.time()
             self.namespace.update(values)
             framework = cell.get(protocol.CELL_FRAMEWORK, self.plan.framework)
             if not self.initialized and framework not in ("auto", "none"):
                 self._initialize(framework)
+            if cell.get(protocol.CELL_PROFILE):
+                profiler = CellProfiler(framework, seq, run.host_index, passed_barrier_at)
+                profiler.start()
             run.enter(Phase.EXECUTE, HostState.RUNNING)
             if self.kept:
                 print(protocol.CELL_MARK.format(seq=seq), end="", flush=True)  # the agent: logs from here are the cell's
-            with self._interruptible(seq):
-                self._stop_if_interrupted_early(seq)
-                value = execute_cell(cell[protocol.CELL_SOURCE], run.filename, self.namespace,
-                                     host_index=run.host_index, leader=run.is_leader)
+            try:
+                with self._interruptible(seq), profiler.span() if profiler else contextlib.nullcontext():
+                    self._stop_if_interrupted_early(seq)
+                    value = execute_cell(cell[protocol.CELL_SOURCE], run.filename, self.namespace,
+                                         host_index=run.host_index, leader=run.is_leader)
+            finally:
+                if profiler is not None:  # stored before the cell's outcome: the notebook reads both once it has that
+                    self._store_profile(place, profiler)
             sys.stdout.flush()
             sys.stderr.flush()
             if run.is_leader:  # a worker's value is never pickled: only the leader owns the cell's value
@@ -376,13 +397,16 @@ class CellGroup:
                 self._tell_the_agent(seq, error)
         if not self.kept:
             return failure
+        if run.failure is not None and run.failure_locals:  # it failed in the cell: its frames stay for questions
+            self.post_mortem = PostMortem(seq, run.failure, run.filename, run.redactor, run.raw_secrets)
         sys.stderr.flush()
         print(protocol.CELL_END_MARK.format(seq=seq), end="", flush=True)  # the agent stores the cell's output now
         # Back to idle in the phase the cell ended in (nothing is torn down), with its failure as it was shown.
         failed = failure is not None
         run.status.update(state=HostState.IDLE, cell=seq, cell_failed=failed, names=held_names(self.namespace),
                           message=run.failure_line if failed else "",
-                          traceback=run.failure_traceback if failed else "")
+                          traceback=run.failure_traceback if failed else "",
+                          frame_locals=run.failure_locals if failed else [])
         # The cell's end by its own name, at once: through the channel status.json is stored at most once a second,
         # and the names the leader holds after a cell are read from it (``Session.held_names``).
         with contextlib.suppress(Exception):
@@ -390,6 +414,41 @@ class CellGroup:
         if self.wakeup is not None:  # the notebooks waiting on this cell look now
             wake_clients(self.plan.job_id)
         return failure
+
+    def _store_profile(self, place: CellPlace, profiler: CellProfiler) -> None:
+        """Stop the profiler and store this host's record in the cell's folder (storage's own way, never the
+        channel: a trace is large); its span goes in the status, for the panel's timeline."""
+        data = profiler.record()
+        storage = place.storage.plain if isinstance(place.storage, RelayedStorage) else place.storage
+        try:
+            envelope.write_sealed(storage, protocol.host_profile(self.run.host_index), place.key, data)
+        except Exception as error:  # noqa: BLE001 - the cell's outcome matters more than its profile
+            print(f"kinetic host {self.run.host_index}: its profile could not be stored: {error}", file=sys.stderr)
+        self.run.status.update(profiled=[profiler.marker_at or profiler.barrier_at, profiler.ended_at or time.time()],
+                               record=False)
+
+    def _answer_post_mortem(self) -> None:
+        """Answer the notebook's next question about this host's last failure, if it asked one (``%kinetic pm``):
+        a look at one name, and only while a failure is kept."""
+        kept = self.post_mortem
+        if kept is None:
+            return
+        rank = self.run.host_index
+        try:
+            request = PostMortemRequest.from_json(
+                read_record(self.storage, self.run.key, protocol.post_mortem_request(kept.seq, rank, kept.next)))
+        except ObjectNotFoundError:
+            return
+        except (IntegrityError, ValueError, KeyError, TypeError):  # not the notebook's: skipped, never evaluated
+            kept.next += 1
+            return
+        answer = kept.answer(request)
+        with contextlib.suppress(Exception):
+            write_record(self.storage, self.run.key, protocol.post_mortem_answer(kept.seq, rank, kept.next),
+                         json.dumps(answer).encode())
+        kept.next += 1
+        if self.wakeup is not None:
+            wake_clients(self.plan.job_id)
 
     def _asking(self, question: Callable[[int], bool], seq: int) -> concurrent.futures.Future[bool]:
         """``question(seq)``, asked beside what the caller does next on a bucket; at once on a local disk."""

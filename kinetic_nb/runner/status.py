@@ -87,6 +87,7 @@ class StatusReporter:
                 history = []  # a session's timeline is its current cell's
             if phase is not None and phase.value != self._status.phase:
                 history = [*history, [phase.value, now]]
+            session.setdefault("frame_locals", [])  # as the message and traceback: a failure's, until the next change
             if state in CELL_END_STATES:  # the cell's memory, in the write that records its end
                 session["memory"] = measure()
             self._status = dataclasses.replace(

@@ -28,6 +28,7 @@ from collections.abc import Iterable
 from typing import IO, Any
 
 from kinetic_nb.notebook.display.memory import memory_detail, memory_flags, memory_line
+from kinetic_nb.runner.frame_locals import NOTE_NAMES, FrameLocals
 from kinetic_nb.runner.protocol import process_label
 from kinetic_nb.state import (
     SNAPSHOT_INTERVAL_S,
@@ -204,6 +205,7 @@ def _detail_html(host: HostSnapshot) -> str:
         parts.append(f'<div style="font-family:monospace;color:#555">{html.escape(memory_detail(host))}</div>')
     if host.traceback:
         parts.append(f'<pre style="color:#b71c1c;white-space:pre-wrap">{html.escape(host.traceback)}</pre>')
+        parts.extend(_locals_html(frame) for frame in host.frame_locals if frame.names)
     elif host.message:
         parts.append(f"<pre>{html.escape(host.message)}</pre>")
     if host.exit is not None:
@@ -216,6 +218,21 @@ def _detail_html(host: HostSnapshot) -> str:
     empty = "(no output)" if host.ended else "(no output yet)"
     parts.append(f'<pre style="max-height:20em;overflow:auto">{html.escape(tail) or empty}</pre>')
     return "".join(parts)
+
+
+def _locals_html(frame: FrameLocals) -> str:
+    """A failing frame's variables under its traceback: one line each, as its host described them."""
+    rows = "\n".join(f"{name} = {text}" for name, text in frame.names)
+    rows += f"\n... and {frame.omitted} more" if frame.omitted else ""
+    return (f'<div style="font-family:monospace;color:#555">variables {html.escape(frame.where)} '
+            f'({html.escape(frame.location)}):</div><pre style="white-space:pre-wrap;margin-top:0">'
+            f'{html.escape(rows)}</pre>')
+
+
+def locals_lines(snapshot: JobSnapshot) -> list[str]:
+    """The text twin's: the first few variables of each failed host's failing frames."""
+    return [f"{snapshot.name_of(host.index)} variables {frame.text(NOTE_NAMES)}"
+            for host in snapshot.hosts if host.state == HostState.FAILED for frame in host.frame_locals if frame.names]
 
 
 def _title(host: HostSnapshot, name: str | None = None) -> str:
@@ -381,6 +398,7 @@ def text_summary(snapshot: JobSnapshot, *, brief: bool = False) -> str:
     if memory_line(_per_host(snapshot)):
         lines.append(memory_line(_per_host(snapshot)))
     lines.extend(failure_lines(snapshot))
+    lines.extend(locals_lines(snapshot))
     lines.extend(memory_flags(_per_host(snapshot)))
     lines.extend(quiet_lines(snapshot))
     return "\n".join(lines)

@@ -20,6 +20,8 @@ PHASE_COLORS = {
     Phase.RESULT_UPLOAD.value: "#4db6ac",
     Phase.TEARDOWN.value: "#e0e0e0",
 }
+#: The outline of a profiled cell's span (``--profile``).
+PROFILED_COLOR = "#6a1b9a"
 #: A host whose cell ran this many times longer than the median is a straggler.
 STRAGGLER_FACTOR = 1.5
 
@@ -54,6 +56,7 @@ def _show_figures_inline() -> None:
 def plot_timeline(snapshot: JobSnapshot) -> Any:
     """A matplotlib ``Figure``: one row per process (per host where each runs one), one coloured bar per phase.
 
+    A profiled cell's span is outlined and hatched on each host (``--profile``).
     Failed hosts end in a red cross, stopped hosts in an orange bar; the
     leader's row is labelled; hosts whose cell ran ``STRAGGLER_FACTOR`` times
     longer than the median are outlined and labelled as stragglers.
@@ -76,6 +79,10 @@ def plot_timeline(snapshot: JobSnapshot) -> Any:
         bars = [(start - origin, duration) for _, start, duration in spans]
         colors = [PHASE_COLORS.get(phase, "#999999") for phase, _, _ in spans]
         axes.broken_barh(bars, (host.index - 0.4, 0.8), facecolors=colors, label=f"host {host.index}")
+        if host.profiled:  # the span its framework's profiler recorded, outlined over the execute phase
+            start, stop = host.profiled
+            axes.broken_barh([(start - origin, max(0.0, stop - start))], (host.index - 0.45, 0.9), facecolors="none",
+                             edgecolors=PROFILED_COLOR, hatch="///", linewidth=1)
         if host.state == HostState.FAILED:
             axes.plot([end - origin], [host.index], marker="x", color="#d32f2f", markersize=9, mew=2)
         elif host.state == HostState.STOPPED:
@@ -94,8 +101,10 @@ def plot_timeline(snapshot: JobSnapshot) -> Any:
     axes.set_xlabel("seconds since submission")
     axes.set_title(f"{snapshot.job_id} · {snapshot.status}", fontsize=10)
     seen = {phase for host in hosts for phase, _ in host.history}
-    axes.legend(handles=[Patch(color=color, label=phase) for phase, color in PHASE_COLORS.items() if phase in seen],
-                fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    handles = [Patch(color=color, label=phase) for phase, color in PHASE_COLORS.items() if phase in seen]
+    if any(host.profiled for host in hosts):
+        handles.append(Patch(facecolor="none", edgecolor=PROFILED_COLOR, hatch="///", label="profiled"))
+    axes.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return figure
 
 

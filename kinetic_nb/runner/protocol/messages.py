@@ -77,6 +77,8 @@ RESULT_REPR = "result_repr"
 MISSING_OUTPUTS = "missing_outputs"
 #: True when the host did not fail on its own but was stopped after another host failed.
 STOPPED = "stopped"
+#: The failing frames' variables as text made on the host (``runner.frame_locals.FrameLocals.to_dict``).
+FRAME_LOCALS = "locals"
 
 # Keys of the cell payload (payload.pkl, a cloudpickled dict).
 CELL_SOURCE = "source"
@@ -86,6 +88,8 @@ CELL_OUT_NAMES = "out"
 #: A session cell's framework, when the session was started with ``framework="auto"``: the first cell that
 #: imports one says which its hosts initialize.
 CELL_FRAMEWORK = "framework"
+#: True when the cell runs under its framework's profiler on every host (``runner.profiling``).
+CELL_PROFILE = "profile"
 
 # Exit codes of ``python -m kinetic_nb.runner``.
 EXIT_OK = 0
@@ -229,6 +233,10 @@ class HostStatus:
     #: At a cell's end (``runner.memory.measure``): ``rss``, ``peak_rss`` and, where the framework reports
     #: them, ``device`` and ``device_peak``, in bytes.
     memory: dict = dataclasses.field(default_factory=dict)
+    #: A failed host's failing frames and their variables, as text (``runner.frame_locals``).
+    frame_locals: list = dataclasses.field(default_factory=list)
+    #: A profiled cell's span on this host's clock, ``[start, end]`` (``runner.profiling``); empty otherwise.
+    profiled: list = dataclasses.field(default_factory=list)
 
     def to_json(self) -> bytes:
         return _to_json(self)
@@ -380,6 +388,8 @@ class ResultPayload:
     result_repr: str | None = None
     #: ``--out`` names the leader's cell never bound (a success still carries the rest).
     missing_outputs: tuple[str, ...] = ()
+    #: A failure's frames and their variables, as text (``runner.frame_locals``): never a pickled value.
+    frame_locals: tuple[dict, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """The dict that is cloudpickled into the payload object: the keys a host has always written."""
@@ -392,6 +402,8 @@ class ResultPayload:
         payload = {SUCCESS: False, EXCEPTION: self.exception, EXCEPTION_TYPE: self.exception_type,
                    EXCEPTION_MESSAGE: self.exception_message, TRACEBACK: self.traceback, PHASE: self.phase,
                    HOST_INDEX: self.host_index, STOPPED: self.stopped}
+        if self.frame_locals:
+            payload[FRAME_LOCALS] = list(self.frame_locals)
         if self.serialization_failed:
             payload[SERIALIZATION_FAILED] = True
             payload[RESULT_REPR] = self.result_repr
@@ -412,11 +424,12 @@ class ResultPayload:
                 OUTPUTS: "outputs", EXCEPTION: "exception", EXCEPTION_TYPE: "exception_type",
                 EXCEPTION_MESSAGE: "exception_message", TRACEBACK: "traceback", STOPPED: "stopped",
                 SERIALIZATION_FAILED: "serialization_failed", RESULT_REPR: "result_repr",
-                MISSING_OUTPUTS: "missing_outputs"}
+                MISSING_OUTPUTS: "missing_outputs", FRAME_LOCALS: "frame_locals"}
         values = {field: payload[key] for key, field in keys.items() if key in payload}
         values["success"] = bool(values.get("success"))
         values["outputs"] = dict(values.get("outputs") or {})
         values["missing_outputs"] = tuple(values.get("missing_outputs") or ())
+        values["frame_locals"] = tuple(values.get("frame_locals") or ())
         return cls(**values)
 
 

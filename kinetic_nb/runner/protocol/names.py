@@ -182,3 +182,23 @@ _CELL_CONTROL_RE = re.compile(r"^control/cell-(\d+)-(\w+)\.json$")
 def parse_cell_control(name: str) -> tuple[int, str] | None:
     match = _CELL_CONTROL_RE.match(name)
     return (int(match.group(1)), match.group(2)) if match else None
+
+
+def post_mortem_request(seq: int, rank: int, number: int) -> str:
+    """The notebook's ``number``-th question (from 1) to ``rank`` about its failure in cell ``seq``
+    (``%kinetic pm``): an expression to evaluate in the failing frame it keeps until its next cell."""
+    return f"{cell_dir(seq)}/post-mortem/{rank}-{number}.json"
+
+
+def post_mortem_answer(seq: int, rank: int, number: int) -> str:
+    """``rank``'s answer to that question: the value's text, or the error the expression raised."""
+    return f"{cell_dir(seq)}/post-mortem/{rank}-{number}-answer.json"
+
+
+#: Where a profiled cell's records go, inside its folder (a one-shot job's root, a session's ``cells/{seq}``).
+PROFILE_DIR = "profile"
+
+
+def host_profile(rank: int) -> str:
+    """Process ``rank``'s profile of the cell (``runner.profiling``): gzipped JSON, sealed under the cell's key."""
+    return f"{PROFILE_DIR}/host-{rank}.json.gz"

@@ -1,0 +1,203 @@
+"""A profiled cell's hosts' traces, merged into one Chrome trace (``--profile``, ``runner.profiling``).
+
+Each host stored ``profile/host-{rank}.json.gz``, sealed under the cell's key:
+its framework's trace and, on its own clock, when it passed the cell's
+barrier and when it entered the cell's annotation. The merged trace has one
+process per host (``host 2``, or ``host 1, process 0 (rank 2)``), each
+framework process and thread of that host a thread of it, and every host's
+events placed relative to its own barrier exit: host clocks differ, but the
+hosts leave the barrier together. kinetic_nb's own track on each host marks
+the barrier (0) and the cell's span.
+
+A host that left no record (killed, lost) is a process with no events, named
+as such, and said in the summary; a record that does not verify is never read.
+The merged file is written beside the hosts' records (``profile/trace.json.gz``)
+and, where those are not on this machine's disk, to a local copy: Perfetto's UI
+(https://ui.perfetto.dev) and ``chrome://tracing`` open either.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import json
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kinetic_nb.errors import IntegrityError, ObjectNotFoundError
+from kinetic_nb.runner import envelope, protocol
+from kinetic_nb.storage import Storage
+
+__all__ = ["MERGED", "MergedProfile", "merge_records", "merged_profile"]
+
+#: The merged trace, inside the cell's folder.
+MERGED = f"{protocol.PROFILE_DIR}/trace.json.gz"
+#: How long the notebook waits for a host still running to store its record.
+GATHER_WAIT_S = 10.0
+#: kinetic_nb's own track in each host's process.
+KINETIC_TRACK = 0
+#: Events that link across tracks by id: their ids are made unique per host.
+_FLOW_PHASES = frozenset("stf")
+
+
+@dataclasses.dataclass(frozen=True)
+class MergedProfile:
+    """Where a cell's merged trace is, which hosts it has a framework trace of, and why the others have none."""
+
+    uri: str
+    #: A file on this machine: the stored one on a local disk, else a copy.
+    path: str
+    traced: tuple[int, ...]
+    #: Rank to why its host has no framework trace in it.
+    missing: dict[int, str]
+    framework: str
+
+    def describe(self, name_of: Callable[[int], str] = lambda rank: f"host {rank}") -> list[str]:
+        """What the cell's output says of it: where it is, how to open it, and the hosts it lacks."""
+        hosts = len(self.traced)
+        lines = [f"kinetic_nb: profile of {hosts} host{'s' if hosts != 1 else ''}"
+                 f"{f' ({self.framework})' if self.framework else ''}, one process per host, aligned on the cell's "
+                 f"barrier: {self.path}", "  open it in https://ui.perfetto.dev (Open trace file) or chrome://tracing"]
+        if self.uri != self.path and not self.uri.endswith(self.path):
+            lines.append(f"  stored with the job: {self.uri}")
+        lines.extend(f"  {name_of(rank)}: {why}" for rank, why in sorted(self.missing.items()))
+        return lines
+
+
+def read_records(storage: Storage, key: bytes, world_size: int, host_done: Callable[[int], bool],
+                 wait_s: float = GATHER_WAIT_S) -> tuple[dict[int, dict], dict[int, str]]:
+    """Each host's verified record, waiting up to ``wait_s`` for hosts that have not ended; ``(records, why)``
+    where ``why`` says, for each rank without one, what stopped it."""
+    records: dict[int, dict] = {}
+    why: dict[int, str] = {}
+    deadline = time.monotonic() + wait_s
+    waiting = list(range(world_size))
+    while True:
+        done = {rank: host_done(rank) for rank in waiting}  # asked before the look: a host stores, then ends
+        for rank in waiting:
+            try:
+                records[rank] = json.loads(gzip.decompress(envelope.read_sealed(storage, protocol.host_profile(rank),
+                                                                                key)))
+            except ObjectNotFoundError:
+                pass
+            except (IntegrityError, OSError, ValueError) as error:  # never read past a failed check
+                why[rank] = f"its profile was not read ({str(error).splitlines()[0]})"
+        waiting = [rank for rank in waiting if rank not in records and rank not in why]
+        if not waiting or all(done[rank] for rank in waiting) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    for rank in waiting:
+        why[rank] = "left no profile (it ended before it could store one: killed, or lost)" if done[rank] else \
+            f"stored no profile within {wait_s:g} s"
+    return records, why
+
+
+def _events(trace: Any) -> list[dict]:
+    events = trace.get("traceEvents", []) if isinstance(trace, dict) else trace if isinstance(trace, list) else []
+    return [event for event in events if isinstance(event, dict) and "ph" in event]
+
+
+def _offset(record: dict, events: list[dict], trace: Any) -> float | None:
+    """What to add to the framework's ``ts`` (µs) to place an event relative to this host's barrier exit."""
+    marker = (record["marker_at"] - record["barrier_at"]) * 1e6
+    for event in events:
+        if event.get("name") == record.get("annotation") and event.get("ph") in ("X", "B") and "ts" in event:
+            return marker - float(event["ts"])  # the annotation began at marker_at on this host's clock
+    base = trace.get("baseTimeNanoseconds") if isinstance(trace, dict) else None
+    if isinstance(base, (int, float)):  # torch's ts are µs after this epoch time
+        return base / 1000 - record["barrier_at"] * 1e6
+    return None
+
+
+def _host_events(rank: int, record: dict, name: str) -> tuple[list[dict], str]:
+    """A host's events, as a process of the merged trace; and why its framework trace is not among them."""
+    begin = (record["marker_at"] - record["barrier_at"]) * 1e6
+    end = (record["ended_at"] - record["barrier_at"]) * 1e6
+    events = [{"ph": "M", "pid": rank, "name": "process_name", "args": {"name": name}},
+              {"ph": "M", "pid": rank, "name": "process_sort_index", "args": {"sort_index": rank}},
+              {"ph": "M", "pid": rank, "tid": KINETIC_TRACK, "name": "thread_name", "args": {"name": "kinetic_nb"}},
+              {"ph": "i", "s": "t", "pid": rank, "tid": KINETIC_TRACK, "ts": 0.0, "name": "barrier passed"},
+              {"ph": "X", "pid": rank, "tid": KINETIC_TRACK, "ts": begin, "dur": max(0.0, end - begin),
+               "name": f"cell {record.get('seq', '')}".strip()}]
+    trace = record.get("trace")
+    framework_events = _events(trace)
+    if not framework_events:
+        return events, record.get("problem") or "its trace is empty"
+    offset = _offset(record, framework_events, trace)
+    if offset is None:
+        return events, f"its {record.get('framework')} trace lacks the cell's annotation, so it cannot be placed"
+    processes: dict[Any, str] = {}
+    threads: dict[tuple[Any, Any], str] = {}
+    for event in framework_events:
+        if event["ph"] == "M" and event.get("name") == "process_name":
+            processes.setdefault(event.get("pid"), str(event.get("args", {}).get("name", event.get("pid"))))
+        elif event["ph"] == "M" and event.get("name") == "thread_name":  # torch may name a thread twice: the first stays
+            threads.setdefault((event.get("pid"), event.get("tid")), str(event.get("args", {}).get("name")))
+    tracks: dict[tuple[Any, Any], int] = {}
+
+    def track(event: dict) -> int:
+        """The host's thread for the framework's (process, thread), named after both, numbered from 1."""
+        place = (event.get("pid"), event.get("tid"))
+        if place not in tracks:
+            tracks[place] = len(tracks) + 1
+            label = f"{processes.get(place[0], place[0])} / {threads.get(place, f'thread {place[1]}')}"
+            events.append({"ph": "M", "pid": rank, "tid": tracks[place], "name": "thread_name",
+                           "args": {"name": label}})
+        return tracks[place]
+
+    for event in framework_events:
+        if event["ph"] == "M":
+            continue  # the host's process is named above; the framework's process and thread names label its tracks
+        placed = dict(event, pid=rank, tid=track(event))
+        if isinstance(event.get("ts"), (int, float)):
+            placed["ts"] = float(event["ts"]) + offset
+        if event["ph"] in _FLOW_PHASES and "id" in event:
+            placed["id"] = f"{rank}:{event['id']}"
+        if placed.get("s") == "g":
+            placed["s"] = "p"  # an instant for the whole trace becomes its host's
+        events.append(placed)
+    return events, ""
+
+
+def merge_records(records: dict[int, dict], world_size: int, name_of: Callable[[int], str],
+                  missing: dict[int, str]) -> tuple[dict, dict[int, str]]:
+    """The merged Chrome trace of the hosts' records, and why each rank without a framework trace has none."""
+    events: list[dict] = []
+    why = dict(missing)
+    for rank in range(world_size):
+        if rank not in records:
+            events.append({"ph": "M", "pid": rank, "name": "process_name",
+                           "args": {"name": f"{name_of(rank)} (no profile)"}})
+            continue
+        host, problem = _host_events(rank, records[rank], name_of(rank))
+        events.extend(host)
+        if problem:
+            why[rank] = problem
+    frameworks = sorted({record.get("framework") for record in records.values() if record.get("framework")})
+    trace = {"traceEvents": events, "displayTimeUnit": "ms",
+             "otherData": {"kinetic_nb": "one process per host; microseconds since that host passed the cell's "
+                                         "barrier", "frameworks": ", ".join(frameworks),
+                           "missing": {str(rank): text for rank, text in sorted(why.items())}}}
+    return trace, why
+
+
+def merged_profile(storage: Storage, key: bytes, world_size: int, name_of: Callable[[int], str],
+                   host_done: Callable[[int], bool], local_copy: str, wait_s: float = GATHER_WAIT_S) -> MergedProfile:
+    """Read the hosts' records of a profiled cell in ``storage`` (its folder), merge them, store the merged
+    trace there and, where that is not this machine's disk, at ``local_copy``."""
+    records, unread = read_records(storage, key, world_size, host_done, wait_s)
+    trace, why = merge_records(records, world_size, name_of, unread)
+    data = gzip.compress(json.dumps(trace).encode(), compresslevel=5)
+    storage.write_bytes(MERGED, data)
+    path = storage.local_path(MERGED)
+    if path is None:
+        os.makedirs(os.path.dirname(local_copy), exist_ok=True)
+        with open(local_copy, "wb") as file:
+            file.write(data)
+        path = local_copy
+    traced = tuple(rank for rank in sorted(records) if rank not in why)
+    frameworks = sorted({record.get("framework") for record in records.values() if record.get("framework")})
+    return MergedProfile(uri=f"{storage.uri.rstrip('/')}/{MERGED}", path=path, traced=traced, missing=why,
+                         framework=", ".join(frameworks))

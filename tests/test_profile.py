@@ -1,0 +1,210 @@
+"""``--profile``: every host's framework trace of a cell, merged into one Chrome trace with one process per host,
+aligned on the cell's barrier; a host that left no trace named; the span marked on the panel's timeline.
+
+The merged JSON is parsed here (Perfetto's TraceProcessor downloads a binary on first use: not on this machine).
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+from contextlib import redirect_stderr
+
+import pytest
+
+import kinetic_nb
+from kinetic_nb.client.profile import MERGED, merge_records, read_records
+from kinetic_nb.notebook.display.timeline import plot_timeline
+from kinetic_nb.runner import envelope, protocol
+from kinetic_nb.storage import LocalStorage
+
+from .magic_shell import magic_shell
+
+#: Events may sit this far outside their host's cell span: the annotation's clock reading and the trace's differ
+#: by the time between two calls (µs).
+SLACK_US = 2_000
+
+JAX_CELL = """
+import jax, jax.numpy as jnp
+@jax.jit
+def train_step(x):
+    return jnp.tanh(x @ x.T).sum()
+x = jnp.ones((128, 128))
+for _ in range(3):
+    loss = train_step(x).block_until_ready()
+float(loss)
+"""
+
+TORCH_CELL = """
+import os, torch, torch.distributed as dist
+rank = int(os.environ['RANK'])
+a = torch.ones(64, 64)
+b = (a @ a).sum()
+total = torch.tensor([float(rank + 1)])
+dist.all_reduce(total)
+if rank == 1:
+    raise ValueError('host 1 fails after the collective')
+if rank == 2:
+    os._exit(7)  # gone before it can store its trace
+float(total)
+"""
+
+
+def load(path: str) -> dict:
+    with gzip.open(path, "rt", encoding="utf-8") as file:
+        return json.load(file)
+
+
+def processes(trace: dict) -> dict[int, str]:
+    return {event["pid"]: event["args"]["name"] for event in trace["traceEvents"]
+            if event["ph"] == "M" and event["name"] == "process_name"}
+
+
+def cell_span(trace: dict, pid: int) -> tuple[float, float]:
+    [span] = [event for event in trace["traceEvents"]
+              if event["pid"] == pid and event["ph"] == "X" and event["name"].startswith("cell ")]
+    return span["ts"], span["ts"] + span["dur"]
+
+
+def named(trace: dict, pid: int, text: str) -> list[dict]:
+    return [event for event in trace["traceEvents"]
+            if event["pid"] == pid and event["ph"] == "X" and text in event.get("name", "")]
+
+
+def test_a_profiled_4_host_jax_cell_merges_into_one_process_per_host_with_events_inside_the_cells_span():
+    handle = kinetic_nb.submit(JAX_CELL, hosts=4, profile=True, echo=False)
+    assert handle.result() == pytest.approx(128 * 128)  # tanh(128) is 1.0 in float32
+    merged = handle.profile()
+    assert merged.traced == (0, 1, 2, 3) and merged.missing == {} and merged.framework == "jax"
+    assert merged.path.endswith(MERGED)  # on a local disk, the stored file itself
+    trace = load(merged.path)
+    assert processes(trace) == {0: "host 0", 1: "host 1", 2: "host 2", 3: "host 3"}
+    assert {event["pid"] for event in trace["traceEvents"]} == {0, 1, 2, 3}
+    for pid in range(4):
+        start, end = cell_span(trace, pid)
+        assert start >= 0  # after the barrier, on that host's own clock
+        steps = named(trace, pid, "train_step")
+        assert steps, f"host {pid}'s trace has no train_step"
+        for event in steps:
+            assert start - SLACK_US <= event["ts"] and event["ts"] + event.get("dur", 0) <= end + SLACK_US
+        assert any(event["name"] == "barrier passed" and event["ts"] == 0 for event in trace["traceEvents"]
+                   if event["pid"] == pid)
+    # The span is on each host's status, for the panel's timeline.
+    snapshot = handle.snapshot()
+    assert all(host.profiled and host.profiled[0] <= host.profiled[1] for host in snapshot.hosts)
+    figure = plot_timeline(snapshot)
+    assert "profiled" in [text.get_text() for text in figure.axes[0].get_legend().get_texts()]
+
+
+def test_a_failed_torch_cell_keeps_the_traces_its_hosts_wrote_and_names_the_one_that_left_none():
+    echoed: list[str] = []
+    handle = kinetic_nb.submit(TORCH_CELL, hosts=3, framework="torch", profile=True, grace=5,
+                               echo=lambda text, stream: echoed.append(text))
+    with pytest.raises(ValueError, match="host 1 fails after the collective"):
+        handle.result()
+    assert "USDT" in handle.logs(0) and "USDT" not in "".join(echoed)  # torch's profiler lines: chatter
+    merged = handle.profile()
+    assert merged.traced == (0, 1) and merged.framework == "torch"
+    assert list(merged.missing) == [2] and "left no profile" in merged.missing[2]
+    trace = load(merged.path)
+    assert processes(trace) == {0: "host 0", 1: "host 1", 2: "host 2 (no profile)"}
+    for pid in (0, 1):
+        start, end = cell_span(trace, pid)
+        for text in ("aten::mm", "allreduce"):
+            found = named(trace, pid, text)
+            assert found, f"host {pid} has no {text}"
+            assert all(start - SLACK_US <= event["ts"] <= end + SLACK_US for event in found)
+    assert not [event for event in trace["traceEvents"] if event["pid"] == 2 and event["ph"] != "M"]
+    lines = merged.describe()
+    assert lines[0].startswith("kinetic_nb: profile of 2 hosts (torch), one process per host")
+    assert any(line.strip().startswith("host 2: left no profile") for line in lines)
+
+
+def record(rank: int, trace: dict | None, *, framework: str = "torch", problem: str = "") -> dict:
+    return {"rank": rank, "seq": 1, "framework": framework, "problem": problem, "barrier_at": 100.0,
+            "marker_at": 100.5, "ended_at": 101.0, "annotation": "kinetic cell 1", "trace": trace}
+
+
+def test_the_merge_places_each_host_by_its_own_annotation_and_keeps_ids_and_threads_apart():
+    def host_trace(skew_us: float) -> dict:  # the same cell on two hosts whose trace clocks start apart
+        return {"traceEvents": [
+            {"ph": "M", "pid": 701, "name": "process_name", "args": {"name": "/host:CPU"}},
+            {"ph": "M", "pid": 701, "tid": 5, "name": "thread_name", "args": {"name": "python"}},
+            {"ph": "M", "pid": 701, "tid": 5, "name": "thread_name", "args": {"name": "renamed later"}},
+            {"ph": "X", "pid": 701, "tid": 5, "ts": 1000.0 + skew_us, "dur": 400.0, "name": "kinetic cell 1"},
+            {"ph": "X", "pid": 701, "tid": 5, "ts": 1100.0 + skew_us, "dur": 50.0, "name": "matmul"},
+            {"ph": "s", "pid": 701, "tid": 5, "ts": 1100.0 + skew_us, "id": 1, "name": "flow"},
+            {"ph": "i", "s": "g", "pid": "Traces", "tid": "", "ts": 900.0 + skew_us, "name": "start"},
+            {}]}
+
+    trace, why = merge_records({0: record(0, host_trace(0.0)), 1: record(1, host_trace(77_000.0))}, 3,
+                               lambda rank: f"host {rank}", {2: "left no profile"})
+    assert why == {2: "left no profile"}
+    events = trace["traceEvents"]
+    matmuls = [event for event in events if event.get("name") == "matmul"]
+    assert [event["ts"] for event in matmuls] == [pytest.approx(500_000 + 100)] * 2  # both 100 µs into the cell
+    assert {event["id"] for event in events if event["ph"] == "s"} == {"0:1", "1:1"}
+    assert all(event.get("s") != "g" for event in events)
+    threads = {(event["pid"], event["args"]["name"]) for event in events if event.get("name") == "thread_name"}
+    assert (0, "/host:CPU / python") in threads and (0, "Traces / thread ") in threads
+    assert (0, "/host:CPU / renamed later") not in threads
+    assert processes(trace)[2] == "host 2 (no profile)"
+    assert trace["otherData"]["missing"] == {"2": "left no profile"}
+
+
+def test_a_host_with_no_framework_keeps_its_span_and_says_why_and_a_torch_trace_falls_back_to_its_base_time():
+    bare = record(0, None, framework="", problem="no framework profiler: the cell uses neither JAX nor torch")
+    torch_trace = {"baseTimeNanoseconds": 100_000_000_000, "traceEvents": [
+        {"ph": "X", "pid": 9, "tid": 9, "ts": 600_000.0, "dur": 10.0, "name": "aten::add"}]}
+    trace, why = merge_records({0: bare, 1: record(1, torch_trace)}, 2, lambda rank: f"host {rank}", {})
+    assert why == {0: "no framework profiler: the cell uses neither JAX nor torch"}
+    [add] = [event for event in trace["traceEvents"] if event.get("name") == "aten::add"]
+    assert add["ts"] == pytest.approx(600_000.0)  # 100 s + 0.6 s of its clock, 100 s at the barrier
+    assert cell_span(trace, 0) == (pytest.approx(500_000.0), pytest.approx(1_000_000.0))
+
+
+def test_a_record_that_does_not_verify_is_never_read(tmp_path):
+    storage = LocalStorage(f"file://{tmp_path}")
+    key, other = b"k" * 32, b"o" * 32
+    body = gzip.compress(json.dumps(record(0, None)).encode())
+    envelope.write_sealed(storage, protocol.host_profile(0), key, body)
+    envelope.write_sealed(storage, protocol.host_profile(1), other, body)  # sealed under another key
+    records, why = read_records(storage, key, 3, host_done=lambda rank: True, wait_s=0.2)
+    assert list(records) == [0]
+    assert "its profile was not read" in why[1] and "left no profile" in why[2]
+
+
+def test_kinetic_profile_profiles_the_sessions_next_cell_only():
+    with magic_shell() as shell:
+        refused = shell.run_cell("%kinetic profile")
+        assert "a one-shot cell takes %%kinetic --profile" in str(refused.error_in_exec)
+        shell.run_line_magic("kinetic", "start -n 2 --framework none --idle-timeout 600")
+        shell.run_line_magic("kinetic", "profile")
+        said = io.StringIO()
+        with redirect_stderr(said):
+            assert shell.run_cell("%%kinetic --quiet\nsum(range(10))").result == 45
+        assert "kinetic_nb: profile of 0 hosts, one process per host" in said.getvalue()
+        session = shell.magics_manager.registry["KineticMagics"].session
+        merged = session.cell(1).profile()
+        assert merged.missing == {0: "no framework profiler: the cell uses neither JAX nor torch",
+                                  1: "no framework profiler: the cell uses neither JAX nor torch"}
+        assert sorted(processes(load(merged.path))) == [0, 1]
+        said = io.StringIO()
+        with redirect_stderr(said):
+            shell.run_cell("%%kinetic --quiet\n1")
+        assert "profile" not in said.getvalue()  # the cell after is not profiled
+        with pytest.raises(ValueError, match="was not profiled"):
+            session.cell(2).profile()
+
+
+def test_a_one_shot_profile_flag_says_where_the_merged_trace_is():
+    with magic_shell() as shell:
+        said = io.StringIO()
+        with redirect_stderr(said):
+            assert shell.run_cell("%%kinetic -n 2 --quiet --profile\n'profiled'").result == "profiled"
+        lines = said.getvalue().splitlines()
+        [first] = [line for line in lines if line.startswith("kinetic_nb: profile of")]
+        path = first.rsplit(": ", 1)[1]
+        assert sorted(processes(load(path))) == [0, 1]
+        assert any("ui.perfetto.dev" in line for line in lines)
