@@ -8,7 +8,8 @@ Runs on the local backend, on the machine's own GPUs (not the CPU simulation):
 3. a torch session of 3 cells on the GPU, its tensor kept from cell to cell;
 4. a shape the machine lacks (``-n`` one more host than it has GPUs), refused in one line;
 5. each host's accelerator memory at a cell's end (issue 28): a torch cell holding 1 GiB on ``cuda:0`` and a
-   JAX cell holding 1 GiB on its GPU report ``device`` and ``device_peak`` of at least that in their status.
+   JAX cell holding 1 GiB on its GPU report ``device`` and ``device_peak`` of at least that in their status;
+6. a profiled torch cell on the GPU (``--profile``, issue 28): its merged trace holds the GPU's kernels.
 
 Each step prints one line with its result and time; the script exits 1 if any
 step fails. Save its output under ``benchmarks/results/`` with the date.
@@ -80,6 +81,22 @@ def device_memory(framework: str) -> dict:
     return memory
 
 
+def gpu_profile() -> str:
+    """A profiled torch cell on the GPU: the merged trace must hold the GPU's own kernels (CUDA activity)."""
+    import gzip
+    import json
+
+    source = "import torch\na = torch.ones(2048, 2048, device='cuda')\nfloat((a @ a).sum())"
+    handle = kinetic_nb.submit(source, accelerator="gpu-h100x1", framework="torch", profile=True)
+    handle.result()
+    merged = handle.profile()
+    with gzip.open(merged.path, "rt") as file:
+        events = json.load(file)["traceEvents"]
+    kernels = [event for event in events if event.get("cat") == "kernel"]
+    assert merged.traced == (0,) and kernels, (merged.missing, {event.get("cat") for event in events})
+    return f"{len(kernels)} GPU kernel events in {merged.path}"
+
+
 def main() -> int:
     os.environ.setdefault("KINETIC_STORAGE", tempfile.mkdtemp(prefix="kinetic-gpu-check-"))
     gpus = machine_gpus()
@@ -94,6 +111,7 @@ def main() -> int:
         step("a shape this machine lacks", too_many_hosts),
         step("torch's accelerator memory in a host's end status", lambda: device_memory("torch")),
         step("JAX's accelerator memory in a host's end status", lambda: device_memory("jax")),
+        step("a profiled torch cell's merged trace holds its GPU kernels", gpu_profile),
     ]
     return 0 if all(results) else 1
 

@@ -40,6 +40,29 @@ def _keygen(path: pathlib.Path) -> str:
     return (path.with_suffix(".pub") if path.suffix else pathlib.Path(f"{path}.pub")).read_text().strip()
 
 
+
+def _others_can_run(path: str) -> bool:
+    """Whether a user other than its owner can run ``path``: every folder above it open to others (a home of
+    mode 0700 holding a pyenv Python is not)."""
+    folder = os.path.dirname(os.path.realpath(path))
+    while True:
+        if not os.stat(folder).st_mode & 0o001:
+            return False
+        if folder == os.path.dirname(folder):
+            return os.access(path, os.X_OK) and bool(os.stat(os.path.realpath(path)).st_mode & 0o001)
+        folder = os.path.dirname(folder)
+
+
+def shared_interpreter() -> str:
+    """A Python of the test's version that the hosts' users can run: the test's own base interpreter, else the
+    system's of the same version (its packages, added by a ``.pth``, are built for that version)."""
+    version = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    for candidate in (os.path.join(sys.base_prefix, "bin", version), shutil.which(version, path="/usr/bin:/bin")):
+        if candidate and os.path.exists(candidate) and _others_can_run(candidate):
+            return candidate
+    raise RuntimeError(f"no {version} that other users can run: the test's own is under a folder closed to them, "
+                       f"and /usr/bin has none")
+
 class SshTestHosts:
     """``count`` running sshd's, their client config (``config``) and targets (``targets``: h0, h1, ...).
 
@@ -132,7 +155,7 @@ class SshTestHosts:
             self.homes.append(home)
             (home / ".ssh").mkdir(mode=0o700)
             shutil.copy(self.directory / "authorized_keys", home / ".ssh" / "authorized_keys")
-            subprocess.run([os.path.join(sys.base_prefix, "bin", version), "-m", "venv", "--system-site-packages",
+            subprocess.run([shared_interpreter(), "-m", "venv", "--system-site-packages",
                             "--without-pip", str(home / "venv")], check=True)
             (home / "venv" / "lib" / version / "site-packages" / "kinetic-test-packages.pth").write_text(packages + "\n")
             subprocess.run(["chown", "-R", f"{user}:{user}", str(home)], check=True)

@@ -97,7 +97,8 @@ def test_line_magic(shell, capsys):
 @pytest.mark.parametrize(
     ("line", "expected"),
     [
-        ("", "%kinetic expects a subcommand: start, stop, restart, sessions, jobs, attach, cancel, logs, stacks, gc"),
+        ("", "%kinetic expects a subcommand: start, stop, restart, profile, pm, sessions, jobs, attach, cancel, logs, "
+                "stacks, gc"),
         ("frobnicate", "%kinetic expects a subcommand, not 'frobnicate'"),
         ("attach", "the following arguments are required: job_id"),
         ("attach kn-19990101-000000-abc", "no job kn-19990101-000000-abc"),

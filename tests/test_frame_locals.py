@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import os
+import signal
 import time
 from contextlib import redirect_stdout
 
@@ -21,6 +22,7 @@ from kinetic_nb.runner.frame_locals import (
     VALUE_TIME_LIMIT_S,
     FrameLocals,
     frame_locals,
+    time_limit,
 )
 from kinetic_nb.runner.records import read_host_status
 from kinetic_nb.runner.redact import Redactor
@@ -228,3 +230,14 @@ def test_post_mortem_and_a_profile_on_a_bucket_session(gcs_root):
         assert sorted(merged.missing) == [0, 1]  # no framework in this cell: each host's span only
     finally:
         session.stop()
+
+
+def test_the_time_limit_puts_back_a_timer_the_cell_had_set():
+    signal.setitimer(signal.ITIMER_REAL, 30.0)
+    try:
+        with time_limit(0.05):
+            pass
+        left, _ = signal.getitimer(signal.ITIMER_REAL)
+        assert 25.0 < left <= 30.0
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)

@@ -145,6 +145,9 @@ def test_the_panel_goes_live_in_jupyterlab(jupyterlab):
         traceback = panel.get_by_text("ValueError: host 3 lost its shard").first
         traceback.wait_for(state="visible", timeout=10_000)
         assert "raise ValueError('host 3 lost its shard')" in panel.inner_text()
+        # Under the traceback, the variables of the frame it was raised in, as host 3 described them.
+        panel.get_by_text("variables where it was raised (Cell line", exact=False).first.wait_for(timeout=10_000)
+        assert "host = 3" in panel.inner_text() and "step = 7" in panel.inner_text()
         assert page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']",
                             has_text="ValueError").count() >= 1
         news = page.get_by_role("button", name="No", exact=True)

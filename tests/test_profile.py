@@ -184,7 +184,9 @@ def test_kinetic_profile_profiles_the_sessions_next_cell_only():
         said = io.StringIO()
         with redirect_stderr(said):
             assert shell.run_cell("%%kinetic --quiet\nsum(range(10))").result == 45
-        assert "kinetic_nb: profile of 0 hosts, one process per host" in said.getvalue()
+        assert "kinetic_nb: profile with no framework trace, each host's barrier and cell span only: " in \
+            said.getvalue()
+        assert "  hosts 0, 1: no framework profiler: the cell uses neither JAX nor torch" in said.getvalue()
         session = shell.magics_manager.registry["KineticMagics"].session
         merged = session.cell(1).profile()
         assert merged.missing == {0: "no framework profiler: the cell uses neither JAX nor torch",
@@ -204,7 +206,7 @@ def test_a_one_shot_profile_flag_says_where_the_merged_trace_is():
         with redirect_stderr(said):
             assert shell.run_cell("%%kinetic -n 2 --quiet --profile\n'profiled'").result == "profiled"
         lines = said.getvalue().splitlines()
-        [first] = [line for line in lines if line.startswith("kinetic_nb: profile of")]
+        [first] = [line for line in lines if line.startswith("kinetic_nb: profile ")]
         path = first.rsplit(": ", 1)[1]
         assert sorted(processes(load(path))) == [0, 1]
         assert any("ui.perfetto.dev" in line for line in lines)

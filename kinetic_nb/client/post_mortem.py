@@ -26,6 +26,8 @@ __all__ = ["ask"]
 
 #: How long the notebook waits for the host's answer beyond the expression's own time limit.
 ANSWER_WAIT_S = 20.0
+#: How often it looks for the answer (the host looks for a question about once a second on a bucket).
+ANSWER_LOOK_S = 0.1
 
 
 def ask(session: Session, rank: int, expression: str, *, frame: str = "raised",
@@ -67,7 +69,7 @@ def ask(session: Session, rank: int, expression: str, *, frame: str = "raised",
         if time.monotonic() > deadline:
             raise PostMortemError(f"{name} did not answer within {timeout:g} s (its next cell may have started, "
                                   "which lets its last failure go)")
-        session.sleep(0.05)
+        session.sleep(ANSWER_LOOK_S)
     text = str(answer.get("text", ""))
     if not answer.get("ok"):
         raise PostMortemError(f"on {name}, in cell {seq}'s failing frame: {text}")

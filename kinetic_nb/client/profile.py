@@ -55,14 +55,24 @@ class MergedProfile:
     framework: str
 
     def describe(self, name_of: Callable[[int], str] = lambda rank: f"host {rank}") -> list[str]:
-        """What the cell's output says of it: where it is, how to open it, and the hosts it lacks."""
+        """What the cell's output says of it: where it is, how to open it, and the hosts it lacks (grouped by why)."""
         hosts = len(self.traced)
-        lines = [f"kinetic_nb: profile of {hosts} host{'s' if hosts != 1 else ''}"
-                 f"{f' ({self.framework})' if self.framework else ''}, one process per host, aligned on the cell's "
-                 f"barrier: {self.path}", "  open it in https://ui.perfetto.dev (Open trace file) or chrome://tracing"]
-        if self.uri != self.path and not self.uri.endswith(self.path):
+        if hosts:
+            head = (f"kinetic_nb: profile of {hosts} host{'s' if hosts != 1 else ''} ({self.framework}), one process "
+                    f"per host, aligned on the cell's barrier: {self.path}")
+        else:
+            head = f"kinetic_nb: profile with no framework trace, each host's barrier and cell span only: {self.path}"
+        lines = [head, "  open it in https://ui.perfetto.dev (Open trace file) or chrome://tracing"]
+        if not self.uri.endswith(self.path):
             lines.append(f"  stored with the job: {self.uri}")
-        lines.extend(f"  {name_of(rank)}: {why}" for rank, why in sorted(self.missing.items()))
+        by_reason: dict[str, list[int]] = {}
+        for rank, why in sorted(self.missing.items()):
+            by_reason.setdefault(why, []).append(rank)
+        for why, ranks in by_reason.items():
+            names = [name_of(rank) for rank in ranks]
+            plain = all(name == f"host {rank}" for name, rank in zip(names, ranks, strict=True))
+            who = f"hosts {', '.join(map(str, ranks))}" if plain and len(ranks) > 1 else "; ".join(names)
+            lines.append(f"  {who}: {why}")
         return lines
 
 

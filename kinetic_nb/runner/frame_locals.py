@@ -189,12 +189,15 @@ def time_limit(seconds: float) -> Iterator[None]:
         raise TooSlow
 
     previous = signal.signal(signal.SIGALRM, too_slow)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    started = time.monotonic()
+    pending, interval = signal.setitimer(signal.ITIMER_REAL, seconds)  # a timer the cell set is put back after
     try:
         yield
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+        if pending:
+            signal.setitimer(signal.ITIMER_REAL, max(0.001, pending - (time.monotonic() - started)), interval)
 
 
 def _shown(name: str, value: Any, cell_names: frozenset[str] | None) -> bool:

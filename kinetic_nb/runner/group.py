@@ -276,8 +276,9 @@ class CellGroup:
         while True:
             with contextlib.suppress(ObjectNotFoundError):
                 return self.storage.open_read(payload)
-            self._answer_post_mortem()
             now = time.monotonic()
+            if self.wakeup is not None or now >= next_cancel_look:  # on a bucket each look is a request
+                self._answer_post_mortem()
             if now >= next_cancel_look:  # the agent also stops its hosts itself: a slower look will do
                 if self.storage.exists(protocol.CANCEL):
                     return None
@@ -373,10 +374,10 @@ class CellGroup:
             framework = cell.get(protocol.CELL_FRAMEWORK, self.plan.framework)
             if not self.initialized and framework not in ("auto", "none"):
                 self._initialize(framework)
-            if cell.get(protocol.CELL_PROFILE):
+            run.enter(Phase.EXECUTE, HostState.RUNNING)
+            if cell.get(protocol.CELL_PROFILE):  # in the execute phase: starting a profiler is no barrier's wait
                 profiler = CellProfiler(framework, seq, run.host_index, passed_barrier_at)
                 profiler.start()
-            run.enter(Phase.EXECUTE, HostState.RUNNING)
             if self.kept:
                 print(protocol.CELL_MARK.format(seq=seq), end="", flush=True)  # the agent: logs from here are the cell's
             try:
