@@ -189,9 +189,14 @@ def test_a_kernel_restart_leaves_the_session_up_and_attach_finds_its_state(stora
         session_id = next(word for text in printed for word in text.split() if word.startswith("ks-"))
         reply, printed = run(client, "%%kinetic --quiet\nremembered = 'across a restart'")
         assert reply["status"] == "ok", printed
+        old_pid = run(client, "import os\nos.getpid()")[1][-1]
         manager.restart_kernel(now=False)
         client.wait_for_ready(timeout=60)
-        run(client, "%load_ext kinetic_nb")
+        deadline = time.monotonic() + HANG_GUARD_S  # the old kernel may still answer as it shuts down
+        while run(client, "import os\nos.getpid()")[1][-1] == old_pid and time.monotonic() < deadline:
+            time.sleep(0.2)
+        reply, printed = run(client, "%load_ext kinetic_nb")
+        assert reply["status"] == "ok", printed
         reply, printed = run(client, f"%kinetic attach {session_id}")
         assert reply["status"] == "ok", printed
         reply, printed = run(client, "%%kinetic --quiet\nremembered")
