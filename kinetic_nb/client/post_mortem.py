@@ -12,10 +12,11 @@ import json
 import time
 from typing import TYPE_CHECKING
 
+from kinetic_nb.client.waiting import wait_for
 from kinetic_nb.errors import IntegrityError, ObjectExistsError, ObjectNotFoundError, PostMortemError
 from kinetic_nb.runner import protocol
-from kinetic_nb.runner.post_mortem import FRAMES, TIME_LIMIT_S, PostMortemRequest
-from kinetic_nb.runner.protocol import HostState, process_name
+from kinetic_nb.runner.post_mortem import FRAMES, TIME_LIMIT_S
+from kinetic_nb.runner.protocol import HostState, PostMortemRequest, process_name
 from kinetic_nb.runner.records import read_host_status, read_record
 from kinetic_nb.runner.wakeup import wake, wakeup_path
 
@@ -62,14 +63,19 @@ def ask(session: Session, rank: int, expression: str, *, frame: str = "raised",
         wake(wakeup_path(session.session_id, rank))
     answer_name = protocol.post_mortem_answer(seq, rank, number)
     deadline = time.monotonic() + timeout
-    while True:
+
+    def look() -> dict | None:
         with contextlib.suppress(ObjectNotFoundError, IntegrityError):
-            answer = json.loads(read_record(session.records, session.group.key, answer_name))
-            break
+            return json.loads(read_record(session.records, session.group.key, answer_name))
+        return None
+
+    def in_time(_: dict | None) -> None:
         if time.monotonic() > deadline:
             raise PostMortemError(f"{name} did not answer within {timeout:g} s (its next cell may have started, "
                                   "which lets its last failure go)")
-        session.sleep(ANSWER_LOOK_S)
+
+    answer = wait_for(look, lambda found: found is not None, between=in_time, sleep=session.sleep,
+                      max_pause=ANSWER_LOOK_S)
     text = str(answer.get("text", ""))
     if not answer.get("ok"):
         raise PostMortemError(f"on {name}, in cell {seq}'s failing frame: {text}")

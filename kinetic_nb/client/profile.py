@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from kinetic_nb.client.waiting import wait_for
 from kinetic_nb.errors import IntegrityError, ObjectNotFoundError
 from kinetic_nb.runner import envelope, protocol
 from kinetic_nb.storage import Storage
@@ -33,9 +34,10 @@ from kinetic_nb.storage import Storage
 __all__ = ["MERGED", "MergedProfile", "merge_records", "merged_profile"]
 
 #: The merged trace, inside the cell's folder.
-MERGED = f"{protocol.PROFILE_DIR}/trace.json.gz"
+MERGED = protocol.PROFILE_MERGED
 #: How long the notebook waits for a host still running to store its record.
 GATHER_WAIT_S = 10.0
+GATHER_LOOK_S = 0.1
 #: kinetic_nb's own track in each host's process.
 KINETIC_TRACK = 0
 #: Events that link across tracks by id: their ids are made unique per host.
@@ -84,20 +86,25 @@ def read_records(storage: Storage, key: bytes, world_size: int, host_done: Calla
     why: dict[int, str] = {}
     deadline = time.monotonic() + wait_s
     waiting = list(range(world_size))
-    while True:
-        done = {rank: host_done(rank) for rank in waiting}  # asked before the look: a host stores, then ends
+    done: dict[int, bool] = {}
+
+    def look() -> list[int]:
+        """One look at every host still waited on; those still waited on after it."""
+        nonlocal waiting
+        done.update({rank: host_done(rank) for rank in waiting})  # asked before the look: a host stores, then ends
         for rank in waiting:
             try:
-                records[rank] = json.loads(gzip.decompress(envelope.read_sealed(storage, protocol.host_profile(rank),
-                                                                                key)))
+                body = envelope.read_sealed(storage, protocol.host_profile(rank), key)
+                records[rank] = json.loads(gzip.decompress(body))
             except ObjectNotFoundError:
                 pass
             except (IntegrityError, OSError, ValueError) as error:  # never read past a failed check
                 why[rank] = f"its profile was not read ({str(error).splitlines()[0]})"
         waiting = [rank for rank in waiting if rank not in records and rank not in why]
-        if not waiting or all(done[rank] for rank in waiting) or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
+        return waiting
+
+    wait_for(look, lambda left: not left or all(done[rank] for rank in left) or time.monotonic() > deadline,
+             max_pause=GATHER_LOOK_S)
     for rank in waiting:
         why[rank] = "left no profile (it ended before it could store one: killed, or lost)" if done[rank] else \
             f"stored no profile within {wait_s:g} s"

@@ -11,8 +11,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
-from kinetic_nb.state import SNAPSHOT_INTERVAL_S, JobSnapshot
+from kinetic_nb.state import SNAPSHOT_INTERVAL_S
+
+#: What a look returns: a job's snapshot, or another record waited on (a host's answer, the hosts' profiles).
+Seen = TypeVar("Seen")
 
 __all__ = ["FIRST_POLL_S", "MAX_POLL_S", "POLL_GROWTH", "wait_for"]
 
@@ -23,16 +27,17 @@ POLL_GROWTH = 1.25
 MAX_POLL_S = 0.25
 
 
-def wait_for(look: Callable[[], JobSnapshot], ready: Callable[[JobSnapshot], bool], *,
-             on_snapshot: Callable[[JobSnapshot], None] | None = None,
-             between: Callable[[JobSnapshot], None] | None = None,
-             sleep: Callable[[float], None] = time.sleep) -> JobSnapshot:
+def wait_for(look: Callable[[], Seen], ready: Callable[[Seen], bool], *,
+             on_snapshot: Callable[[Seen], None] | None = None,
+             between: Callable[[Seen], None] | None = None,
+             sleep: Callable[[float], None] = time.sleep, max_pause: float = MAX_POLL_S) -> Seen:
     """Look until ``ready(snapshot)``, and return that snapshot (the caller shows it: it may add to it first).
 
     ``on_snapshot`` sees the others at most every ``SNAPSHOT_INTERVAL_S``;
     ``between`` runs after each look that is not ready (a deadline's check,
     which may raise); ``sleep`` pauses (a wakeup socket's, where hosts can
-    wake the notebook).
+    wake the notebook); ``max_pause`` caps the pause (a record on a bucket
+    needs no faster look than its writer's).
     """
     pause, shown_at = FIRST_POLL_S, 0.0
     while True:
@@ -46,4 +51,4 @@ def wait_for(look: Callable[[], JobSnapshot], ready: Callable[[JobSnapshot], boo
         if between is not None:
             between(snapshot)
         sleep(pause)
-        pause = min(pause * POLL_GROWTH, MAX_POLL_S)
+        pause = min(pause * POLL_GROWTH, max_pause)

@@ -43,9 +43,9 @@ from kinetic_nb.runner import envelope, frameworks, job_keys, protocol
 from kinetic_nb.runner.barrier import CellMarkers, meet, start_barrier
 from kinetic_nb.runner.cell import execute_cell, load_notebook_values
 from kinetic_nb.runner.channel import STORED, Channel, Joining, announced_address, host_role
-from kinetic_nb.runner.post_mortem import PostMortem, PostMortemRequest
+from kinetic_nb.runner.post_mortem import PostMortem
 from kinetic_nb.runner.profiling import CellProfiler
-from kinetic_nb.runner.protocol import FirstFailure, HostState, JobPlan, LeaderReady, Phase
+from kinetic_nb.runner.protocol import FirstFailure, HostState, JobPlan, LeaderReady, Phase, PostMortemRequest
 from kinetic_nb.runner.records import open_record, read_record, write_record
 from kinetic_nb.runner.relayed import CARRY_MAX_BYTES, RelayedStorage
 from kinetic_nb.runner.wakeup import open_wakeup, wake, wake_clients, wakeup_path

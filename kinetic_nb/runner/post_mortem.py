@@ -12,37 +12,20 @@ a time limit; code that blocks in C (a collective) is beyond it. Host-safe.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import types
 from typing import Any
 
 from kinetic_nb.runner.frame_locals import LEFT_CELL, TooSlow, describe, failing_frames, time_limit
+from kinetic_nb.runner.protocol import PostMortemRequest
 from kinetic_nb.runner.redact import Redactor
 
-__all__ = ["TIME_LIMIT_S", "PostMortem", "PostMortemRequest"]
+__all__ = ["FRAMES", "TIME_LIMIT_S", "PostMortem"]
 
 #: How long an expression may run, and the longest text of its value.
 TIME_LIMIT_S = 10.0
 MAX_CHARS = 10_000
 #: The frames a request may name: the innermost (``%debug``'s), or the cell's own innermost one.
 FRAMES = ("raised", "cell")
-
-
-@dataclasses.dataclass(frozen=True)
-class PostMortemRequest:
-    """What the notebook asks: ``expression``, in ``frame`` (one of :data:`FRAMES`)."""
-
-    expression: str
-    frame: str = "raised"
-
-    def to_json(self) -> bytes:
-        return json.dumps(dataclasses.asdict(self)).encode()
-
-    @classmethod
-    def from_json(cls, data: bytes) -> PostMortemRequest:
-        record = json.loads(data)
-        return cls(expression=str(record["expression"]), frame=str(record.get("frame", "raised")))
 
 
 def _numpy_repr(value: Any) -> str | None:

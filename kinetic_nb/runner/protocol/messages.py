@@ -433,6 +433,25 @@ class ResultPayload:
         return cls(**values)
 
 
+@dataclasses.dataclass(frozen=True)
+class PostMortemRequest:
+    """``cells/{seq}/post-mortem/{rank}-{n}.json``: the notebook asks ``rank`` to evaluate ``expression`` in the
+    frame its cell ``seq`` failed in (``runner.post_mortem``): ``frame`` is ``raised`` (the innermost, as
+    ``%debug``) or ``cell`` (the cell's own innermost). The answer, ``...-answer.json``, is
+    ``{"ok": bool, "text": str}``."""
+
+    expression: str
+    frame: str = "raised"
+
+    def to_json(self) -> bytes:
+        return _to_json(self)
+
+    @classmethod
+    def from_json(cls, data: bytes) -> PostMortemRequest:
+        record = json.loads(data)
+        return cls(expression=str(record["expression"]), frame=str(record.get("frame", "raised")))
+
+
 def stopped_message(host_index: int, phase: str) -> str:
     """The one line a host gives when it stops because ``host_index`` failed."""
     return f"stopped: host {host_index} failed in phase {phase}"

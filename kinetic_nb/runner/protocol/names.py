@@ -199,6 +199,11 @@ def post_mortem_answer(seq: int, rank: int, number: int) -> str:
 PROFILE_DIR = "profile"
 
 
+#: The hosts' profiles merged by the notebook into one Chrome trace (``client.profile``), beside them: not signed,
+#: it is the user's to open, and nothing reads it back.
+PROFILE_MERGED = f"{PROFILE_DIR}/trace.json.gz"
+
+
 def host_profile(rank: int) -> str:
     """Process ``rank``'s profile of the cell (``runner.profiling``): gzipped JSON, sealed under the cell's key."""
     return f"{PROFILE_DIR}/host-{rank}.json.gz"
