@@ -14,9 +14,10 @@ import pytest
 
 import kinetic_nb
 
-#: What the host-safe core may load: the standard library, cloudpickle, and these parts of kinetic_nb.
+#: What the host-safe core may load: the standard library, cloudpickle, cryptography (the shipped folder's and
+#: the channel's encryption), and these parts of kinetic_nb.
 HOST_SAFE_PACKAGES = ("kinetic_nb.runner", "kinetic_nb.agent", "kinetic_nb.storage", "kinetic_nb.errors")
-HOST_SAFE_THIRD_PARTY = frozenset({"cloudpickle"})
+HOST_SAFE_THIRD_PARTY = frozenset({"cloudpickle", "cryptography", "cffi", "_cffi_backend"})
 
 
 @pytest.mark.parametrize(
