@@ -434,10 +434,13 @@ class KineticMagics(_BackendSettings):
             raise UsageError("%kinetic pm looks into a session's failed cell: this notebook is on no session "
                              "(%kinetic start starts one)")
         try:
-            print(self.session.post_mortem(int(host), match["expression"].strip(),
-                                           frame="cell" if match["cell"] else "raised"))
+            answer = self.session.post_mortem(int(host), match["expression"].strip(),
+                                              frame="cell" if match["cell"] else "raised")
         except (PostMortemError, ValueError) as error:
             raise UsageError(str(error)) from None
+        # A remote repr is the host's text: its lines are kept, a control character in them (an escape that
+        # clears the screen, a carriage return that hides what came before) is shown as the jobs listing shows it.
+        print("\n".join(printable(line) for line in answer.split("\n")))
 
     def _line_profile(self, args: Any) -> None:
         if self.session is None:
