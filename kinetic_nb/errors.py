@@ -73,6 +73,10 @@ class ObjectExistsError(StorageError, FileExistsError):
     """A single-writer object was written a second time."""
 
 
+class ObjectTooLargeError(StorageError):
+    """An object is larger than its reader allows (``Storage.read_bounded``): it was not read."""
+
+
 class IntegrityError(KineticError):
     """A stored record failed verification (or carries no signature): this job's hosts did not write it.
 

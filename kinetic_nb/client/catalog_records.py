@@ -22,13 +22,16 @@ import unicodedata
 from typing import Any
 
 from kinetic_nb.errors import ObjectNotFoundError, StorageError
+from kinetic_nb.runner import protocol
+from kinetic_nb.runner.protocol.limits import record_limit
 from kinetic_nb.storage import Storage
 
 __all__ = ["RECORD_MAX_BYTES", "ListedFields", "listed_fields", "listed_ids", "owned_here", "printable", "read_record_bytes"]
 
 #: A handle or plan is a few hundred bytes (a few KiB with many ``-e`` names or backend options):
 #: anything larger was not written by kinetic_nb, and reading it whole could take the kernel's memory.
-RECORD_MAX_BYTES = 64 * 1024
+#: The protocol's one table of limits says so (``runner.protocol.limits``); a listing reads no more.
+RECORD_MAX_BYTES = max(record_limit(protocol.HANDLE)[1], record_limit(protocol.PLAN)[1])
 #: The last time a listing can show as a date in any time zone (9999-12-31 00:00 UTC: ``datetime`` stops at
 #: year 9999); a time past it, or before 1970, is not a submission time.
 _LATEST_TIME_S = 253402214400.0
@@ -126,11 +129,7 @@ def read_record_bytes(storage: Storage, name: str, *, listed_size: int | None = 
             raise ObjectNotFoundError(f"{where} does not exist")
     if listed_size > RECORD_MAX_BYTES:
         raise StorageError(f"{where} is {listed_size} bytes, over the {RECORD_MAX_BYTES} a record may be")
-    with storage.open_read(name) as file:  # pinned to one version: a larger one put there since is cut off
-        data = file.read(RECORD_MAX_BYTES + 1)
-    if len(data) > RECORD_MAX_BYTES:
-        raise StorageError(f"{where} is over the {RECORD_MAX_BYTES} bytes a record may be")
-    return data
+    return storage.read_bounded(name, RECORD_MAX_BYTES)  # one version, cut off past the cap (ObjectTooLargeError)
 
 
 def owned_here(storage: Storage) -> bool | None:

@@ -4,9 +4,10 @@ Each poll is one listing of the job's objects. The listing's versions say which
 objects changed; only those are read: a status that changed, an exit record
 once, a log chunk once (chunks are append-only). When nothing changed, a poll
 costs the listing alone, whatever the number of hosts. Every record is
-verified under the job's key before it is parsed or shown (``runner.records``):
-one that fails is never rendered, and the host's log says "unverified record
-from host i" in its place. The snapshots are the
+verified under the job's key before it is parsed or shown (``runner.records``),
+and read only up to its kind's limit (``runner.protocol.limits``; one listed
+over it is not read at all): one that fails either is never rendered, and the
+host's log says "unverified record from host i" in its place. The snapshots are the
 view model of ``kinetic_nb.state``; the poller is what feeds it from storage
 and the backend.
 """
@@ -28,6 +29,7 @@ from kinetic_nb.backends.base import PlatformView
 from kinetic_nb.client.echo import LeaderEcho
 from kinetic_nb.errors import IntegrityError, ObjectNotFoundError
 from kinetic_nb.runner import protocol
+from kinetic_nb.runner.envelope import read_limited
 from kinetic_nb.runner.frame_locals import FrameLocals
 from kinetic_nb.runner.logs import LogScreen
 from kinetic_nb.runner.protocol import CancelRequest, ExitSummary, HostStatus, JobPlan, Phase
@@ -144,15 +146,23 @@ class JobPoller:
     def exits(self) -> dict[int, ExitSummary]:
         return {i: r.exit for i, r in enumerate(self.records) if r.exit is not None}
 
-    def _read(self, name: str) -> bytes | None:
+    def _read(self, info: ObjectInfo) -> bytes | None:
+        """``info``'s record as stored (None: gone); ``IntegrityError`` when it is over its kind's limit."""
         self.requests["read"] += 1
-        return self._fetch(name)
+        data = self._fetch(info)
+        if isinstance(data, IntegrityError):
+            raise data
+        return data
 
-    def _fetch(self, name: str) -> bytes | None:
+    def _fetch(self, info: ObjectInfo) -> bytes | IntegrityError | None:
+        """``info``'s record as stored, read up to its kind's limit (``protocol.limits``); the error that refuses
+        it when its listed size, or what is there now, is over that; None when it is gone."""
         try:
-            return self.storage.read_bytes(name)
+            return read_limited(self.storage, info.name, listed_size=info.size)
         except ObjectNotFoundError:
             return None
+        except IntegrityError as error:  # over its limit: refused, nothing of it read
+            return error
 
     def poll(self) -> JobSnapshot:
         """Read what changed (one listing, or a cell's records by name on a local disk); the job as it is now."""
@@ -191,10 +201,10 @@ class JobPoller:
 
     def _cleaned_up_status(self) -> JobStatus | None:
         """A job cleaned up after its outcome keeps only handle.json, which records that outcome."""
-        names = {info.name for info in self.listing}
-        if protocol.PLAN in names or protocol.HANDLE not in names:
+        listed = {info.name: info for info in self.listing}
+        if protocol.PLAN in listed or protocol.HANDLE not in listed:
             return None
-        data = self._read(protocol.HANDLE)
+        data = self._read(listed[protocol.HANDLE])
         if data is None:
             return None
         record = json.loads(self._verified(protocol.HANDLE, data))
@@ -268,18 +278,17 @@ class JobPoller:
             else:
                 changed.append((index, kind, info))
         changed += ended
-        for (index, kind, info), data in zip(changed, self._read_all([info.name for _, _, info in changed]),
-                                             strict=True):
+        for (index, kind, info), data in zip(changed, self._read_all([info for _, _, info in changed]), strict=True):
             self._absorb_record(index, kind, info, data)
 
-    def _read_all(self, names: list[str]) -> list[bytes | None]:
-        """The records named, in order: read together on a remote store, where each read is a round trip
-        (a cell's end brings every host's status and last chunk at once), one by one on a local disk."""
-        self.requests["read"] += len(names)
-        if len(names) < 2 or self.storage.local_path() is not None:
-            return [self._fetch(name) for name in names]
-        with concurrent.futures.ThreadPoolExecutor(max_workers=min(len(names), READERS)) as pool:
-            return list(pool.map(self._fetch, names))
+    def _read_all(self, infos: list[ObjectInfo]) -> list[bytes | IntegrityError | None]:
+        """The records listed, in order (as :meth:`_fetch`): read together on a remote store, where each read is a
+        round trip (a cell's end brings every host's status and last chunk at once), one by one on a local disk."""
+        self.requests["read"] += len(infos)
+        if len(infos) < 2 or self.storage.local_path() is not None:
+            return [self._fetch(info) for info in infos]
+        with concurrent.futures.ThreadPoolExecutor(max_workers=min(len(infos), READERS)) as pool:
+            return list(pool.map(self._fetch, infos))
 
     def _close_echo_when_done(self) -> None:
         if self._echo is not None and (self.records[protocol.LEADER_INDEX].exit is not None
@@ -290,20 +299,23 @@ class JobPoller:
         if self._cancelled or self._versions.get(info.name) == info.version:
             return
         self._versions[info.name] = info.version
-        data = self._read(info.name)
         try:
+            data = self._read(info)
             self.cancel_request = CancelRequest.from_json(self._verified(info.name, data)) if data else None
             self._cancelled = data is not None
         except IntegrityError as error:  # a forged cancel: the hosts' agents ignore it too
             logger.warning("ignored: %s", error)
 
-    def _absorb_record(self, index: int, kind: str, info: ObjectInfo, data: bytes | None) -> None:
-        """One changed record of host ``index`` as read (None: gone), verified before anything of it is used."""
+    def _absorb_record(self, index: int, kind: str, info: ObjectInfo, data: bytes | IntegrityError | None) -> None:
+        """One changed record of host ``index`` as read (None: gone; an error: over its limit, so not read),
+        verified before anything of it is used."""
         records = self.records[index]
         if data is None:
             return
         self._versions[info.name] = info.version
         try:
+            if isinstance(data, IntegrityError):
+                raise data
             if kind == "status":
                 status = HostStatus.from_json(self._verified(info.name, data))
                 if records.status is None or status.revision >= records.status.revision:  # never go back

@@ -345,10 +345,8 @@ class Session:
         """A handle on cell ``seq`` of this session, run from this kernel or another (its outcome, hosts, logs)."""
         if not (isinstance(seq, int) and seq >= 1):
             raise ValueError(f"cells are numbered from 1, got {seq!r}")
-        try:
-            self.storage.child(protocol.cell_dir(seq)).read_bytes(protocol.PAYLOAD)
-        except ObjectNotFoundError:
-            raise ValueError(f"session {self.session_id} has no cell {seq}") from None
+        if not self.storage.child(protocol.cell_dir(seq)).exists(protocol.PAYLOAD):  # asked, not downloaded
+            raise ValueError(f"session {self.session_id} has no cell {seq}")
         return CellHandle(self.group, session=self, seq=seq, echo=self.echo)
 
     def _submit(self, data: bytes, timeout: float | None = None) -> int:

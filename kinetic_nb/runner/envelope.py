@@ -37,7 +37,8 @@ from typing import IO, Any
 
 import cloudpickle
 
-from kinetic_nb.errors import IntegrityError
+from kinetic_nb.errors import IntegrityError, ObjectTooLargeError
+from kinetic_nb.runner.protocol.limits import record_limit
 from kinetic_nb.storage import Storage
 
 #: Bound into every MAC: a MAC made for anything else never verifies here.
@@ -414,9 +415,44 @@ def write_sealed(storage: Storage, name: str, key: bytes, body: bytes, *, exclus
     storage.write_bytes(name, seal(key, name, body), exclusive=exclusive)
 
 
-def read_sealed(storage: Storage, name: str, key: bytes) -> bytes:
-    """The verified body of ``name``; ``IntegrityError`` when it does not verify, ``ObjectNotFoundError`` if absent."""
-    return unseal(key, name, storage.read_bytes(name), where=f"{storage.uri}/{name}")
+def read_limited(storage: Storage, name: str, *, max_bytes: int | None = None, listed_size: int | None = None
+                 ) -> bytes:
+    """The stored bytes of ``name``, reading at most its limit: the one way a record is read before it verifies.
+
+    Parameters
+    ----------
+    storage : Storage
+        Where ``name`` is.
+    name : str
+        The object's name; its kind's limit is ``protocol.limits.record_limit(name)``.
+    max_bytes : int, optional
+        The most bytes to read, in place of the kind's limit (a reader with a bound of its own).
+    listed_size : int, optional
+        The object's size in a listing just made: over the limit, it is refused without a request.
+
+    Raises
+    ------
+    IntegrityError
+        The object is over its limit: refused as a record that does not verify is, nothing of it read.
+    ObjectNotFoundError
+        There is no such object.
+    """
+    where = f"{storage.uri}/{name}"
+    kind, limit = ("object", max_bytes) if max_bytes is not None else record_limit(name) or ("object", None)
+    if limit is None:
+        return storage.read_bytes(name)
+    if listed_size is not None and listed_size > limit:
+        raise IntegrityError(f"{where} is {listed_size} bytes, over the {limit} a {kind} may hold: refused, not read")
+    try:
+        return storage.read_bounded(name, limit)
+    except ObjectTooLargeError as error:
+        raise IntegrityError(f"{where} is over the {limit} bytes a {kind} may hold: refused, not read") from error
+
+
+def read_sealed(storage: Storage, name: str, key: bytes, *, max_bytes: int | None = None) -> bytes:
+    """The verified body of ``name``, read up to its kind's limit (or ``max_bytes``); ``IntegrityError`` when it is
+    over that or does not verify, ``ObjectNotFoundError`` if absent."""
+    return unseal(key, name, read_limited(storage, name, max_bytes=max_bytes), where=f"{storage.uri}/{name}")
 
 
 def spool() -> IO[bytes]:
@@ -487,4 +523,5 @@ def read_unsigned(storage: Storage, name: str) -> bytes:
     return read_unsigned_bytes(storage.read_bytes(name), where=f"{storage.uri}/{name}")
 
 
-__all__ = ["SealingWriter", "dump_sealed", "is_sealed", "load_sealed", "read_sealed", "read_unsigned", "seal", "unseal", "verify_file", "write_sealed"]
+__all__ = ["SealingWriter", "dump_sealed", "is_sealed", "load_sealed", "read_limited", "read_sealed", "read_unsigned", "seal",
+           "unseal", "verify_file", "write_sealed"]

@@ -2,8 +2,9 @@
 
 Statuses, exit records, log chunks, stacks, the leader's verdict, the first
 failure and cancel requests are all written with :func:`write_record` and read
-with :func:`read_record`, which verifies before anything is parsed, acted on or
-shown (``IntegrityError`` otherwise). Only the empty objects are unsigned: a
+with :func:`read_record`, which reads at most the record's limit
+(``protocol.limits``) and verifies before anything is parsed, acted on or
+shown (``IntegrityError`` otherwise, a record over its limit included). Only the empty objects are unsigned: a
 host's heartbeat and a cell's ready markers, which are read by their time or
 their presence alone (the README's Security section says what forging one can do).
 
@@ -16,7 +17,7 @@ from typing import TypeVar
 
 from kinetic_nb.errors import IntegrityError, ObjectExistsError, ObjectNotFoundError
 from kinetic_nb.runner import protocol
-from kinetic_nb.runner.envelope import unseal, write_sealed
+from kinetic_nb.runner.envelope import read_limited, unseal, write_sealed
 from kinetic_nb.runner.protocol import ExitSummary, HostState, HostStatus, LogChunk
 from kinetic_nb.storage import Storage
 
@@ -38,12 +39,14 @@ def write_record(storage: Storage, key: bytes | None, name: str, body: bytes, *,
         write_sealed(storage, name, key, body, exclusive=exclusive)
 
 
-def read_record(storage: Storage, key: bytes | None, name: str) -> bytes:
+def read_record(storage: Storage, key: bytes | None, name: str, *, listed_size: int | None = None) -> bytes:
     """The verified body of ``name``: ``IntegrityError`` when it does not verify, ``ObjectNotFoundError`` if absent.
 
-    ``key=None`` reads a job from before signing, which its own user chose to trust: as it is.
+    At most its kind's limit is read (``protocol.limits``; a ``listed_size`` over it: nothing), and a record
+    over it is refused as one that does not verify. ``key=None`` reads a job from before signing, which its
+    own user chose to trust: as it is.
     """
-    return open_record(key, name, storage.read_bytes(name), where=f"{storage.uri}/{name}")
+    return open_record(key, name, read_limited(storage, name, listed_size=listed_size), where=f"{storage.uri}/{name}")
 
 
 def open_record(key: bytes | None, name: str, data: bytes, *, where: str) -> bytes:
@@ -59,7 +62,7 @@ def open_log_chunk(key: bytes | None, name: str, data: bytes, *, where: str) -> 
 
 def read_log_chunk(storage: Storage, key: bytes | None, name: str) -> LogChunk:
     """The verified log chunk ``name``."""
-    return open_log_chunk(key, name, storage.read_bytes(name), where=f"{storage.uri}/{name}")
+    return open_log_chunk(key, name, read_limited(storage, name), where=f"{storage.uri}/{name}")
 
 
 def unverified_line(host_index: int, name: str) -> str:

@@ -270,6 +270,12 @@ class RelayedStorage(Storage):
         data = self._carried(name)
         return data if data is not None else self._plain.read_bytes(name)
 
+    def read_bounded(self, name: str, max_bytes: int) -> bytes:
+        data = self._carried(name)  # carried: already held, at most CARRY_MAX_BYTES
+        if data is None:
+            return self._plain.read_bounded(name, max_bytes)
+        return super().read_bounded(name, max_bytes)  # the same check, on the bytes held
+
     def open_read(self, name: str) -> IO[bytes]:
         data = self._carried(name)
         return io.BytesIO(data) if data is not None else self._plain.open_read(name)

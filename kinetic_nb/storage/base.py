@@ -14,6 +14,8 @@ import json
 import os
 from typing import IO, Any
 
+from kinetic_nb.errors import ObjectTooLargeError
+
 
 @dataclasses.dataclass(frozen=True)
 class ObjectInfo:
@@ -91,6 +93,37 @@ class Storage(abc.ABC):
         """
         return io.BytesIO(self.read_bytes(name))
 
+    def read_bounded(self, name: str, max_bytes: int) -> bytes:
+        """The object's bytes, reading at most ``max_bytes`` of them: what a reader that verifies afterwards uses.
+
+        Parameters
+        ----------
+        name : str
+            The object's name below this storage's root.
+        max_bytes : int
+            The most bytes the object may hold.
+
+        Raises
+        ------
+        ObjectNotFoundError
+            There is no such object.
+        ObjectTooLargeError
+            It holds more than ``max_bytes``: refused from its size where the storage knows it before reading
+            (a local file, a listing), else after at most ``max_bytes + 1`` bytes were read.
+
+        This default opens the object (:meth:`open_read`) and reads at most
+        ``max_bytes + 1`` bytes; a local file's size is looked at first, so a
+        larger one is not read at all.
+        """
+        with self.open_read(name) as file:
+            size = _file_size(file)
+            if size is not None and size > max_bytes:
+                raise object_too_large(self, name, max_bytes, size)
+            data = file.read(max_bytes + 1)
+        if len(data) > max_bytes:
+            raise object_too_large(self, name, max_bytes)
+        return data
+
     def local_path(self, name: str = "") -> str | None:
         """A local filesystem path for ``name``, when the storage has one."""
         return None
@@ -107,3 +140,18 @@ class Storage(abc.ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.uri!r})"
+
+
+def _file_size(file: IO[bytes]) -> int | None:
+    """The size of an open OS file (from its descriptor, nothing read), else None."""
+    try:
+        return os.fstat(file.fileno()).st_size
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError
+        return None
+
+
+def object_too_large(storage: Storage, name: str, max_bytes: int, size: int | None = None) -> ObjectTooLargeError:
+    """The one line that says ``name`` is over ``max_bytes`` (its ``size`` when known) and was not read."""
+    held = f"{size} bytes" if size is not None else f"over {max_bytes} bytes"
+    return ObjectTooLargeError(f"{storage.uri}/{name} is {held}, more than the {max_bytes} its reader allows: "
+                               "it was not read")

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from typing import IO, Any, TypeVar
 
 from kinetic_nb.errors import ObjectExistsError, ObjectNotFoundError, StorageError
-from kinetic_nb.storage.base import ObjectInfo, Storage
+from kinetic_nb.storage.base import ObjectInfo, Storage, object_too_large
 
 logger = logging.getLogger(__name__)
 
@@ -351,6 +351,27 @@ class GcsStorage(Storage):
                 return b""
 
         return self._call("read", "read", name, download)
+
+    def read_bounded(self, name: str, max_bytes: int) -> bytes:
+        """One ranged request for the object's first ``max_bytes + 1`` bytes: however large the object is, no
+        more than that is downloaded (``ObjectTooLargeError`` when it holds more)."""
+        from google.api_core.exceptions import RequestRangeNotSatisfiable
+
+        blob = self._blob(name)
+
+        def first_bytes(_: int) -> bytes:
+            sink = _Sink()
+            try:
+                blob.download_to_file(sink, start=0, end=max_bytes, checksum=None, retry=None,
+                                      timeout=REQUEST_TIMEOUT_S, single_shot_download=True)
+            except RequestRangeNotSatisfiable:  # an empty object: no range of it exists (RFC 9110, 416)
+                return b""
+            return sink.value()
+
+        data = self._call("read", "read", name, first_bytes)
+        if len(data) > max_bytes:
+            raise object_too_large(self, name, max_bytes, blob.size)
+        return data
 
     def open_read(self, name: str) -> IO[bytes]:
         """The object's first chunk is the first request (a record, a cell's payload or value, is one request
