@@ -146,20 +146,20 @@ class _Anchor:
         try:
             info = os.fstat(fd)
             if info.st_uid != os.geteuid() or info.st_mode & _OTHERS_MAY_WRITE:
-                shared = fd
+                shared, fd = fd, None  # closed below, whatever happens: never closed twice
                 name = f"{USER_DIRECTORY_PREFIX}{os.geteuid()}"
                 self.path = os.path.join(self.named, name)
                 try:
-                    opened = _open_directory(shared, name, create)
+                    fd = _open_user_directory(shared, name, self.path, create)
                 finally:
                     os.close(shared)
-                if opened is None:
+                if fd is None:
                     return
-                fd = opened
                 _check_private(fd, self.path)
             self.stable = _nobody_else_can_rename(fd, self.path)
         except BaseException:
-            os.close(fd)
+            if fd is not None:
+                os.close(fd)
             raise
         self.fd = fd
 
@@ -167,6 +167,23 @@ class _Anchor:
         if self.fd is not None:
             with contextlib.suppress(OSError):
                 os.close(self.fd)
+
+
+def _open_user_directory(shared: int, name: str, path: str, create: bool) -> int | None:
+    """This user's directory ``name`` in the shared root ``shared`` (see :func:`_open_directory`); a link, or
+    anything else that is not a directory, in its place is refused in one line naming it and its owner."""
+    try:
+        return _open_directory(shared, name, create)
+    except OSError as error:
+        if error.errno not in (errno.ENOTDIR, errno.ELOOP):
+            raise
+        info = os.stat(name, dir_fd=shared, follow_symlinks=False)
+    if stat.S_ISLNK(info.st_mode):
+        what = f"a symbolic link (to {os.readlink(name, dir_fd=shared)!r})"
+    else:
+        what = "not a directory"
+    raise StorageError(f"{path} is {what}, owned by uid {info.st_uid}, in place of this user's directory: it is "
+                       f"refused, never followed; have it removed, or use another --storage (or $KINETIC_STORAGE)")
 
 
 def _check_private(fd: int, path: str) -> None:

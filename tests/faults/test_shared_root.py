@@ -247,3 +247,25 @@ def test_a_squatted_user_directory_is_refused_in_one_line(two_users):
     message = str(raised.value)
     assert f"{shared}/uid-{VICTIM_UID} is owned by uid {ATTACKER_UID}" in message and "\n" not in message
     assert os.listdir(os.path.join(shared, f"uid-{VICTIM_UID}")) == []
+
+
+@pytest.mark.parametrize("planted", ["link", "file"])
+def test_a_link_or_a_file_in_place_of_the_user_directory_is_refused_naming_it_and_its_owner(two_users, planted):
+    shared = str(two_users.shared)
+    mine = os.path.join(shared, f"uid-{VICTIM_UID}")
+
+    def plant() -> None:
+        os.mkdir(os.path.join(shared, "hers"), 0o777)
+        if planted == "link":
+            os.symlink(os.path.join(shared, "hers"), mine)
+        else:
+            open(mine, "w").close()
+
+    two_users.attacker.run(plant)
+    with pytest.raises(StorageError) as raised:
+        two_users.victim.run(_start_and_run, shared)
+    message = str(raised.value)
+    what = "is a symbolic link (to " if planted == "link" else "is not a directory"
+    assert message.startswith(f"{mine} {what}") and f"owned by uid {ATTACKER_UID}" in message
+    assert "Bad file descriptor" not in message and "\n" not in message
+    assert os.listdir(os.path.join(shared, "hers")) == []
