@@ -225,8 +225,7 @@ def test_post_mortem_and_a_profile_on_a_bucket_session(gcs_root):
             failing.result()
         assert session.post_mortem(1, "limit + 1") == "4"
         merged = failing.profile()
-        assert merged.uri.startswith("gs://") and merged.uri.endswith("profile/trace.json.gz")
-        assert not merged.path.startswith("gs://") and os.path.exists(merged.path)  # a copy on this machine
+        assert not merged.path.startswith("gs://") and os.path.exists(merged.path)  # on this machine, this user's
         assert sorted(merged.missing) == [0, 1]  # no framework in this cell: each host's span only
     finally:
         session.stop()

@@ -9,15 +9,18 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import os
+import stat
 from contextlib import redirect_stderr
 
 import pytest
 
 import kinetic_nb
-from kinetic_nb.client.profile import MERGED, merge_records, read_records
+from kinetic_nb.client.profile import merge_records, read_records
 from kinetic_nb.notebook.display.timeline import plot_timeline
 from kinetic_nb.runner import envelope, protocol
 from kinetic_nb.storage import LocalStorage
+from kinetic_nb.storage.defaults import user_directory_path
 
 from .magic_shell import magic_shell
 
@@ -77,7 +80,7 @@ def test_a_profiled_4_host_jax_cell_merges_into_one_process_per_host_with_events
     assert handle.result() == pytest.approx(128 * 128)  # tanh(128) is 1.0 in float32
     merged = handle.profile()
     assert merged.traced == (0, 1, 2, 3) and merged.missing == {} and merged.framework == "jax"
-    assert merged.path.endswith(MERGED)  # on a local disk, the stored file itself
+    assert merged.path.startswith(str(user_directory_path("profiles")))  # this user's own, never the job's storage
     trace = load(merged.path)
     assert processes(trace) == {0: "host 0", 1: "host 1", 2: "host 2", 3: "host 3"}
     assert {event["pid"] for event in trace["traceEvents"]} == {0, 1, 2, 3}
@@ -210,3 +213,19 @@ def test_a_one_shot_profile_flag_says_where_the_merged_trace_is():
         path = first.rsplit(": ", 1)[1]
         assert sorted(processes(load(path))) == [0, 1]
         assert any("ui.perfetto.dev" in line for line in lines)
+
+
+def test_the_merged_trace_is_this_users_alone_and_one_replaced_in_storage_is_never_taken():
+    handle = kinetic_nb.submit("'profiled'", hosts=2, framework="none", profile=True, echo=False, keep=True)
+    assert handle.result() == "profiled"
+    planted = gzip.compress(json.dumps({"traceEvents": [{"ph": "M", "pid": 9, "name": "process_name",
+                                                         "args": {"name": "planted"}}]}).encode())
+    handle.storage.write_bytes(protocol.PROFILE_MERGED, planted)  # there before the merge, as a bucket's writer
+    merged = handle.profile()
+    handle.storage.write_bytes(protocol.PROFILE_MERGED, planted)  # and replaced after it
+    cache = user_directory_path("profiles")
+    assert os.path.dirname(merged.path) == str(cache)
+    assert stat.S_IMODE(os.stat(merged.path).st_mode) == 0o600 and stat.S_IMODE(os.stat(cache).st_mode) == 0o700
+    assert sorted(processes(load(merged.path))) == [0, 1]  # the hosts' verified records, merged
+    assert handle.profile().path == merged.path and sorted(processes(load(handle.profile().path))) == [0, 1]
+    assert not any(handle.storage.uri in line or protocol.PROFILE_MERGED in line for line in merged.describe())

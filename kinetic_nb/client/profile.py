@@ -11,13 +11,16 @@ the barrier (0) and the cell's span.
 
 A host that left no record (killed, lost) is a process with no events, named
 as such, and said in the summary; a record that does not verify is never read.
-The merged file is written beside the hosts' records (``profile/trace.json.gz``)
-and, where those are not on this machine's disk, to a local copy: Perfetto's UI
-(https://ui.perfetto.dev) and ``chrome://tracing`` open either.
+The merged file is this user's alone: written 0600 into the per-user cache
+(``~/.cache/kinetic_nb/profiles/``, 0700), never into the job's storage, where
+anyone who may write there could replace it after the merge; nothing reads it
+back (a handle asked again merges the hosts' verified records again).
+Perfetto's UI (https://ui.perfetto.dev) and ``chrome://tracing`` open it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gzip
 import json
@@ -31,10 +34,12 @@ from kinetic_nb.errors import IntegrityError, ObjectNotFoundError
 from kinetic_nb.runner import envelope, protocol
 from kinetic_nb.storage import Storage
 
-__all__ = ["MERGED", "MergedProfile", "merge_records", "merged_profile"]
+__all__ = ["MergedProfile", "merge_records", "merged_profile"]
 
-#: The merged trace, inside the cell's folder.
-MERGED = protocol.PROFILE_MERGED
+#: The merged trace is this user's only: the file's mode, in a directory only this user may enter.
+TRACE_MODE = 0o600
+#: Creates the merged trace's temporary file: new (never one someone put there), never through a link.
+_CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 #: How long the notebook waits for a host still running to store its record.
 GATHER_WAIT_S = 10.0
 GATHER_LOOK_S = 0.1
@@ -48,8 +53,7 @@ _FLOW_PHASES = frozenset("stf")
 class MergedProfile:
     """Where a cell's merged trace is, which hosts it has a framework trace of, and why the others have none."""
 
-    uri: str
-    #: A file on this machine: the stored one on a local disk, else a copy.
+    #: A file on this machine that only this user can write (the per-user cache), never the job's storage.
     path: str
     traced: tuple[int, ...]
     #: Rank to why its host has no framework trace in it.
@@ -65,8 +69,6 @@ class MergedProfile:
         else:
             head = f"kinetic_nb: profile with no framework trace, each host's barrier and cell span only: {self.path}"
         lines = [head, "  open it in https://ui.perfetto.dev (Open trace file) or chrome://tracing"]
-        if not self.uri.endswith(self.path):
-            lines.append(f"  stored with the job: {self.uri}")
         by_reason: dict[str, list[int]] = {}
         for rank, why in sorted(self.missing.items()):
             by_reason.setdefault(why, []).append(rank)
@@ -200,21 +202,33 @@ def merge_records(records: dict[int, dict], world_size: int, name_of: Callable[[
     return trace, why
 
 
+def _write_private(path: str, data: bytes) -> None:
+    """``data`` as the file ``path``, mode 0600, whole or not at all: a new file beside it, renamed over it."""
+    directory, name = os.path.split(path)
+    temp = os.path.join(directory, f".{name}.{os.urandom(8).hex()}")
+    fd = os.open(temp, _CREATE_FLAGS, TRACE_MODE)
+    try:
+        with open(fd, "wb") as file:
+            file.write(data)
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp)
+        raise
+
+
 def merged_profile(storage: Storage, key: bytes, world_size: int, name_of: Callable[[int], str],
                    host_done: Callable[[int], bool], local_copy: str, wait_s: float = GATHER_WAIT_S) -> MergedProfile:
-    """Read the hosts' records of a profiled cell in ``storage`` (its folder), merge them, store the merged
-    trace there and, where that is not this machine's disk, at ``local_copy``."""
+    """Read the hosts' verified records of a profiled cell in ``storage`` (its folder), merge them, and write the
+    merged trace, 0600, to ``local_copy``: a path in a directory only this user may write (a handle's is in
+    ``~/.cache/kinetic_nb/profiles/``, 0700).
+
+    Nothing is written to ``storage``: anyone who may write there could replace the trace after the merge.
+    """
     records, unread = read_records(storage, key, world_size, host_done, wait_s)
     trace, why = merge_records(records, world_size, name_of, unread)
     data = gzip.compress(json.dumps(trace).encode(), compresslevel=5)
-    storage.write_bytes(MERGED, data)
-    path = storage.local_path(MERGED)
-    if path is None:
-        os.makedirs(os.path.dirname(local_copy), exist_ok=True)
-        with open(local_copy, "wb") as file:
-            file.write(data)
-        path = local_copy
+    _write_private(local_copy, data)
     traced = tuple(rank for rank in sorted(records) if rank not in why)
     frameworks = sorted({record.get("framework") for record in records.values() if record.get("framework")})
-    return MergedProfile(uri=f"{storage.uri.rstrip('/')}/{MERGED}", path=path, traced=traced, missing=why,
-                         framework=", ".join(frameworks))
+    return MergedProfile(path=local_copy, traced=traced, missing=why, framework=", ".join(frameworks))

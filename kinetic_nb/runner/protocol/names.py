@@ -199,8 +199,9 @@ def post_mortem_answer(seq: int, rank: int, number: int) -> str:
 PROFILE_DIR = "profile"
 
 
-#: The hosts' profiles merged by the notebook into one Chrome trace (``client.profile``), beside them: not signed,
-#: it is the user's to open, and nothing reads it back.
+#: Where an earlier kinetic_nb stored the merged Chrome trace, unsigned, beside the hosts' records: anyone who may
+#: write there could replace it. Nothing writes or reads it now (``client.profile`` writes the merged trace to the
+#: user's own cache); the name stays so that such a leftover is known for what it is.
 PROFILE_MERGED = f"{PROFILE_DIR}/trace.json.gz"
 
 
