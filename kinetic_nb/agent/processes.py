@@ -11,8 +11,8 @@ import os
 import resource
 import signal
 
-#: File descriptors the agent holds for each host: its stdout and stderr pipes and its pidfd.
-FDS_PER_HOST = 3
+#: File descriptors the agent holds for each host: its stdout, stderr and marks pipes and its pidfd.
+FDS_PER_HOST = 4
 #: Descriptors the agent needs besides its hosts' (storage clients, the selector, its log, slack).
 FDS_RESERVED = 64
 #: Processes one host may count against the user's process limit (RLIMIT_NPROC counts

@@ -6,7 +6,9 @@ pod). It
 - forks each host from this lean process, in its own process group, tied to
   the agent's life;
 - pumps each host's stdout and stderr into ``hosts/{i}/log/`` chunks, each
-  stream kept as itself;
+  stream kept as itself and only ever as text; the host's rich outputs and
+  its cells' boundaries come on a third pipe, its marks pipe
+  (``runner.marks``), each in its place among the lines;
 - records how each host ended in ``hosts/{i}/exit.json`` (code or signal, the
   last stderr lines, a storage error named as such);
 - learns of any host's failure from ``control/failed.json`` (written once, by
@@ -43,7 +45,7 @@ from collections.abc import Callable
 from kinetic_nb.agent import processes
 from kinetic_nb.agent.cells import CellWatch
 from kinetic_nb.errors import IntegrityError, ObjectExistsError, ObjectNotFoundError
-from kinetic_nb.runner import protocol
+from kinetic_nb.runner import marks, protocol
 from kinetic_nb.runner.channel import CHANNEL_ENV, Channel, Hub, Joining, agent_role
 from kinetic_nb.runner.execute import run_host  # imported once here, not in every forked host
 from kinetic_nb.runner.logs import LogChunkWriter
@@ -74,6 +76,10 @@ CONTROL_POLL_THROUGH_HUB_S = 60.0
 HUB_JOIN_S = 60.0
 #: How long to keep reading a finished host's pipes for its last output.
 DRAIN_S = 0.5
+#: The most one read of a host's pipe takes (a pipe holds 64 KiB by default).
+READ_BYTES = 1 << 16
+#: The stream name, among a host's pipes, of its marks pipe (display records and cell boundaries).
+MARKS = "marks"
 #: How long a host has to answer a stacks request before it is reported as not answering.
 STACKS_WAIT_S = 1.5
 #: A dump is complete once its file has not grown for this long.
@@ -105,9 +111,11 @@ def describe_storage_error(name: str, error: BaseException) -> str:
 class _Host:
     index: int
     pid: int
-    pipes: dict[int, str]  # fd -> stream
+    pipes: dict[int, str]  # fd -> stream (stdout, stderr, or MARKS)
     log: LogChunkWriter
     stacks_path: str
+    #: Frames read off the host's marks pipe, a partial one waiting for its rest.
+    frames: marks.MarkReader = dataclasses.field(default_factory=marks.MarkReader)
     #: Readable when the process ends (Linux 5.3+), so its end wakes the loop at once.
     pidfd: int | None = None
     stop_sent_at: float | None = None
@@ -245,14 +253,16 @@ class Agent:
             env = {**self.environment(index, output_dir), STACKS_FILE_ENV: stacks_path}
             if self.hub is not None:
                 env[CHANNEL_ENV] = self.hub.announced
+            # os.pipe()'s descriptors are close-on-exec: the host's marks pipe never reaches a program it starts.
             out_read, out_write = os.pipe()
             err_read, err_write = os.pipe()
+            marks_read, marks_write = os.pipe()
             pid = os.fork()
             if pid == 0:  # the host
-                self._become_host(env, out_write, err_write)
-            os.close(out_write)
-            os.close(err_write)
-            pipes = {out_read: protocol.STDOUT, err_read: protocol.STDERR}
+                self._become_host(env, out_write, err_write, marks_write, (out_read, err_read, marks_read))
+            for fd in (out_write, err_write, marks_write):
+                os.close(fd)
+            pipes = {out_read: protocol.STDOUT, err_read: protocol.STDERR, marks_read: MARKS}
             # A cell waits for its leader's last chunk: a notebook on this machine is woken when it is stored.
             on_cell_end = (functools.partial(wake_clients, self.plan.job_id)
                            if self.plan.session and index == protocol.LEADER_INDEX and self.storage.local_path()
@@ -273,9 +283,12 @@ class Agent:
         elif self._hub_address is not None:
             self._start_joining(self._hub_address)
 
-    def _become_host(self, env: dict[str, str], out_write: int, err_write: int) -> None:
+    def _become_host(self, env: dict[str, str], out_write: int, err_write: int, marks_write: int,
+                     agent_ends: tuple[int, ...]) -> None:
         code = protocol.EXIT_FAILED
         try:
+            for fd in agent_ends:
+                os.close(fd)
             os.setpgid(0, 0)
             os.umask(HOST_UMASK)
             if self.hub is not None:  # the hub's socket is the agent's
@@ -293,6 +306,7 @@ class Agent:
             os.dup2(err_write, 2)
             for fd in (out_write, err_write, devnull):
                 os.close(fd)
+            marks.attach(marks_write)  # the runner's display records and cell boundaries, out of band
             os.environ.clear()
             os.environ.update(env)
             sys.argv = ["python -m kinetic_nb.runner", "--job", self.storage.uri]
@@ -336,25 +350,60 @@ class Agent:
                 host.log.flush()
 
     def _read(self, host: _Host, fd: int) -> bool:
-        """Read what one of the host's pipes holds; False once it is closed."""
+        """Read what one of the host's pipes holds; False once it is closed.
+
+        Before its marks pipe is read, whatever its stdout and stderr pipes
+        hold is: the host wrote that before the frame (it flushes first, and
+        waits for the frame to be taken before it goes on), so it lands first.
+        """
+        if fd not in host.pipes:
+            return False  # closed meanwhile (its end was read while the marks pipe was)
+        if host.pipes[fd] == MARKS:
+            for stream_fd in [other for other, stream in host.pipes.items() if stream != MARKS]:
+                while self._read_some(host, stream_fd) > 0:
+                    pass
+        return self._read_some(host, fd) >= 0
+
+    def _read_some(self, host: _Host, fd: int) -> int:
+        """One read of one of the host's pipes, fed where it goes: how many bytes (0: none now, -1: closed)."""
         try:
-            data = os.read(fd, 1 << 16)
+            data = os.read(fd, READ_BYTES)
         except BlockingIOError:
-            return True
+            return 0
         except OSError as error:
             if error.errno != errno.EIO:
                 raise
             data = b""
+        stream = host.pipes[fd]
         if data:
-            stream = host.pipes[fd]
-            host.log.feed(data, stream)
-            if stream == protocol.STDERR:
-                host.add_stderr(data.decode(errors="replace"))
-            return True
+            if stream == MARKS:
+                self._apply_marks(host, data)
+            else:
+                host.log.feed(data, stream)
+                if stream == protocol.STDERR:
+                    host.add_stderr(data.decode(errors="replace"))
+            return len(data)
+        if stream == MARKS and host.frames.pending:
+            host.frames.problems.append(f"an unfinished frame of {host.frames.pending} bytes")
+            self._apply_marks(host, b"")
         self.selector.unregister(fd)
         os.close(fd)
         del host.pipes[fd]
-        return False
+        return -1
+
+    def _apply_marks(self, host: _Host, data: bytes) -> None:
+        """The frames ``data`` completes, applied to the host's log in order; a dropped one is said in the log."""
+        for mark in host.frames.feed(data):
+            if mark.kind == marks.DISPLAY:
+                host.log.add_display(mark.body)
+            elif mark.kind == marks.CELL_START:
+                host.log.start_cell(mark.body)
+            else:
+                host.log.end_cell(mark.body)
+        for problem in host.frames.problems:
+            line = f"kinetic agent: dropped {problem} from host {host.index}'s marks pipe\n"
+            host.log.feed(line.encode(), protocol.STDERR)
+        host.frames.problems.clear()
 
     def _reap(self) -> None:
         for host in self.hosts.values():

@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterator
 from typing import IO, Any, Protocol
 
 from kinetic_nb.errors import ChannelClosed, HostStoppedError, IntegrityError, ObjectNotFoundError
-from kinetic_nb.runner import envelope, frameworks, job_keys, protocol
+from kinetic_nb.runner import envelope, frameworks, job_keys, marks, protocol
 from kinetic_nb.runner.barrier import CellMarkers, meet, start_barrier
 from kinetic_nb.runner.cell import execute_cell, load_notebook_values
 from kinetic_nb.runner.channel import STORED, Channel, Joining, announced_address, host_role
@@ -379,7 +379,7 @@ class CellGroup:
                 profiler = CellProfiler(framework, seq, run.host_index, passed_barrier_at)
                 profiler.start()
             if self.kept:
-                print(protocol.CELL_MARK.format(seq=seq), end="", flush=True)  # the agent: logs from here are the cell's
+                marks.cell_started(seq)  # the agent: logs from here are the cell's
             try:
                 with self._interruptible(seq), profiler.span() if profiler else contextlib.nullcontext():
                     self._stop_if_interrupted_early(seq)
@@ -400,8 +400,7 @@ class CellGroup:
             return failure
         if run.failure is not None and run.failure_locals:  # it failed in the cell: its frames stay for questions
             self.post_mortem = PostMortem(seq, run.failure, run.filename, run.redactor, run.raw_secrets)
-        sys.stderr.flush()
-        print(protocol.CELL_END_MARK.format(seq=seq), end="", flush=True)  # the agent stores the cell's output now
+        marks.cell_ended(seq)  # the agent stores the cell's output now (what was printed before included)
         # Back to idle in the phase the cell ended in (nothing is torn down), with its failure as it was shown.
         failed = failure is not None
         run.status.update(state=HostState.IDLE, cell=seq, cell_failed=failed, names=held_names(self.namespace),

@@ -6,10 +6,12 @@ cell's namespace (IPython's own ``display`` and ``publish_display_data`` are
 routed here too once the cell imports IPython), and matplotlib draws with
 the ``kinetic_nb.runner.figures`` backend, which shows each figure on
 ``plt.show()`` and, as the notebook's inline backend does, every figure
-still open when the cell ends. Each output becomes one record written
-in-band on stdout (``protocol.DISPLAY_START`` ... ``DISPLAY_END``), so it
-keeps its place among the lines printed around it; the client publishes the
-leader's records as rich output. A worker's records carry only their text.
+still open when the cell ends. Each output becomes one record sent to the
+host's agent on its marks pipe (``runner.marks``), never on stdout, so that
+nothing the cell prints can pass for one; it keeps its place among the lines
+printed around it, and the client publishes the leader's records as rich
+output. A worker's records carry only their text. With no agent to read them
+(``python -m kinetic_nb.runner`` run by hand), a record is printed as its text.
 
 Host-safe: IPython and matplotlib are imported only when the cell does.
 """
@@ -24,7 +26,7 @@ import os
 import sys
 from typing import Any
 
-from kinetic_nb.runner import protocol
+from kinetic_nb.runner import marks
 
 __all__ = ["FIGURE_BACKEND", "display", "install", "publish_display_data", "show_open_figures"]
 
@@ -55,7 +57,7 @@ _rich = True
 
 
 def publish_display_data(data: dict[str, Any], metadata: dict[str, Any] | None = None, **_: Any) -> None:
-    """Write one display record in-band on stdout (IPython's ``publish_display_data``, on a host).
+    """Send one display record to the host's agent (IPython's ``publish_display_data``, on a host).
 
     Parameters
     ----------
@@ -68,10 +70,9 @@ def publish_display_data(data: dict[str, Any], metadata: dict[str, Any] | None =
     if not _rich:
         data = {"text/plain": data.get("text/plain", "<display>")}
     record = json.dumps({"data": data, "metadata": metadata or {}}, default=str)
-    sys.stdout.flush()  # what the cell printed before comes before the record
-    out = sys.__stdout__ or sys.stdout
-    out.write(protocol.DISPLAY_START + record + protocol.DISPLAY_END)
-    out.flush()
+    if not marks.send_display(record):  # no agent reads this host's marks, or too large to travel: its text
+        text = str(data.get("text/plain", "<display>"))
+        print(text if text.endswith("\n") else text + "\n", end="", flush=True)
 
 
 def _jsonable(value: Any) -> Any:

@@ -34,8 +34,6 @@ logger = logging.getLogger(__name__)
 #: A chunk is written at least this often while output keeps coming, so
 #: readers see a host's output within about a second.
 FLUSH_INTERVAL_S = 0.5
-#: A display record still unterminated past this size is not one: its text is released as plain output.
-MAX_DISPLAY_CHARS = 64 * 1024 * 1024
 _CONTROL = re.compile(r"(\r|\n)")
 
 
@@ -113,55 +111,13 @@ class LogScreen:
         return [line.text for line in self._lines.values() if line.text]
 
 
-class _DisplayExtractor:
-    """Lifts display records out of stdout text that arrives in pieces, whatever the pieces' boundaries."""
-
-    def __init__(self) -> None:
-        self.pending = ""
-
-    def split(self, text: str) -> list[tuple[str, str]]:
-        """``text`` as ``(stream, text)`` segments: stdout around the display records found in it."""
-        text = self.pending + text
-        self.pending = ""
-        segments: list[tuple[str, str]] = []
-        while text:
-            before, start, rest = text.partition(protocol.DISPLAY_START)
-            if not start:
-                keep = _partial_marker(text)
-                if keep:
-                    before, self.pending = text[:-keep], text[-keep:]
-                if before:
-                    segments.append((protocol.STDOUT, before))
-                break
-            if before:
-                segments.append((protocol.STDOUT, before))
-            record, end, text = rest.partition(protocol.DISPLAY_END)
-            if not end:
-                if len(rest) > MAX_DISPLAY_CHARS:
-                    segments.append((protocol.STDOUT, start + rest))
-                else:
-                    self.pending = start + rest
-                break
-            segments.append((protocol.DISPLAY, record))
-        return segments
-
-    def release(self) -> list[tuple[str, str]]:
-        """What is held back, as plain output (the host has ended)."""
-        pending, self.pending = self.pending, ""
-        return [(protocol.STDOUT, pending)] if pending else []
-
-
-def _partial_marker(text: str) -> int:
-    """How many characters at the end of ``text`` may be the start of a display marker."""
-    for size in range(min(len(protocol.DISPLAY_START) - 1, len(text)), 0, -1):
-        if protocol.DISPLAY_START.startswith(text[-size:]):
-            return size
-    return 0
-
-
 class LogChunkWriter:
     """Buffers one host's output, stream by stream, and writes it as numbered chunks.
 
+    What the host prints is fed as bytes and stored as text, whatever it
+    contains; its rich outputs and its cells' boundaries come apart, from the
+    host's marks pipe (``runner.marks``): :meth:`add_display`,
+    :meth:`start_cell` and :meth:`end_cell`.
     ``on_error`` is called with the exception when a chunk cannot be stored
     (the host goes on; its agent records the storage error).
     """
@@ -178,14 +134,13 @@ class LogChunkWriter:
         #: Secrets never reach storage; a tail that may begin one waits for the next flush.
         self._redactor = redactor or Redactor(())
         self._held = {protocol.STDOUT: "", protocol.STDERR: ""}
-        #: A session's host: the cell its output belongs to, from the mark it prints when one starts.
+        #: A session's host: the cell its output belongs to, from the mark its runner sends when one starts.
         self.cell = 0
         #: Bytes become text as they arrive; a UTF-8 sequence cut between two reads waits in its decoder.
         self._decoders = {stream: codecs.getincrementaldecoder("utf-8")(errors="replace")
                           for stream in (protocol.STDOUT, protocol.STDERR)}
         #: What each stream's current line shows so far, across chunks.
         self._screens = {stream: TerminalLine() for stream in (protocol.STDOUT, protocol.STDERR)}
-        self._displays = _DisplayExtractor()
         self._segments: list[list[str]] = []
         #: The next chunk's number: among the host's own chunks, or (in a session's cell) among the cell's.
         self._seq = 0
@@ -193,35 +148,33 @@ class LogChunkWriter:
         self._last_flush = time.monotonic()
 
     def feed(self, data: bytes, stream: str = protocol.STDOUT) -> None:
+        """Take what the host wrote on ``stream`` (stdout or stderr): text, stored as text."""
         text = self._decoders[stream].decode(data)
-        if stream == protocol.STDOUT and "\x1e" in text:
-            text = self._take_cell_marks(text)
         if text:
             self._append(stream, text)
         if time.monotonic() - self._last_flush >= FLUSH_INTERVAL_S:
             self.flush()
 
-    def _append(self, stream: str, text: str) -> None:
-        pieces = self._displays.split(text) if stream == protocol.STDOUT else [(stream, text)]
-        for kind, piece in pieces:
-            if kind != protocol.DISPLAY and self._segments and self._segments[-1][0] == kind:
-                self._segments[-1][1] += piece
-            else:
-                self._segments.append([kind, piece])
+    def add_display(self, record: str) -> None:
+        """One rich output (its record's JSON, from the marks pipe), in its place after what was fed before."""
+        self._segments.append([protocol.DISPLAY, record])
 
-    def _take_cell_marks(self, text: str) -> str:
-        """Split ``text`` at each cell mark: what came before a mark is flushed as the previous cell's;
-        what follows the last mark is returned."""
-        parts = protocol.CELL_MARK_RE.split(text)  # [text, end, seq, text, end, seq, ..., text]
-        for index in range(0, len(parts) - 1, 3):
-            if parts[index]:
-                self._append(protocol.STDOUT, parts[index])
-            if parts[index + 1]:  # the cell's end: its output, stored now and marked as its last
-                self.flush(cell_end=True)
-            else:
-                self.flush()
-                self.cell, self._cell_seq = int(parts[index + 2]), 0
-        return parts[-1]
+    def start_cell(self, seq: int) -> None:
+        """A session's cell ``seq`` starts: what came before is stored as before, what follows is the cell's."""
+        self.flush()
+        self.cell, self._cell_seq = seq, 0
+
+    def end_cell(self, seq: int) -> None:
+        """Cell ``seq`` has ended: its output is stored now, marked as its last (an end that names another cell
+        than the current one ends nothing)."""
+        if seq == self.cell:
+            self.flush(cell_end=True)
+
+    def _append(self, stream: str, text: str) -> None:
+        if self._segments and self._segments[-1][0] == stream:
+            self._segments[-1][1] += text
+        else:
+            self._segments.append([stream, text])
 
     def due(self) -> bool:
         return bool(self._segments) and time.monotonic() - self._last_flush >= FLUSH_INTERVAL_S
@@ -235,7 +188,6 @@ class LogChunkWriter:
                 rest = decoder.decode(b"", final=True)
                 if rest:
                     self._append(stream, rest)
-            self._segments += [list(segment) for segment in self._displays.release()]
         raw, self._segments = self._segments, []
         if final:
             raw += [[stream, ""] for stream, held in self._held.items() if held]

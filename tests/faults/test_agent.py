@@ -172,7 +172,7 @@ def test_a_low_open_file_limit_is_refused_before_anything_starts():
             print(error)
     """)
     printed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert "40 local hosts need about 184 open files" in printed and "ulimit -n" in printed
+    assert "40 local hosts need about 224 open files" in printed and "ulimit -n" in printed
 
 
 def test_a_storage_error_mid_job_is_named(tmp_path):

@@ -10,6 +10,7 @@ from kinetic_nb.runner.logs import (
     read_log,
     read_log_segments,
 )
+from kinetic_nb.runner.records import read_log_chunk
 from kinetic_nb.storage import LocalStorage
 
 #: The job's key every chunk is sealed under.
@@ -80,26 +81,54 @@ def test_a_rewrite_overwrites_only_what_it_writes_as_a_terminal_does():
     assert line.feed("\n") == ["loss 0.25 step 1"]
 
 
-def test_a_display_record_is_lifted_out_of_stdout_in_its_place(tmp_path):
+#: What b3f2552 parsed out of a host's stdout: a display record between these two, and a session cell's
+#: start and end. A file name, a file's contents or a subprocess's output could carry them.
+OLD_DISPLAY_START, OLD_DISPLAY_END = "\x1b]kinetic-display;", "\x1b\\"
+OLD_CELL_MARK, OLD_CELL_END_MARK = "\x1ekinetic-cell:5\x1e", "\x1ekinetic-cell-end:5\x1e"
+PLANTED = json.dumps({"data": {"text/html": "<script>steal()</script>",
+                               "application/javascript": "steal()", "text/plain": "x"}, "metadata": {}})
+
+
+def test_printed_text_is_only_ever_text_whatever_it_contains(tmp_path):
+    storage = LocalStorage(str(tmp_path))
+    writer = LogChunkWriter(storage, 0, KEY)
+    output = (f"before\n{OLD_DISPLAY_START}{PLANTED}{OLD_DISPLAY_END}middle\n"
+              f"{OLD_CELL_MARK}in a cell?\n{OLD_CELL_END_MARK}after\n")
+    data = output.encode()
+    for start in range(0, len(data), 7):  # cut anywhere, as pipes cut it
+        writer.feed(data[start:start + 7])
+    writer.flush(final=True)
+    segments = read_log_segments(storage, 0, KEY)
+    assert [stream for stream, _ in segments] == [protocol.STDOUT]  # no display segment
+    assert segments[0][1] == output  # all of it, as it was printed
+    assert writer.cell == 0 and [info.name.split("/")[0] for info in storage.list("")] == ["hosts"]  # no cell began
+
+
+def test_a_display_record_from_the_marks_pipe_keeps_its_place(tmp_path):
     storage = LocalStorage(str(tmp_path))
     writer = LogChunkWriter(storage, 0, KEY)
     record = json.dumps({"data": {"text/html": "<b>x</b>", "text/plain": "X"}, "metadata": {}})
-    output = f"before\n{protocol.DISPLAY_START}{record}{protocol.DISPLAY_END}after\n".encode()
-    for start in range(0, len(output), 7):  # the record arrives cut anywhere
-        writer.feed(output[start:start + 7])
-        writer.flush()
+    writer.feed(b"before\n")
+    writer.add_display(record)
+    writer.feed(b"after\n")
     writer.flush(final=True)
     segments = read_log_segments(storage, 0, KEY)
-    assert [stream for stream, _ in segments if stream == protocol.DISPLAY] == [protocol.DISPLAY]
-    assert "".join(text for stream, text in segments if stream == protocol.STDOUT) == "before\nafter\n"
+    assert segments == [(protocol.STDOUT, "before\n"), (protocol.DISPLAY, record), (protocol.STDOUT, "after\n")]
     assert read_log(storage, 0, KEY) == "before\nX\nafter\n"
 
 
-def test_an_unterminated_display_marker_is_plain_output_at_the_end(tmp_path):
+def test_a_cells_output_is_cut_by_the_marks_pipes_boundaries(tmp_path):
     storage = LocalStorage(str(tmp_path))
     writer = LogChunkWriter(storage, 0, KEY)
-    writer.feed(f"odd {protocol.DISPLAY_START}not json".encode())
-    writer.flush()
-    assert read_log(storage, 0, KEY) == "odd "
+    writer.feed(b"the host starts\n")
+    writer.start_cell(5)
+    writer.feed(b"in cell 5\n")
+    writer.end_cell(4)  # not this cell's end
+    writer.feed(b"still cell 5\n")
+    writer.end_cell(5)
     writer.flush(final=True)
-    assert read_log(storage, 0, KEY) == f"odd {protocol.DISPLAY_START}not json"
+    assert read_log(storage, 0, KEY) == "the host starts\n"
+    [chunk] = [info.name for info in storage.list(protocol.CELLS_DIR + "/")]
+    stored = read_log_chunk(storage, KEY, chunk)
+    assert (stored.cell, stored.end) == (5, True)
+    assert stored.segments == [(protocol.STDOUT, "in cell 5\nstill cell 5\n")]

@@ -37,12 +37,7 @@ before the first cell).
 from __future__ import annotations
 
 from kinetic_nb.runner.protocol.log_chunks import (
-    CELL_END_MARK,
-    CELL_MARK,
-    CELL_MARK_RE,
     DISPLAY,
-    DISPLAY_END,
-    DISPLAY_START,
     STDERR,
     STDOUT,
     LogChunk,
@@ -142,11 +137,8 @@ __all__ = [
     "CANCEL",
     "CELLS_DIR",
     "CELL_DONE_PREFIX",
-    "CELL_END_MARK",
     "CELL_FILENAME",
     "CELL_FRAMEWORK",
-    "CELL_MARK",
-    "CELL_MARK_RE",
     "CELL_NAMESPACE",
     "CELL_OUT_NAMES",
     "CELL_PROFILE",
@@ -154,8 +146,6 @@ __all__ = [
     "CHANNEL",
     "CONTROL_DIR",
     "DISPLAY",
-    "DISPLAY_END",
-    "DISPLAY_START",
     "ENVIRONMENT_DIR",
     "ENVIRONMENT_INSTALL",
     "EXCEPTION",

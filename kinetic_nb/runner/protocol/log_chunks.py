@@ -1,9 +1,13 @@
-"""A host's output as stored: log chunks of ``[stream, text]`` segments, and the in-band marks they are cut by."""
+"""A host's output as stored: log chunks of ``[stream, text]`` segments.
+
+What a host prints is only ever text here: its rich outputs (``DISPLAY``
+segments) and its cells' boundaries reach its agent out of band, on the
+host's marks pipe (``kinetic_nb.runner.marks``), never parsed out of stdout.
+"""
 
 from __future__ import annotations
 
 import json
-import re
 import typing
 
 #: The two streams of a host's output, as log chunks name them.
@@ -12,18 +16,6 @@ STDERR = "err"
 #: A third kind of log segment: one rich output (``display(...)``, a figure) as the
 #: JSON of ``{"data": {mime: ...}, "metadata": {...}}``, in its place among the lines.
 DISPLAY = "display"
-#: A host's rich output travels in-band on its stdout between these two
-#: markers (an OSC escape sequence that no terminal acts on), so it keeps its
-#: place among the lines printed around it; the agent's log writer lifts it out
-#: into a ``DISPLAY`` segment. JSON escapes ESC, so the end marker cannot occur inside.
-DISPLAY_START = "\x1b]kinetic-display;"
-DISPLAY_END = "\x1b\\"
-#: Carried to the host's agent in-band on stdout when a session's host starts a cell: its log chunks
-#: from there on belong to that cell. Unprintable framing that no program prints by accident.
-CELL_MARK = "\x1ekinetic-cell:{seq}\x1e"
-#: Printed when the cell ends: the agent stores the cell's output at once, marked as its last.
-CELL_END_MARK = "\x1ekinetic-cell-end:{seq}\x1e"
-CELL_MARK_RE = re.compile("\x1ekinetic-cell(-end)?:(\\d+)\x1e")
 
 
 def encode_log_chunk(segments: list[tuple[str, str]], cell: int = 0, *, end: bool = False) -> bytes:
