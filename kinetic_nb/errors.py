@@ -101,6 +101,10 @@ class AcceleratorNotSeenError(KineticError, RuntimeError):
     the cell fails rather than run quietly on the CPU."""
 
 
+class CoordinatorPortTakenError(KineticError, ConnectionError):
+    """The port chosen for the framework's coordinator on host 0 was taken by another process before it was bound."""
+
+
 class SshHostError(KineticError, ConnectionError):
     """An ssh host that cannot be reached, refuses the key or shows another host key: named, with the fix."""
 

@@ -38,6 +38,7 @@ import time
 from kinetic_nb.agent import __main__ as agent_main  # the imports every job's agent needs, made once here
 from kinetic_nb.agent.local_state import AgentState
 from kinetic_nb.agent.processes import die_with_parent, process_start
+from kinetic_nb.runner.ports import free_ports
 
 #: A request is one JSON object (the agent's arguments, environment, working directory, key); it is small.
 MAX_REQUEST_BYTES = 4 * 1024 * 1024
@@ -184,12 +185,8 @@ def _answer(line: bytes, base: dict[str, str], cwd: str) -> dict:
     "env", "key", "log"}}`` (fork that job's agent: the pid; ``log`` under the host's cache directory)."""
     try:
         request = json.loads(line)
-        if "ports" in request:
-            with contextlib.ExitStack() as held:  # held together: distinct ports
-                probes = [held.enter_context(socket.socket()) for _ in range(int(request["ports"]))]
-                for probe in probes:
-                    probe.bind(("", 0))
-                return {"ports": [probe.getsockname()[1] for probe in probes]}
+        if "ports" in request:  # as the ssh probe finds them: below the ephemeral range, distinct
+            return {"ports": free_ports(int(request["ports"]))}
         job = request["launch"]
         log = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), job["log"])
         os.makedirs(os.path.dirname(log), mode=0o700, exist_ok=True)

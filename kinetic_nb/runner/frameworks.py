@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from kinetic_nb.errors import AcceleratorNotSeenError
+from kinetic_nb.runner.ports import check_coordinator_port
 from kinetic_nb.runner.protocol import Framework, JobPlan
 
 logger = logging.getLogger(__name__)
@@ -124,6 +125,8 @@ def initialize(plan: JobPlan, rank: int) -> None:
     GPUs than its accelerator has fails in one line naming what it saw.
     """
     address = coordinator_address(plan)
+    if rank == 0 and plan.framework in (Framework.JAX.value, Framework.TORCH.value):
+        check_coordinator_port(address, plan.name_of(rank))  # one line, not JAX's segmentation fault
     if plan.framework == Framework.JAX.value:
         import jax
 

@@ -327,3 +327,38 @@ def test_a_notebook_that_exits_leaves_no_warm_agent_or_connection_behind(ssh_hos
     while left := warm_agents_now(ssh_hosts) - before:
         assert time.monotonic() < deadline, f"the exited notebook's warm agents or connections ran on: {left}"
         time.sleep(0.1)
+
+
+def test_the_probed_ports_lie_below_the_ephemeral_range_where_no_connection_is_given_one(ssh_hosts):
+    close_pools()  # a fresh pool: its opening probe's ports are the next job's
+    ports = pool_of(ssh_hosts, 2).facts[0].ports
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as ranges:
+        ephemeral_low = int(ranges.read().split()[0])
+    assert len(set(ports)) == 2 and all(ephemeral_low // 2 <= port < ephemeral_low for port in ports), ports
+
+
+@pytest.mark.parametrize("framework", ["jax", "torch"])
+def test_a_coordinator_port_taken_between_probe_and_use_fails_the_cell_in_one_line(ssh_hosts, framework):
+    """Another process binds host 0's probed coordinator port before the job's framework does: the cell fails
+    at once, in one line naming the port, never a segmentation fault or a wait in a collective."""
+    import subprocess
+    import sys
+
+    close_pools()
+    port = pool_of(ssh_hosts, 2).facts[0].ports[0]  # the port the next launch gives the coordinator
+    holder = subprocess.Popen([sys.executable, "-c", "import socket, sys, time\ns = socket.socket()\n"
+                               f"s.bind(('', {port}))\ns.listen()\nprint('held', flush=True)\ntime.sleep(300)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        handle = kinetic_nb.submit("'never runs'", framework=framework, quiet=True, grace=2,
+                                   env={"JAX_PLATFORMS": "cpu"}, **on_ssh(ssh_hosts, 2))
+        assert handle.plan.coordinator_address.endswith(f":{port}")
+        with pytest.raises(Exception, match=f"coordinator port {port} was taken") as raised:
+            handle.result(timeout=120)
+        first = str(raised.value).splitlines()[0]
+        assert type(raised.value).__name__ == "CoordinatorPortTakenError", first
+        assert first.startswith(f"host 0's coordinator port {port} was taken by another process"), first
+    finally:
+        holder.kill()
+        holder.wait()

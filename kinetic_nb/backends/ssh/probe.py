@@ -2,18 +2,23 @@
 
 One small Python program per host, over its connection: the interpreter's
 version, whether the job's ``file://`` storage is a directory it sees, and (on
-host 0) a free port for the framework's coordinator. Each answer that rules a
+host 0) free ports for the framework's coordinator and a session's hub, chosen
+below the kernel's ephemeral range (``runner.ports``): a port is probed, then
+bound later by the framework, and no connection made in between can be given
+one there; host 0 checks the coordinator's again just before it is bound. Each answer that rules a
 host out is one line naming the host and the way out.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import sys
 
 from kinetic_nb.backends.ssh.connections import Connections
 from kinetic_nb.errors import SshHostError
+from kinetic_nb.runner.ports import free_ports
 
 __all__ = ["DEFAULT_PYTHON", "HostFacts", "probe_hosts"]
 
@@ -21,18 +26,15 @@ __all__ = ["DEFAULT_PYTHON", "HostFacts", "probe_hosts"]
 DEFAULT_PYTHON = "python3"
 
 #: Runs on each host with its own Python (any 3.x): argv[1] is a path to look for ("" for none), argv[2] how many
-#: free ports to find, argv[3] device paths (comma-separated prefixes) whose holders to name ("" for none).
-_PROBE = r"""
-import contextlib, json, os, socket, sys
+#: free ports to find (``runner.ports.free_ports``, its source included: below the ephemeral range, where no
+#: connection made meanwhile takes one), argv[3] device paths (comma-separated prefixes) whose holders to name.
+_PROBE = "from __future__ import annotations\n" + inspect.getsource(free_ports) + r"""
+import json, os, socket, sys
 answer = {"python": list(sys.version_info[:3]), "executable": sys.executable, "hostname": socket.gethostname(),
           "sees": None, "ports": [], "holders": []}
 if sys.argv[1]:
     answer["sees"] = os.path.isdir(sys.argv[1])
-with contextlib.ExitStack() as held:  # held together: distinct ports
-    for _ in range(int(sys.argv[2])):
-        probe = held.enter_context(socket.socket())
-        probe.bind(("", 0))
-        answer["ports"].append(probe.getsockname()[1])
+answer["ports"] = free_ports(int(sys.argv[2]))
 devices = tuple(prefix for prefix in sys.argv[3].split(",") if prefix)
 for pid in (name for name in os.listdir("/proc") if name.isdigit() and devices and int(name) != os.getpid()):
     try:
