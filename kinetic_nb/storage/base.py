@@ -152,6 +152,6 @@ def _file_size(file: IO[bytes]) -> int | None:
 
 def object_too_large(storage: Storage, name: str, max_bytes: int, size: int | None = None) -> ObjectTooLargeError:
     """The one line that says ``name`` is over ``max_bytes`` (its ``size`` when known) and was not read."""
-    held = f"{size} bytes" if size is not None else f"over {max_bytes} bytes"
-    return ObjectTooLargeError(f"{storage.uri}/{name} is {held}, more than the {max_bytes} its reader allows: "
+    held = f"{size} bytes, more than" if size is not None else "larger than"
+    return ObjectTooLargeError(f"{storage.uri}/{name} is {held} the {max_bytes} bytes its reader allows: "
                                "it was not read")

@@ -38,7 +38,7 @@ def test_a_bounded_read_returns_what_fits_and_refuses_what_does_not(storage):
     storage.write_bytes("hosts/0/heartbeat", b"")
     assert storage.read_bounded("hosts/0/status.json", 100) == b"x" * 100
     assert storage.read_bounded("hosts/0/heartbeat", 10) == b""
-    with pytest.raises(ObjectTooLargeError, match=r"hosts/0/status\.json is .*more than the 99 its reader allows"):
+    with pytest.raises(ObjectTooLargeError, match=r"hosts/0/status\.json is .*than the 99 bytes its reader allows"):
         storage.read_bounded("hosts/0/status.json", 99)
     with pytest.raises(ObjectNotFoundError):
         storage.read_bounded("hosts/0/exit.json", 100)
@@ -84,5 +84,5 @@ def test_a_planted_256_mib_object_is_refused_without_being_read(storage, tmp_pat
     storage.write_file("hosts/1/status.json", str(sparse))
     storage.write_bytes("warm-up", b"w")
     added, raised = _in_a_child(_peak_memory_of_a_bounded_read, storage.uri, "hosts/1/status.json")
-    assert "more than the 1048576 its reader allows" in raised
+    assert "than the 1048576 bytes its reader allows" in raised
     assert added < MEMORY_BYTES, f"a bounded read of a {PLANTED_BYTES}-byte object added {added} bytes"
