@@ -407,8 +407,10 @@ def test_polling_costs_one_pod_listing_per_interval_and_one_read_per_record(api,
     for index in range(plan.hosts):
         write_record(job_storage, SECRETS.key, protocol.host_exit(index), ExitSummary(host_index=index, exit_code=0).to_json())
     reads = []
-    read_bytes = job_storage.read_bytes
+    read_bytes, read_bounded = job_storage.read_bytes, job_storage.read_bounded
     monkeypatch.setattr(job_storage, "read_bytes", lambda name: reads.append(name) or read_bytes(name))
+    monkeypatch.setattr(job_storage, "read_bounded",  # how a record is read: up to its limit
+                        lambda name, max_bytes: reads.append(name) or read_bounded(name, max_bytes))
     for _ in range(5):
         assert len(backend.exit_summaries(job_storage, plan, job_storage.list(), SECRETS.key)) == plan.hosts
     assert sorted(reads) == sorted(protocol.host_exit(index) for index in range(plan.hosts))  # each once

@@ -123,8 +123,10 @@ def test_a_session_cell_on_gs_reads_no_earlier_cells_log_chunks(gcs_root, monkey
     try:
         storage = session.group.storage
         reads: list[str] = []
-        real_read = storage.read_bytes
+        real_read, real_bounded = storage.read_bytes, storage.read_bounded
         monkeypatch.setattr(storage, "read_bytes", lambda name: reads.append(name) or real_read(name))
+        monkeypatch.setattr(storage, "read_bounded",  # how a record is read: up to its limit
+                            lambda name, max_bytes: reads.append(name) or real_bounded(name, max_bytes))
         for seq in range(1, 21):
             assert session.run(f"print('cell {seq}')\n{seq}").result(timeout=60) == seq
         chunks = collections.Counter(name for name in reads if "/log/" in name)
