@@ -1,10 +1,11 @@
 """A loopback TCP forwarder: what a port-forward to a session's hub is, with a delay each way and a cut.
 
 ``TcpForward(target, one_way_s=0.0125)`` listens on a free loopback port and
-passes every byte on to ``target`` and back, each ``one_way_s`` later (a
-round trip costs twice that, as a request through the tests' delay proxy
-costs its delay once); :meth:`cut` closes every connection and stops
-listening, as a killed ``kubectl port-forward`` does.
+passes every byte on to ``target`` (an address, or a local hub's Unix socket)
+and back, each ``one_way_s`` later (a round trip costs twice that, as a
+request through the tests' delay proxy costs its delay once); :meth:`cut`
+closes every connection and stops listening, as a killed ``kubectl
+port-forward`` does.
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ import socket
 import threading
 import time
 
+from kinetic_nb.runner.channel_link import Address, open_socket
+
 
 class TcpForward:
-    def __init__(self, target: tuple[str, int], *, one_way_s: float = 0.0):
+    def __init__(self, target: Address, *, one_way_s: float = 0.0):
         self.target = target
         self.one_way_s = one_way_s
         self._server = socket.create_server(("127.0.0.1", 0))
@@ -34,12 +37,12 @@ class TcpForward:
             except OSError:
                 return
             try:
-                upstream = socket.create_connection(self.target)
+                upstream = open_socket(self.target, 10.0)
+                upstream.settimeout(None)
             except OSError:
                 client.close()
                 continue
-            for sock in (client, upstream):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             with self._lock:
                 if self.cut_at is not None:
                     client.close()

@@ -46,8 +46,9 @@ from kinetic_nb.agent import processes
 from kinetic_nb.agent.cells import CellWatch
 from kinetic_nb.errors import IntegrityError, ObjectExistsError, ObjectNotFoundError
 from kinetic_nb.runner import marks, protocol
-from kinetic_nb.runner.channel import CHANNEL_ENV, Channel, Hub, Joining, agent_role
+from kinetic_nb.runner.channel import CHANNEL_ENV, Address, Channel, Hub, Joining, agent_role
 from kinetic_nb.runner.execute import run_host  # imported once here, not in every forked host
+from kinetic_nb.runner.hub_door import local_hub_path
 from kinetic_nb.runner.logs import LogChunkWriter
 from kinetic_nb.runner.protocol import CancelRequest, ExitSummary, FirstFailure, HostState, JobPlan
 from kinetic_nb.runner.records import read_host_status, read_record, write_record
@@ -188,13 +189,20 @@ class Agent:
 
     # -- starting -------------------------------------------------------------------
 
-    def open_hub(self, address: tuple[str, int] = ("127.0.0.1", 0), agents: int = 0) -> None:
+    def open_hub(self, address: Address | None = None, agents: int = 0) -> None:
         """Listen for the session's channel before the hosts are forked (they are told where in their
-        environment); from here on this agent's records go through it too. ``agents``: how many other hosts'
-        agents join it (a backend with an agent per host)."""
-        self.hub = Hub(self.key, address, hosts=self.plan.world_size, agents=agents,
-                       procs_per_host=self.plan.procs_per_host, on_record=self._heard,
-                       on_lost=self._left_the_channel)
+        environment); from here on this agent's records go through it too. ``address``: where the backend told
+        the hosts it is (host 0's); None for hosts on this machine, whose hub is a Unix socket in the session's
+        own 0700 directory, which no other user can open. ``agents``: how many other hosts' agents join it (a
+        backend with an agent per host). Where it cannot listen, it says why and the cells travel by storage."""
+        try:
+            self.hub = Hub(self.key, address or local_hub_path(self.plan.job_id, self.scratch),
+                           hosts=self.plan.world_size, agents=agents, procs_per_host=self.plan.procs_per_host,
+                           on_record=self._heard, on_lost=self._left_the_channel)
+        except OSError as error:
+            print(f"kinetic agent: the session's hub cannot listen ({error}); the session's cells travel through "
+                  "storage", file=sys.stderr, flush=True)
+            return
         self._relay = Relay(self.storage, serves=lambda name: name.startswith((protocol.HOSTS_DIR + "/",
                                                                              protocol.CELLS_DIR + "/")),
                             on_error=self._storage_failed)
@@ -210,7 +218,7 @@ class Agent:
         if name == protocol.LEADER_READY and hosts_agreed(self.hub.mirror, self.key):
             self._relay.attach(lambda name, data: self.hub.publish(name, data), self.hub.mirror)
 
-    def join_hub(self, address: tuple[str, int]) -> None:
+    def join_hub(self, address: Address) -> None:
         """Another host's agent: its records (its host's output, its end) go through the leader's hub too, once
         it has joined (tried in the background, once its host is forked, while the leader's agent starts;
         storage until then). Its reads are storage's, or what the channel carried (its host's status)."""
@@ -218,7 +226,7 @@ class Agent:
         self.storage = RelayedStorage(self._relay)
         self._hub_address = address
 
-    def _start_joining(self, address: tuple[str, int]) -> None:
+    def _start_joining(self, address: Address) -> None:
         def then(channel: Channel | None, error: str) -> None:
             if channel is not None:
                 self._relay.attach(channel.send, channel.mirror)

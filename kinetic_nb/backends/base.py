@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from kinetic_nb.runner import protocol
+from kinetic_nb.runner.channel_link import Address
 from kinetic_nb.runner.job_keys import KEY_ENV
 from kinetic_nb.runner.protocol import CancelRequest, ExitSummary, JobPlan
 from kinetic_nb.runner.records import write_record
@@ -184,9 +185,10 @@ class Backend(abc.ABC):
         """Whether the job's agent on this machine has ended; None where the platform runs it (a pod, an actor)."""
         return None
 
-    def channel_route(self, plan: JobPlan, announced: tuple[str, int]) -> tuple[str, int] | None:
-        """Where this notebook reaches a session's hub that listens at ``announced`` (``runner.channel``), or
-        None where this backend has no route to it yet (its cells then travel through storage)."""
+    def channel_route(self, plan: JobPlan, announced: Address) -> Address | None:
+        """Where this notebook reaches a session's hub that listens at ``announced`` (``runner.channel``: an
+        address, or a Unix socket's path on this machine), or None where this backend has no route to it yet
+        (its cells then travel through storage)."""
         return None
 
     def forget(self, job_id: str) -> None:  # noqa: B027 - a hook: most backends keep nothing on this machine

@@ -29,6 +29,7 @@ from kinetic_nb.agent.processes import host_count_problem, process_start
 from kinetic_nb.backends.base import Backend, BackendFlag, JobSecrets, PlatformView, register
 from kinetic_nb.backends.warm_agent import launch_warm, warm_agent_wanted
 from kinetic_nb.runner import protocol
+from kinetic_nb.runner.channel_link import Address
 from kinetic_nb.runner.frameworks import on_real_gpus
 from kinetic_nb.runner.gpus import machine_gpus, visible_gpus
 from kinetic_nb.runner.logs import last_lines
@@ -221,8 +222,8 @@ class LocalBackend(Backend):
         self._launcher_codes[job_id] = launcher.returncode
         return launcher.returncode
 
-    def channel_route(self, plan: JobPlan, announced: tuple[str, int]) -> tuple[str, int] | None:
-        """The hub listens on this machine's loopback: reached as it says."""
+    def channel_route(self, plan: JobPlan, announced: Address) -> Address | None:
+        """The hub is a Unix socket on this machine, in the session's 0700 directory: reached at its path."""
         return announced
 
     def cancel(self, storage: Storage, plan: JobPlan, reason: str, key: bytes | None) -> None:

@@ -1,63 +1,63 @@
 """A session's direct channel: records travel from whoever writes them to whoever waits on them, not through a
 bucket.
 
-The hub lives in the agent of the session's leader host. It listens on one
-TCP address, which it announces sealed in ``channel.json``; its hosts get it
-in their environment (:data:`CHANNEL_ENV`), a notebook from that record,
-through whatever route its backend knows (locally the address itself). A
-message is one record as storage would hold it: a name below the session and
-the sealed bytes the writer would store (so a reader verifies it under the
-cell's key as it verifies the same object read from storage), or, for an
-object too large to carry, a notice that it is in storage. The hub keeps the
-latest of each name, gives a newcomer what it holds, and passes every message
-on: to notebooks all of it, to hosts what hosts read (no host's records, no
-output). Storage stays the record: every writer still stores what it sends,
-later and at most once a second per name (``runner.relayed``).
+The hub lives in the agent of the session's leader host. It listens where its
+hosts are told (``runner.hub_door``: at host 0's address, or for a session on
+this machine at a Unix socket only its user can open), and announces that
+sealed in ``channel.json``; its hosts get it in their environment
+(:data:`CHANNEL_ENV`), a notebook from that record, through whatever route its
+backend knows (locally the socket itself). A message is one record as storage
+would hold it: a name below the session and the sealed bytes the writer would
+store (so a reader verifies it under the cell's key as it verifies the same
+object read from storage), or, for an object too large to carry, a notice that
+it is in storage. The hub keeps the latest of each name, gives a newcomer what
+it holds, and passes every message on: to notebooks all of it, to hosts what
+hosts read (no host's records, no output). Storage stays the record: every
+writer still stores what it sends, later and at most once a second per name
+(``runner.relayed``).
 
-Nobody without the session's key can join or speak: a connection starts with
-a challenge each way under a key derived from the session's key, and every
-frame carries an HMAC under a key of that connection, over its direction and
-its number in the stream, so a frame altered, replayed, reordered or moved to
-another connection is refused and the connection closed. Host-safe: the
-standard library only.
+Nobody without the session's key can join or speak, or read what travels: a
+connection starts with a challenge each way under a key derived from the
+session's key, and every frame is encrypted and authenticated under a key of
+that connection, its nonce the frame's direction and number in the stream
+(``runner.channel_link``), so a frame altered, replayed, reordered or moved to
+another connection is refused and the connection closed. A connection that has
+not proven itself costs the hub a socket and no thread, for at most one
+handshake deadline (``runner.hub_door``). Host-safe: the standard library and
+``cryptography``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import hashlib
-import hmac
-import ipaddress
-import json
 import logging
 import os
 import queue
-import secrets
-import socket
-import struct
 import threading
 import time
 from collections.abc import Callable
 
 from kinetic_nb.errors import ChannelClosed, IntegrityError
 from kinetic_nb.runner import protocol
-from kinetic_nb.runner.job_keys import derived_key
+from kinetic_nb.runner.channel_link import (
+    HANDSHAKE_TIMEOUT_S,
+    MAX_FRAME_BYTES,
+    Address,
+    Link,
+    channel_key,
+    connect,
+    format_address,
+    parse_address,
+)
+from kinetic_nb.runner.hub_door import Door
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CHANNEL_ENV", "Channel", "Hub", "Joining", "Link", "Mirror", "Stored", "agent_role", "connect", "host_role",
-           "parse_address"]
+__all__ = ["CHANNEL_ENV", "MAX_FRAME_BYTES", "Address", "Channel", "Hub", "Joining", "Link", "Mirror", "Stored",
+           "agent_role", "connect", "format_address", "host_role", "parse_address"]
 
-#: How a session's host is told where its hub listens (``host:port``).
+#: How a session's host is told where its hub listens (``host:port``, or ``unix:/path`` on this machine).
 CHANNEL_ENV = "KINETIC_CHANNEL"
-_MAGIC = b"KNC1"
-_NONCE_BYTES = 32
-_TAG_BYTES = 32
-#: A frame larger than this is refused (objects larger than ``runner.relayed.CARRY_MAX_BYTES`` travel by storage).
-MAX_FRAME_BYTES = 64 << 20
-#: Seconds a connection may take to prove itself.
-HANDSHAKE_TIMEOUT_S = 10.0
 #: Pause between two tries to join a hub that does not answer (yet).
 JOIN_RETRY_S = 0.2
 NOTEBOOK = "notebook"
@@ -73,133 +73,12 @@ def agent_role(index: int) -> str:
     return f"agent-{index}"
 
 
-def parse_address(text: str) -> tuple[str, int] | None:
-    """``host:port`` as a pair; None when ``text`` is not one."""
-    host, _, port = text.rpartition(":")
-    return (host, int(port)) if host and port.isdigit() else None
-
-
-def channel_key(key: bytes) -> bytes:
-    return derived_key(key, "channel")
-
-
-def _tag(key: bytes, *parts: bytes) -> bytes:
-    return hmac.new(key, b"\0".join(parts), hashlib.sha256).digest()
-
-
-def _receive_exactly(sock: socket.socket, count: int) -> bytes:
-    data = bytearray()
-    while len(data) < count:
-        chunk = sock.recv(count - len(data))
-        if not chunk:
-            raise ChannelClosed("the other end closed the channel")
-        data += chunk
-    return bytes(data)
-
-
 @dataclasses.dataclass(frozen=True)
 class Stored:
     """An object the channel does not carry (too large): read it from storage."""
 
 
 STORED = Stored()
-
-
-class Link:
-    """One proven connection, either end: frames out and in, each tagged under the connection's key, numbered
-    each way."""
-
-    def __init__(self, sock: socket.socket, key: bytes, *, outgoing: bytes, incoming: bytes, role: str):
-        self.sock = sock
-        self.role = role
-        self._key = key
-        self._out, self._in = outgoing, incoming
-        self._sent = 0
-        self._received = 0
-        self._send_lock = threading.Lock()
-        self.closed = False
-
-    def send(self, header: dict, data: bytes | None = b"") -> None:
-        head = json.dumps(header, separators=(",", ":")).encode()
-        body = struct.pack(">I", len(head)) + head + (data or b"")
-        with self._send_lock:
-            tag = _tag(self._key, self._out, struct.pack(">Q", self._sent), body)
-            self._sent += 1
-            try:
-                self.sock.sendall(struct.pack(">I", len(body)) + tag + body)
-            except OSError as error:
-                self.close()
-                raise ChannelClosed(f"the channel broke: {error}") from None
-
-    def receive(self) -> tuple[dict, bytes]:
-        """The next frame's header and data; ``IntegrityError`` (and the connection closed) for one that is not
-        this connection's next."""
-        try:
-            (length,) = struct.unpack(">I", _receive_exactly(self.sock, 4))
-            if length > MAX_FRAME_BYTES:
-                raise IntegrityError(f"a channel frame of {length} bytes, over the limit")
-            tag = _receive_exactly(self.sock, _TAG_BYTES)
-            body = _receive_exactly(self.sock, length)
-        except OSError as error:
-            self.close()
-            raise ChannelClosed(f"the channel broke: {error}") from None
-        expected = _tag(self._key, self._in, struct.pack(">Q", self._received), body)
-        if not hmac.compare_digest(tag, expected):
-            self.close()
-            raise IntegrityError("a channel frame that does not verify (altered, replayed or out of order): "
-                                 "the connection is closed")
-        self._received += 1
-        (head_length,) = struct.unpack(">I", body[:4])
-        header = json.loads(body[4:4 + head_length])
-        return header, body[4 + head_length:]
-
-    def close(self) -> None:
-        self.closed = True
-        with contextlib.suppress(OSError):
-            self.sock.shutdown(socket.SHUT_RDWR)
-        with contextlib.suppress(OSError):
-            self.sock.close()
-
-
-def connect(address: tuple[str, int], key: bytes, role: str, *, timeout: float = HANDSHAKE_TIMEOUT_S) -> Link:
-    """A proven connection to the hub at ``address`` as ``role`` (:data:`NOTEBOOK`, :func:`host_role`,
-    :func:`agent_role`); ``OSError``
-    when it cannot be reached, ``IntegrityError`` when the hub does not prove the session's key."""
-    secret = channel_key(key)
-    sock = socket.create_connection(address, timeout=timeout)
-    try:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        mine = secrets.token_bytes(_NONCE_BYTES)
-        role_bytes = role.encode()
-        sock.sendall(_MAGIC + mine + struct.pack(">H", len(role_bytes)) + role_bytes)
-        theirs = _receive_exactly(sock, _NONCE_BYTES)
-        proof = _receive_exactly(sock, _TAG_BYTES)
-        if not hmac.compare_digest(proof, _tag(secret, b"hub", mine, theirs, role_bytes)):
-            raise IntegrityError(f"the channel at {address[0]}:{address[1]} does not hold this session's key")
-        sock.sendall(_tag(secret, b"peer", mine, theirs, role_bytes))
-        sock.settimeout(None)
-    except BaseException:
-        sock.close()
-        raise
-    return Link(sock, _tag(secret, b"link", mine, theirs, role_bytes), outgoing=b"peer", incoming=b"hub", role=role)
-
-
-def _accept(sock: socket.socket, secret: bytes) -> Link:
-    """The hub's side of :func:`connect`."""
-    sock.settimeout(HANDSHAKE_TIMEOUT_S)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    if _receive_exactly(sock, len(_MAGIC)) != _MAGIC:
-        raise IntegrityError("not a kinetic_nb channel")
-    theirs = _receive_exactly(sock, _NONCE_BYTES)
-    (length,) = struct.unpack(">H", _receive_exactly(sock, 2))
-    role_bytes = _receive_exactly(sock, length)
-    mine = secrets.token_bytes(_NONCE_BYTES)
-    sock.sendall(mine + _tag(secret, b"hub", theirs, mine, role_bytes))
-    if not hmac.compare_digest(_receive_exactly(sock, _TAG_BYTES), _tag(secret, b"peer", theirs, mine, role_bytes)):
-        raise IntegrityError("a peer that does not hold this session's key")
-    sock.settimeout(None)
-    return Link(sock, _tag(secret, b"link", theirs, mine, role_bytes), outgoing=b"hub", incoming=b"peer",
-                role=role_bytes.decode(errors="replace"))
 
 
 #: A mirror keeps the records of this many latest cells (older ones are storage's), and of each host's output
@@ -310,15 +189,16 @@ class Hub:
     its own) has joined, it tells the hosts so (``complete``): the leader's start verdict then says that the
     cells travel through the channel.
 
-    At an IP address the hub listens there alone; at a name (a pod's DNS name, which may not resolve yet on the
-    pod that bears it) on every interface, so that a port-forward, which reaches the pod's loopback, finds it
-    too; the name is what it announces.
+    ``address`` is where the hosts are told it is: an IP address (it listens there alone), a name (at the
+    addresses the name has here and the loopback, which a port-forward to a pod reaches; never every interface),
+    or the path of a Unix socket in a 0700 directory (a session on this machine: no other user can connect); see
+    ``runner.hub_door``, which also bounds what connections that have not proven themselves may cost.
 
     ``on_record(name, data)`` hears each record a peer sends (the agent learns the hosts' start verdict);
     ``on_lost(role)`` each host or agent that goes (everyone then goes back to storage: see the agent).
     """
 
-    def __init__(self, key: bytes, address: tuple[str, int] = ("127.0.0.1", 0), *, hosts: int, agents: int = 0,
+    def __init__(self, key: bytes, address: Address = ("127.0.0.1", 0), *, hosts: int, agents: int = 0,
                  procs_per_host: int = 1, on_record: Callable[[str, bytes | Stored], None] | None = None,
                  on_lost: Callable[[str], None] | None = None):
         self._secret = channel_key(key)
@@ -334,34 +214,35 @@ class Hub:
         self._peers: list[_Outbox] = []
         self._joined: set[str] = set()
         self._lock = threading.Lock()
-        named = not _is_ip_address(address[0])
-        self._server = socket.create_server(("", address[1]) if named else address)
-        self.address = self._server.getsockname()[:2]
-        #: Where it says it listens (``channel.json``): the name it was given, else the address it listens at.
-        self.announced = f"{address[0]}:{self.address[1]}" if named else f"{self.address[0]}:{self.address[1]}"
         self._closed = False
+        self._door = Door(address, self._secret, self._admit)
+        #: Where it listens (the first of its sockets; a Unix socket's path).
+        self.address: Address = self._door.address
+        #: Where it says it listens (``channel.json``): the name it was given, else the address it listens at.
+        self.announced = self._door.announced
 
     def start(self) -> None:
         """Start accepting (after any fork: the threads are this process's alone)."""
-        threading.Thread(target=self._accept_loop, name="kinetic-hub", daemon=True).start()
+        self._door.start()
 
-    def _accept_loop(self) -> None:
-        while not self._closed:
-            try:
-                sock, _ = self._server.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(sock,), name="kinetic-hub-peer", daemon=True).start()
+    @property
+    def refused(self) -> dict[str, int]:
+        """How many connections the hub refused, by why (they are logged as counts too)."""
+        return dict(self._door.refusals.total)
 
-    def _serve(self, sock: socket.socket) -> None:
-        try:
-            link = _accept(sock, self._secret)
-        except (OSError, IntegrityError, ValueError) as error:
-            logger.info("channel: refused a connection: %s", error)
-            with contextlib.suppress(OSError):
-                sock.close()
-            return
+    def _admit(self, link: Link) -> None:
+        """A proven peer: its sender, and a thread that hears it (a thread that will not start raises: the door
+        then refuses that peer alone)."""
         peer = _Outbox(link)
+        try:
+            threading.Thread(target=self._serve, args=(peer,), name=f"kinetic-hub-from-{link.role}",
+                             daemon=True).start()
+        except BaseException:
+            peer.close()
+            raise
+
+    def _serve(self, peer: _Outbox) -> None:
+        link = peer.link
         with self._lock:  # what the hub holds, then everything after it: nothing is missed or doubled
             for name, _, _, at in self.mirror.entries():
                 data = self.mirror.get(name)
@@ -418,8 +299,7 @@ class Hub:
 
     def close(self) -> None:
         self._closed = True
-        with contextlib.suppress(OSError):
-            self._server.close()
+        self._door.close()
         with self._lock:
             for peer in self._peers:
                 peer.close()
@@ -443,12 +323,12 @@ class Channel:
         threading.Thread(target=self._receive_loop, name=f"kinetic-channel-{link.role}", daemon=True).start()
 
     @classmethod
-    def open(cls, address: tuple[str, int], key: bytes, role: str, *, timeout: float = HANDSHAKE_TIMEOUT_S,
+    def open(cls, address: Address, key: bytes, role: str, *, timeout: float = HANDSHAKE_TIMEOUT_S,
              on_broken: Callable[[str], None] | None = None) -> Channel:
         channel = cls(connect(address, key, role, timeout=timeout), on_broken=on_broken)
         if not channel._caught_up.wait(timeout):
             channel.close("the hub sent nothing")
-            raise ChannelClosed(f"the channel at {address[0]}:{address[1]} sent nothing in {timeout:g} s")
+            raise ChannelClosed(f"the channel at {format_address(address)} sent nothing in {timeout:g} s")
         return channel
 
     def _receive_loop(self) -> None:
@@ -500,7 +380,7 @@ class Joining:
     stops by itself; ``then(channel, error)`` hears the outcome either way (not once told to stop).
     """
 
-    def __init__(self, address: tuple[str, int], key: bytes, role: str, *,
+    def __init__(self, address: Address, key: bytes, role: str, *,
                  on_broken: Callable[[str], None] | None = None, give_up_after_s: float | None = None,
                  then: Callable[[Channel | None, str], None] | None = None):
         self.channel: Channel | None = None
@@ -525,7 +405,7 @@ class Joining:
                 self.error = str(error)
                 break
             except OSError as error:  # not listening yet, or not reachable from here
-                self.error = f"{address[0]}:{address[1]}: {error}"
+                self.error = f"{format_address(address)}: {error}"
                 if deadline is not None and time.monotonic() > deadline:
                     break
                 self._stop.wait(JOIN_RETRY_S)
@@ -552,15 +432,7 @@ class Joining:
             self.channel.close(reason)
 
 
-def _is_ip_address(text: str) -> bool:
-    try:
-        ipaddress.ip_address(text)
-    except ValueError:
-        return False
-    return True
-
-
-def announced_address() -> tuple[str, int] | None:
+def announced_address() -> Address | None:
     """The hub's address as this host's environment gives it, or None (no channel here)."""
     text = os.environ.get(CHANNEL_ENV, "")
     return parse_address(text) if text else None

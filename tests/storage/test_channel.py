@@ -317,14 +317,16 @@ def test_a_host_that_looks_for_the_hub_before_it_listens_joins_once_it_does():
         hub.close()
 
 
-def test_a_hub_given_a_name_listens_on_every_interface_and_announces_the_name():
-    """On a pod the hub is given host 0's DNS name, which may not resolve on the pod yet: it listens on every
-    interface (a port-forward reaches the pod's loopback) and announces the name; at an address, that alone."""
+def test_a_hub_given_a_name_listens_at_its_addresses_and_the_loopback_and_announces_the_name():
+    """On a pod or an ssh host the hub is given host 0's name: it listens at the addresses the name has here and
+    on the loopback (a port-forward reaches a pod's loopback), never on every interface, and announces the name;
+    at an address, that alone."""
     key, port = new_key(), _free_port()
-    named = Hub(key, ("kn-x-0.kn-x.ml-team", port), hosts=1)
+    named = Hub(key, ("localhost", port), hosts=1)
     at_address = Hub(key, ("127.0.0.1", 0), hosts=1)
     try:
-        assert named.announced == f"kn-x-0.kn-x.ml-team:{port}" and named.address == ("0.0.0.0", port)
+        assert named.announced == f"localhost:{port}"
+        assert {address[0] for address in named._door.listening} <= {"127.0.0.1", "::1"}
         assert at_address.announced == f"127.0.0.1:{at_address.address[1]}"
         named.start()
         Channel.open(("127.0.0.1", port), key, "host-0").close()
