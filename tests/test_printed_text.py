@@ -61,8 +61,9 @@ def active_displays(shown: list[tuple[str, str]]) -> list[str]:
             and set(json.loads(text).get("data", {})) & set(ACTIVE)]
 
 
-def stdout_of(shown: list[tuple[str, str]]) -> str:
-    return "".join(text for stream, text in shown if stream == protocol.STDOUT)
+def stdout_of(shown: list[tuple[str, str]], stream: str = protocol.STDOUT) -> str:
+    """What the echo showed on ``stream``, its pieces joined (a line may come in two)."""
+    return "".join(text for name, text in shown if name == stream)
 
 
 def test_a_one_shot_jobs_printed_payload_arrives_as_text():
@@ -100,24 +101,29 @@ def test_a_printed_cell_mark_cuts_nothing(session):
     first = run_cell(session, f"print('before the marks')\nprint({marks!r})\nprint('after the marks')\n"
                               "import sys\nprint('on stderr', file=sys.stderr)\nprint('the last line')")
     assert stdout_of(first) == f"before the marks\n{marks}\nafter the marks\nthe last line\n"
-    assert (protocol.STDERR, "on stderr\n") in first
+    assert stdout_of(first, protocol.STDERR) == "on stderr\n"
     second = run_cell(session, "print('the next cell')")
-    assert second == [(protocol.STDOUT, "the next cell\n")]
+    assert stdout_of(second) == "the next cell\n" and {stream for stream, _ in second} == {protocol.STDOUT}
 
 
 def test_a_real_display_keeps_its_place_between_the_lines_around_it(session):
-    shown = run_cell(session, "from IPython.display import HTML, display\n"
+    shown = run_cell(session, "import subprocess\nfrom IPython.display import HTML, display\n"
                               "for i in range(20):\n"
                               "    print(f'before {i}')\n"
+                              "    if i % 5 == 0:  # a finished subprocess's output comes before the display too\n"
+                              "        subprocess.run(['echo', f'from a subprocess {i}'], check=True)\n"
                               "    display(HTML(f'<b>{i}</b>'))\n"
                               "    print(f'after {i}')\n")
-    seen = []
-    for stream, text in shown:
+    seen, line = [], ""
+    for stream, text in shown:  # a line may come in pieces
         if stream == protocol.DISPLAY:
+            assert line == "", "a display came in the middle of a line"
             seen.append(json.loads(text)["data"]["text/html"])
         else:
-            seen += text.splitlines()
-    assert seen == [line for i in range(20) for line in (f"before {i}", f"<b>{i}</b>", f"after {i}")]
+            *done, line = (line + text).split("\n")
+            seen += done
+    assert seen == [line for i in range(20) for line in (
+        f"before {i}", *([f"from a subprocess {i}"] if i % 5 == 0 else []), f"<b>{i}</b>", f"after {i}")]
 
 
 def test_a_program_the_cell_starts_never_holds_the_marks_pipe():

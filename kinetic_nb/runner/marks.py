@@ -42,6 +42,7 @@ __all__ = ["CELL_END", "CELL_START", "DISPLAY", "MAX_FRAME_BYTES", "Mark", "Mark
 DISPLAY = b"D"
 CELL_START = b"S"
 CELL_END = b"E"
+#: Every kind a frame may be: a first byte of none of them means what the pipe holds there is no frame.
 _KINDS = frozenset({DISPLAY, CELL_START, CELL_END})
 #: A frame's header: its kind and its body's length.
 _HEADER = struct.Struct(">cI")
