@@ -56,6 +56,7 @@ from kinetic_nb.runner.redact import Redactor
 from kinetic_nb.runner.relayed import Relay, RelayedStorage, hosts_agreed
 from kinetic_nb.runner.stacks import STACKS_FILE_ENV, STACKS_SIGNAL
 from kinetic_nb.runner.wakeup import remove_session_sockets, wake_clients, wakeup_path
+from kinetic_nb.runner.workdir import SCRATCH_DIR_ENV
 from kinetic_nb.storage import LocalStorage, Storage
 
 logger = logging.getLogger(__name__)
@@ -258,7 +259,8 @@ class Agent:
         sys.stderr.flush()
         for index in self.indices:
             stacks_path = os.path.join(self.scratch, f"stacks-{index}.txt")
-            env = {**self.environment(index, output_dir), STACKS_FILE_ENV: stacks_path}
+            env = {**self.environment(index, output_dir), STACKS_FILE_ENV: stacks_path,
+                   SCRATCH_DIR_ENV: self.scratch}  # the shipped folder's copy: removed with the scratch, at the end
             if self.hub is not None:
                 env[CHANNEL_ENV] = self.hub.announced
             # os.pipe()'s descriptors are close-on-exec: the host's marks pipe never reaches a program it starts.

@@ -32,6 +32,7 @@ from kinetic_nb.runner import protocol
 from kinetic_nb.runner.envelope import write_sealed
 from kinetic_nb.runner.job_keys import JOB, SESSION
 from kinetic_nb.runner.redact import SecretValue
+from kinetic_nb.runner.workdir import store_workdir
 from kinetic_nb.shipping.workdir import pack_folder
 from kinetic_nb.storage import LocalStorage, Storage, default_root, open_storage
 from kinetic_nb.storage.defaults import STORAGE_ENV
@@ -63,7 +64,8 @@ def launch_hosts(group_id: str, kind: str, root: Storage, backend: Backend, acc:
                      start_window=backend.start_window_s(), session=kind == SESSION,
                      procs_per_host=choose_procs_per_host(acc, framework, procs_per_host), **plan_options)
     backend.preflight(plan)
-    folder = pack_folder(os.getcwd()) if backend.ships_workdir else None  # too large: one line, nothing stored
+    folder = (pack_folder(os.getcwd(), leave_out=[path for path in [root.local_path()] if path])
+              if backend.ships_workdir else None)  # too large: one line, nothing stored
     if folder is not None:
         plan = dataclasses.replace(plan, workdir=protocol.WORKDIR)
     if acc.simulated_locally and plan.simulated and not quiet:
@@ -76,7 +78,7 @@ def launch_hosts(group_id: str, kind: str, root: Storage, backend: Backend, acc:
     if payload is not None:
         write_sealed(storage, protocol.PAYLOAD, key, payload, exclusive=True)
     if folder is not None:
-        write_sealed(storage, protocol.WORKDIR, key, folder.data, exclusive=True)
+        store_workdir(storage, protocol.WORKDIR, key, folder.data)  # encrypted, then sealed
         if not quiet:
             print(f"kinetic_nb: {folder.notice(os.getcwd())}", file=sys.stderr)
     write_sealed(storage, protocol.PLAN, key, plan.to_json(), exclusive=True)
