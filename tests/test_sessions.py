@@ -274,9 +274,10 @@ def test_whether_a_session_ended_costs_one_listing_on_a_bucket_and_a_cell_tells_
     try:
         storage = session.storage
         calls = []
-        real_list, real_read = storage.list, storage.read_bytes
+        real_list, real_read, real_bounded = storage.list, storage.read_bytes, storage.read_bounded
         storage.list = lambda prefix="": calls.append(("list", prefix)) or real_list(prefix)
         storage.read_bytes = lambda name: calls.append(("read", name)) or real_read(name)
+        storage.read_bounded = lambda name, max_bytes: calls.append(("read", name)) or real_bounded(name, max_bytes)
         assert session.ended() is None
         assert calls == [("read", "control/cancel.json"), ("list", "hosts/")]  # not one read per host
         calls.clear()
