@@ -35,6 +35,18 @@ def test_the_allowlist_names_what_the_client_side_loads():
     assert {"kinetic_nb.client.launch", "kinetic_nb.notebook.magics", "IPython"} <= set(outside)
 
 
+def test_hosts_that_install_kinetic_nb_get_every_package_the_host_side_imports():
+    """A pod or an ssh host installs kinetic_nb without its dependencies (no IPython there), and then
+    HOST_DISTRIBUTIONS: each third-party package the host side may load must be one of them, or come with one
+    (cffi with cryptography), else a host on a stock image fails at its first import of it."""
+    from kinetic_nb.backends.host_environment import HOST_DISTRIBUTIONS, host_packages
+
+    brought_along = {"cffi", "_cffi_backend"}
+    assert HOST_SAFE_THIRD_PARTY - brought_along <= set(HOST_DISTRIBUTIONS)
+    installed = " ".join(host_packages("file:///tmp/jobs"))
+    assert all(name in installed for name in HOST_DISTRIBUTIONS), installed
+
+
 def outside_allowlist(module: str) -> list[str]:
     """What ``import module`` loads beyond the host-safe allowlist (and beyond a bare interpreter)."""
     outside = []

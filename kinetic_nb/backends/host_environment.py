@@ -33,7 +33,7 @@ __all__ = ["bootstrap_source", "host_packages", "install_record", "package_versi
 
 #: The hosts' own packages besides kinetic_nb: what the host-safe core imports
 #: (``tests/test_runner_imports.py``), at the versions kinetic_nb requires.
-HOST_DISTRIBUTIONS = ("cloudpickle",)
+HOST_DISTRIBUTIONS = ("cloudpickle", "cryptography")
 #: The extra whose packages a storage scheme needs on the hosts.
 STORAGE_EXTRAS = {"gs://": "gcs"}
 #: The requirements object stored with a job (read by the pods' pip).

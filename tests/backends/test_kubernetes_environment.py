@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import importlib.metadata
 import json
 import os
 import pathlib
@@ -31,6 +32,7 @@ from kinetic_nb.backends import host_environment as environment
 from kinetic_nb.backends.kubernetes import backend as k8s
 from kinetic_nb.backends.kubernetes.image_modes import stock_image
 from kinetic_nb.runner import envelope, job_keys, protocol
+from kinetic_nb.runner.protocol.limits import record_limit
 from kinetic_nb.runner.records import read_exit
 from kinetic_nb.storage import open_storage
 
@@ -64,6 +66,11 @@ def wheelhouse(tmp_path_factory) -> pathlib.Path:
            {f"cloudpickle/{path.name}": path.read_bytes() for path in package.glob("*.py")})
     _wheel(directory, "kinetic_probe_requirement", "1.0",
            {"kinetic_probe_requirement.py": b"INSTALLED_BY = 'the requirements file'\n"})
+    if subprocess.run([IMAGE_PYTHON, "-c", "import cryptography"], capture_output=True).returncode != 0:
+        # A host needs cryptography too (host_environment.HOST_DISTRIBUTIONS): a compiled package, so its
+        # wheels come from the registry, once, where the image's Python does not have it already.
+        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:", "--dest",
+                        str(directory), f"cryptography=={importlib.metadata.version('cryptography')}"], check=True)
     return directory
 
 
@@ -114,6 +121,21 @@ def test_the_bootstraps_verifier_refuses_what_the_job_did_not_store(damage):
               "unsigned": lambda: body}[damage]()
     with pytest.raises(bootstrap.Refused, match=r"environment/a\.whl"):
         bootstrap.unseal(KEY, "environment/a.whl", sealed)
+
+
+def test_the_bootstrap_reads_each_object_only_up_to_its_limit(tmp_path, monkeypatch):
+    """The job's storage is not trusted: a giant planted where the install record or the wheel belongs is refused
+    before it is read into the pod's memory, and the limit matches the protocol's for the install record."""
+    assert record_limit(protocol.ENVIRONMENT_INSTALL)[1] == bootstrap.MAX_RECORD_BYTES
+    (tmp_path / "environment").mkdir()
+    (tmp_path / "environment" / "install.json").write_bytes(b"{" + b" " * bootstrap.MAX_RECORD_BYTES + b"}")
+    with pytest.raises(bootstrap.Refused, match=r"install\.json is over the 65536 bytes .*refused, not read"):
+        bootstrap.fetch(f"file://{tmp_path}", bootstrap.INSTALL_OBJECT)
+    monkeypatch.setattr(bootstrap, "MAX_WHEEL_BYTES", 1000)
+    (tmp_path / "environment" / "a.whl").write_bytes(b"w" * 1001)
+    with pytest.raises(bootstrap.Refused, match="over the 1000 bytes"):
+        bootstrap.fetch(f"file://{tmp_path}", "environment/a.whl", bootstrap.MAX_WHEEL_BYTES)
+    assert bootstrap.fetch(f"file://{tmp_path}", "environment/a.whl", 1001) == b"w" * 1001
 
 
 # -- the bootstrap, run -------------------------------------------------------------------------
