@@ -34,6 +34,9 @@ logger = logging.getLogger(__name__)
 #: A chunk is written at least this often while output keeps coming, so
 #: readers see a host's output within about a second.
 FLUSH_INTERVAL_S = 0.5
+#: A chunk is also written as soon as this much text waits, however little time passed: a host that prints
+#: fast never makes a chunk over the size readers take (``runner.protocol.limits``), which they would refuse.
+MAX_CHUNK_CHARS = 4 * 1024 * 1024
 _CONTROL = re.compile(r"(\r|\n)")
 
 
@@ -142,6 +145,8 @@ class LogChunkWriter:
         #: What each stream's current line shows so far, across chunks.
         self._screens = {stream: TerminalLine() for stream in (protocol.STDOUT, protocol.STDERR)}
         self._segments: list[list[str]] = []
+        #: Characters waiting in ``_segments``.
+        self._buffered = 0
         #: The next chunk's number: among the host's own chunks, or (in a session's cell) among the cell's.
         self._seq = 0
         self._cell_seq = 0
@@ -152,12 +157,15 @@ class LogChunkWriter:
         text = self._decoders[stream].decode(data)
         if text:
             self._append(stream, text)
-        if time.monotonic() - self._last_flush >= FLUSH_INTERVAL_S:
+        if self._buffered >= MAX_CHUNK_CHARS or time.monotonic() - self._last_flush >= FLUSH_INTERVAL_S:
             self.flush()
 
     def add_display(self, record: str) -> None:
         """One rich output (its record's JSON, from the marks pipe), in its place after what was fed before."""
+        if len(record) >= MAX_CHUNK_CHARS:
+            self.flush()  # a large record goes in a chunk of its own, after what was printed before it
         self._segments.append([protocol.DISPLAY, record])
+        self._buffered += len(record)
 
     def start_cell(self, seq: int) -> None:
         """A session's cell ``seq`` starts: what came before is stored as before, what follows is the cell's."""
@@ -171,6 +179,7 @@ class LogChunkWriter:
             self.flush(cell_end=True)
 
     def _append(self, stream: str, text: str) -> None:
+        self._buffered += len(text)
         if self._segments and self._segments[-1][0] == stream:
             self._segments[-1][1] += text
         else:
@@ -188,7 +197,7 @@ class LogChunkWriter:
                 rest = decoder.decode(b"", final=True)
                 if rest:
                     self._append(stream, rest)
-        raw, self._segments = self._segments, []
+        raw, self._segments, self._buffered = self._segments, [], 0
         if final:
             raw += [[stream, ""] for stream, held in self._held.items() if held]
         segments = []

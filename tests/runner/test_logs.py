@@ -1,6 +1,6 @@
 import json
 
-from kinetic_nb.runner import protocol
+from kinetic_nb.runner import logs, protocol
 from kinetic_nb.runner.job_keys import new_key
 from kinetic_nb.runner.logs import (
     LogChunkWriter,
@@ -132,3 +132,26 @@ def test_a_cells_output_is_cut_by_the_marks_pipes_boundaries(tmp_path):
     stored = read_log_chunk(storage, KEY, chunk)
     assert (stored.cell, stored.end) == (5, True)
     assert stored.segments == [(protocol.STDOUT, "in cell 5\nstill cell 5\n")]
+
+
+def test_a_host_that_prints_fast_makes_chunks_its_readers_take(tmp_path, monkeypatch):
+    """However little time passed, a chunk is written once MAX_CHUNK_CHARS wait: no chunk a host writes is over
+    the limit a reader allows a log chunk (which it would refuse as unverified)."""
+    monkeypatch.setattr(logs, "MAX_CHUNK_CHARS", 1000)
+    monkeypatch.setattr(logs, "FLUSH_INTERVAL_S", 3600.0)  # never due by time in this test
+    storage = LocalStorage(str(tmp_path))
+    writer = LogChunkWriter(storage, 0, KEY)
+    for _ in range(50):
+        writer.feed(b"\x01" * 99 + b"\n")  # control characters: JSON escapes each into 6 bytes
+    writer.add_display(json.dumps({"data": {"text/plain": "big " * 500}}))
+    writer.feed(b"after\n")
+    writer.flush(final=True)
+    infos = storage.list("hosts/0/log/")
+    assert len(infos) >= 6
+    assert max(info.size for info in infos) < 8 * 1000  # each about MAX_CHUNK_CHARS, not all 5,000 at once
+    segments = read_log_segments(storage, 0, KEY)
+    kinds = [stream for stream, _ in segments]
+    assert kinds.count(protocol.DISPLAY) == 1
+    before = "".join(text for stream, text in segments[:kinds.index(protocol.DISPLAY)])
+    after = "".join(text for stream, text in segments[kinds.index(protocol.DISPLAY) + 1:])
+    assert (before, after) == (("\x01" * 99 + "\n") * 50, "after\n")

@@ -35,8 +35,9 @@ RECORD_LIMITS: tuple[tuple[str, re.Pattern[str], int], ...] = (
     ("status", re.compile(r"(^|/)hosts/\d+/status\.json$|(^|/)cells/\d+/done-\d+$"), 8 * _MIB),
     # An exit record: a code or signal and the last 20 stderr lines, each cut to 1000 characters by the agent.
     ("exit", re.compile(r"(^|/)hosts/\d+/exit\.json$"), 1 * _MIB),
-    # A log chunk holds what a host printed in half a second (runner.logs.FLUSH_INTERVAL_S), and at most a
-    # display record of runner.logs.MAX_DISPLAY_CHARS (64 Mi characters, JSON-escaped): twice that is room enough.
+    # A log chunk holds what a host printed in half a second (runner.logs.FLUSH_INTERVAL_S), at most
+    # runner.logs.MAX_CHUNK_CHARS (4 Mi characters, up to 6 bytes each once JSON-escaped), and at most one display
+    # record of runner.marks.MAX_FRAME_BYTES (64 MiB, JSON-escaped once more): twice that is room enough.
     ("log chunk", re.compile(r"(^|/)hosts/\d+/log/\d+\.json$|(^|/)cells/\d+/log/\d+/\d+\.json$"), 128 * _MIB),
     # Every thread's Python stack on a host: a few KiB a thread, thousands of threads at most.
     ("stacks", re.compile(r"(^|/)hosts/\d+/stacks/\d+\.txt$"), 16 * _MIB),
