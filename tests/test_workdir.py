@@ -366,6 +366,6 @@ def test_a_planted_giant_is_refused_from_its_listed_size_without_being_read(tmp_
     assert ran.returncode == 0, ran.stderr
     refused, grew = ran.stdout.splitlines()
     assert int(grew.split()[1]) < 16 << 10  # KiB: the object was never read into memory
-    assert refused.startswith(f"refused {storage.uri}/{protocol.WORKDIR} is {256 << 20} bytes, over the "
-                              f"{unpacking.MAX_STORED_BYTES} ") and refused.endswith(": refused, not read")
+    assert refused.startswith(f"refused {storage.uri}/{protocol.WORKDIR} is {256 << 20} bytes, over its limit "
+                              f"of {unpacking.MAX_STORED_BYTES} ") and refused.endswith(": refused, not read")
     assert unpacking.MAX_STORED_BYTES < 256 << 20

@@ -51,6 +51,12 @@ BLOCK_BYTES = 8 * 1024 * 1024
 PREFIX = "[kinetic environment install] "
 #: GKE's metadata server gives the pod's service account a token (Workload Identity).
 TOKEN_URL = "http://metadata.google.internal/computeMetadata/v1/instance/service-accounts/default/token"
+#: The most bytes read of each object before it is verified (the job's storage is not trusted: a planted giant
+#: must not take the pod's memory): the install record is a few hundred bytes, a requirements file a few KiB, the
+#: kinetic_nb wheel about a MiB. Anything larger was not stored by the notebook, and is refused unread.
+MAX_RECORD_BYTES = 64 * 1024
+MAX_REQUIREMENTS_BYTES = 1024 * 1024
+MAX_WHEEL_BYTES = 64 * 1024 * 1024
 #: A download is tried this many times (429, 5xx, a dropped connection), a second apart and more.
 ATTEMPTS = 5
 #: A host pod's index (set on every host pod, not the root's).
@@ -94,7 +100,7 @@ def seal(key, name, body):
     return body + _trailer(key, name, body)
 
 
-def _get(url, headers):
+def _get(url, headers, limit=MAX_RECORD_BYTES):
     # Imported here: the agent imports this module for its constants, and urllib costs every job ~10 ms.
     import urllib.error
     import urllib.request
@@ -102,7 +108,7 @@ def _get(url, headers):
     for attempt in range(ATTEMPTS):
         try:
             with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=60) as answer:
-                return answer.read()
+                return _at_most(answer, limit, url.split("?")[0])
         except urllib.error.HTTPError as error:
             if (error.code != 429 and error.code < 500) or attempt == ATTEMPTS - 1:
                 raise Refused(f"could not read {url.split('?')[0]}: HTTP {error.code} {error.reason}") from None
@@ -113,13 +119,22 @@ def _get(url, headers):
     raise AssertionError("unreachable")
 
 
-def fetch(job_uri, name):
-    """The bytes of ``{job_uri}/{name}``."""
+def _at_most(file, limit, where):
+    """What ``file`` holds, read up to ``limit`` bytes; ``Refused`` (nothing kept) when it holds more."""
+    data = file.read(limit + 1)
+    if len(data) > limit:
+        raise Refused(f"{where} is over the {limit} bytes such an object may hold: refused, not read; nothing "
+                      "installed")
+    return data
+
+
+def fetch(job_uri, name, limit=MAX_RECORD_BYTES):
+    """The bytes of ``{job_uri}/{name}``, at most ``limit`` of them (``Refused`` for a larger object)."""
     if job_uri.startswith(("file://", "/")):
         path = os.path.join(job_uri[len("file://"):] if job_uri.startswith("file://") else job_uri, name)
         try:
             with open(path, "rb") as file:
-                return file.read()
+                return _at_most(file, limit, path)
         except OSError as error:
             raise Refused(f"could not read {path}: {error.strerror}") from None
     if not job_uri.startswith("gs://"):
@@ -129,7 +144,7 @@ def fetch(job_uri, name):
     import urllib.parse
 
     quoted = urllib.parse.quote(bucket, safe="") + "/o/" + urllib.parse.quote(object_name, safe="")
-    return _get(f"{base}/storage/v1/b/{quoted}?alt=media", headers)
+    return _get(f"{base}/storage/v1/b/{quoted}?alt=media", headers, limit)
 
 
 def _storage_base(job_uri):
@@ -192,11 +207,12 @@ def install(record, job_uri, key, directory, log, *, requirements):
     inputs = os.path.join(directory, "inputs")
     os.makedirs(inputs, exist_ok=True)
     wheel = os.path.join(inputs, os.path.basename(record["wheel"]))
-    verified = {wheel: unseal(key, record["wheel"], fetch(job_uri, record["wheel"]))}
+    verified = {wheel: unseal(key, record["wheel"], fetch(job_uri, record["wheel"], MAX_WHEEL_BYTES))}
     requirements_file = None
     if requirements and record.get("requirements"):
         requirements_file = os.path.join(inputs, "requirements.txt")
-        verified[requirements_file] = unseal(key, record["requirements"], fetch(job_uri, record["requirements"]))
+        verified[requirements_file] = unseal(key, record["requirements"],
+                                                 fetch(job_uri, record["requirements"], MAX_REQUIREMENTS_BYTES))
     for path, body in verified.items():  # written only once all of them verified
         with open(path, "wb") as file:
             file.write(body)

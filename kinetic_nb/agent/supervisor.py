@@ -47,6 +47,7 @@ from kinetic_nb.agent.cells import CellWatch
 from kinetic_nb.errors import IntegrityError, ObjectExistsError, ObjectNotFoundError
 from kinetic_nb.runner import marks, protocol
 from kinetic_nb.runner.channel import CHANNEL_ENV, Address, Channel, Hub, Joining, agent_role
+from kinetic_nb.runner.envelope import read_limited
 from kinetic_nb.runner.execute import run_host  # imported once here, not in every forked host
 from kinetic_nb.runner.hub_door import local_hub_path
 from kinetic_nb.runner.logs import LogChunkWriter
@@ -522,7 +523,7 @@ class Agent:
         for name in sorted(names - self._passed_on):
             self._passed_on.add(name)
             try:
-                self.hub.publish(name, self.storage.plain.read_bytes(name))
+                self.hub.publish(name, read_limited(self.storage.plain, name))  # up to a control record's limit
             except Exception:  # noqa: BLE001 - gone meanwhile, or unreadable: the agents verify what they act on
                 continue
 

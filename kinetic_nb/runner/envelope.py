@@ -442,11 +442,11 @@ def read_limited(storage: Storage, name: str, *, max_bytes: int | None = None, l
     if limit is None:
         return storage.read_bytes(name)
     if listed_size is not None and listed_size > limit:
-        raise IntegrityError(f"{where} is {listed_size} bytes, over the {limit} a {kind} may hold: refused, not read")
+        raise IntegrityError(f"{where} is {listed_size} bytes, over its limit of {limit} ({kind}): refused, not read")
     try:
         return storage.read_bounded(name, limit)
     except ObjectTooLargeError as error:
-        raise IntegrityError(f"{where} is over the {limit} bytes a {kind} may hold: refused, not read") from error
+        raise IntegrityError(f"{where} is over its limit of {limit} bytes ({kind}): refused, not read") from error
 
 
 def read_sealed(storage: Storage, name: str, key: bytes, *, max_bytes: int | None = None) -> bytes:

@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import IO, Any, Protocol
 
-from kinetic_nb.errors import ChannelClosed, HostStoppedError, IntegrityError, ObjectNotFoundError
+from kinetic_nb.errors import ChannelClosed, HostStoppedError, IntegrityError, ObjectNotFoundError, ObjectTooLargeError
 from kinetic_nb.runner import envelope, frameworks, job_keys, marks, protocol
 from kinetic_nb.runner.barrier import CellMarkers, meet, start_barrier
 from kinetic_nb.runner.cell import execute_cell, load_notebook_values
@@ -294,7 +294,6 @@ class CellGroup:
         Only the leader looks at storage, seldom when idle, for a cell from a notebook with no channel, and
         passes it on through the channel to the others.
         """
-        plain = self.storage.plain
         pause = BUSY_LOOK_REMOTE_S
         next_look = time.monotonic() + pause
         while self._channel_up:
@@ -304,7 +303,7 @@ class CellGroup:
             now = time.monotonic()
             if self.run.is_leader and now >= next_look:
                 try:
-                    return self._share(payload, plain.read_bytes(payload))
+                    return self._share(payload)
                 except ObjectNotFoundError:
                     pass
                 pause = min(pause * 1.5, IDLE_LOOK_CHANNEL_S)
@@ -312,12 +311,18 @@ class CellGroup:
             self._sleep(max(0.0, next_look - time.monotonic()) if self.run.is_leader else IDLE_LOOK_CHANNEL_S)
         return False
 
-    def _share(self, name: str, data: bytes) -> IO[bytes]:
+    def _share(self, name: str) -> IO[bytes]:
         """A cell found in storage, passed on to the other hosts through the channel (or the news that it is
-        there, when it is too large to carry); the payload, open."""
+        there, when it is too large to carry); the payload, open. One larger than the channel carries is never
+        read whole: it is streamed from storage as it is verified, as every host reads it."""
+        plain = self.storage.plain
+        try:
+            data: bytes | None = plain.read_bounded(name, CARRY_MAX_BYTES)
+        except ObjectTooLargeError:
+            data = None
         with contextlib.suppress(Exception):
-            self.channel.send(name, data if len(data) <= CARRY_MAX_BYTES else STORED)
-        return io.BytesIO(data)
+            self.channel.send(name, data if data is not None else STORED)
+        return io.BytesIO(data) if data is not None else plain.open_read(name)
 
     def _report(self, error: BaseException) -> BaseException:
         self.run.report_failure(error, stopped=isinstance(error, HostStoppedError))

@@ -21,7 +21,7 @@ HOSTS_DIR = "hosts"
 #: ``install.json`` names the others (the notebook's kinetic_nb wheel, the user's requirements).
 ENVIRONMENT_DIR = "environment"
 ENVIRONMENT_INSTALL = f"{ENVIRONMENT_DIR}/install.json"
-#: The notebook's folder, zipped and sealed, for hosts that do not share its disk (``runner.workdir``).
+#: The notebook's folder, zipped, encrypted and sealed, for hosts that do not share its disk (``runner.workdir``).
 WORKDIR = f"{ENVIRONMENT_DIR}/workdir.zip"
 
 LEADER_INDEX = 0
