@@ -207,6 +207,11 @@ def test_the_pm_magic_prints_the_value_and_a_bad_line_is_one_usage_error():
         with redirect_stdout(printed):
             answered = shell.run_cell('%kinetic pm 1 d["a"] + 1, sorted(d)')  # quotes reach Python as written
         assert answered.error_in_exec is None and printed.getvalue().strip() == "(2, ['a'])"
+        for line in ("%kinetic pm 1 --cell sorted(d)", "%kinetic pm --cell 1 sorted(d)"):  # the help's order, and the other
+            printed = io.StringIO()
+            with redirect_stdout(printed):
+                answered = shell.run_cell(line)
+            assert answered.error_in_exec is None and printed.getvalue().strip() == "['a']", line
         for line, message in (("%kinetic pm", "expects a host and an expression"),
                               ("%kinetic pm one x", "batch.shape, not 'one x'"),
                               ("%kinetic pm 0 d", "host 0 of session ks-"),

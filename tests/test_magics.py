@@ -83,6 +83,7 @@ def test_kinetic_accelerators_lists_every_name_with_keras_kinetics_spelling(shel
 
 def test_help_lists_the_flags(shell):
     doc = shell.find_cell_magic("kinetic").__doc__
+    assert doc.split()[1] == "%%kinetic"  # its usage as it is typed, not the method's name (%kinetic_cell)
     for flag in ("--hosts", "--accelerator", "--backend", "--framework", "--out", "--env", "--timeout", "--storage",
                  "--quiet"):
         assert flag in doc

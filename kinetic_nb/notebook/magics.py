@@ -217,7 +217,7 @@ class KineticMagics(_BackendSettings):
         except ValueError as error:
             raise UsageError(str(error)) from None
 
-    @magic_arguments()
+    @magic_arguments(name="%kinetic")  # its usage reads %%kinetic, as it is typed (not %kinetic_cell)
     @_arguments(SLICE_FLAGS)
     @argument("--framework", default="auto", choices=["auto", "jax", "torch", "none"],
               help="What to initialize before the cell; auto decides by the cell's imports.")
@@ -425,7 +425,9 @@ class KineticMagics(_BackendSettings):
 
     def _line_pm(self, rest: str) -> None:
         """``%kinetic pm HOST [--cell] EXPRESSION``: the expression is the rest of the line, as written."""
-        match = re.fullmatch(r"\s*(?P<cell>--cell\s+)?(?P<host>\S+)\s*(?P<expression>.*)", rest, re.DOTALL)
+        # --cell before HOST or, as the help writes it, after it.
+        match = re.fullmatch(r"\s*(?P<cell>--cell\s+)?(?P<host>\S+)(?:\s+(?P<cell_after>--cell)(?=\s))?\s*"
+                             r"(?P<expression>.*)", rest, re.DOTALL)
         host = match["host"] if match else ""
         if not host.isdigit() or not match["expression"].strip():
             raise UsageError("%kinetic pm expects a host and an expression, e.g. %kinetic pm 1 batch.shape"
@@ -435,7 +437,7 @@ class KineticMagics(_BackendSettings):
                              "(%kinetic start starts one)")
         try:
             answer = self.session.post_mortem(int(host), match["expression"].strip(),
-                                              frame="cell" if match["cell"] else "raised")
+                                              frame="cell" if match["cell"] or match["cell_after"] else "raised")
         except (PostMortemError, ValueError) as error:
             raise UsageError(str(error)) from None
         # A remote repr is the host's text: its lines are kept, a control character in them (an escape that
