@@ -44,6 +44,7 @@ __all__ = [
     "is_peer_loss",
     "job_status",
     "may_become_chatter",
+    "phase_words",
 ]
 
 #: A host with no exit record whose heartbeat is older than this is lost: its
@@ -83,6 +84,21 @@ FINE_STATES = frozenset({HostState.PENDING.value, HostState.READY.value, HostSta
 #: Host states a cell's host does not leave: it is done with the cell (a session's host stays up, idle).
 ENDED_STATES = frozenset({HostState.SUCCEEDED.value, HostState.FAILED.value, HostState.STOPPED.value,
                           HostState.LOST.value})
+#: What each phase is called where a user reads it (rows, titles, errors, the timeline): what the host was doing.
+#: The protocol's values stay as they are (hosts write them; records and golden files keep them); only the words shown
+#: change, here and nowhere else.
+PHASE_WORDS = {
+    Phase.ENVIRONMENT_INSTALL.value: "installing packages",
+    Phase.STARTUP.value: "starting",
+    Phase.PLAN_CHECK.value: "checking versions",
+    Phase.PAYLOAD_LOAD.value: "loading the cell",
+    Phase.START_BARRIER.value: "waiting for the others",
+    Phase.DISTRIBUTED_INIT.value: "connecting hosts",
+    Phase.EXECUTE.value: "in the cell",
+    Phase.RESULT_SERIALIZATION.value: "saving the result",
+    Phase.RESULT_UPLOAD.value: "sending the result",
+    Phase.TEARDOWN.value: "shutting down",
+}
 #: Messages of errors that follow from losing a peer (gloo, NCCL, the JAX
 #: coordination service), rather than from a host's own code.
 _PEER_LOSS = re.compile(
@@ -164,6 +180,22 @@ def is_peer_loss(text: str) -> bool:
     if _PEER_LOSS.search(text) or _PEER_LOSS_CODES.search(text):
         return True
     return text.split(":", 1)[0].endswith("HostStoppedError")
+
+
+def phase_words(phase: str) -> str:
+    """How a user reads a host's phase (``PHASE_WORDS``): ``"payload load"`` -> ``"loading the cell"``.
+
+    Parameters
+    ----------
+    phase : str
+        A ``Phase`` value, as a host wrote it (or "" before it wrote one).
+
+    Returns
+    -------
+    str
+        The words for it; a value this version does not know is shown as it is.
+    """
+    return PHASE_WORDS.get(phase, phase)
 
 
 def is_chatter(line: str) -> bool:
@@ -275,6 +307,15 @@ class JobSnapshot:
     label: str = ""
     #: Processes on each host: ``hosts[rank]`` runs on host ``rank // procs_per_host``.
     procs_per_host: int = 1
+    #: What stopped a CANCELLED cell, when the user asked for it: ``"interrupt"`` or ``"timeout"``.
+    stopped_by: str = ""
+
+    @property
+    def status_word(self) -> str:
+        """The state as the panel's header says it: INTERRUPTED or TIMED OUT for a stop the user asked for."""
+        if self.status is JobStatus.CANCELLED and self.stopped_by:
+            return {"interrupt": "INTERRUPTED", "timeout": "TIMED OUT"}.get(self.stopped_by, str(self.status))
+        return str(self.status)
 
     def name_of(self, rank: int) -> str:
         """``host 2``, or ``host 1, process 0 (rank 2)`` where hosts run several processes."""

@@ -55,15 +55,15 @@ def test_the_panel_shows_each_hosts_memory_and_flags_the_one_above_the_others():
     snapshot = JobSnapshot("kn-mem", "local", "cpu", JobStatus.SUCCEEDED, 0.0, 2.0,
                            tuple(hosts_with(200, 210, 900, 205, device_mib=(1000, 1000, 1000, 3000))))
     text = text_summary(snapshot)
-    assert ("memory at the cell's end, resident: 0 200 MiB · 1 210 MiB · 2 900 MiB · 3 205 MiB; accelerator: "
-            "0 1000 MiB · 1 1000 MiB · 2 1000 MiB · 3 2.9 GiB") in text
+    assert ("memory: host 0 200 MiB, host 1 210 MiB, host 2 900 MiB, host 3 205 MiB; accelerator memory: "
+            "host 0 1000 MiB, host 1 1000 MiB, host 2 1000 MiB, host 3 2.9 GiB") in text.splitlines()
     assert ("host 2 holds 900 MiB of resident memory, 4.4x the others' median (205 MiB): a leak, or a shard "
             "larger than theirs?") in text
     assert "host 3 holds 2.9 GiB of accelerator memory, 3.0x the others' median (1000 MiB)" in text
     assert not any(line.startswith(("host 0 holds", "host 1 holds")) for line in text.splitlines())
     panel = HostPanel(4)
     panel.update(snapshot)
-    assert "host 2 holds 900 MiB" in panel.failures.value and "resident: 0 200 MiB" in panel.failures.value
+    assert "host 2 holds 900 MiB" in panel.failures.value and "memory: host 0 200 MiB," in panel.failures.value
     assert "memory: 900 MiB resident (peak 900 MiB), 1000 MiB on its accelerators" in panel.details.children[2].value
     assert "host 2 holds 900 MiB" in html_summary(snapshot)
 
@@ -71,10 +71,30 @@ def test_the_panel_shows_each_hosts_memory_and_flags_the_one_above_the_others():
 def test_hosts_alike_are_not_flagged_and_hosts_not_measured_show_nothing():
     alike = JobSnapshot("kn-mem", "local", "cpu", JobStatus.SUCCEEDED, 0.0, 2.0, tuple(hosts_with(200, 230, 215)))
     assert memory_flags(alike.hosts) == []
-    assert "memory at the cell's end, resident: 0 200 MiB · 1 230 MiB · 2 215 MiB" in text_summary(alike)
+    assert "memory: host 0 200 MiB, host 1 230 MiB, host 2 215 MiB" in text_summary(alike).splitlines()
     unmeasured = JobSnapshot("kn-mem", "local", "cpu", JobStatus.RUNNING, 0.0, 2.0,
                              (HostSnapshot(0, "running", "execute"), HostSnapshot(1, "running", "execute")))
     assert memory_line(unmeasured.hosts) == "" and "memory" not in text_summary(unmeasured)
+
+
+def test_the_memory_line_and_its_flags_show_once_the_cell_ended_never_while_it_runs():
+    """A session host's status carries the figures of its last cell's end: while this cell runs they are not its."""
+    hosts = tuple(HostSnapshot(index, "running", "execute", started_at=0.0, updated_at=1.0, memory=host.memory)
+                  for index, host in enumerate(hosts_with(200, 210, 900)))
+    running = JobSnapshot("ks-mem/cells/000002", "local", "cpu", JobStatus.RUNNING, 0.0, 2.0, hosts)
+    panel = HostPanel(3)
+    panel.update(running)
+    shown = [text_summary(running), html_summary(running), panel.failures.value, panel.details.children[2].value]
+    assert not any("MiB" in view for view in shown)
+    ended = JobSnapshot("ks-mem/cells/000002", "local", "cpu", JobStatus.SUCCEEDED, 0.0, 2.0,
+                        tuple(hosts_with(200, 210, 900)))
+    panel.update(ended)
+    assert "memory: host 0 200 MiB, host 1 210 MiB, host 2 900 MiB" in panel.failures.value
+    assert "host 2 holds 900 MiB" in panel.failures.value and "900 MiB resident" in panel.details.children[2].value
+
+
+def test_many_hosts_memory_is_a_range():
+    assert memory_line(hosts_with(*range(100, 120))) == "memory: 100 MiB to 119 MiB across 20 hosts"
 
 
 def test_a_host_running_several_processes_is_their_sum():
@@ -82,7 +102,7 @@ def test_a_host_running_several_processes_is_their_sum():
     snapshot = JobSnapshot("kn-mem", "local", "gpu-h100x2", JobStatus.SUCCEEDED, 0.0, 2.0, tuple(processes),
                            procs_per_host=2)
     text = text_summary(snapshot)
-    assert "resident: 0 200 MiB · 1 600 MiB" in text
+    assert "memory: host 0 200 MiB, host 1 600 MiB" in text.splitlines()
     assert "host 1 holds 600 MiB of resident memory, 3.0x the others' median (200 MiB)" in text
 
 
@@ -97,7 +117,7 @@ def test_a_real_job_carries_each_hosts_memory_and_flags_the_host_that_holds_more
     assert all(host.memory["rss"] > 10 * MIB for host in hosts)
     assert hosts[2].memory["rss"] - max(hosts[0].memory["rss"], hosts[1].memory["rss"]) > 600 * MIB
     summary = handle.summary()
-    assert "memory at the cell's end, resident: 0 " in summary
+    assert "memory: host 0 " in summary
     flags = [line for line in summary.splitlines() if " holds " in line]
     assert len(flags) == 1 and flags[0].startswith("host 2 holds ")
 

@@ -54,9 +54,9 @@ def test_all_running():
     assert panel.progress.bar_style == "info" and panel.progress.value == 0
     assert len(panel.rows) == 4
     assert "★" in panel.rows[0].value and "★" not in panel.rows[1].value
-    assert all("running" in row.value and "execute" in row.value for row in panel.rows)
+    assert all("running" in row.value and "in the cell" in row.value for row in panel.rows)
     assert "step 7 on host 3" in panel.rows[3].value
-    assert panel.details.titles[0] == "host 0 (leader) · running · execute"
+    assert panel.details.titles[0] == "host 0 (leader) · running · in the cell"
     assert "step 7 on host 2" in panel.details.children[2].value
     assert panel.failures.value == ""
 
@@ -71,8 +71,8 @@ def test_host_2_failed_with_its_traceback():
     assert "stopped" in panel.rows[1].value and "succeeded" in panel.rows[0].value
     assert "ValueError: bad shard" in panel.details.children[2].value
     assert "raise ValueError(&#x27;bad shard&#x27;)" in panel.details.children[2].value  # escaped
-    assert panel.details.titles[2] == "host 2 · failed · execute"
-    assert "host 2: ValueError at cell line 12" in panel.failures.value
+    assert panel.details.titles[2] == "host 2 · failed · in the cell"
+    assert "host 2: ValueError at In[3], line 12" in panel.failures.value
 
 
 def test_64_hosts_with_identical_tracebacks_are_grouped():
@@ -80,8 +80,8 @@ def test_64_hosts_with_identical_tracebacks_are_grouped():
     snapshot = job([host(0, "stopped")] + [failed(i) for i in range(1, 64)], JobStatus.FAILED)
     panel.update(snapshot)
     assert panel.compact
-    assert failure_lines(snapshot) == ["hosts 1-63: the same ValueError at cell line 12"]
-    assert "hosts 1-63: the same ValueError at cell line 12" in panel.failures.value
+    assert failure_lines(snapshot) == ["hosts 1-63: the same ValueError at In[3], line 12"]
+    assert "hosts 1-63: the same ValueError at In[3], line 12" in panel.failures.value
     assert panel.grid.value.count("<span") == 64
     assert "hosts 1-63" in panel.problems.value and "hosts 0" in panel.problems.value
     assert len(panel.details.children) == 32  # the first hosts that are not fine, not all 64
@@ -97,7 +97,7 @@ def test_256_hosts_draw_as_a_grid():
     assert panel.grid.value.count("<span") == 256
     assert panel.grid.value.count("#e53935") == 1  # one red cell
     assert "hosts 77" in panel.problems.value
-    assert panel.details.titles == ("host 77 · failed · execute",)
+    assert panel.details.titles == ("host 77 · failed · in the cell",)
     assert "128 running, 127 succeeded, 1 failed" in panel.header.value
 
 
@@ -130,9 +130,9 @@ def test_text_and_html_twins():
     text = text_summary(snapshot)
     assert text.splitlines()[0] == "kn-test · local · tpu-v5e-16 · 2 hosts · 2.0 s · FAILED"  # until the last exit
     assert "    0*  succeeded" in text and "    1   failed" in text and "exited with code 1" in text
-    assert text.splitlines()[-1] == "host 1: ValueError at cell line 12"
+    assert text.splitlines()[-1] == "host 1: ValueError at In[3], line 12"
     page = html_summary(snapshot)
-    assert "<table>" in page and "host 1: ValueError at cell line 12" in page
+    assert "<table>" in page and "host 1: ValueError at In[3], line 12" in page
     big = text_summary(job([host(i) for i in range(GRID_ABOVE)] + [failed(GRID_ABOVE)] * 1))
     assert "32 running, 1 failed" in big and big.count("\n") < 10
 
@@ -146,7 +146,7 @@ def test_text_status_writes_a_line_per_change_when_not_a_terminal():
     status.close(job([host(0, "succeeded"), failed(1)], JobStatus.FAILED))
     lines = stream.getvalue().splitlines()
     assert lines[0] == "kn-test: 2 running · 3.0 s" and lines[1] == "kn-test: 1 running, 1 failed · 3.0 s"
-    assert lines[2].startswith("kn-test · local") and lines[-1] == "host 1: ValueError at cell line 12"
+    assert lines[2].startswith("kn-test · local") and lines[-1] == "host 1: ValueError at In[3], line 12"
 
 
 class FakeSource:
@@ -175,7 +175,7 @@ def test_watch_follows_a_plain_snapshot_source_until_its_job_ends():
     thread.join(5)
     assert not thread.is_alive() and source.calls == 3  # polled until done, then drawn once more by close
     assert thread.name == "kinetic-watch-kn-test"
-    assert stream.getvalue().splitlines()[-1] == "host 1: ValueError at cell line 12"
+    assert stream.getvalue().splitlines()[-1] == "host 1: ValueError at In[3], line 12"
 
 
 def test_the_views_a_handle_is_shown_by_take_plain_values(capsys):
@@ -183,7 +183,7 @@ def test_the_views_a_handle_is_shown_by_take_plain_values(capsys):
     assert views.render("text", snapshot) == text_summary(snapshot)
     assert views.render("html", snapshot) == html_summary(snapshot)
     views.render("watch", FakeSource(script())).join(5)  # no widget frontend here: the text twin on stderr
-    assert "host 1: ValueError at cell line 12" in capsys.readouterr().err
+    assert "host 1: ValueError at In[3], line 12" in capsys.readouterr().err
     with pytest.raises(LookupError, match="no view 'sparkline'"):
         views.render("sparkline", snapshot)
 
@@ -207,7 +207,7 @@ def test_a_session_cell_ends_as_a_one_shot_job_does():
     assert panel.progress.style.description_width == "initial"  # the label is never cut to "SUCCEED..."
     assert panel.header.value.startswith("<b>In[4] · session ks-test · local")
     assert "ks-test/cells/000002" not in panel.header.value
-    assert "host 2: ValueError at cell line 12" in panel.failures.value
+    assert "host 2: ValueError at In[3], line 12" in panel.failures.value
     assert "raise ValueError(&#x27;bad shard&#x27;)" in panel.details.children[2].value
     assert "(no output)</pre>" in panel.details.children[0].value
     assert "[Gloo]" not in panel.details.children[1].value and "its own line" in panel.details.children[1].value
@@ -257,13 +257,13 @@ def test_a_row_per_host_each_expandable_to_its_processes():
     assert "★" in panel.rows[0].value and "running" in panel.rows[0].value
     assert "failed" in panel.rows[1].value  # its worst process's state
     assert "[rank 2] step 7 on host 2" in panel.rows[1].value  # tagged by rank
-    assert panel.details.titles == ("host 0 (leader) · running · execute · 2 processes",
-                                    "host 1 · failed · execute · 2 processes")
+    assert panel.details.titles == ("host 0 (leader) · running · in the cell · 2 processes",
+                                    "host 1 · failed · in the cell · 2 processes")
     drill = panel.details.children[1].value
     assert ">1.0</span>" in drill and ">1.1</span>" in drill  # a row per process: host.process
     assert "host 1, process 0 (rank 2) · failed" in drill and "host 1, process 1 (rank 3) · stopped" in drill
     assert "ValueError: bad shard" in drill and "step 7 on host 3" in drill  # each one's traceback and log
-    assert "host 1, process 0 (rank 2): ValueError at cell line 12" in panel.failures.value
+    assert "host 1, process 0 (rank 2): ValueError at In[3], line 12" in panel.failures.value
     assert panel.progress.max == 4  # the bar counts processes
 
 
@@ -273,5 +273,28 @@ def test_the_text_twin_names_each_process_by_host_and_process():
     assert lines[0] == "kn-test · local · gpu-h100x2 · 2 hosts x 2 processes · 2.0 s · FAILED"
     assert lines[1].split() == ["h.proc", "state", "phase", "time", "last", "line", "/", "exit"]
     assert [line.split()[0] for line in lines[2:6]] == ["0.0*", "0.1", "1.0", "1.1"]
-    assert "ranks 2-3: the same ValueError at cell line 12" in lines
+    assert "ranks 2-3: the same ValueError at In[3], line 12" in lines
     assert "<td>1.1</td>" in html_summary(processes_job([host(0), host(1), host(2), host(3)]))
+
+
+# -- the user's words ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("phase", "words"), [("payload load", "loading the cell"),
+                                              ("result upload", "sending the result"),
+                                              ("teardown", "shutting down"),
+                                              ("start barrier", "waiting for the others")])
+def test_a_hosts_phase_is_shown_in_a_users_words_never_the_protocols(phase, words):
+    snapshot = job([host(0, phase=phase), failed(1)], JobStatus.FAILED)
+    panel = HostPanel(2)
+    panel.update(snapshot)
+    shown = [panel.rows[0].value, panel.details.titles[0], text_summary(snapshot), html_summary(snapshot)]
+    assert all(words in view for view in shown)
+    assert not any(phase in view for view in shown)
+
+
+def test_a_failure_names_the_cell_as_the_notebook_does():
+    api_cell = TRACEBACK.replace("<kinetic In[3]>", "<kinetic cell>")
+    assert failure_lines(job([host(0), failed(1)], JobStatus.FAILED)) == ["host 1: ValueError at In[3], line 12"]
+    assert failure_lines(job([host(0), host(1, "failed", message="ValueError: bad shard", traceback=api_cell)],
+                             JobStatus.FAILED)) == ["host 1: ValueError at cell line 12"]

@@ -141,7 +141,7 @@ def test_the_panel_goes_live_in_jupyterlab(jupyterlab):
         assert rows.count() == 4
         # Widget updates arrive as separate messages: wait for the row's, not only the header's.
         playwright_api.expect(rows.nth(3)).to_contain_text("failed", timeout=30_000)
-        page.get_by_text("host 3 · failed · execute").click()
+        page.get_by_text("host 3 · failed · in the cell").click()
         traceback = panel.get_by_text("ValueError: host 3 lost its shard").first
         traceback.wait_for(state="visible", timeout=10_000)
         assert "raise ValueError('host 3 lost its shard')" in panel.inner_text()
@@ -165,7 +165,7 @@ def test_the_panel_shows_each_hosts_memory_and_flags_the_host_above_the_others(j
         flag = panel.get_by_text("host 2 holds", exact=False).first
         flag.wait_for(timeout=30_000)
         assert "of resident memory" in flag.inner_text() and "the others' median" in flag.inner_text()
-        assert "memory at the cell's end, resident: 0 " in panel.inner_text()
+        assert "memory: host 0 " in panel.inner_text()
         assert panel.get_by_text("host 0 holds", exact=False).count() == 0
         page.get_by_text("host 2 · succeeded", exact=False).first.click()
         figures = panel.get_by_text("resident (peak", exact=False).nth(2)  # host 2's drill-down
@@ -201,11 +201,11 @@ def test_a_session_cells_panel_ends_as_a_one_shot_jobs_does(jupyterlab):
             rows = panel.locator(".widget-html-content > div[style*='font-size:12px']")
             assert rows.count() == 3
             texts = [rows.nth(i).inner_text() for i in range(3)]
-            assert "teardown" not in " ".join(texts) and "execute" in texts[2] and "failed" in texts[2]
-            assert "host 2: ValueError at cell line 5" in panel.inner_text()
-            panel.get_by_text("host 2 · failed · execute").click()
+            assert "shutting down" not in " ".join(texts) and "in the cell" in texts[2] and "failed" in texts[2]
+            assert re.search(r"host 2: ValueError at In\[\d+\], line 5", panel.inner_text())
+            panel.get_by_text("host 2 · failed · in the cell").click()
             panel.get_by_text("raise ValueError('bad shard')").first.wait_for(state="visible", timeout=10_000)
-            panel.get_by_text("host 1 · succeeded · execute").click()
+            panel.get_by_text("host 1 · succeeded · in the cell").click()
             panel.get_by_text("working").first.wait_for(state="visible", timeout=10_000)
             # The host's traceback as IPython draws one: the arrow on the line that raised.
             error = failing.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")

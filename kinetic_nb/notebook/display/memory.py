@@ -51,20 +51,26 @@ def memory_flags(hosts: Sequence[HostSnapshot], noun: str = "host") -> list[str]
     return lines
 
 
-def memory_line(hosts: Sequence[HostSnapshot]) -> str:
-    """Every measured host's resident memory (and accelerator memory where reported) in one line; the range
-    above :data:`LISTED_HOSTS` hosts; "" when no host has reported any."""
+def memory_line(hosts: Sequence[HostSnapshot], noun: str = "host") -> str:
+    """Every measured host's memory at its cell's end, in one line a user reads as a sentence.
+
+    ``memory: host 0 21 MiB, host 1 21 MiB`` (resident), then ``accelerator memory: ...`` where a framework
+    reports it; above :data:`LISTED_HOSTS` hosts, the range; "" when no host has reported any. The caller
+    shows it once the cell ended: a host's figures are from the end of its last cell.
+    """
     parts = []
     for figure, name in FIGURES:
         measured = [(host.index, host.memory[figure]) for host in hosts if figure in host.memory]
         if not measured:
             continue
+        label = "memory" if figure == "rss" else f"{name} memory"
         if len(measured) > LISTED_HOSTS:
             sizes = [size for _, size in measured]
-            parts.append(f"{name} {format_bytes(min(sizes))} to {format_bytes(max(sizes))} on {len(sizes)} hosts")
+            parts.append(f"{label}: {format_bytes(min(sizes))} to {format_bytes(max(sizes))} "
+                         f"across {len(sizes)} {noun}s")
         else:
-            parts.append(f"{name}: " + " · ".join(f"{index} {format_bytes(size)}" for index, size in measured))
-    return f"memory at the cell's end, {'; '.join(parts)}" if parts else ""
+            parts.append(f"{label}: " + ", ".join(f"{noun} {index} {format_bytes(size)}" for index, size in measured))
+    return "; ".join(parts)
 
 
 def memory_detail(host: HostSnapshot) -> str:

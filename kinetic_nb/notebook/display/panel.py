@@ -38,6 +38,7 @@ from kinetic_nb.state import (
     JobStatus,
     SnapshotSource,
     is_chatter,
+    phase_words,
 )
 
 #: Above this many hosts, one row each no longer fits a cell's output.
@@ -58,7 +59,8 @@ STATE_COLORS = {
     HostState.RUNNING: "#1e88e5",
     HostState.SUCCEEDED: "#43a047",
     HostState.FAILED: "#e53935",
-    HostState.STOPPED: "#fb8c00",
+    HostState.STOPPED: "#78909c",  # grey, never red: kinetic_nb stopped it (asked to, or after another failed)
+    HostState.STOPPING: "#b0bec5",
     HostState.LOST: "#6d4c41",
     HostState.QUIET: "#8e24aa",
 }
@@ -70,7 +72,8 @@ BAR_STYLES = {JobStatus.PENDING: "", JobStatus.RUNNING: "info", JobStatus.SUCCEE
 
 logger = logging.getLogger(__name__)
 
-_CELL_LINE = re.compile(r'File "<kinetic[^"]*>", line (\d+)')
+#: A frame of the cell in a host's traceback: ``<kinetic In[3]>`` (the notebook's name), or ``<kinetic cell>``.
+_CELL_LINE = re.compile(r'File "<kinetic (?P<cell>[^"]*)>", line (?P<line>\d+)')
 
 
 def host_ranges(indices: Iterable[int]) -> str:
@@ -89,8 +92,11 @@ def host_ranges(indices: Iterable[int]) -> str:
 def _failure_label(traceback: str, message: str) -> str:
     last = next((line for line in reversed(traceback.splitlines()) if line.strip()), message)
     exception_type = last.split(":", 1)[0].strip().rsplit(".", 1)[-1] or "error"
-    lines = _CELL_LINE.findall(traceback)
-    return f"{exception_type} at cell line {lines[-1]}" if lines else exception_type
+    frames = list(_CELL_LINE.finditer(traceback))
+    if not frames:
+        return exception_type
+    cell, line = frames[-1]["cell"], frames[-1]["line"]
+    return f"{exception_type} at cell line {line}" if cell == "cell" else f"{exception_type} at {cell}, line {line}"
 
 
 def failure_groups(hosts: Iterable[HostSnapshot]) -> list[tuple[list[int], str, str]]:
@@ -108,7 +114,7 @@ def failure_groups(hosts: Iterable[HostSnapshot]) -> list[tuple[list[int], str, 
 
 
 def failure_lines(snapshot: JobSnapshot) -> list[str]:
-    """``"hosts 1-63: the same ValueError at cell line 12"`` (``ranks`` where hosts run several processes), one
+    """``"hosts 1-63: the same ValueError at In[3], line 12"`` (``ranks`` where hosts run several processes), one
     line per group."""
     lines = []
     many = "ranks" if snapshot.procs_per_host > 1 else "hosts"
@@ -148,7 +154,7 @@ def _header_text(snapshot: JobSnapshot) -> str:
     shape = f"{len(snapshot.hosts)} hosts" if per == 1 else \
         f"{len(snapshot.hosts) // per} hosts x {per} processes"
     return (f"{snapshot.label or snapshot.job_id} · {snapshot.backend} · {snapshot.accelerator} · {shape} · "
-            f"{_seconds(snapshot.elapsed)} · {snapshot.status}")
+            f"{_seconds(snapshot.elapsed)} · {snapshot.status_word}")
 
 
 def _label(host: HostSnapshot, procs_per_host: int) -> str:
@@ -157,7 +163,8 @@ def _label(host: HostSnapshot, procs_per_host: int) -> str:
 
 
 #: A host's state in its row, where it runs several processes: the first of these its processes are in.
-HOST_STATE_ORDER = (HostState.FAILED, HostState.LOST, HostState.QUIET, HostState.STOPPED, HostState.RUNNING,
+HOST_STATE_ORDER = (HostState.FAILED, HostState.LOST, HostState.QUIET, HostState.STOPPED, HostState.STOPPING,
+                    HostState.RUNNING,
                     HostState.READY, HostState.PENDING, HostState.IDLE, HostState.SUCCEEDED)
 
 
@@ -193,7 +200,7 @@ def _row_html(host: HostSnapshot, now: float, label: str | None = None) -> str:
         '<div style="display:flex;gap:10px;font-family:monospace;font-size:12px;white-space:nowrap">'
         f'<span style="width:4.5em" title="{"leader" if host.is_leader else "worker"}">{label}{leader}</span>'
         f'<span style="width:6.5em">{_badge(host.state)}</span>'
-        f'<span style="width:11em">{html.escape(host.phase)}</span>'
+        f'<span style="width:13em">{html.escape(phase_words(host.phase))}</span>'
         f'<span style="width:5em;text-align:right">{_seconds(host.elapsed(now))}</span>'
         f'<span style="overflow:hidden;text-overflow:ellipsis;color:#555">{last}</span></div>'
     )
@@ -201,7 +208,7 @@ def _row_html(host: HostSnapshot, now: float, label: str | None = None) -> str:
 
 def _detail_html(host: HostSnapshot) -> str:
     parts = []
-    if host.memory:
+    if host.memory and (host.ended or host.state == HostState.IDLE):  # figures of its cell's end, never mid-cell
         parts.append(f'<div style="font-family:monospace;color:#555">{html.escape(memory_detail(host))}</div>')
     if host.traceback:
         parts.append(f'<pre style="color:#b71c1c;white-space:pre-wrap">{html.escape(host.traceback)}</pre>')
@@ -237,7 +244,7 @@ def locals_lines(snapshot: JobSnapshot) -> list[str]:
 
 def _title(host: HostSnapshot, name: str | None = None) -> str:
     name = f"host {host.index}" if name is None else name
-    return f"{name}{' (leader)' if host.is_leader else ''} · {host.state} · {host.phase}"
+    return f"{name}{' (leader)' if host.is_leader else ''} · {host.state} · {phase_words(host.phase)}"
 
 
 def _processes_html(snapshot: JobSnapshot, processes: tuple[HostSnapshot, ...]) -> str:
@@ -271,15 +278,25 @@ def _problems_html(snapshot: JobSnapshot) -> str:
     return f"<ul style='margin:2px 0'>{items}</ul>"
 
 
+def _memory_lines(snapshot: JobSnapshot) -> tuple[list[str], list[str]]:
+    """Once the cell ended: each host's memory at its end, and the hosts whose memory stands out. Nothing while
+    it runs: a host's figures are those of the end of its last cell, never of this one so far."""
+    if not snapshot.status.done:
+        return [], []
+    hosts = _per_host(snapshot)
+    measured = memory_line(hosts)
+    return [measured] if measured else [], memory_flags(hosts)
+
+
 def _failures_html(snapshot: JobSnapshot) -> str:
     """Each host's memory at its cell's end (grey), the failures, then the hosts whose memory stands out (amber:
     worth a look, not an error)."""
-    measured = memory_line(_per_host(snapshot))
-    memory = f'<div style="color:#555;font-family:monospace">{html.escape(measured)}</div>' if measured else ""
+    measured, flagged = _memory_lines(snapshot)
+    memory = "".join(f'<div style="color:#555;font-family:monospace">{html.escape(line)}</div>' for line in measured)
     failures = "".join(f'<div style="color:#b71c1c;font-family:monospace">{html.escape(line)}</div>'
                        for line in failure_lines(snapshot))
     flags = "".join(f'<div style="color:#b26a00;font-family:monospace">{html.escape(line)}</div>'
-                    for line in memory_flags(_per_host(snapshot)))
+                    for line in flagged)
     return memory + failures + flags
 
 
@@ -331,7 +348,7 @@ class HostPanel:
             self.header.value = f"<b>{html.escape(_header_text(snapshot))}</b> &nbsp; {_counts_text(snapshot)}"
             self.progress.value = done
             self.progress.bar_style = BAR_STYLES[snapshot.status]
-            self.progress.description = str(snapshot.status)
+            self.progress.description = snapshot.status_word
             self.failures.value = _failures_html(snapshot)
             self.body.layout.display = "none" if self.brief and snapshot.status is JobStatus.SUCCEEDED else None
             if self.compact:
@@ -393,13 +410,13 @@ def text_summary(snapshot: JobSnapshot, *, brief: bool = False) -> str:
     for host in hosts:
         leader = "*" if host.is_leader else " "
         tail = host.exit_summary if host.exit and not host.fine else host.last_line[:LAST_LINE_CHARS]
-        lines.append(f"{_label(host, per):>5}{leader}  {host.state:<9}  {host.phase:<20}  "
+        lines.append(f"{_label(host, per):>5}{leader}  {host.state:<9}  {phase_words(host.phase):<20}  "
                      f"{_seconds(host.elapsed(snapshot.taken_at)):>7}  {tail}")
-    if memory_line(_per_host(snapshot)):
-        lines.append(memory_line(_per_host(snapshot)))
+    memory, flags = _memory_lines(snapshot)
+    lines.extend(memory)
     lines.extend(failure_lines(snapshot))
     lines.extend(locals_lines(snapshot))
-    lines.extend(memory_flags(_per_host(snapshot)))
+    lines.extend(flags)
     lines.extend(quiet_lines(snapshot))
     return "\n".join(lines)
 
@@ -411,7 +428,7 @@ def html_summary(snapshot: JobSnapshot, *, brief: bool = False) -> str:
     hosts = snapshot.hosts if len(snapshot.hosts) <= GRID_ABOVE else [h for h in snapshot.hosts if not h.fine]
     rows = "".join(
         f"<tr><td>{_label(host, snapshot.procs_per_host)}{' ★' if host.is_leader else ''}</td><td>{_badge(host.state)}</td>"
-        f"<td>{html.escape(host.phase)}</td><td>{_seconds(host.elapsed(snapshot.taken_at))}</td>"
+        f"<td>{html.escape(phase_words(host.phase))}</td><td>{_seconds(host.elapsed(snapshot.taken_at))}</td>"
         f"<td><code>{html.escape(host.last_line[:LAST_LINE_CHARS])}</code></td></tr>"
         for host in hosts[:MAX_DETAILS if len(snapshot.hosts) > GRID_ABOVE else None]
     )

@@ -6,7 +6,7 @@ import statistics
 from typing import Any
 
 from kinetic_nb.runner.protocol import Phase
-from kinetic_nb.state import HostState, JobSnapshot
+from kinetic_nb.state import HostState, JobSnapshot, phase_words
 
 PHASE_COLORS = {
     Phase.ENVIRONMENT_INSTALL.value: "#a1887f",
@@ -99,9 +99,9 @@ def plot_timeline(snapshot: JobSnapshot) -> Any:
                          fontsize=8 if len(hosts) <= 64 else 4)
     axes.invert_yaxis()
     axes.set_xlabel("seconds since submission")
-    axes.set_title(f"{snapshot.job_id} · {snapshot.status}", fontsize=10)
+    axes.set_title(f"{snapshot.label or snapshot.job_id} · {snapshot.status}", fontsize=10)
     seen = {phase for host in hosts for phase, _ in host.history}
-    handles = [Patch(color=color, label=phase) for phase, color in PHASE_COLORS.items() if phase in seen]
+    handles = [Patch(color=color, label=phase_words(phase)) for phase, color in PHASE_COLORS.items() if phase in seen]
     if any(host.profiled for host in hosts):
         handles.append(Patch(facecolor="none", edgecolor=PROFILED_COLOR, hatch="///", label="profiled"))
     axes.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
