@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+import warnings
+
 import cloudpickle
 import pytest
 
-from kinetic_nb.client.outcome import resolve_outcome
+from kinetic_nb.client.outcome import cell_words, phase_note, resolve_outcome
 from kinetic_nb.errors import HostExitError, HostStoppedError, JobCancelledError, JobFailedError, KineticWarning
 from kinetic_nb.runner import envelope, protocol
 from kinetic_nb.runner.protocol import ExitSummary, JobPlan, ResultPayload
@@ -71,7 +74,8 @@ def exits(hosts: int, failed=(), stopped=()) -> dict[int, ExitSummary]:
                            stopped=i in stopped) for i in range(hosts)}
 
 
-def resolve(storage, hosts, status, host_exits, *, listing_error: Exception | None = None):
+def resolve(storage, hosts, status, host_exits, *, listing_error: Exception | None = None, cell: str = "",
+            plan: JobPlan | None = None):
     listed = []
 
     def list_job():
@@ -80,8 +84,8 @@ def resolve(storage, hosts, status, host_exits, *, listing_error: Exception | No
             raise listing_error
         return storage.list()
 
-    outcome = resolve_outcome(storage, make_plan(hosts), status, host_exits, list_job, lambda i: f"ended (host {i})",
-                              key=KEY)
+    outcome = resolve_outcome(storage, plan or make_plan(hosts), status, host_exits, list_job,
+                              lambda i: f"ended (host {i})", key=KEY, cell=cell)
     return outcome, listed
 
 
@@ -107,10 +111,9 @@ def test_rule_3_and_5_one_download_names_the_others(storage):
         put(storage, protocol.worker_result(host), failure(host, ValueError(f"host {host}")))
     with pytest.raises(ValueError, match="host 2") as info:
         resolve(storage, 8, JobStatus.FAILED, exits(8, failed=(2, 5, 7)))
-    assert info.value.__notes__ == [
-        f"Reported by host 2 of multi-host job kn-test ({storage.uri}/result-worker-2.pkl). "
+    assert info.value.__notes__ == [  # a failure in the cell's code: its traceback says where, no phase note
+        "Reported by host 2 of job kn-test. %kinetic logs kn-test --host 2 shows its output. "
         "Other hosts that also reported a failure: 5, 7.",
-        "Failed during phase: execute",
     ]
     assert storage.reads == ["result.pkl", "result-worker-2.pkl"]
     assert "host 2" in str(info.value.__cause__)  # the remote traceback travels as the cause
@@ -122,11 +125,11 @@ def test_rule_4_no_leader_payload_uses_the_worker_rule(storage):
         resolve(storage, 2, JobStatus.FAILED, exits(2, failed=(0, 1)))
 
 
-def test_rule_4_no_payload_at_all_names_the_missing_object_and_every_host(storage):
+def test_rule_4_no_payload_at_all_says_no_host_reported_and_names_every_host(storage):
     with pytest.raises(JobFailedError) as info:
         resolve(storage, 3, JobStatus.FAILED, exits(3, failed=(0,)))
     message = str(info.value)
-    assert f"{storage.uri}/result.pkl is missing" in message
+    assert message.startswith("job kn-test failed and no host reported an outcome; host 0 ended (host 0).")
     assert all(f"host {i} ended (host {i})" in message for i in range(3))
 
 
@@ -139,7 +142,7 @@ def test_rule_5_unreadable_and_success_claiming_worker_payloads_are_skipped(stor
         with pytest.raises(RuntimeError, match="the real one"):
             resolve(storage, 4, JobStatus.FAILED, exits(4, failed=(1, 2, 3)))
     messages = [str(w.message) for w in warned]
-    assert any("unreadable payload of host 1" in m for m in messages)
+    assert any("unreadable outcome of host 1" in m for m in messages)
     assert any("host 2" in m and "claims success" in m for m in messages)
 
 
@@ -157,7 +160,7 @@ def test_rule_6_a_peer_loss_ranks_after_a_hosts_own_failure(storage):
     with pytest.raises(MemoryError) as info:
         resolve(storage, 4, JobStatus.FAILED, exits(4, failed=(0, 1, 3)))
     assert "Other hosts that also reported a failure: 1." in info.value.__notes__[0]
-    assert "The leader (host 0) failed as a consequence" in info.value.__notes__[2]
+    assert "The leader (host 0) failed as a consequence" in info.value.__notes__[1]
 
 
 def test_a_stopped_leader_defers_to_the_failing_host(storage):
@@ -207,11 +210,11 @@ def test_ordinary_words_do_not_make_a_failure_a_consequence(storage):
 def test_a_failed_listing_after_leader_success_raises_the_jobs_failure_with_a_warning(storage):
     put(storage, "result.pkl", success("never returned"))
     put(storage, "result-worker-2.pkl", failure(2, ValueError("unseen")))
-    with pytest.warns(KineticWarning, match="could not list per-host result payloads of job kn-test"):
+    with pytest.warns(KineticWarning, match="could not list the hosts' outcomes of job kn-test"):
         with pytest.raises(JobFailedError) as info:
             resolve(storage, 3, JobStatus.FAILED, exits(3, failed=(2,)), listing_error=RuntimeError("bucket unreachable"))
     message = str(info.value)
-    assert message.startswith("job kn-test failed after the leader succeeded; its per-host result payloads could not")
+    assert message.startswith("job kn-test failed after the leader succeeded; the other hosts' outcomes could not")
     assert "host 2 ended (host 2)" in message.splitlines()[0]  # the culprit, from its exit summary
     assert all(f"host {i} ended (host {i})" in message for i in range(3))  # every host's summary and last lines
     assert any("RuntimeError: bucket unreachable" in note for note in info.value.__notes__)
@@ -222,7 +225,7 @@ def test_a_failed_listing_with_no_leader_payload_still_names_the_dead_host(stora
     with pytest.warns(KineticWarning, match="could not list"):
         with pytest.raises(JobFailedError) as info:
             resolve(storage, 2, JobStatus.FAILED, exits(2, failed=(1,)), listing_error=PermissionError("403"))
-    assert "result.pkl is missing and its per-host result payloads could not be listed" in str(info.value)
+    assert "the leader reported no outcome, and the other hosts' outcomes could not be listed" in str(info.value)
     assert "host 1 ended (host 1)" in str(info.value).splitlines()[0]
     assert any("PermissionError: 403" in note for note in info.value.__notes__)
 
@@ -241,7 +244,7 @@ def test_the_leaders_failure_names_its_phase(storage):
     put(storage, "result.pkl", failure(0, ImportError("no module named foo"), phase="payload load"))
     with pytest.raises(ImportError) as info:
         resolve(storage, 2, JobStatus.FAILED, exits(2, failed=(0,)))
-    assert info.value.__notes__ == ["Failed during phase: payload load"]
+    assert info.value.__notes__ == ["It failed while loading the cell, before the cell's code ran."]
 
 
 def test_a_workers_failure_names_its_phase(storage):
@@ -249,7 +252,7 @@ def test_a_workers_failure_names_its_phase(storage):
     put(storage, "result-worker-1.pkl", failure(1, TimeoutError("barrier"), phase="start barrier"))
     with pytest.raises(TimeoutError) as info:
         resolve(storage, 2, JobStatus.FAILED, exits(2, failed=(1,)))
-    assert "Failed during phase: start barrier" in info.value.__notes__
+    assert "It failed while waiting for the others, before the cell's code ran." in info.value.__notes__
     assert info.value.__notes__[0].startswith("Reported by host 1")
 
 
@@ -259,7 +262,7 @@ def test_an_unreadable_leader_success_is_reported_as_unreadable(storage):
     from kinetic_nb.errors import UnreadableResultError
 
     put(storage, "result.pkl", b"\x80\x05not a pickle")
-    with pytest.raises(UnreadableResultError, match=r"host 0 recorded its outcome in .*result\.pkl, but it cannot"):
+    with pytest.raises(UnreadableResultError, match=r"^host 0 recorded its outcome, but it cannot be unpickled here"):
         resolve(storage, 2, JobStatus.SUCCEEDED, exits(2))
 
 
@@ -363,3 +366,49 @@ def test_a_remote_traceback_is_drawn_as_ipython_draws_a_local_one():
     ]
     assert "\x1b[31m\x1b[1mKeyError\x1b[0m: 'x'" in coloured  # each exception in red, as IPython's
     assert "second line" in coloured  # a message's second line is not taken for an exception
+
+
+# Messages name the cell as the notebook does and where to look, never a storage object or a pickle.
+
+def _said(error: BaseException) -> str:
+    return "\n".join([str(error), *getattr(error, "__notes__", ())])
+
+
+@pytest.mark.parametrize("scenario", ["worker", "nothing", "listing", "cancelled", "unreadable"])
+def test_no_message_names_a_storage_object_or_a_pickle(storage, scenario):
+    put(storage, "result.pkl", b"\x80\x05not a pickle" if scenario == "unreadable" else success(1))
+    if scenario == "worker":
+        put(storage, "result-worker-1.pkl", failure(1, ValueError("bad shard")))
+    if scenario == "nothing":
+        storage.delete("result.pkl")
+    status = {"cancelled": JobStatus.CANCELLED, "unreadable": JobStatus.SUCCEEDED}.get(scenario, JobStatus.FAILED)
+    listing_error = OSError("unreachable") if scenario == "listing" else None
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        with pytest.raises(Exception) as info:  # noqa: PT011 - each scenario raises its own kind
+            resolve(storage, 2, status, exits(2, failed=(1,)), cell="In[5]", listing_error=listing_error)
+    said = "\n".join([_said(info.value), *(str(w.message) for w in warned)])
+    assert ".pkl" not in said and storage.uri not in said and "payload" not in said
+    if scenario != "unreadable":
+        assert "In[5] (job kn-test)" in said
+
+
+def test_a_session_cell_is_named_by_the_notebook_and_its_session_never_its_folder(storage):
+    put(storage, "result.pkl", success(1))
+    put(storage, "result-worker-1.pkl", failure(1, ValueError("bad shard")))
+    plan = dataclasses.replace(make_plan(2), job_id="ks-abc/cells/000002")
+    with pytest.raises(ValueError, match="bad shard") as info:
+        resolve(storage, 2, JobStatus.FAILED, exits(2, failed=(1,)), cell="In[5]", plan=plan)
+    assert info.value.__notes__[0] == "Reported by host 1 of In[5] (session ks-abc)."
+    assert cell_words("ks-abc/cells/000002") == "cell 2 of session ks-abc"
+    assert cell_words("kn-1", "In[3]") == "In[3] (job kn-1)" and cell_words("kn-1") == "job kn-1"
+
+
+@pytest.mark.parametrize(("phase", "note"), [
+    ("execute", []),
+    ("plan check", ["It failed while checking versions, before the cell's code ran."]),
+    ("result upload", ["It failed while sending the result, after the cell's code ran."]),
+    ("teardown", ["It failed while shutting down, after the cell's code ran."]),
+])
+def test_a_failure_outside_the_cells_code_says_when_in_a_users_words(phase, note):
+    assert phase_note(phase) == note

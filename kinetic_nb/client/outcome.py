@@ -19,14 +19,19 @@ The rules (DESIGN, "How the client turns host records into the cell's outcome"):
 6. Root cause first: a failure that is a known consequence of losing a peer
    ranks after a host's own failure.
 
-A re-raised host exception carries the phase its payload names as a note
-("Failed during phase: payload load"), for the leader and for a worker.
+A re-raised host exception that failed outside the cell's code carries a note
+saying when, in a user's words ("It failed while loading the cell, before the
+cell's code ran"), for the leader and for a worker.
+
+Messages name the cell as the notebook does (``In[5]``) and where to look (the
+job or session id, ``%kinetic logs``), never a storage object.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 import warnings
 from collections.abc import Callable, Collection, Mapping
 
@@ -46,11 +51,43 @@ from kinetic_nb.errors import (
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.envelope import load_payload
 from kinetic_nb.runner.frame_locals import FrameLocals, locals_notes
-from kinetic_nb.runner.protocol import ExitSummary, JobPlan, ResultPayload
-from kinetic_nb.state import JobStatus, is_peer_loss
+from kinetic_nb.runner.protocol import ExitSummary, JobPlan, Phase, ResultPayload
+from kinetic_nb.state import JobStatus, is_peer_loss, phase_words
 from kinetic_nb.storage import ObjectInfo, Storage
 
 logger = logging.getLogger(__name__)
+
+#: A session cell's id (``ks-…/cells/000002``): messages name its session, never its storage folder.
+_SESSION_CELL = re.compile(r"^(?P<session>[^/]+)/cells/(?P<seq>\d+)$")
+#: The protocol's phases in order: a failure before the cell's code ran, or after.
+_PHASE_ORDER = [phase.value for phase in Phase]
+
+
+def cell_words(job_id: str, cell: str = "") -> str:
+    """How a message names a cell: ``In[5] (job kn-…)``, ``In[5] (session ks-…)``.
+
+    Parameters
+    ----------
+    job_id : str
+        The cell's id: a one-shot job's, or ``{session}/cells/{seq}`` for a session's cell.
+    cell : str
+        The cell as the notebook knows it (``In[5]``); "" for a cell from the API, then named by its number
+        in its session (``cell 2 of session ks-…``) or by its job.
+
+    Returns
+    -------
+    str
+    """
+    session = _SESSION_CELL.match(job_id)
+    place = f"session {session['session']}" if session else f"job {job_id}"
+    if cell:
+        return f"{cell} ({place})"
+    return f"cell {int(session['seq'])} of {place}" if session else place
+
+
+def _logs_hint(job_id: str, host_index: int) -> str:
+    """Where a host's whole output is, for a one-shot job (``%kinetic logs`` takes a job's id)."""
+    return "" if _SESSION_CELL.match(job_id) else f" %kinetic logs {job_id} --host {host_index} shows its output."
 
 
 @dataclasses.dataclass
@@ -83,7 +120,7 @@ class HostFailure:
         """A follow-on of another host's failure (rule 6), not this host's own."""
         return self.stopped or is_peer_loss(f"{self.type_name}: {self.message}")
 
-    def exception(self, job_id: str) -> BaseException:
+    def exception(self, job_id: str = "") -> BaseException:
         """The remote exception as its own type, carrying the remote traceback."""
         try:
             error = cloudpickle.loads(self.payload.exception)
@@ -139,7 +176,7 @@ def read_failure(storage: Storage, name: str, host_index: int, *, warn: bool, ke
     storage : Storage
         The job's storage.
     name : str
-        The payload object (``result.pkl`` or ``result-worker-{i}.pkl``).
+        The payload object (``result.pkl`` or ``result-worker-{i}.pkl``); messages never name it.
     host_index : int
         The host that wrote it.
     warn : bool
@@ -171,15 +208,14 @@ def read_failure(storage: Storage, name: str, host_index: int, *, warn: bool, ke
     except Exception as error:
         if strict:
             raise UnreadableResultError(
-                f"{host_name} recorded its outcome in {uri}, but it cannot be unpickled here: "
+                f"{host_name} recorded its outcome, but it cannot be unpickled here: "
                 f"{type(error).__name__}: {error} (a class or module the hosts have and this notebook lacks?)"
             ) from error
         if warn:
-            warnings.warn(f"skipping the unreadable payload of {host_name} ({uri}): {error}", KineticWarning, 3)
+            warnings.warn(f"skipping the unreadable outcome of {host_name}: {error}", KineticWarning, 3)
         return None
     if payload.success and host_index != protocol.LEADER_INDEX:
-        warnings.warn(f"skipping the payload of {host_name} ({uri}): a worker payload that claims success",
-                      KineticWarning, 3)
+        warnings.warn(f"skipping the outcome of {host_name}: a worker's that claims success", KineticWarning, 3)
         return None
     return HostFailure(host_index, payload, uri, host_name)
 
@@ -189,9 +225,9 @@ def _hosts_text(indices: list[int]) -> str:
 
 
 def _raise_host_failure(failure: HostFailure, job_id: str, others: list[int], extra: list[str] = (),
-                        *, many: str = "hosts") -> None:
+                        *, many: str = "hosts", cell: str = "") -> None:
     error = failure.exception(job_id)
-    note = f"Reported by {failure.name} of multi-host job {job_id} ({failure.uri})."
+    note = f"Reported by {failure.name} of {cell_words(job_id, cell)}.{_logs_hint(job_id, failure.host_index)}"
     if others:
         note += f" Other {many} that also reported a failure: {_hosts_text(others)}."
     error.add_note(note)
@@ -214,10 +250,21 @@ def _raise_tampered(error: IntegrityError, next_verified: HostFailure | None) ->
 
 
 def _phase_notes(failure: HostFailure) -> list[str]:
-    """The phase it failed in, then the first few variables of its failing frame (text its host made)."""
-    phase = failure.payload.phase
+    """When it failed, if not in the cell's code (whose traceback says where), then the first few variables of
+    its failing frame (text its host made)."""
     frames = [frame for record in failure.payload.frame_locals if (frame := FrameLocals.from_dict(record))]
-    return [*([f"Failed during phase: {phase}"] if phase else []), *locals_notes(frames, failure.name)]
+    return [*phase_note(failure.payload.phase), *locals_notes(frames, failure.name)]
+
+
+def phase_note(phase: str) -> list[str]:
+    """``["It failed while loading the cell, before the cell's code ran."]``; nothing for a failure in the
+    cell's code (or with no phase recorded)."""
+    if not phase or phase == Phase.EXECUTE.value:
+        return []
+    if phase not in _PHASE_ORDER:
+        return [f"It failed while {phase_words(phase)}."]
+    when = "before" if _PHASE_ORDER.index(phase) < _PHASE_ORDER.index(Phase.EXECUTE.value) else "after"
+    return [f"It failed while {phase_words(phase)}, {when} the cell's code ran."]
 
 
 def _add_notes(error: BaseException, notes: list[str]) -> None:
@@ -225,7 +272,7 @@ def _add_notes(error: BaseException, notes: list[str]) -> None:
         error.add_note(note)
 
 
-def _list_failing_hosts(list_job: Callable[[], list[ObjectInfo]], job_id: str, uri: str) -> tuple[list[int], list[str]]:
+def _list_failing_hosts(list_job: Callable[[], list[ObjectInfo]], where: str) -> tuple[list[int], list[str]]:
     """The hosts whose failure payload is listed, and the notes to add when the listing itself failed.
 
     The listing's own error never replaces the job's failure (a bucket briefly
@@ -235,18 +282,18 @@ def _list_failing_hosts(list_job: Callable[[], list[ObjectInfo]], job_id: str, u
     try:
         listing = list_job()
     except Exception as error:  # noqa: BLE001 - a listing's failure is a warning, never the job's error
-        message = f"could not list per-host result payloads of job {job_id} ({uri}): {type(error).__name__}: {error}"
+        message = f"could not list the hosts' outcomes of {where}: {type(error).__name__}: {error}"
         warnings.warn(message, KineticWarning, 3)
-        return [], [message[0].upper() + message[1:] + "; the hosts are described by their exit records."]
+        return [], [message[0].upper() + message[1:] + "; the hosts are described by how they ended."]
     return sorted(index for info in listing if (index := protocol.parse_worker_result(info.name)) is not None), []
 
 
-def warn_missing_outputs(payload: ResultPayload, job_id: str) -> None:
+def warn_missing_outputs(payload: ResultPayload, job_id: str, cell: str = "") -> None:
     """Warn about ``--out`` names the leader's cell did not bind when it ran (the value and the rest still come)."""
     if payload.missing_outputs:
-        warnings.warn(f"-o/--out {', '.join(payload.missing_outputs)}: not bound on the leader when the cell of "
-                      f"job {job_id} ended, so not brought back; the cell's value and other variables were",
-                      KineticWarning, 4)
+        warnings.warn(f"-o/--out {', '.join(payload.missing_outputs)}: not bound on the leader when "
+                      f"{cell_words(job_id, cell)} ended, so not brought back; the cell's value and other variables "
+                      "were", KineticWarning, 4)
 
 
 def warn_teardown_crashes(exits: Mapping[int, ExitSummary]) -> None:
@@ -270,6 +317,7 @@ def resolve_outcome(
     lost: Collection[int] = (),
     *,
     key: bytes | None,
+    cell: str = "",
 ) -> ResultPayload:
     """The leader's success payload record, or raise the right host's exception.
 
@@ -285,8 +333,10 @@ def resolve_outcome(
     last log lines for the no-payload error; ``lost`` are hosts whose
     heartbeat stopped with no exit record. Called before every host has
     ended, it decides on the records so far (the client does that once a
-    host has failed on its own account).
+    host has failed on its own account). ``cell`` is how the notebook names
+    the cell (``In[5]``), for the messages.
     """
+    where = cell_words(plan.job_id, cell)
     warn_teardown_crashes(exits)
     tampered: IntegrityError | None = None  # the first payload that failed verification, leader first
     unreadable_leader: UnreadableResultError | None = None
@@ -304,17 +354,17 @@ def resolve_outcome(
     if leader is not None and not leader_ok and not leader.is_consequence:
         _raise_leader_failure(leader, plan.job_id)  # rule 1
     if leader_ok and status is JobStatus.SUCCEEDED:
-        warn_missing_outputs(leader.payload, plan.job_id)
+        warn_missing_outputs(leader.payload, plan.job_id, cell)
         return leader.payload  # rule 2
     if status is JobStatus.CANCELLED:
-        raise JobCancelledError(f"job {plan.job_id} was cancelled ({storage.uri})")
+        raise JobCancelledError(f"{where} was cancelled")
     if plan.world_size == 1:
         if leader is not None and not leader_ok:
             _raise_leader_failure(leader, plan.job_id)
-        raise _no_payload_error(storage, plan, [protocol.LEADER_INDEX], describe_host, leader_ok, exits)
+        raise _no_payload_error(where, plan, [protocol.LEADER_INDEX], describe_host, leader_ok, exits)
 
     # Rules 3, 4 and 6: the lowest-indexed host that failed on its own account.
-    failing, listing_notes = _list_failing_hosts(list_job, plan.job_id, storage.uri)
+    failing, listing_notes = _list_failing_hosts(list_job, where)
     consequence: HostFailure | None = None
     for index in failing:
         try:
@@ -333,7 +383,8 @@ def resolve_outcome(
         extra = []
         if leader is not None and not leader_ok:
             extra.append(f"The leader (host 0) failed as a consequence: {leader.type_name}: {leader.message}")
-        _raise_host_failure(failure, plan.job_id, [i for i in failing if i != index], extra, many=_many(plan))
+        _raise_host_failure(failure, plan.job_id, [i for i in failing if i != index], extra, many=_many(plan),
+                            cell=cell)
     if tampered is not None:
         _raise_tampered(tampered, consequence)
     # A host that died or was lost without a payload failed on its own account:
@@ -346,24 +397,24 @@ def resolve_outcome(
         consequences.append(f"The leader (host 0) failed as a consequence: {leader.type_name}: {leader.message}")
     listed = not listing_notes
     if dead:
-        error = _no_payload_error(storage, plan, dead, describe_host, leader_ok, exits, listed=listed)
+        error = _no_payload_error(where, plan, dead, describe_host, leader_ok, exits, listed=listed)
         _add_notes(error, [*consequences, *listing_notes])
         raise error
     if leader_failed:
         _raise_leader_failure(leader, plan.job_id, listing_notes)
     if consequence is not None:
         _raise_host_failure(consequence, plan.job_id, [i for i in failing if i != consequence.host_index],
-                            many=_many(plan))
+                            many=_many(plan), cell=cell)
     if unreadable_leader is not None:  # no host's own failure to raise: the leader's record is the news
         _add_notes(unreadable_leader, listing_notes)
         raise unreadable_leader
-    error = _no_payload_error(storage, plan, dead, describe_host, leader_ok, exits, listed=listed)
+    error = _no_payload_error(where, plan, dead, describe_host, leader_ok, exits, listed=listed)
     _add_notes(error, listing_notes)
     raise error
 
 
 def _no_payload_error(
-    storage: Storage,
+    where: str,
     plan: JobPlan,
     culprits: list[int],
     describe_host: Callable[[int], str],
@@ -372,22 +423,22 @@ def _no_payload_error(
     *,
     listed: bool = True,
 ) -> JobFailedError:
-    """Rule 4's last case: no payload to raise; name the missing object and how every host ended.
+    """Rule 4's last case: no payload to raise; say that no host reported why, and how every host ended.
 
     Of several hosts that died without a payload, the first to end is named as
     the cause: when a leader dies, JAX aborts its peers a moment later.
     """
     never = float("inf")
     culprits = sorted(culprits, key=lambda i: (exits[i].ended_at if i in exits else never, i))
+    # The hosts are named below, with how they ended: never the storage objects they did not write.
     if leader_ok and not listed:
-        head = f"job {plan.job_id} failed after the leader succeeded; its per-host result payloads could not be listed"
-    elif leader_ok:  # the hosts are named below, with how they ended: never the objects they did not write
-        head = f"job {plan.job_id} failed after the leader succeeded, and no failing host reported why"
+        head = f"{where} failed after the leader succeeded; the other hosts' outcomes could not be listed"
+    elif leader_ok:
+        head = f"{where} failed after the leader succeeded, and no failing host reported why"
     elif not listed:
-        head = (f"job {plan.job_id} failed: {storage.uri}/{protocol.RESULT} is missing and its per-host result "
-                "payloads could not be listed")
+        head = f"{where} failed: the leader reported no outcome, and the other hosts' outcomes could not be listed"
     else:
-        head = f"job {plan.job_id} failed and no host wrote a result payload: {storage.uri}/{protocol.RESULT} is missing"
+        head = f"{where} failed and no host reported an outcome"
     if culprits:
         head += f"; {plan.name_of(culprits[0])} {describe_host(culprits[0]).splitlines()[0].split(';')[0]}"
         if len(culprits) > 1:

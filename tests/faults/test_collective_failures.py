@@ -38,7 +38,7 @@ def test_the_raising_host_wins_over_its_blocked_peers(framework):
     raised_at = time.time()
     failed_at = handle.hosts()[2].updated_at  # when host 2 recorded its failure
     assert raised_at - failed_at < GRACE_S + 5
-    assert info.value.__notes__[0].startswith(f"Reported by host 2 of multi-host job {handle.job_id}")
+    assert info.value.__notes__[0].startswith(f"Reported by host 2 of job {handle.job_id}. %kinetic logs ")
     # The peers are stopped after the grace period, or fail as a consequence; never the cause.
     assert handle.wait(timeout=GRACE_S + 30) is JobStatus.FAILED
     states = {host.index: host.state for host in handle.hosts()}

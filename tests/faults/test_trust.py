@@ -120,7 +120,7 @@ def test_hosts_refuse_a_replaced_payload(tmp_path, root_kind, request, storage_r
     handle = kinetic_nb.submit("1", hosts=2, storage=root, backend=Tampering(protocol.PAYLOAD, poisoned))
     with pytest.raises(IntegrityError, match=r"payload\.pkl carries no signature") as info:
         handle.result()
-    assert "Failed during phase: payload load" in info.value.__notes__
+    assert "It failed while loading the cell, before the cell's code ran." in info.value.__notes__
     assert not marker.exists()
 
 
@@ -132,7 +132,7 @@ def test_hosts_refuse_a_rewritten_coordinator():
     rewritten = kinetic_nb.submit("1", hosts=2, backend=Tampering(protocol.PLAN, json.dumps(plan).encode()))
     with pytest.raises(IntegrityError, match=r"plan\.json carries no signature") as info:
         rewritten.result()
-    assert "Failed during phase: plan check" in info.value.__notes__
+    assert "It failed while checking versions, before the cell's code ran." in info.value.__notes__
 
 
 def test_no_secret_in_any_stored_byte_or_log(monkeypatch, storage_root):
