@@ -11,12 +11,13 @@ import io
 import json
 import os
 import stat
+import time
 from contextlib import redirect_stderr
 
 import pytest
 
 import kinetic_nb
-from kinetic_nb.client.profile import merge_records, read_records
+from kinetic_nb.client.profile import merge_records, merged_profile, read_records, trace_path
 from kinetic_nb.notebook.display.timeline import plot_timeline
 from kinetic_nb.runner import envelope, protocol
 from kinetic_nb.storage import LocalStorage
@@ -55,7 +56,8 @@ float(total)
 
 
 def load(path: str) -> dict:
-    with gzip.open(path, "rt", encoding="utf-8") as file:
+    """A merged trace: gzipped where its name says so, plain JSON otherwise."""
+    with (gzip.open(path, "rt", encoding="utf-8") if path.endswith(".gz") else open(path, encoding="utf-8")) as file:
         return json.load(file)
 
 
@@ -120,7 +122,7 @@ def test_a_failed_torch_cell_keeps_the_traces_its_hosts_wrote_and_names_the_one_
             assert all(start - SLACK_US <= event["ts"] <= end + SLACK_US for event in found)
     assert not [event for event in trace["traceEvents"] if event["pid"] == 2 and event["ph"] != "M"]
     lines = merged.describe()
-    assert lines[0].startswith("kinetic_nb: profile of 2 hosts (torch), one process per host")
+    assert lines[0].startswith("kinetic_nb: profile on 2 hosts (torch), one process per host")
     assert any(line.strip().startswith("host 2: left no profile") for line in lines)
 
 
@@ -229,3 +231,41 @@ def test_the_merged_trace_is_this_users_alone_and_one_replaced_in_storage_is_nev
     assert sorted(processes(load(merged.path))) == [0, 1]  # the hosts' verified records, merged
     assert handle.profile().path == merged.path and sorted(processes(load(handle.profile().path))) == [0, 1]
     assert not any(handle.storage.uri in line or protocol.PROFILE_MERGED in line for line in merged.describe())
+
+
+# Where the merged trace goes, and what the notebook says of it.
+
+def test_the_trace_goes_next_to_the_notebook_named_after_the_cell_and_the_time(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the kernel's working directory: the notebook's
+    when = 1_800_000_000.0
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(when))
+    assert trace_path("kinetic In[5]", when=when) == tmp_path / f"profile-In5-{stamp}.trace.json"
+    assert trace_path("In[12]", tmp_path / "traces" / "new", when=when).parent == tmp_path / "traces" / "new"
+    assert (tmp_path / "traces" / "new").is_dir()  # --profile-dir may name a folder not made yet
+    assert trace_path("ks-abc/cells/000002", when=when).name == f"profile-ks-abc-cells-000002-{stamp}.trace.json"
+
+
+def test_the_merged_trace_names_the_cell_as_the_notebook_does_and_its_notice_links_to_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    storage = LocalStorage(f"file://{tmp_path / 'job'}")
+    key = b"k" * 32
+    for rank in (0, 1):
+        envelope.write_sealed(storage, protocol.host_profile(rank), key,
+                              gzip.compress(json.dumps(record(rank, None, framework="")).encode()))
+    path = trace_path("kinetic In[2]")
+    merged = merged_profile(storage, key, 2, lambda rank: f"host {rank}", lambda rank: True, str(path), 0.2,
+                            cell="kinetic In[2]")
+    trace = json.loads(path.read_text())  # plain JSON: JupyterLab opens it
+    spans = [event["name"] for event in trace["traceEvents"] if event["ph"] == "X"]
+    assert spans == ["In[2]", "In[2]"]  # never "cell 1"
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    lines = merged.describe()
+    assert lines[0].startswith("kinetic_nb: profile of In[2] with no framework trace")
+    assert lines[0].endswith(f": {path.name}")  # relative to the notebook, not a hidden folder elsewhere
+    notice = merged.notice()
+    assert notice["text/plain"] == "\n".join(lines)
+    assert f'<a href="{path.name.replace("[", "%5B")}" target="_blank">{path.name}</a>' in notice["text/html"]
+    elsewhere = tmp_path.parent / "elsewhere"
+    elsewhere.mkdir(exist_ok=True)
+    monkeypatch.chdir(elsewhere)  # a trace outside the notebook's folder: its whole path, no link it cannot open
+    assert merged.describe()[0].endswith(f": {path}") and "<a " not in merged.notice()["text/html"]

@@ -11,11 +11,14 @@ the barrier (0) and the cell's span.
 
 A host that left no record (killed, lost) is a process with no events, named
 as such, and said in the summary; a record that does not verify is never read.
-The merged file is this user's alone: written 0600 into the per-user cache
-(``~/.cache/kinetic_nb/profiles/``, 0700), never into the job's storage, where
-anyone who may write there could replace it after the merge; nothing reads it
-back (a handle asked again merges the hosts' verified records again).
-Perfetto's UI (https://ui.perfetto.dev) and ``chrome://tracing`` open it.
+The merged file is this user's: written 0600 next to the notebook (the
+kernel's working directory, or the directory ``--profile-dir`` names), where
+the notebook's file browser shows it and a link in the cell's output opens it,
+named after the cell and the time (``profile-In5-20261203-202213.trace.json``);
+never into the job's storage, where anyone who may write there could replace it
+after the merge; nothing reads it back (a handle asked again merges the hosts'
+verified records again). Perfetto's UI (https://ui.perfetto.dev) and
+``chrome://tracing`` open it.
 """
 
 from __future__ import annotations
@@ -23,9 +26,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gzip
+import html
 import json
 import os
+import pathlib
+import re
 import time
+import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
@@ -34,7 +41,7 @@ from kinetic_nb.errors import IntegrityError, ObjectNotFoundError
 from kinetic_nb.runner import envelope, protocol
 from kinetic_nb.storage import Storage
 
-__all__ = ["MergedProfile", "merge_records", "merged_profile"]
+__all__ = ["MergedProfile", "merge_records", "merged_profile", "trace_path"]
 
 #: The merged trace is this user's only: the file's mode, in a directory only this user may enter.
 TRACE_MODE = 0o600
@@ -47,27 +54,64 @@ GATHER_LOOK_S = 0.1
 KINETIC_TRACK = 0
 #: Events that link across tracks by id: their ids are made unique per host.
 _FLOW_PHASES = frozenset("stf")
+#: What a trace's file name keeps of the cell's name: ``In[5]`` -> ``In5`` (no brackets for a shell to glob).
+_UNSAFE_IN_NAME = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def trace_path(cell: str, directory: str | os.PathLike | None = None, when: float | None = None) -> pathlib.Path:
+    """Where a cell's merged trace goes: ``{directory}/profile-In5-20261203-202213.trace.json``.
+
+    Parameters
+    ----------
+    cell : str
+        The cell as the notebook names it (``In[5]``, or ``kinetic In[5]``), else its job id.
+    directory : str or path-like, optional
+        Where to put it (``--profile-dir``); created if missing. Default: the kernel's working
+        directory, which is the notebook's own, so its file browser shows the trace.
+    when : float, optional
+        The time it names (seconds since the epoch); default now.
+
+    Returns
+    -------
+    pathlib.Path
+    """
+    folder = pathlib.Path(directory if directory is not None else os.getcwd()).expanduser()
+    folder.mkdir(parents=True, exist_ok=True)
+    name = _UNSAFE_IN_NAME.sub("", cell.removeprefix("kinetic ").replace("/", "-")) or "cell"
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(time.time() if when is None else when))
+    return folder / f"profile-{name}-{stamp}.trace.json"
 
 
 @dataclasses.dataclass(frozen=True)
 class MergedProfile:
     """Where a cell's merged trace is, which hosts it has a framework trace of, and why the others have none."""
 
-    #: A file on this machine that only this user can write (the per-user cache), never the job's storage.
+    #: A file on this machine, 0600, next to the notebook (or where ``--profile-dir`` said); never the job's storage.
     path: str
     traced: tuple[int, ...]
     #: Rank to why its host has no framework trace in it.
     missing: dict[int, str]
     framework: str
+    #: The cell as the notebook names it (``In[5]``); "" when not known.
+    cell: str = ""
 
-    def describe(self, name_of: Callable[[int], str] = lambda rank: f"host {rank}") -> list[str]:
+    def shown_path(self, start: str | None = None) -> str:
+        """The trace's path as the notebook's user reads it: relative to ``start`` (default: the kernel's working
+        directory, the notebook's) when it lies below it, else absolute."""
+        relative = os.path.relpath(self.path, start or os.getcwd())
+        return self.path if relative.startswith(os.pardir) else relative
+
+    def describe(self, name_of: Callable[[int], str] = lambda rank: f"host {rank}", start: str | None = None
+                 ) -> list[str]:
         """What the cell's output says of it: where it is, how to open it, and the hosts it lacks (grouped by why)."""
         hosts = len(self.traced)
+        of = f" of {self.cell}" if self.cell else ""
         if hosts:
-            head = (f"kinetic_nb: profile of {hosts} host{'s' if hosts != 1 else ''} ({self.framework}), one process "
-                    f"per host, aligned on the cell's barrier: {self.path}")
+            head = (f"kinetic_nb: profile{of} on {hosts} host{'s' if hosts != 1 else ''} ({self.framework}), one "
+                    f"process per host, aligned on the cell's barrier: {self.shown_path(start)}")
         else:
-            head = f"kinetic_nb: profile with no framework trace, each host's barrier and cell span only: {self.path}"
+            head = (f"kinetic_nb: profile{of} with no framework trace, each host's barrier and cell span only: "
+                    f"{self.shown_path(start)}")
         lines = [head, "  open it in https://ui.perfetto.dev (Open trace file) or chrome://tracing"]
         by_reason: dict[str, list[int]] = {}
         for rank, why in sorted(self.missing.items()):
@@ -78,6 +122,19 @@ class MergedProfile:
             who = f"hosts {', '.join(map(str, ranks))}" if plain and len(ranks) > 1 else "; ".join(names)
             lines.append(f"  {who}: {why}")
         return lines
+
+    def notice(self, name_of: Callable[[int], str] = lambda rank: f"host {rank}", start: str | None = None
+               ) -> dict[str, str]:
+        """The cell's notice as a display bundle (``display(bundle, raw=True)``): the lines of :meth:`describe` as
+        text, and as HTML where the path is a link relative to the notebook, which JupyterLab opens."""
+        lines = self.describe(name_of, start)
+        shown = self.shown_path(start)
+        link = (f'<a href="{html.escape(urllib.parse.quote(shown))}" target="_blank">{html.escape(shown)}</a>'
+                if not os.path.isabs(shown) else f"<code>{html.escape(shown)}</code>")
+        head = html.escape(lines[0].removesuffix(shown)) + link
+        rest = "".join(f"<div>{html.escape(line.strip())}</div>" for line in lines[1:])
+        return {"text/plain": "\n".join(lines),
+                "text/html": f'<div style="font-family:monospace"><div>{head}</div>{rest}</div>'}
 
 
 def read_records(storage: Storage, key: bytes, world_size: int, host_done: Callable[[int], bool],
@@ -130,7 +187,7 @@ def _offset(record: dict, events: list[dict], trace: Any) -> float | None:
     return None
 
 
-def _host_events(rank: int, record: dict, name: str) -> tuple[list[dict], str]:
+def _host_events(rank: int, record: dict, name: str, cell: str = "") -> tuple[list[dict], str]:
     """A host's events, as a process of the merged trace; and why its framework trace is not among them."""
     begin = (record["marker_at"] - record["barrier_at"]) * 1e6
     end = (record["ended_at"] - record["barrier_at"]) * 1e6
@@ -139,7 +196,7 @@ def _host_events(rank: int, record: dict, name: str) -> tuple[list[dict], str]:
               {"ph": "M", "pid": rank, "tid": KINETIC_TRACK, "name": "thread_name", "args": {"name": "kinetic_nb"}},
               {"ph": "i", "s": "t", "pid": rank, "tid": KINETIC_TRACK, "ts": 0.0, "name": "barrier passed"},
               {"ph": "X", "pid": rank, "tid": KINETIC_TRACK, "ts": begin, "dur": max(0.0, end - begin),
-               "name": f"cell {record.get('seq', '')}".strip()}]
+               "name": cell or f"cell {record.get('seq', '')}".strip()}]
     trace = record.get("trace")
     framework_events = _events(trace)
     if not framework_events:
@@ -181,8 +238,9 @@ def _host_events(rank: int, record: dict, name: str) -> tuple[list[dict], str]:
 
 
 def merge_records(records: dict[int, dict], world_size: int, name_of: Callable[[int], str],
-                  missing: dict[int, str]) -> tuple[dict, dict[int, str]]:
-    """The merged Chrome trace of the hosts' records, and why each rank without a framework trace has none."""
+                  missing: dict[int, str], cell: str = "") -> tuple[dict, dict[int, str]]:
+    """The merged Chrome trace of the hosts' records, and why each rank without a framework trace has none;
+    ``cell`` names each host's span of the cell (``In[5]``; default ``cell {seq}``)."""
     events: list[dict] = []
     why = dict(missing)
     for rank in range(world_size):
@@ -190,7 +248,7 @@ def merge_records(records: dict[int, dict], world_size: int, name_of: Callable[[
             events.append({"ph": "M", "pid": rank, "name": "process_name",
                            "args": {"name": f"{name_of(rank)} (no profile)"}})
             continue
-        host, problem = _host_events(rank, records[rank], name_of(rank))
+        host, problem = _host_events(rank, records[rank], name_of(rank), cell)
         events.extend(host)
         if problem:
             why[rank] = problem
@@ -218,17 +276,20 @@ def _write_private(path: str, data: bytes) -> None:
 
 
 def merged_profile(storage: Storage, key: bytes, world_size: int, name_of: Callable[[int], str],
-                   host_done: Callable[[int], bool], local_copy: str, wait_s: float = GATHER_WAIT_S) -> MergedProfile:
+                   host_done: Callable[[int], bool], local_copy: str, wait_s: float = GATHER_WAIT_S, *,
+                   cell: str = "") -> MergedProfile:
     """Read the hosts' verified records of a profiled cell in ``storage`` (its folder), merge them, and write the
-    merged trace, 0600, to ``local_copy``: a path in a directory only this user may write (a handle's is in
-    ``~/.cache/kinetic_nb/profiles/``, 0700).
+    merged trace, 0600, to ``local_copy`` (:func:`trace_path`: next to the notebook, named after the cell);
+    gzipped where its name ends in ``.gz``, plain JSON (which JupyterLab opens) otherwise. ``cell`` is the cell
+    as the notebook names it (``In[5]``), for the trace's spans and the notice.
 
     Nothing is written to ``storage``: anyone who may write there could replace the trace after the merge.
     """
     records, unread = read_records(storage, key, world_size, host_done, wait_s)
-    trace, why = merge_records(records, world_size, name_of, unread)
-    data = gzip.compress(json.dumps(trace).encode(), compresslevel=5)
-    _write_private(local_copy, data)
+    cell = cell.removeprefix("kinetic ")
+    trace, why = merge_records(records, world_size, name_of, unread, cell)
+    data = json.dumps(trace).encode()
+    _write_private(str(local_copy), gzip.compress(data, compresslevel=5) if str(local_copy).endswith(".gz") else data)
     traced = tuple(rank for rank in sorted(records) if rank not in why)
     frameworks = sorted({record.get("framework") for record in records.values() if record.get("framework")})
-    return MergedProfile(path=local_copy, traced=traced, missing=why, framework=", ".join(frameworks))
+    return MergedProfile(path=str(local_copy), traced=traced, missing=why, framework=", ".join(frameworks), cell=cell)
