@@ -19,6 +19,7 @@ import cloudpickle
 from kinetic_nb.accelerators import Accelerator, resolve_accelerator
 from kinetic_nb.errors import ProtocolVersionError
 from kinetic_nb.runner import protocol
+from kinetic_nb.runner.cell import remember_source
 from kinetic_nb.runner.protocol import Framework, JobPlan
 from kinetic_nb.runner.versions import installed_versions
 from kinetic_nb.shipping import capture
@@ -160,6 +161,7 @@ def prepare_cell(source: str, user_ns: Mapping[str, Any], *, filename: str, out:
     naming the variable, its type and the reason.
     """
     out = list(out)
+    remember_source(source, filename)  # a quiet host's stacks show the cell's line in the notebook too
     tree = capture.parse_cell(source, filename)
     held = set(held)
     names = [name for name in capture.names_read_from_notebook(tree, user_ns) if name not in held]

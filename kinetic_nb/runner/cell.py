@@ -53,6 +53,12 @@ def ends_with_semicolon(source: str) -> bool:
     return last is not None and last.type == tokenize.OP and last.string == ";"
 
 
+def remember_source(source: str, filename: str) -> None:
+    """Register the cell's ``source`` with ``linecache`` under ``filename``: tracebacks (on a host) and a quiet
+    host's stacks (in the notebook) show the cell's own lines."""
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+
+
 def run_cell(source: str, filename: str, namespace: dict[str, Any]) -> Any:
     """Execute the cell in ``namespace``; return its last expression's value (or None).
 
@@ -60,7 +66,7 @@ def run_cell(source: str, filename: str, namespace: dict[str, Any]) -> Any:
     tracebacks show the cell's own lines. A last expression followed by
     ``;`` runs as a statement: the cell has no value.
     """
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    remember_source(source, filename)
     tree = ast.parse(source, filename)
     last_expression = None
     if tree.body and isinstance(tree.body[-1], ast.Expr) and not ends_with_semicolon(source):

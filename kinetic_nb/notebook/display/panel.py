@@ -30,6 +30,7 @@ from typing import IO, Any
 from kinetic_nb.notebook.display.memory import memory_detail, memory_flags, memory_line
 from kinetic_nb.runner.frame_locals import NOTE_NAMES, FrameLocals
 from kinetic_nb.runner.protocol import process_label
+from kinetic_nb.runner.stacks import readable_stacks, where_the_cell_is
 from kinetic_nb.state import (
     SNAPSHOT_INTERVAL_S,
     HostSnapshot,
@@ -64,8 +65,6 @@ STATE_COLORS = {
     HostState.LOST: "#6d4c41",
     HostState.QUIET: "#8e24aa",
 }
-#: Frames of a quiet host's stack quoted in the text summary (the innermost, where it waits).
-QUIET_FRAMES = 4
 #: The progress bar's style for each job state (tqdm's meanings).
 BAR_STYLES = {JobStatus.PENDING: "", JobStatus.RUNNING: "info", JobStatus.SUCCEEDED: "success",
               JobStatus.FAILED: "danger", JobStatus.CANCELLED: "warning"}
@@ -127,22 +126,15 @@ def failure_lines(snapshot: JobSnapshot) -> list[str]:
 
 
 def quiet_lines(snapshot: JobSnapshot) -> list[str]:
-    """One line per quiet host with the innermost frames of its main thread: where it waits."""
+    """One line per quiet host: where its cell is (the user's frame and its source line) and what it waits in."""
     lines = []
     for host in snapshot.hosts:
         if host.state != HostState.QUIET:
             continue
-        where = [line.strip() for line in _main_thread(host.stacks) if line.strip().startswith("File")][:QUIET_FRAMES]
+        where = where_the_cell_is(host.stacks)
         text = f"{snapshot.name_of(host.index)} is quiet: no output and no phase change since another host ended"
-        lines.append(text + (": " + " <- ".join(where) if where else ""))
+        lines.append(text + (f"; at {where}" if where else ""))
     return lines
-
-
-def _main_thread(stacks: str) -> list[str]:
-    """The lines of the thread ``faulthandler`` marks as current (the one the signal interrupted), else all."""
-    blocks = stacks.split("\n\n")
-    current = [block for block in blocks if block.startswith("Current thread")]
-    return (current[0] if current else stacks).splitlines()
 
 
 def _seconds(value: float) -> str:
@@ -217,9 +209,9 @@ def _detail_html(host: HostSnapshot) -> str:
         parts.append(f"<pre>{html.escape(host.message)}</pre>")
     if host.exit is not None:
         parts.append(f"<div>process {html.escape(host.exit.describe())}</div>")
-    if host.stacks:
-        parts.append(f"<div>quiet: no output and no phase change since another host ended; its stacks:</div>"
-                     f'<pre style="max-height:20em;overflow:auto">{html.escape(host.stacks)}</pre>')
+    if host.stacks:  # the cell's thread first, from the user's frame: whole, not in a small scroll box
+        parts.append(f"<div>quiet: no output and no phase change since another host ended; where it is:</div>"
+                     f'<pre style="white-space:pre-wrap">{html.escape(readable_stacks(host.stacks))}</pre>')
     # Framework chatter stays out, as it stays out of the cell's output.
     tail = "\n".join([line for line in host.log_tail if not is_chatter(line)][-DETAIL_LINES:])
     empty = "(no output)" if host.ended else "(no output yet)"
