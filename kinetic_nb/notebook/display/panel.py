@@ -61,7 +61,6 @@ STATE_COLORS = {
     HostState.SUCCEEDED: "#43a047",
     HostState.FAILED: "#e53935",
     HostState.STOPPED: "#78909c",  # grey, never red: kinetic_nb stopped it (asked to, or after another failed)
-    HostState.STOPPING: "#b0bec5",
     HostState.LOST: "#6d4c41",
     HostState.QUIET: "#8e24aa",
 }
@@ -155,7 +154,7 @@ def _label(host: HostSnapshot, procs_per_host: int) -> str:
 
 
 #: A host's state in its row, where it runs several processes: the first of these its processes are in.
-HOST_STATE_ORDER = (HostState.FAILED, HostState.LOST, HostState.QUIET, HostState.STOPPED, HostState.STOPPING,
+HOST_STATE_ORDER = (HostState.FAILED, HostState.LOST, HostState.QUIET, HostState.STOPPED,
                     HostState.RUNNING,
                     HostState.READY, HostState.PENDING, HostState.IDLE, HostState.SUCCEEDED)
 
