@@ -247,3 +247,15 @@ def test_a_job_or_session_of_another_protocol_is_refused_in_one_line_naming_both
             rf"{protocol.PROTOCOL_VERSION + 1}; this notebook's kinetic_nb \S+ speaks {protocol.PROTOCOL_VERSION}: "
             r"open it from a notebook with that kinetic_nb$")):
         kinetic_nb.attach(ident) if kind == "job" else kinetic_nb.attach_session(ident, echo=False)
+
+
+def test_a_job_is_listed_with_the_cell_its_notebook_named(storage_root):
+    handle = kinetic_nb.submit("1", hosts=1)
+    assert handle.result() == 1
+    handle.group.write_record(status="SUCCEEDED", cell="In[5]")  # what the magic's job records
+    [record] = [r for r in jobs.jobs(storage=storage_root) if r.job_id == handle.job_id]
+    assert record.cell == "In[5]" and record.status == "SUCCEEDED"
+    assert listed_fields({**GOOD_HANDLE, "cell": "In[5]\x1b[2K" + "9" * 100}).cell == "In[5]?[2K" + "9" * 23
+    assert listed_fields(GOOD_HANDLE).cell == ""  # a job from the API, or from before it was recorded
+    with pytest.raises(StorageError, match="cell"):
+        listed_fields({**GOOD_HANDLE, "cell": 5})

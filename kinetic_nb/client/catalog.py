@@ -51,6 +51,8 @@ class JobRecord:
     accelerator: str
     submitted_at: float
     status: str
+    #: The cell as its notebook named it (``In[5]``); "" for a job from the API or from before it was recorded.
+    cell: str = ""
 
 
 def _root(storage: str | None) -> Storage:
@@ -234,7 +236,8 @@ def _job_row(job_id: str, job: Storage, listed_size: int | None) -> JobRecord:
     fields = listed_fields(record)
     if not status:
         status = printable(_current_status(job, record, access)) if access is not None else ""
-    return JobRecord(job_id, job.uri, fields.backend, fields.hosts, fields.accelerator, fields.submitted_at, status)
+    return JobRecord(job_id, job.uri, fields.backend, fields.hosts, fields.accelerator, fields.submitted_at, status,
+                     fields.cell)
 
 
 def jobs(*, storage: str | None = None, limit: int = 20) -> list[JobRecord]:

@@ -35,6 +35,8 @@ RECORD_MAX_BYTES = max(record_limit(protocol.HANDLE)[1], record_limit(protocol.P
 #: The last time a listing can show as a date in any time zone (9999-12-31 00:00 UTC: ``datetime`` stops at
 #: year 9999); a time past it, or before 1970, is not a submission time.
 _LATEST_TIME_S = 253402214400.0
+#: A cell's name in a listing (``In[12345]``): a longer one was not written by kinetic_nb, and is cut there.
+CELL_CHARS = 32
 #: What a control character (``unicodedata.category`` ``C*``: newlines, escapes, bidi overrides) or a line or
 #: paragraph separator (``Zl``, ``Zp``: ``str.splitlines`` and terminals break lines there too) is shown as.
 _REPLACEMENT = "?"
@@ -165,6 +167,8 @@ class ListedFields:
     accelerator: str
     submitted_at: float
     status: str
+    #: The cell as its notebook named it (``In[5]``); "" for a job from the API or from before it was recorded.
+    cell: str = ""
 
 
 def _text(record: dict, name: str, default: str) -> str:
@@ -203,7 +207,7 @@ def listed_fields(record: Any) -> ListedFields:
             math.isfinite(submitted_at) and 0 <= submitted_at <= _LATEST_TIME_S):
         raise StorageError(f"submitted_at is {printable(repr(submitted_at))[:40]}, not a time a date can show")
     return ListedFields(_text(record, "backend", "local"), hosts, _text(record, "accelerator", ""),
-                        float(submitted_at), _text(record, "status", ""))
+                        float(submitted_at), _text(record, "status", ""), _text(record, "cell", "")[:CELL_CHARS])
 
 
 def listed_ids(root: Storage, pattern: re.Pattern[str], record: str) -> list[tuple[str, int | None]]:
