@@ -76,8 +76,7 @@ def test_worker_failure_after_leader_success_raises_the_workers_exception():
     with pytest.raises(KeyError, match="only on host 2") as info:
         handle.result()
     notes = info.value.__notes__
-    assert notes[0].startswith(f"Reported by host 2 of multi-host job {handle.job_id} (")
-    assert "result-worker-2.pkl" in notes[0] and "Other hosts" not in notes[0]
+    assert notes[0] == f"Reported by host 2 of job {handle.job_id}. %kinetic logs {handle.job_id} --host 2 shows its output."
     assert "leader value" not in str(info.value)
     assert "line 8" in str(info.value.__cause__) and "raise KeyError" in str(info.value.__cause__)
     assert handle.status() is JobStatus.FAILED
@@ -173,7 +172,7 @@ def test_a_host_failing_to_load_the_payload_stops_the_others_before_the_cell(tmp
         handle.result()
     assert time.monotonic() - started < 60  # seconds, not a collective's timeout
     assert any("'bomb' on host 2" in note for note in info.value.__notes__)
-    assert "Failed during phase: payload load" in info.value.__notes__  # also for scripts, not only the panel
+    assert "It failed while loading the cell, before the cell's code ran." in info.value.__notes__  # scripts too
     assert list(tmp_path.iterdir()) == []  # nobody entered the cell
     hosts = handle.hosts()
     assert hosts[2].state == HostState.FAILED and hosts[2].phase == "payload load"

@@ -69,7 +69,7 @@ def test_the_lowest_failing_rank_is_raised_and_named_by_host_and_process():
     with pytest.raises(ValueError, match="rank two") as info:
         handle.result()
     notes = "\n".join(info.value.__notes__)
-    assert f"Reported by host 1, process 0 (rank 2) of multi-host job {handle.job_id}" in notes
+    assert f"Reported by host 1, process 0 (rank 2) of job {handle.job_id}." in notes
     assert "Other ranks that also reported a failure: 3." in notes
     handle.wait(timeout=60)
     states = [host.state for host in handle.hosts()]
