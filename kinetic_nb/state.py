@@ -22,6 +22,7 @@ from typing import Protocol
 
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.environment_install import LOG_PREFIX as ENVIRONMENT_LOG_PREFIX
+from kinetic_nb.runner.frameworks import lost_a_peer
 from kinetic_nb.runner.protocol import ExitSummary, HostState, HostStatus, JobPlan, Phase, process_name
 from kinetic_nb.runner.status import HEARTBEAT_INTERVAL_S, IDLE_HEARTBEAT_INTERVAL_S
 
@@ -99,16 +100,6 @@ PHASE_WORDS = {
     Phase.RESULT_UPLOAD.value: "sending the result",
     Phase.TEARDOWN.value: "shutting down",
 }
-#: Messages of errors that follow from losing a peer (gloo, NCCL, the JAX
-#: coordination service), rather than from a host's own code.
-_PEER_LOSS = re.compile(
-    r"connection (closed|reset) by peer|broken pipe|gloo|nccl|coordination service|heartbeat|"
-    r"barrier timed out|peer .* (died|lost|gone)",
-    re.IGNORECASE,
-)
-#: gRPC status codes the JAX coordination service reports when a peer is gone
-#: (matched in capitals only: "unavailable" is an ordinary word).
-_PEER_LOSS_CODES = re.compile(r"\b(DEADLINE_EXCEEDED|UNAVAILABLE|ABORTED)\b")
 
 
 class JobStatus(str, enum.Enum):
@@ -177,9 +168,7 @@ def is_peer_loss(text: str) -> bool:
     bool
         True for a follow-on of another host's failure (the outcome rules' rule 6).
     """
-    if _PEER_LOSS.search(text) or _PEER_LOSS_CODES.search(text):
-        return True
-    return text.split(":", 1)[0].endswith("HostStoppedError")
+    return lost_a_peer(text) or text.split(":", 1)[0].endswith("HostStoppedError")
 
 
 def phase_words(phase: str) -> str:
@@ -272,6 +261,14 @@ class HostSnapshot:
     @property
     def exit_summary(self) -> str:
         return self.exit.describe() if self.exit else ""
+
+    @property
+    def row_line(self) -> str:
+        """The line its row shows: its own failure's line once it failed (a peer's loss as its framework said
+        it, too: what the framework printed after that stays in the log), else the last line it printed."""
+        if self.state == HostState.FAILED.value and self.message:
+            return self.message
+        return self.last_line
 
     @property
     def ended(self) -> bool:

@@ -256,7 +256,7 @@ def test_a_row_per_host_each_expandable_to_its_processes():
     assert len(panel.rows) == 2 and len(panel.details.children) == 2
     assert "★" in panel.rows[0].value and "running" in panel.rows[0].value
     assert "failed" in panel.rows[1].value  # its worst process's state
-    assert "[rank 2] step 7 on host 2" in panel.rows[1].value  # tagged by rank
+    assert "[rank 2] ValueError: bad shard" in panel.rows[1].value  # its failing process's own line, by rank
     assert panel.details.titles == ("host 0 (leader) · running · in the cell · 2 processes",
                                     "host 1 · failed · in the cell · 2 processes")
     drill = panel.details.children[1].value

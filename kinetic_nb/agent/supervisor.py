@@ -409,6 +409,8 @@ class Agent:
                 host.log.add_display(mark.body)
             elif mark.kind == marks.CELL_START:
                 host.log.start_cell(mark.body)
+            elif mark.kind == marks.FRAMEWORK:
+                host.log.start_framework_teardown()
             else:
                 host.log.end_cell(mark.body)
         for problem in host.frames.problems:

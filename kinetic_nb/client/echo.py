@@ -88,7 +88,10 @@ class LeaderEcho:
         self._line_started: dict[str, bool] = {}
 
     def feed(self, stream: str, text: str) -> None:
-        """Show one segment, less complete chatter lines; hold a line that may still become chatter."""
+        """Show one segment, less complete chatter lines; hold a line that may still become chatter. What the
+        framework printed in its teardown (``protocol.FRAMEWORK_OUTPUT``) stays in the host's log."""
+        if stream == protocol.FRAMEWORK_OUTPUT:
+            return
         if stream == protocol.DISPLAY:
             self._show(text, stream)
             return

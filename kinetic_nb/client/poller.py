@@ -74,9 +74,15 @@ class _HostRecords:
         self.unverified: list[str] = []
         #: The log as a terminal shows it: a progress bar's ``\r`` rewrites its line.
         self.screen = LogScreen()
+        #: The newest complete line worth its row: not blank, not chatter, not its framework's teardown.
+        self.own_line = ""
 
     def add_log(self, stream: str, text: str) -> None:
-        self.tail.extend(self.screen.feed(stream, text))
+        lines = self.screen.feed(stream, text)
+        self.tail.extend(lines)
+        if stream != protocol.FRAMEWORK_OUTPUT:  # teardown noise stays in the log (the tail), off the row
+            self.own_line = next((line for line in reversed(lines) if line.strip() and not is_chatter(line)),
+                                 self.own_line)
 
     def refuse(self, index: int, name: str) -> None:
         """A record that did not verify: remembered by name, and said in the log in its place."""
@@ -87,12 +93,13 @@ class _HostRecords:
         return (*self.tail, *self.screen.partial())
 
     def last_line(self) -> str:
-        """The newest line worth showing: not blank, not framework chatter, not a line that may become chatter."""
-        partial = self.screen.partial()
+        """The newest line worth showing: not blank, not framework chatter, not a line that may become chatter,
+        not what the framework printed in its teardown."""
+        partial = self.screen.partial(leaving_out=protocol.FRAMEWORK_OUTPUT)
         for line in reversed(partial):
             if line.strip() and not may_become_chatter(line):
                 return line
-        return next((line for line in reversed(self.tail) if line.strip() and not is_chatter(line)), "")
+        return self.own_line
 
 
 class JobPoller:

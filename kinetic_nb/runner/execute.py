@@ -21,7 +21,7 @@ from typing import Any
 import cloudpickle
 
 from kinetic_nb.errors import PlanError, RemoteHostError, ResultSerializationError
-from kinetic_nb.runner import envelope, frameworks, protocol, versions
+from kinetic_nb.runner import envelope, frameworks, marks, protocol, versions
 from kinetic_nb.runner.cell import run_cell
 from kinetic_nb.runner.channel import announced_address
 from kinetic_nb.runner.frame_locals import frame_locals
@@ -274,6 +274,10 @@ class HostRun:
         # One line in the log: the traceback travels in the payload, and the
         # leader's log is echoed into the cell, which raises it anyway.
         name = self.plan.name_of(self.host_index) if self.plan is not None else f"host {self.host_index}"
+        if not stopped and frameworks.lost_a_peer(first_line):
+            # A peer's failure, as the framework says it (and says again as it winds down): the host's log keeps
+            # it, the cell's output and the host's row do not (its row shows its failure's own line).
+            marks.framework_teardown_starts()
         print(f"{name} {'stopped' if stopped else 'failed'} in phase {self.phase}: {first_line}", file=sys.stderr)
         if stopped and not self.is_leader:
             return  # a stopped worker reports nothing: it did not fail on its own
@@ -305,10 +309,18 @@ class HostRun:
                 self.status.stop()
 
     def tear_down(self) -> None:
-        """Leave the framework's group; a problem now is a warning, the outcome is recorded."""
+        """Leave the framework's group; a problem now is a warning, the outcome is recorded.
+
+        What is printed from here on (gloo's "Connection closed by peer" when
+        a peer failed, NCCL's abort, the warning below) is the framework's
+        teardown: kept in the host's log, never echoed into the cell nor shown
+        as the row's last line of a host that succeeded.
+        """
+        if frameworks.joins_a_group(self.plan):
+            marks.framework_teardown_starts()
         try:
             frameworks.shut_down(self.plan)
         except BaseException as error:  # noqa: BLE001
-            print(f"host {self.host_index}: teardown after success failed: {error!r}", file=sys.stderr)
+            print(f"{self.plan.name_of(self.host_index)}: teardown after success failed: {error!r}", file=sys.stderr)
         finally:
             self.status.stop()

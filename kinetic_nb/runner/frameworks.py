@@ -10,6 +10,7 @@ import gc
 import inspect
 import logging
 import os
+import re
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -25,9 +26,28 @@ logger = logging.getLogger(__name__)
 COORDINATOR_ENV = "KINETIC_COORDINATOR_ADDRESS"
 
 
+#: Messages of errors that follow from losing a peer (gloo, NCCL, the JAX
+#: coordination service), rather than from a host's own code.
+_PEER_LOSS = re.compile(
+    r"connection (closed|reset) by peer|broken pipe|gloo|nccl|coordination service|heartbeat|"
+    r"barrier timed out|peer .* (died|lost|gone)",
+    re.IGNORECASE,
+)
+#: gRPC status codes the JAX coordination service reports when a peer is gone
+#: (matched in capitals only: "unavailable" is an ordinary word).
+_PEER_LOSS_CODES = re.compile(r"\b(DEADLINE_EXCEEDED|UNAVAILABLE|ABORTED)\b")
+
+
 #: Where GKE's device plugin mounts the NVIDIA driver (the host script puts it on the paths when it is there).
 NVIDIA_DIR = "/usr/local/nvidia"
 GKE_DRIVER_HINT = f"; on GKE the driver is mounted at {NVIDIA_DIR}"
+
+
+def lost_a_peer(text: str) -> bool:
+    """Whether ``text`` (an error as ``"Type: message"``) is the framework's word for a peer that is gone: gloo's
+    "Connection closed by peer", NCCL's abort, the JAX coordination service's missed heartbeat. A host that
+    failed so did not fail on its own; what its framework prints next is teardown noise."""
+    return bool(_PEER_LOSS.search(text) or _PEER_LOSS_CODES.search(text))
 
 
 def on_real_gpus(plan: JobPlan) -> bool:
@@ -125,7 +145,7 @@ def initialize(plan: JobPlan, rank: int) -> None:
     GPUs than its accelerator has fails in one line naming what it saw.
     """
     address = coordinator_address(plan)
-    if rank == 0 and plan.framework in (Framework.JAX.value, Framework.TORCH.value):
+    if rank == 0 and joins_a_group(plan):
         check_coordinator_port(address, plan.name_of(rank))  # one line, not JAX's segmentation fault
     if plan.framework == Framework.JAX.value:
         import jax
@@ -170,6 +190,11 @@ def initialize(plan: JobPlan, rank: int) -> None:
             world_size=plan.world_size,
             timeout=datetime.timedelta(seconds=plan.barrier_timeout_s),
         )
+
+
+def joins_a_group(plan: JobPlan) -> bool:
+    """Whether the plan's hosts join a distributed group (jax or torch): one they leave at the end."""
+    return plan.framework in (Framework.JAX.value, Framework.TORCH.value)
 
 
 def shut_down(plan: JobPlan) -> None:

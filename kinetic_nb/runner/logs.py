@@ -109,9 +109,9 @@ class LogScreen:
             return display_text(text).splitlines()
         return self._lines.setdefault(stream, TerminalLine()).feed(text)
 
-    def partial(self) -> list[str]:
-        """The lines still being written, stdout's first."""
-        return [line.text for line in self._lines.values() if line.text]
+    def partial(self, *, leaving_out: str = "") -> list[str]:
+        """The lines still being written, stdout's first (less the stream ``leaving_out`` names)."""
+        return [line.text for stream, line in self._lines.items() if line.text and stream != leaving_out]
 
 
 class LogChunkWriter:
@@ -136,14 +136,17 @@ class LogChunkWriter:
         self._on_cell_end = on_cell_end
         #: Secrets never reach storage; a tail that may begin one waits for the next flush.
         self._redactor = redactor or Redactor(())
-        self._held = {protocol.STDOUT: "", protocol.STDERR: ""}
+        self._held = {protocol.STDOUT: "", protocol.STDERR: "", protocol.FRAMEWORK_OUTPUT: ""}
         #: A session's host: the cell its output belongs to, from the mark its runner sends when one starts.
         self.cell = 0
+        #: Whether the host's framework is being torn down (its runner's mark): what it prints is stored as
+        #: ``FRAMEWORK_OUTPUT`` until its next cell starts.
+        self.in_framework_teardown = False
         #: Bytes become text as they arrive; a UTF-8 sequence cut between two reads waits in its decoder.
         self._decoders = {stream: codecs.getincrementaldecoder("utf-8")(errors="replace")
                           for stream in (protocol.STDOUT, protocol.STDERR)}
         #: What each stream's current line shows so far, across chunks.
-        self._screens = {stream: TerminalLine() for stream in (protocol.STDOUT, protocol.STDERR)}
+        self._screens = {stream: TerminalLine() for stream in self._held}
         self._segments: list[list[str]] = []
         #: Characters waiting in ``_segments``.
         self._buffered = 0
@@ -156,7 +159,7 @@ class LogChunkWriter:
         """Take what the host wrote on ``stream`` (stdout or stderr): text, stored as text."""
         text = self._decoders[stream].decode(data)
         if text:
-            self._append(stream, text)
+            self._append(self._stored_as(stream), text)
         if self._buffered >= MAX_CHUNK_CHARS or time.monotonic() - self._last_flush >= FLUSH_INTERVAL_S:
             self.flush()
 
@@ -171,12 +174,22 @@ class LogChunkWriter:
         """A session's cell ``seq`` starts: what came before is stored as before, what follows is the cell's."""
         self.flush()
         self.cell, self._cell_seq = seq, 0
+        self.in_framework_teardown = False
+
+    def start_framework_teardown(self) -> None:
+        """The host's framework is being torn down (``runner.marks.FRAMEWORK``): what it prints from now until its
+        next cell starts is kept as ``FRAMEWORK_OUTPUT``, after what was fed before."""
+        self.in_framework_teardown = True
 
     def end_cell(self, seq: int) -> None:
         """Cell ``seq`` has ended: its output is stored now, marked as its last (an end that names another cell
         than the current one ends nothing)."""
         if seq == self.cell:
             self.flush(cell_end=True)
+
+    def _stored_as(self, pipe: str) -> str:
+        """The stream that what the host wrote on ``pipe`` is stored as: its framework's once teardown began."""
+        return protocol.FRAMEWORK_OUTPUT if self.in_framework_teardown else pipe
 
     def _append(self, stream: str, text: str) -> None:
         self._buffered += len(text)
@@ -196,7 +209,7 @@ class LogChunkWriter:
             for stream, decoder in self._decoders.items():
                 rest = decoder.decode(b"", final=True)
                 if rest:
-                    self._append(stream, rest)
+                    self._append(self._stored_as(stream), rest)
         raw, self._segments, self._buffered = self._segments, [], 0
         if final:
             raw += [[stream, ""] for stream, held in self._held.items() if held]

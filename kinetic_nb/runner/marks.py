@@ -7,7 +7,7 @@ Those travel on a third pipe of their own, which the agent opens when it forks
 the host and the runner keeps as a descriptor no subprocess inherits
 (``os.pipe()`` makes them close-on-exec). Each frame on it is
 ``kind (1 byte) | length (4 bytes, big-endian) | body``: a display record (its
-JSON), a cell's start or end (its number).
+JSON), a cell's start or end (its number), the start of its framework's teardown.
 
 Order against the text is kept by both ends. The runner flushes its streams
 before it writes a frame, then waits until the agent has taken the frame off
@@ -35,15 +35,19 @@ import threading
 import time
 import typing
 
-__all__ = ["CELL_END", "CELL_START", "DISPLAY", "MAX_FRAME_BYTES", "Mark", "MarkReader", "attach",
-           "cell_ended", "cell_started", "send_display"]
+__all__ = ["CELL_END", "CELL_START", "DISPLAY", "FRAMEWORK", "MAX_FRAME_BYTES", "Mark", "MarkReader", "attach",
+           "cell_ended", "cell_started", "framework_teardown_starts", "send_display"]
 
-#: Frame kinds: one rich output (the JSON of ``{"data": ..., "metadata": ...}``), a cell's start, a cell's end.
+#: Frame kinds: one rich output (the JSON of ``{"data": ..., "metadata": ...}``), a cell's start, a cell's end,
+#: and the start of the framework's teardown (an empty body): what the host prints from there until its next cell
+#: starts is its framework's (gloo's "Connection closed by peer" after a peer failed, NCCL's abort), kept in its
+#: log but never echoed into the cell nor shown as its row's line.
 DISPLAY = b"D"
 CELL_START = b"S"
 CELL_END = b"E"
+FRAMEWORK = b"F"
 #: Every kind a frame may be: a first byte of none of them means what the pipe holds there is no frame.
-_KINDS = frozenset({DISPLAY, CELL_START, CELL_END})
+_KINDS = frozenset({DISPLAY, CELL_START, CELL_END, FRAMEWORK})
 #: A frame's header: its kind and its body's length.
 _HEADER = struct.Struct(">cI")
 #: The largest body a frame may carry: a bigger display record is shown as its text, a bigger frame read is dropped
@@ -102,6 +106,12 @@ def cell_started(seq: int) -> None:
 def cell_ended(seq: int) -> None:
     """Tell the agent that cell ``seq`` has ended: it stores the cell's output at once, marked as its last."""
     _send(CELL_END, str(seq).encode())
+
+
+def framework_teardown_starts() -> None:
+    """Tell the agent that what this host prints from now until its next cell starts is its framework's teardown:
+    the agent keeps it in the host's log as ``protocol.FRAMEWORK_OUTPUT``."""
+    _send(FRAMEWORK, b"")
 
 
 def _send(kind: bytes, body: bytes) -> bool:
@@ -235,4 +245,6 @@ def _parse(kind: bytes, body: bytes) -> Mark | None:
         except ValueError:
             return None
         return Mark(kind, text) if isinstance(record, dict) and isinstance(record.get("data"), dict) else None
+    if kind == FRAMEWORK:
+        return Mark(kind, 0) if not text else None
     return Mark(kind, int(text)) if text.isascii() and text.isdigit() and len(text) < 19 else None

@@ -160,12 +160,15 @@ HOST_STATE_ORDER = (HostState.FAILED, HostState.LOST, HostState.QUIET, HostState
 
 
 def host_summary(host: int, processes: tuple[HostSnapshot, ...]) -> HostSnapshot:
-    """Host ``host``'s row, from its processes: the state that matters most among theirs (a failure first),
-    that process's phase and time, and the last line of the first process that printed one, tagged by rank."""
+    """Host ``host``'s row, from its processes: the state that matters most among theirs (a failure first, one
+    of a process's own before a peer's loss), that process's phase and time, and a line tagged by rank: that
+    process's own (its failure's) where it is not fine, else the last line of the first process that printed one."""
     rank = {state.value: order for order, state in enumerate(HOST_STATE_ORDER)}
-    worst = min(processes, key=lambda process: (rank.get(process.state, len(rank)), process.index))
-    speaker = next((process for process in processes if process.last_line), None)
-    last = f"[rank {speaker.index}] {speaker.last_line}" if speaker is not None else ""
+    worst = min(processes, key=lambda process: (rank.get(process.state, len(rank)), not process.failed_on_its_own,
+                                                process.index))
+    speaker = worst if not worst.fine and worst.row_line else \
+        next((process for process in processes if process.row_line), None)
+    last = f"[rank {speaker.index}] {speaker.row_line}" if speaker is not None else ""
     memory = {figure: sum(process.memory[figure] for process in processes if figure in process.memory)
               for figure in ("rss", "peak_rss", "device", "device_peak")
               if any(figure in process.memory for process in processes)}  # the host's: its processes' together
@@ -185,7 +188,7 @@ def _badge(state: str) -> str:
 
 def _row_html(host: HostSnapshot, now: float, label: str | None = None) -> str:
     leader = " ★" if host.is_leader else ""
-    last = html.escape(host.last_line[:LAST_LINE_CHARS])
+    last = html.escape(host.row_line[:LAST_LINE_CHARS])
     label = str(host.index) if label is None else label
     return (
         '<div style="display:flex;gap:10px;font-family:monospace;font-size:12px;white-space:nowrap">'
@@ -420,7 +423,7 @@ def html_summary(snapshot: JobSnapshot, *, brief: bool = False) -> str:
     rows = "".join(
         f"<tr><td>{_label(host, snapshot.procs_per_host)}{' ★' if host.is_leader else ''}</td><td>{_badge(host.state)}</td>"
         f"<td>{html.escape(phase_words(host.phase))}</td><td>{_seconds(host.elapsed(snapshot.taken_at))}</td>"
-        f"<td><code>{html.escape(host.last_line[:LAST_LINE_CHARS])}</code></td></tr>"
+        f"<td><code>{html.escape(host.row_line[:LAST_LINE_CHARS])}</code></td></tr>"
         for host in hosts[:MAX_DETAILS if len(snapshot.hosts) > GRID_ABOVE else None]
     )
     grid = _grid_html(snapshot) if len(snapshot.hosts) > GRID_ABOVE else ""

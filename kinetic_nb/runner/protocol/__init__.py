@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from kinetic_nb.runner.protocol.log_chunks import (
     DISPLAY,
+    FRAMEWORK_OUTPUT,
     STDERR,
     STDOUT,
     LogChunk,
@@ -155,6 +156,7 @@ __all__ = [
     "EXIT_OK",
     "EXIT_STOPPED",
     "FAILED",
+    "FRAMEWORK_OUTPUT",
     "HANDLE",
     "HOSTS_DIR",
     "HOST_INDEX",

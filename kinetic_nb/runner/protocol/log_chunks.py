@@ -16,6 +16,10 @@ STDERR = "err"
 #: A third kind of log segment: one rich output (``display(...)``, a figure) as the
 #: JSON of ``{"data": {mime: ...}, "metadata": {...}}``, in its place among the lines.
 DISPLAY = "display"
+#: A fourth: what a host printed once its framework's teardown began (``runner.marks.FRAMEWORK``: gloo's
+#: "Connection closed by peer" after a peer failed, NCCL's abort), stdout and stderr alike. Kept in the host's
+#: log, never echoed into the cell nor taken as its row's last line.
+FRAMEWORK_OUTPUT = "framework"
 
 
 def encode_log_chunk(segments: list[tuple[str, str]], cell: int = 0, *, end: bool = False) -> bytes:
