@@ -6,7 +6,7 @@ with :func:`read_record`, which reads at most the record's limit
 (``protocol.limits``) and verifies before anything is parsed, acted on or
 shown (``IntegrityError`` otherwise, a record over its limit included). Only the empty objects are unsigned: a
 host's heartbeat and a cell's ready markers, which are read by their time or
-their presence alone (the README's Security section says what forging one can do).
+their presence alone (docs/security.md, "Signed: every record", says what forging one can do).
 
 Host-safe: the standard library and the runner only.
 """
