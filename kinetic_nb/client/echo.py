@@ -2,7 +2,9 @@
 
 The poller hands :class:`LeaderEcho` each segment of the leader's log as it
 reads it. stdout and stderr go to this process's stream of the same name, at
-once, with the ``\\r`` the host's log writer puts before a rewritten line, so
+once and a segment at a time (a burst of lines in one chunk is one write, so
+one stream message in Jupyter, as ipykernel's own batching makes of a local
+burst), with the ``\\r`` the host's log writer puts before a rewritten line, so
 Jupyter (and a terminal) show one updating line. A line that may still turn
 out to be framework chatter (``state.CHATTER``) waits for its end, wherever
 chunk boundaries cut it, and is dropped if it is chatter. A display record
@@ -96,22 +98,25 @@ class LeaderEcho:
             self._show(text, stream)
             return
         *complete, rest = text.split("\n")
-        for line in complete:
-            self._piece(stream, line + "\n")
+        shown = [self._piece(stream, line + "\n") for line in complete]
         if rest:
-            self._piece(stream, rest)
+            shown.append(self._piece(stream, rest))
+        batch = "".join(shown)
+        if batch:  # a burst of lines is one write, so one stream message in Jupyter, not one per line
+            self._show(batch, stream)
 
-    def _piece(self, stream: str, piece: str) -> None:
-        if self._line_started.get(stream):
-            self._show(piece, stream)
-        else:
+    def _piece(self, stream: str, piece: str) -> str:
+        """What of ``piece`` (a line, or the start of one) is shown: all of it, or none while it is held back or
+        when it is chatter."""
+        shown = piece
+        if not self._line_started.get(stream):
             line = self._held.pop(stream, "") + piece
             if not line.endswith("\n") and may_become_chatter(line):
                 self._held[stream] = line
-                return
-            if not is_chatter(line.rstrip("\n")):
-                self._show(line, stream)
+                return ""
+            shown = "" if is_chatter(line.rstrip("\n")) else line
         self._line_started[stream] = not piece.endswith("\n")
+        return shown
 
     def close(self) -> None:
         """Show what is held back: the host has ended, so no line will grow any more."""

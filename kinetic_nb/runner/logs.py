@@ -53,6 +53,10 @@ class TerminalLine:
 
     def feed(self, text: str) -> list[str]:
         """Apply ``text``; return the lines it completed, as they were shown."""
+        if "\r" not in text and self.at_end:  # plain lines (the common case): no character is overwritten
+            *done, self.text = (self.text + text).split("\n")
+            self.cursor = len(self.text)
+            return done
         done = []
         for piece in _CONTROL.split(text):
             if piece == "\n":
@@ -72,6 +76,9 @@ class TerminalLine:
         part comes back whole after a ``\\r`` when ``text`` rewrote it (or
         left the cursor inside it), and otherwise only its new end.
         """
+        if "\r" not in text and self.at_end:  # plain lines: what a reader needs is the text itself
+            self.feed(text)
+            return text
         before = self.text
         first_line = text.split("\n", 1)[0]
         rewritten = bool(before) and ("\r" in first_line or not self.at_end)
@@ -147,7 +154,9 @@ class LogChunkWriter:
                           for stream in (protocol.STDOUT, protocol.STDERR)}
         #: What each stream's current line shows so far, across chunks.
         self._screens = {stream: TerminalLine() for stream in self._held}
-        self._segments: list[list[str]] = []
+        #: What waits to be stored: per run of one stream, its pieces as they came (joined once, when stored: a
+        #: host that prints line by line would otherwise cost a copy of the whole run per line).
+        self._segments: list[tuple[str, list[str]]] = []
         #: Characters waiting in ``_segments``.
         self._buffered = 0
         #: The next chunk's number: among the host's own chunks, or (in a session's cell) among the cell's.
@@ -167,7 +176,7 @@ class LogChunkWriter:
         """One rich output (its record's JSON, from the marks pipe), in its place after what was fed before."""
         if len(record) >= MAX_CHUNK_CHARS:
             self.flush()  # a large record goes in a chunk of its own, after what was printed before it
-        self._segments.append([protocol.DISPLAY, record])
+        self._segments.append((protocol.DISPLAY, [record]))
         self._buffered += len(record)
 
     def start_cell(self, seq: int) -> None:
@@ -194,9 +203,9 @@ class LogChunkWriter:
     def _append(self, stream: str, text: str) -> None:
         self._buffered += len(text)
         if self._segments and self._segments[-1][0] == stream:
-            self._segments[-1][1] += text
+            self._segments[-1][1].append(text)
         else:
-            self._segments.append([stream, text])
+            self._segments.append((stream, [text]))
 
     def due(self) -> bool:
         return bool(self._segments) and time.monotonic() - self._last_flush >= FLUSH_INTERVAL_S
@@ -210,9 +219,10 @@ class LogChunkWriter:
                 rest = decoder.decode(b"", final=True)
                 if rest:
                     self._append(self._stored_as(stream), rest)
-        raw, self._segments, self._buffered = self._segments, [], 0
+        raw = [(stream, "".join(pieces)) for stream, pieces in self._segments]
+        self._segments, self._buffered = [], 0
         if final:
-            raw += [[stream, ""] for stream, held in self._held.items() if held]
+            raw += [(stream, "") for stream, held in self._held.items() if held]
         segments = []
         for stream, text in raw:
             if stream == protocol.DISPLAY:
