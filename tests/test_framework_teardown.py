@@ -66,6 +66,33 @@ def test_gloo_teardown_after_a_peer_failed_stays_in_the_logs_never_the_cell_nor_
     assert gloo_in(handle.logs(0)) and "rank three fails" in handle.logs(3)
 
 
+#: Host 1 raises; host 0 says something as it is stopped, as JAX does ("preemption_notifier.cc] SIGTERM caught").
+#: JAX's line comes from a thread of its own that does not always get there before the SIGKILL that follows the
+#: SIGTERM; this handler prints at once.
+STOPPED_AFTER_A_PEER = (
+    "import os, signal, sys, time\n"
+    "def stopped(signum, frame):\n"
+    "    print('W1203 preemption_notifier.cc:90] SIGTERM caught', file=sys.stderr, flush=True)\n"
+    "    os._exit(143)\n"
+    "signal.signal(signal.SIGTERM, stopped)\n"
+    "if os.environ['KINETIC_HOST_INDEX'] == '1':\n"
+    "    raise ValueError('host one fails')\n"
+    "print('host 0 waits', flush=True)\n"
+    "time.sleep(60)\n"
+)
+
+
+def test_what_a_host_says_as_it_is_stopped_after_a_peer_failed_stays_in_its_log_off_its_row():
+    handle = kinetic_nb.submit(STOPPED_AFTER_A_PEER, hosts=2, framework="none", grace=1)
+    with pytest.raises(ValueError, match="host one fails"):
+        handle.result()
+    handle.wait(timeout=120)
+    leader = handle.snapshot().hosts[0]
+    assert leader.state == "stopped"
+    assert "SIGTERM caught" in handle.logs(0)
+    assert leader.row_line == "host 0 waits", leader
+
+
 def test_what_a_host_prints_once_its_teardown_began_is_stored_apart_until_its_next_cell(tmp_path):
     storage = open_storage(f"file://{tmp_path}")
     writer = LogChunkWriter(storage, 1, None)

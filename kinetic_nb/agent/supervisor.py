@@ -571,6 +571,8 @@ class Agent:
     def stop_all(self) -> None:
         for host in self.hosts.values():
             if host.alive and host.stop_sent_at is None:
+                if self.first_failure_at is not None:  # stopped once a peer failed: what it says now (JAX's
+                    host.log.start_framework_teardown()  # "SIGTERM caught", NCCL's abort) is its teardown's
                 host.stop_sent_at = time.monotonic()
                 self._kill_group(host, signal.SIGTERM)
 
