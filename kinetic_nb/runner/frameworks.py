@@ -11,7 +11,9 @@ import inspect
 import logging
 import os
 import re
+import socket
 import sys
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -24,6 +26,13 @@ logger = logging.getLogger(__name__)
 #: Set by a platform (a LeaderWorkerSet pod, say) whose coordinator is only
 #: known on the host; it overrides the plan's address.
 COORDINATOR_ENV = "KINETIC_COORDINATOR_ADDRESS"
+#: The longest a JAX process other than the leader waits for the coordinator to listen before it joins anyway
+#: (JAX then retries on its own, up to the plan's barrier timeout). A JAX client that connects before the
+#: coordination service listens waits out gRPC's reconnect backoff, about a second: as a cell's processes start
+#: together, every JAX cell paid it.
+COORDINATOR_WAIT_S = 60.0
+#: How often a waiting process tries the coordinator's port: a refused connection costs microseconds.
+COORDINATOR_POLL_S = 0.01
 
 
 #: Messages of errors that follow from losing a peer (gloo, NCCL, the JAX
@@ -133,6 +142,35 @@ def accepted_arguments(function: Callable[..., Any], arguments: Mapping[str, Any
     return {name: value for name, value in arguments.items() if name in names}, left_out
 
 
+def wait_for_coordinator(address: str, timeout: float) -> bool:
+    """Wait until the coordinator at ``address`` accepts a connection (a name that does not resolve yet, as a
+    pod's may not, is tried again).
+
+    Parameters
+    ----------
+    address : str
+        The coordinator's ``host:port`` (an IPv6 host in brackets).
+    timeout : float
+        Seconds to wait at most.
+
+    Returns
+    -------
+    bool
+        Whether it listens; False once ``timeout`` passed, when the framework's own join says what is wrong.
+    """
+    host, port = address.rsplit(":", 1)
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=max(0.1, min(1.0, left))).close()
+            return True
+        except OSError:
+            if left <= 0:
+                return False
+            time.sleep(COORDINATOR_POLL_S)
+
+
 def initialize(plan: JobPlan, rank: int) -> None:
     """Join the job's distributed group as process ``rank``, with explicit arguments and short timeouts.
 
@@ -142,7 +180,9 @@ def initialize(plan: JobPlan, rank: int) -> None:
     a torch process is bound to ``cuda:LOCAL_RANK`` (``torch.cuda.set_device``,
     as torchrun's scripts do: every GPU stays visible, so ``cuda:N`` names
     the same device in every process of the host); a host that shows fewer
-    GPUs than its accelerator has fails in one line naming what it saw.
+    GPUs than its accelerator has fails in one line naming what it saw. A JAX
+    process other than the leader joins once the coordinator listens
+    (:func:`wait_for_coordinator`), not into gRPC's reconnect backoff.
     """
     address = coordinator_address(plan)
     if rank == 0 and joins_a_group(plan):
@@ -155,6 +195,8 @@ def initialize(plan: JobPlan, rank: int) -> None:
             print(f"kinetic_nb: jax {getattr(jax, '__version__', '(unknown version)')}'s "
                   f"jax.distributed.initialize takes no {', '.join(left_out)}: left out, JAX's defaults apply",
                   file=sys.stderr, flush=True)
+        if rank != 0:
+            wait_for_coordinator(address, min(COORDINATOR_WAIT_S, plan.barrier_timeout_s))
         jax.distributed.initialize(**arguments)
         if on_real_gpus(plan) and jax.default_backend() != "gpu":
             raise AcceleratorNotSeenError(

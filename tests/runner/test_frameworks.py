@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import socket
 import sys
+import threading
 import types
 
 import pytest
@@ -42,6 +44,7 @@ def old_jax(monkeypatch):
     fake.__version__ = "0.4.30"
     fake.distributed = types.SimpleNamespace(initialize=jax_0_4_30_initialize)
     monkeypatch.setitem(sys.modules, "jax", fake)
+    monkeypatch.setattr(frameworks, "wait_for_coordinator", lambda address, timeout: True)  # host-0.example is not
     return jax_0_4_30_initialize.calls
 
 
@@ -147,3 +150,29 @@ def test_a_gpu_host_where_torch_sees_fewer_gpus_than_its_accelerator_fails_in_on
     with pytest.raises(AcceleratorNotSeenError) as caught:
         frameworks.initialize(GPU_PLAN, 0)
     assert str(caught.value) == "torch sees 1 GPU(s) on this gpu-h100x8 host, which has 8 (CUDA_VISIBLE_DEVICES=0)"
+
+
+def test_a_jax_process_joins_only_once_the_coordinator_listens(monkeypatch):
+    """Not into gRPC's reconnect backoff (about a second, which every JAX cell paid while its processes raced the
+    leader's coordination service): rank 2 calls jax.distributed.initialize only after the port accepts."""
+    joined = threading.Event()
+    fake = types.ModuleType("jax")
+    fake.distributed = types.SimpleNamespace(initialize=lambda **arguments: joined.set())
+    monkeypatch.setitem(sys.modules, "jax", fake)
+    with socket.socket() as coordinator:
+        coordinator.bind(("127.0.0.1", 0))  # bound, not yet listening: connections are refused
+        plan = dataclasses.replace(PLAN, coordinator_address=f"127.0.0.1:{coordinator.getsockname()[1]}")
+        joining = threading.Thread(target=frameworks.initialize, args=(plan, 2), daemon=True)
+        joining.start()
+        assert not joined.wait(0.5)  # it tried, was refused, and waits
+        coordinator.listen()
+        assert joined.wait(30)
+    joining.join(30)
+
+
+def test_waiting_for_a_coordinator_that_never_listens_ends_at_its_bound():
+    with socket.socket() as coordinator:
+        coordinator.bind(("127.0.0.1", 0))
+        assert not frameworks.wait_for_coordinator(f"127.0.0.1:{coordinator.getsockname()[1]}", 0.2)
+        coordinator.listen()
+        assert frameworks.wait_for_coordinator(f"127.0.0.1:{coordinator.getsockname()[1]}", 0.2)
