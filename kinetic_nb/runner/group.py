@@ -354,6 +354,7 @@ class CellGroup:
         if self._channel_up:  # the barrier markers of cells before the last are nobody's to store any more
             self.storage.relay.let_go(lambda name: (protocol.cell_marker_seq(name) or seq) >= seq - 1)
         if self.kept:
+            marks.cell_started(seq)  # the agent: logs from here are the cell's (taken by the time it runs)
             run.status.update(state=HostState.RUNNING, phase=Phase.PAYLOAD_LOAD, cell=seq, cell_failed=False,
                               profiled=[], record=False, defer_s=STATUS_DEFER_S)
         else:
@@ -384,7 +385,7 @@ class CellGroup:
                 profiler = CellProfiler(framework, seq, run.host_index, passed_barrier_at)
                 profiler.start()
             if self.kept:
-                marks.cell_started(seq)  # the agent: logs from here are the cell's
+                marks.taken()  # the cell's start is the agent's before anything the cell prints
             try:
                 with self._interruptible(seq), profiler.span() if profiler else contextlib.nullcontext():
                     self._stop_if_interrupted_early(seq)

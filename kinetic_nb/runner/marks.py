@@ -13,7 +13,10 @@ Order against the text is kept by both ends. The runner flushes its streams
 before it writes a frame, then waits until the agent has taken the frame off
 the pipe before it goes on; the agent, before it reads the marks pipe, reads
 whatever the host's stdout and stderr pipes hold. So text printed before a
-frame lands before it, text printed after lands after it.
+frame lands before it, text printed after lands after it. A cell's start is
+sent as the cell begins and its taking confirmed just before its code runs
+(by then the agent has long taken it), and a cell's end is not waited for
+(nothing of the cell comes after it): neither wait is on a cell's way.
 
 ``python -m kinetic_nb.runner`` run by hand has no marks pipe: a display
 record is then printed as its text, and cells are not marked.
@@ -36,7 +39,7 @@ import time
 import typing
 
 __all__ = ["CELL_END", "CELL_START", "DISPLAY", "FRAMEWORK", "MAX_FRAME_BYTES", "Mark", "MarkReader", "attach",
-           "cell_ended", "cell_started", "framework_teardown_starts", "send_display"]
+           "cell_ended", "cell_started", "framework_teardown_starts", "send_display", "taken"]
 
 #: Frame kinds: one rich output (the JSON of ``{"data": ..., "metadata": ...}``), a cell's start, a cell's end,
 #: and the start of the framework's teardown (an empty body): what the host prints from there until its next cell
@@ -99,13 +102,28 @@ def send_display(record: str) -> bool:
 
 
 def cell_started(seq: int) -> None:
-    """Tell the agent that a session's cell ``seq`` starts: the output from here on is the cell's."""
-    _send(CELL_START, str(seq).encode())
+    """Tell the agent that a session's cell ``seq`` starts: the output from here on is the cell's.
+
+    It does not wait for the agent to take the frame, so that the wait is no cost on a cell's way: call it as
+    the cell begins (before its payload loads and its barrier), and :func:`taken` before its code runs.
+    """
+    _send(CELL_START, str(seq).encode(), wait=False)
 
 
 def cell_ended(seq: int) -> None:
-    """Tell the agent that cell ``seq`` has ended: it stores the cell's output at once, marked as its last."""
-    _send(CELL_END, str(seq).encode())
+    """Tell the agent that cell ``seq`` has ended: it stores the cell's output at once, marked as its last.
+
+    It does not wait for the agent to take the frame: nothing of the cell is printed after it, and the next
+    cell's start comes after it on the same pipe.
+    """
+    _send(CELL_END, str(seq).encode(), wait=False)
+
+
+def taken() -> None:
+    """Wait until the agent has taken every frame sent so far (at most TAKEN_WAIT_S): what is printed from
+    here on reaches it after them."""
+    if _fd is not None:
+        _wait_taken(_fd)
 
 
 def framework_teardown_starts() -> None:
@@ -114,7 +132,8 @@ def framework_teardown_starts() -> None:
     _send(FRAMEWORK, b"")
 
 
-def _send(kind: bytes, body: bytes) -> bool:
+def _send(kind: bytes, body: bytes, *, wait: bool = True) -> bool:
+    """Write one frame after what was printed before it; ``wait``: then wait until the agent has taken it."""
     fd = _fd
     if fd is None or len(body) > MAX_FRAME_BYTES:
         return False
@@ -128,7 +147,8 @@ def _send(kind: bytes, body: bytes) -> bool:
             _write_whole(fd, frame)
     except OSError:  # the agent has gone: the host is about to end with it
         return False
-    _wait_taken(fd)
+    if wait:
+        _wait_taken(fd)
     return True
 
 

@@ -83,8 +83,22 @@ def test_the_runners_frames_reach_the_agent_large_ones_whole(pipe):
     marks.cell_started(2)
     assert marks.send_display(RECORD) and marks.send_display(large)
     marks.cell_ended(2)
+    marks.taken()
     assert pipe == [Mark(marks.CELL_START, 2), Mark(marks.DISPLAY, RECORD), Mark(marks.DISPLAY, large),
-                    Mark(marks.CELL_END, 2)]  # each taken before the next was sent
+                    Mark(marks.CELL_END, 2)]
+
+
+def test_a_cells_boundaries_are_not_waited_for_but_a_display_is(pipe, monkeypatch):
+    """A cell's start and end cost the cell no wait for the agent (issue 39's hot path): the start is confirmed
+    with ``taken()`` just before the cell's code runs; a display waits, since the cell prints on after it."""
+    waits: list[int] = []
+    monkeypatch.setattr(marks, "_wait_taken", waits.append)
+    marks.cell_started(5)
+    marks.cell_ended(5)
+    assert waits == []
+    marks.taken()
+    assert marks.send_display(RECORD)
+    assert len(waits) == 2
 
 
 def test_with_no_agent_a_display_is_its_text_on_stdout(capsys):
