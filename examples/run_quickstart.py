@@ -2,11 +2,13 @@
 
 Executes the notebook in a real Jupyter kernel (nbclient), prints every code
 cell with its outputs (the leader's value, the per-host table, the failing
-host's traceback), and saves the executed notebook under build/.
+host's traceback) and the seconds it took, and saves the executed notebook
+under build/.
 """
 
 from __future__ import annotations
 
+import datetime
 import pathlib
 import sys
 import time
@@ -30,20 +32,31 @@ def show_output(output: dict) -> str:
     return ""
 
 
+def cell_seconds(cell: dict) -> float:
+    """How long the kernel took to run ``cell``, from the times nbclient records in its metadata."""
+    recorded = cell.metadata.get("execution", {})
+    started, ended = recorded.get("iopub.execute_input"), recorded.get("shell.execute_reply")
+    if not (started and ended):
+        return 0.0
+    return (datetime.datetime.fromisoformat(ended) - datetime.datetime.fromisoformat(started)).total_seconds()
+
+
 def main() -> int:
     notebook = nbformat.read(NOTEBOOK, as_version=4)
     started = time.monotonic()
     NotebookClient(notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(HERE)}}).execute()
-    for cell in notebook.cells:
-        if cell.cell_type != "code":
-            continue
-        print(f"\n\033[1mIn [{cell.execution_count}]:\033[0m")
+    ran = time.monotonic() - started
+    code_cells = [cell for cell in notebook.cells if cell.cell_type == "code"]
+    for cell in code_cells:
+        print(f"\n\033[1mIn [{cell.execution_count}]:\033[0m  ({cell_seconds(cell):.1f} s)")
         print("    " + cell.source.replace("\n", "\n    "))
         for output in cell.outputs:
             sys.stdout.write(show_output(output))
     EXECUTED.parent.mkdir(exist_ok=True)
     nbformat.write(notebook, EXECUTED)
-    print(f"\nRan {NOTEBOOK.name} in {time.monotonic() - started:.1f} s; the executed notebook is {EXECUTED}")
+    in_cells = sum(map(cell_seconds, code_cells))
+    print(f"\nRan {NOTEBOOK.name} in {ran:.1f} s ({in_cells:.1f} s in its cells, the rest starting and stopping its kernel); "
+          f"the executed notebook is {EXECUTED}")
     return 0
 
 
