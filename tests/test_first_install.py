@@ -95,3 +95,9 @@ def test_make_demo_installs_what_the_quickstart_uses_and_nothing_else():
 def test_make_test_installs_everything_make_demo_does():
     # make test marks the demo's environment as done: that holds only while the test install is a superset.
     assert make_installs("demo") <= make_installs("test")
+
+
+def test_binder_installs_the_demo_extra_as_make_demo_does():
+    """Binder runs the same quickstart: the same headless runner and the same bound on what its JAX cells import."""
+    post_build = (ROOT / "binder" / "postBuild").read_text()
+    assert re.search(r'pip install [^\n]*"\$torch" "?\.\[demo\]"?\n', post_build)
