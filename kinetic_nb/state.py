@@ -304,14 +304,16 @@ class JobSnapshot:
     label: str = ""
     #: Processes on each host: ``hosts[rank]`` runs on host ``rank // procs_per_host``.
     procs_per_host: int = 1
-    #: What stopped a CANCELLED cell, when the user asked for it: ``"interrupt"`` or ``"timeout"``.
+    #: What stopped a CANCELLED cell, when the user asked for it: ``"interrupt"``, ``"timeout"``, or
+    #: ``"withdrawn"`` (a session cell interrupted while queued, before any host started it).
     stopped_by: str = ""
 
     @property
     def status_word(self) -> str:
         """The state as the panel's header says it: INTERRUPTED or TIMED OUT for a stop the user asked for."""
         if self.status is JobStatus.CANCELLED and self.stopped_by:
-            return {"interrupt": "INTERRUPTED", "timeout": "TIMED OUT"}.get(self.stopped_by, str(self.status))
+            return {"interrupt": "INTERRUPTED", "timeout": "TIMED OUT", "withdrawn": "WITHDRAWN"}.get(
+                self.stopped_by, str(self.status))
         return str(self.status)
 
     def name_of(self, rank: int) -> str:

@@ -38,7 +38,7 @@ class Agent(Protocol):
     hosts: dict[int, Any]
     cancelled: bool
 
-    def stop_all(self) -> None: ...
+    def stop_all(self, because: str = ...) -> None: ...
 
     def verified(self, name: str) -> bool: ...
 
@@ -181,7 +181,7 @@ class CellWatch:
         self.agent.cancelled = True
         request = CancelRequest(reason=why, at=time.time())
         self.agent.write_record(protocol.CANCEL, request.to_json(), exclusive=True)
-        self.agent.stop_all()
+        self.agent.stop_all(f"as the session ended ({why})")
 
 
 def _back_from(seq: int, status: HostStatus | None) -> bool:

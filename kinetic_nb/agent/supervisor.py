@@ -56,7 +56,7 @@ from kinetic_nb.runner.records import read_host_status, read_record, write_recor
 from kinetic_nb.runner.redact import Redactor
 from kinetic_nb.runner.relayed import Relay, RelayedStorage, hosts_agreed
 from kinetic_nb.runner.stacks import STACKS_FILE_ENV, STACKS_SIGNAL
-from kinetic_nb.runner.wakeup import remove_session_sockets, wake_clients, wakeup_path
+from kinetic_nb.runner.wakeup import Wakeup, agent_wakeup_path, remove_session_sockets, wake_clients, wakeup_path
 from kinetic_nb.runner.workdir import SCRATCH_DIR_ENV
 from kinetic_nb.storage import LocalStorage, Storage
 
@@ -79,6 +79,8 @@ CONTROL_POLL_THROUGH_HUB_S = 60.0
 HUB_JOIN_S = 60.0
 #: How long to keep reading a finished host's pipes for its last output.
 DRAIN_S = 0.5
+#: The selector's mark for the agent's own wakeup socket (a host's pipes are marked by its index).
+_WOKEN = object()
 #: The most one read of a host's pipe takes (a pipe holds 64 KiB by default).
 READ_BYTES = 1 << 16
 #: The stream name, among a host's pipes, of its marks pipe (display records and cell boundaries).
@@ -170,6 +172,8 @@ class Agent:
         self.selector = selectors.DefaultSelector()
         self.first_failure_at: float | None = None
         self.cancelled = False
+        #: Why this agent stopped its hosts, as their rows say it (``stop_all``'s first reason).
+        self.stop_reason = ""
         self.storage_error = ""
         self.scratch_outputs: str | None = None
         self.scratch = tempfile.mkdtemp(prefix=f"kinetic-{plan.job_id}-agent-")
@@ -177,6 +181,7 @@ class Agent:
         #: A session's cells: every host back to idle after a failed or interrupted cell; the idle timeout.
         self.cells = CellWatch(self) if plan.session else None
         self._next_control_look = 0.0
+        self._wakeup: Wakeup | None = None
         self._control_poll_s = CONTROL_POLL_LOCAL_S if storage.local_path() else CONTROL_POLL_REMOTE_S
         #: A session's hub (``runner.channel``), when this agent runs every host of a session on a bucket.
         self.hub: Hub | None = None
@@ -334,7 +339,17 @@ class Agent:
 
     # -- the loop ---------------------------------------------------------------------
 
+    def _open_wakeup(self) -> None:
+        """A local job's or session's agent listens on a socket too: a cancel or an interrupt stored by the
+        notebook is acted on at once, not at the next look at storage (a quarter of a second later)."""
+        if self.storage.local_path() is None:
+            return
+        with contextlib.suppress(OSError):
+            self._wakeup = Wakeup(agent_wakeup_path(self.plan.job_id))
+            self.selector.register(self._wakeup, selectors.EVENT_READ, _WOKEN)
+
     def run(self) -> None:
+        self._open_wakeup()
         try:
             while any(host.alive for host in self.hosts.values()):
                 self._pump(TICK_S)
@@ -348,11 +363,19 @@ class Agent:
             if self._relay is not None:
                 self._relay.close()  # what waits to be stored is stored before the agent ends
             self.selector.close()
+            if self._wakeup is not None:
+                self._wakeup.close()
+                with contextlib.suppress(OSError):  # its directory, unless a host's or a notebook's socket is there
+                    os.rmdir(os.path.dirname(self._wakeup.path))
             processes.end_adopted_orphans()
             shutil.rmtree(self.scratch, ignore_errors=True)
 
     def _pump(self, timeout: float) -> None:
         for key, _ in self.selector.select(timeout):
+            if key.data is _WOKEN:
+                self._wakeup.take()
+                self._next_control_look = 0.0  # a notebook stored a control record: look now
+                continue
             host = self.hosts[key.data]
             if key.fd in host.pipes:
                 self._read(host, key.fd)
@@ -456,6 +479,7 @@ class Agent:
             recorded_success=recorded == HostState.SUCCEEDED.value,
             # Stopped by this agent, or by itself at a barrier (its status says so); never by its exit code.
             stopped=host.stop_sent_at is not None or recorded == HostState.STOPPED.value,
+            stopped_because=self.stop_reason if host.stop_sent_at is not None else "",
             ended_at=time.time(),
             stderr_tail=tuple(self.redactor.text(line) for line in host.stderr_lines()),
             storage_error=self.storage_error,
@@ -471,10 +495,10 @@ class Agent:
         if last:
             self._publish_outputs()  # before the last exit record: the client is done once it lands
         self.write_record(protocol.host_exit(host.index), summary.to_json())
-        if not self.plan.session and self.storage.local_path() is not None:
-            # A one-shot job's notebook, waiting on a local disk, looks now: a host's end decides its cell.
+        if self.storage.local_path() is not None:
+            # The notebook waiting on a local disk looks now: a host's end decides its cell (a session's too).
             wake_clients(self.plan.job_id)
-            if last:
+            if last and not self.plan.session:
                 remove_session_sockets(self.plan.job_id)
 
     def _report_first_failure(self, index: int, summary: ExitSummary) -> None:
@@ -508,7 +532,7 @@ class Agent:
         names = sorted(self._listed_control | carried)
         if protocol.CANCEL in names and not self.cancelled and self.verified(protocol.CANCEL):
             self.cancelled = True
-            self.stop_all()
+            self.stop_all(self._cancel_reason())
         if protocol.FAILED in names and self.first_failure_at is None and self.verified(protocol.FAILED):
             self.first_failure_at = now
         requests = sorted(seq for name in names if (seq := protocol.parse_stacks_request(name)) is not None)
@@ -545,7 +569,20 @@ class Agent:
         """SIGTERM to the agent (a pod being deleted, a machine shutting down): stop the hosts, record them, end."""
         print(f"kinetic agent: {signal.Signals(signum).name}: stopping the hosts", file=sys.stderr, flush=True)
         self.cancelled = True
-        self.stop_all()
+        self.stop_all(f"by its agent's {signal.Signals(signum).name}")
+
+    def _cancel_reason(self) -> str:
+        """Why the job was cancelled, as a stopped host's row says it: "after an interrupt", "at its timeout"."""
+        try:
+            reason = CancelRequest.from_json(read_record(self.storage, self.key, protocol.CANCEL)).reason
+        except Exception:  # noqa: BLE001 - verified a moment ago; the hosts are stopped whatever it says
+            return "as cancelled"
+        return {"interrupted": "after an interrupt", CancelRequest.TIMEOUT: self._at_timeout(),
+                CancelRequest.AFTER_FAILURE: "after another host failed"}.get(
+            reason, f"on request ({reason})")
+
+    def _at_timeout(self) -> str:
+        return f"at the timeout of {self.plan.timeout_s:g} s" if self.plan.timeout_s else "at its timeout"
 
     def _enforce_timeout(self) -> None:
         if self._deadline is None or self.cancelled or time.time() < self._deadline:
@@ -555,10 +592,11 @@ class Agent:
         self.write_record(protocol.CANCEL, request.to_json(), exclusive=True)
         print(f"kinetic agent: job {self.plan.job_id} ran past its timeout of {self.plan.timeout_s:g} s; "
               "stopping its hosts", file=sys.stderr, flush=True)
-        self.stop_all()
+        self.stop_all(self._at_timeout())
 
     def _stop_survivors_if_due(self) -> None:
         if self.first_failure_at is not None and time.monotonic() - self.first_failure_at >= self.plan.grace_s:
+            self.stop_reason = self.stop_reason or "after another host failed"
             if self.cells is not None and not self.cancelled:
                 self.cells.end_session("a host ended")
             self.stop_all()
@@ -568,7 +606,9 @@ class Agent:
                 host.killed = True
                 self._kill_group(host, signal.SIGKILL)
 
-    def stop_all(self) -> None:
+    def stop_all(self, because: str = "after another host failed") -> None:
+        """SIGTERM to every live host (SIGKILL follows); ``because``: what their rows say, the first reason given."""
+        self.stop_reason = self.stop_reason or because
         for host in self.hosts.values():
             if host.alive and host.stop_sent_at is None:
                 if self.first_failure_at is not None:  # stopped once a peer failed: what it says now (JAX's

@@ -32,7 +32,7 @@ from kinetic_nb import views
 from kinetic_nb.client.host_group import STACKS_WAIT_S, HostGroup, check_host, remove_job_objects
 from kinetic_nb.client.outcome import read_leader, resolve_outcome
 from kinetic_nb.client.poller import JobPoller
-from kinetic_nb.client.profile import GATHER_WAIT_S, MergedProfile, merged_profile
+from kinetic_nb.client.profile import GATHER_WAIT_S, MergedProfile, merged_profile, trace_path
 from kinetic_nb.client.waiting import wait_for
 from kinetic_nb.errors import (
     CellInterrupted,
@@ -47,8 +47,8 @@ from kinetic_nb.runner.group import ONLY_CELL, cell_key
 from kinetic_nb.runner.protocol import CancelRequest
 from kinetic_nb.runner.records import read_record
 from kinetic_nb.runner.relayed import STORE_INTERVAL_S
-from kinetic_nb.state import HostSnapshot, HostState, JobSnapshot, JobStatus
-from kinetic_nb.storage.defaults import user_directory
+from kinetic_nb.runner.wakeup import agent_wakeup_path, wake
+from kinetic_nb.state import HostSnapshot, HostState, JobSnapshot, JobStatus, phase_words
 
 __all__ = ["CellHandle", "JobHandle", "Session"]
 
@@ -59,8 +59,20 @@ TIMEOUT_SLACK_S = 5.0
 #: Once a host has failed on its own, how long to let the others' records land
 #: before deciding (the cell still raises well within a second of the failure).
 SETTLE_S = 0.3
+#: After a cell returned, how long its panel follows the hosts it showed as being stopped, to show them stopped
+#: (the agent's SIGTERM, then SIGKILL after ``TERM_TO_KILL_S``; a one-shot job's cancel waits for a restart first).
+SETTLED_WAIT_S = 15.0
 #: How long a finished session cell waits for the hosts' last output to be stored (the agent writes it at once).
 OUTPUT_WAIT_S = 2.0
+#: A host's state as a failure's description says it (``describe_host``), where "was <state>" would not read.
+_STATE_PHRASES = {HostState.SUCCEEDED.value: "had finished the cell", HostState.RUNNING.value: "was still running",
+                  HostState.READY.value: "was waiting for the others", HostState.PENDING.value: "had not started",
+                  HostState.QUIET.value: "was quiet"}
+
+
+def _running(snapshot: JobSnapshot) -> list[int]:
+    """The hosts that started the cell and have not ended it."""
+    return [host.index for host in snapshot.hosts if not host.ended and host.state != HostState.PENDING.value]
 
 
 class Session(Protocol):
@@ -106,6 +118,8 @@ class CellHandle:
         self.group = group
         #: Whether the cell was asked to run under its framework's profiler on every host (``profile()``).
         self.profiled = profiled
+        #: Where the merged trace is saved (``--profile-dir``); None: the notebook's folder (the kernel's cwd).
+        self.profile_dir: str | None = None
         self._profile: MergedProfile | None = None
         self.session = session
         self.seq = seq
@@ -128,6 +142,12 @@ class CellHandle:
         self._failure: BaseException | None = None
         self._leader: Any = None
         self._snapshot: JobSnapshot | None = None
+        #: The cell as the notebook names it (``In[4]``); "" for a cell from the API.
+        self.cell_name = name or ""
+        #: How messages name the cell: as the notebook does (``In[4]``), else by its number or job.
+        self.name = name or (f"job {self.job_id}" if session is None else f"cell {seq} of session {session.session_id}")
+        #: The panel's last word, once the outcome is decided (``result()``): the outcome, each host as it ended.
+        self.final: JobSnapshot | None = None
 
     @property
     def one_shot(self) -> bool:
@@ -188,9 +208,9 @@ class CellHandle:
         def ended(rank: int) -> bool:
             return (self._snapshot or self.snapshot()).hosts[rank].ended
 
-        copy = user_directory("profiles") / f"{self.job_id.replace('/', '-')}.trace.json.gz"
+        copy = trace_path(self.cell_name or self.job_id.replace("/", "-"), self.profile_dir)
         self._profile = merged_profile(storage, self.key, self.plan.world_size, self.poller.plan.name_of, ended,
-                                       str(copy), wait)
+                                       str(copy), wait, cell=self.cell_name)
         return self._profile
 
     def status(self) -> JobStatus:
@@ -212,16 +232,19 @@ class CellHandle:
             if self.poller.platform.problem:  # the platform may know why: a storage error, say
                 text += f" ({self.poller.platform.problem})"
         else:
-            text = f"was {host.state}"
+            text = _STATE_PHRASES.get(host.state, f"was {host.state}")
         if summary is not None and summary.recorded_success:
             return text + " after recording success"
         if host.updated_at is not None:
-            text += f" in phase {host.phase}"
+            text += f" while {phase_words(host.phase)}"
         lines = [line for line in host.log_tail if line.strip()][-5:]
         if lines:
             text += "; last log lines:\n" + "\n".join(f"    {line}" for line in lines)
-        others = [line for line in (summary.stderr_tail if summary else ()) if line not in host.log_tail]
-        if others:  # what the host's own log does not hold: its agent's last words, say
+        # What the host's own log does not hold: its agent's last words, say. A session host's stderr tail spans
+        # every cell it ran: only a one-shot job's is this cell's.
+        others = [line for line in (summary.stderr_tail if summary and self.one_shot else ())
+                  if line not in host.log_tail]
+        if others:
             text += "\n  last lines recorded with its end:\n" + "\n".join(f"    {line}" for line in others[-8:])
         return text
 
@@ -299,95 +322,172 @@ class CellHandle:
         sees the hosts at most every ``SNAPSHOT_INTERVAL_S``, and always once
         more at the end.
         """
-        return self._wait(lambda snapshot: snapshot.status.done, timeout, on_snapshot).status
+        snapshot = self._wait(lambda snapshot: snapshot.status.done, timeout, on_snapshot)
+        if on_snapshot is not None:
+            on_snapshot(snapshot)
+        return snapshot.status
 
     def result(self, timeout: float | None = None, *,
                on_snapshot: Callable[[JobSnapshot], None] | None = None) -> Any:
         """The leader's value, or the right host's own exception (the seed's rules, root cause first).
 
-        It raises as soon as one host has failed on its own account. An
-        interrupt cancels a one-shot job (unless it is detached; in a kernel
-        only when no restart follows) and re-raises ``KeyboardInterrupt``; in
-        a session it sends ``KeyboardInterrupt`` into the cell on every host
-        and raises ``CellInterrupted``, and the session stays up when every
-        host is back to idle within the grace period. When the session ended
-        during the cell, the exception says so and that ``restart()`` starts
-        it again.
+        It raises as soon as one host has failed on its own account, a
+        one-shot cell and a session cell alike; the hosts still running are
+        then stopped (a one-shot job's) or interrupted (a session's). An
+        interrupt raises ``CellInterrupted`` (a ``KeyboardInterrupt``) at
+        once: a one-shot job is cancelled (unless it is detached; in a kernel
+        only when no restart follows), a session's cell gets
+        ``KeyboardInterrupt`` on every host and the session stays up when
+        every host is back to idle, and a session cell still queued is
+        withdrawn. When the session ended during the cell, the exception says
+        so and that ``restart()`` starts it again. ``on_snapshot`` sees the
+        panel's last word last: ``final``.
         """
         if self._payload is not None:
             return self._payload.result
         if self._failure is not None:  # read once: a session cell's objects are gone, the exception stays
             raise self._failure
-        snapshot, shown = self._wait_for_outcome(timeout, on_snapshot)
-        status = snapshot.status
-        if status is JobStatus.CANCELLED and self.session is not None:
-            status = JobStatus.FAILED  # an interrupted cell's KeyboardInterrupts are its outcome
+        try:
+            snapshot = self._wait_for_outcome(timeout, on_snapshot)
+        except BaseException:
+            if self.final is not None and on_snapshot is not None:  # stopped: the panel's last word says how
+                on_snapshot(self.final)
+            raise
         decided = JobStatus.FAILED
         try:
-            self._payload = resolve_outcome(self.storage, self.poller.plan, status, self.poller.exits,
+            self._payload = resolve_outcome(self.storage, self.poller.plan, snapshot.status, self.poller.exits,
                                             self._listing, self.describe_host, key=self.key,
-                                            lost=snapshot.lost if self.session is None else ())
+                                            lost=snapshot.lost if self.session is None else (), cell=self.cell_name)
             decided = JobStatus.SUCCEEDED
         except BaseException as error:
-            if isinstance(error, JobCancelledError):
-                decided = JobStatus.CANCELLED
+            stopped_by = self._stopped_by(error)
+            decided = JobStatus.CANCELLED if stopped_by else JobStatus.FAILED
             if self.session is not None:
                 with contextlib.suppress(Exception):  # leader_result() still has the leader's own value
                     self._leader = read_leader(self.storage, self.key)
-            self._failure = self._explained(error, snapshot)
+            self._failure = self._explained(error, stopped_by)
+            self._decide(snapshot, decided, stopped_by)
             if self._failure is error:
                 raise
-            raise self._failure from error
+            raise self._failure from None
         finally:
-            if on_snapshot is not None and not shown:
-                # Decided while a host's end may still be being recorded: the panel's last word is the outcome.
-                on_snapshot(snapshot if snapshot.status.done else dataclasses.replace(snapshot, status=decided))
+            if self.final is None:
+                self._decide(snapshot, decided)
+            if on_snapshot is not None:
+                on_snapshot(self.final)
             self._after_outcome(decided, snapshot)
         self.outputs = dict(self._payload.outputs)
         self.missing_outputs = self._payload.missing_outputs
         return self._payload.result
 
+    def _decide(self, snapshot: JobSnapshot, status: JobStatus, stopped_by: str = "") -> JobSnapshot:
+        """The panel's last word (``final``): the cell's outcome, each host as it ended, and a host still
+        running as being stopped, which it is: a one-shot job's hosts are cancelled, a session cell's
+        interrupted (after a failure; after an interrupt or a timeout that was asked already)."""
+        running = _running(snapshot)
+        if status is JobStatus.SUCCEEDED or not running:
+            hosts = snapshot.hosts
+        else:
+            hosts = tuple(dataclasses.replace(host, state=HostState.STOPPING.value) if host.index in running else host
+                          for host in snapshot.hosts)
+        self.final = dataclasses.replace(snapshot, status=status, stopped_by=stopped_by, hosts=hosts)
+        return self.final
+
+    def settled(self, wait: float = SETTLED_WAIT_S) -> JobSnapshot | None:
+        """``final`` once the hosts it showed as being stopped have ended (at most ``wait`` seconds), each as it
+        ended; None when there were none, or they have not ended by then."""
+        final = self.final
+        if final is None or not any(host.state == HostState.STOPPING.value for host in final.hosts):
+            return None
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            now = self.snapshot()
+            if all(now.hosts[host.index].ended for host in final.hosts if host.state == HostState.STOPPING.value):
+                hosts = tuple(now.hosts[host.index] if host.state == HostState.STOPPING.value else host
+                              for host in final.hosts)
+                self.final = dataclasses.replace(final, hosts=hosts, taken_at=now.taken_at)
+                return self.final
+            time.sleep(0.1)
+        return None
+
+    def _stop_the_rest(self, snapshot: JobSnapshot) -> JobSnapshot:
+        """After a failure decided the cell, its hosts still running are stopped now, not after the grace (a
+        one-shot job's cancelled, a session cell's interrupted), and waited for a moment: their output so far
+        reaches the cell and their rows say stopped, alike in both kinds of cell. One that takes longer is
+        shown as being stopped (``settled`` follows it)."""
+        running = _running(snapshot)
+        if not running:
+            return snapshot
+        try:
+            if self.session is None:
+                self.group.request_cancel(CancelRequest.AFTER_FAILURE)
+            else:
+                self.interrupt()
+        except Exception:  # best effort: the agents stop them after the grace anyway
+            logger.debug("could not stop the rest of %s", self.job_id, exc_info=True)
+            return snapshot
+        deadline = time.monotonic() + OUTPUT_WAIT_S
+        while any(not snapshot.hosts[index].ended for index in running) and time.monotonic() < deadline:
+            self.sleep(0.01)
+            snapshot = self.snapshot()
+        return snapshot
+
+    def _stopped_by(self, error: BaseException) -> str:
+        """``"timeout"`` or ``"interrupt"`` when the cell ended as stopped on request, else ``""``."""
+        if not isinstance(error, JobCancelledError):
+            return ""
+        if self.session is None:
+            return "timeout" if self.stopped_at_timeout else "interrupt"
+        return "timeout" if self.interrupted_at_timeout() is not None else "interrupt"
+
     def _wait_for_outcome(self, timeout: float | None, on_snapshot: Callable[[JobSnapshot], None] | None
-                          ) -> tuple[JobSnapshot, bool]:
-        """Wait until the outcome can be decided; the snapshot, and whether ``on_snapshot`` has seen it last."""
+                          ) -> JobSnapshot:
+        """Wait until the outcome can be decided: every host ended, or one failed on its own account (then a
+        moment for a lower-indexed host's own failure to land: the choice stays the lowest host's)."""
+        if self.session is None:
+            ready: Callable[[JobSnapshot], bool] = lambda snap: snap.decided  # noqa: E731
+        else:
+            ready = lambda snap: snap.decided or self._session_cell_ready(snap)  # noqa: E731
+        snapshot = self._wait(ready, timeout, on_snapshot)
+        settle = time.monotonic() + SETTLE_S
+        while not snapshot.status.done and time.monotonic() < settle:
+            self.sleep(0.02)
+            snapshot = self.snapshot()
+        if not snapshot.status.done:
+            snapshot = self._stop_the_rest(snapshot)
         if self.session is not None:
-            return self._wait(self._session_cell_ready, timeout, on_snapshot), True
-        snapshot = self._wait(lambda snap: snap.decided, timeout, on_snapshot, show_last=False)
-        shown = snapshot.status.done
-        if shown:
-            if on_snapshot is not None:
-                on_snapshot(snapshot)
-        else:  # a moment for a lower-indexed host's own failure to land: the choice stays the lowest host's
-            settle = time.monotonic() + SETTLE_S
-            while not snapshot.status.done and time.monotonic() < settle:
-                time.sleep(0.02)
-                snapshot = self.snapshot()
-        if snapshot.lost:
+            snapshot = self._output_in(snapshot)
+        if snapshot.lost and self.session is None:
             self.group.report_lost_hosts(snapshot.lost)
-        return snapshot, shown
+        return snapshot
+
+    def sleep(self, seconds: float) -> None:
+        """Sleep, woken early (locally) when a host has news."""
+        (self.group.sleep if self.session is None else self.session.sleep)(seconds)
 
     def _listing(self) -> list[Any]:
         """The cell's records as the seed's rules read them: the poll's last listing of a one-shot job's
         objects, one listing of a session cell's directory."""
         return self.poller.listing if self.session is None else self.storage.list()
 
-    def _explained(self, error: BaseException, snapshot: JobSnapshot) -> BaseException:
-        """The exception the cell raises: a session cell interrupted at its timeout raises the timeout; one
-        whose session ended says so."""
-        if self.session is None:
+    def _explained(self, error: BaseException, stopped_by: str) -> BaseException:
+        """The exception the cell raises: a cell stopped on request raises one line (and a session's fate),
+        whichever kind of cell it is; a failure as the outcome rules chose it, with the session's end if it
+        ended."""
+        if stopped_by == "timeout":
+            timeout = (self.plan.timeout_s if self.session is None else self.interrupted_at_timeout()) or self.timeout
+            stopped: BaseException = KineticTimeoutError(
+                f"{self.name} ran past its timeout of {timeout or 0:g} s and was stopped on every host")
+        elif stopped_by == "interrupt":
+            stopped = CellInterrupted(f"{self.name} was interrupted on every host")
+        else:
+            if self.session is not None and isinstance(error, Exception) and self.session.ended(
+                    hosts_ended=self._session_ended(self._snapshot or self.snapshot())) is not None:
+                error.add_note(self._fate())
             return error
-        ended = self.session.ended(hosts_ended=self._session_ended(snapshot))
-        if isinstance(error, KeyboardInterrupt):
-            timeout = self.interrupted_at_timeout()
-            if timeout is None:
-                return error
-            timed_out = KineticTimeoutError(f"cell {self.seq} ran past its timeout of {timeout:g} s and was "
-                                            "interrupted")
-            timed_out.add_note(self._fate())
-            return timed_out
-        if ended is not None and isinstance(error, Exception):
-            error.add_note(self._fate())
-        return error
+        if self.session is not None:
+            stopped.add_note(self._fate())
+        return stopped
 
     def _after_outcome(self, decided: JobStatus, snapshot: JobSnapshot) -> None:
         """A one-shot job notes its outcome (and after a success removes all but handle.json and outputs/);
@@ -418,7 +518,7 @@ class CellHandle:
             logger.debug("could not remove the outcome of cell %s", self.seq, exc_info=True)
 
     def _wait(self, ready: Callable[[JobSnapshot], bool], timeout: float | None,
-              on_snapshot: Callable[[JobSnapshot], None] | None, *, show_last: bool = True) -> JobSnapshot:
+              on_snapshot: Callable[[JobSnapshot], None] | None) -> JobSnapshot:
         """The one wait loop, with this cell's deadlines, its interrupt and (locally) the hosts' wakeup."""
         deadline = None if timeout is None else time.monotonic() + timeout
         # The agent stops the cell at its timeout; the notebook steps in only if it has not, a while later.
@@ -433,30 +533,34 @@ class CellHandle:
         def check(snapshot: JobSnapshot) -> None:
             now = time.monotonic()
             if cell_deadline is not None and now > cell_deadline:
-                self._stop_for_timeout(on_snapshot)
+                self._stop_for_timeout()
             if deadline is not None and now > deadline:
-                name = f"job {self.job_id}" if self.session is None else f"cell {self.seq} of session {self.session.session_id}"
-                raise KineticTimeoutError(f"{name} has not finished after {timeout:g} s; it goes on")
+                raise KineticTimeoutError(f"{self.name} has not finished after {timeout:g} s; it goes on")
 
         try:
-            sleep = self.group.sleep if self.session is None else self.session.sleep
-            snapshot = wait_for(self.snapshot, ready, on_snapshot=on_snapshot, between=check, sleep=sleep)
-            if self.session is not None:
-                snapshot = self._output_in(snapshot)
-            elif self.stopped_at_timeout:
-                if on_snapshot is not None:
-                    on_snapshot(snapshot)
-                raise self._timeout_error(snapshot)
-            if on_snapshot is not None and show_last:
-                on_snapshot(snapshot)
-            return snapshot
+            return wait_for(self.snapshot, ready, on_snapshot=on_snapshot, between=check, sleep=self.sleep)
         except KeyboardInterrupt as interrupt:
-            if self.session is None:
-                self.group.cancel_after_interrupt(interrupt)
-                raise
-            interrupted = CellInterrupted(f"cell {self.seq} was interrupted on every host")
-            interrupted.add_note(self._interrupt_and_report())
-            raise interrupted from None
+            raise self._interrupted(interrupt) from None
+
+    def _interrupted(self, interrupt: KeyboardInterrupt) -> CellInterrupted:
+        """What an interrupt of the wait raises, one line and what became of the cell, once the cell is stopped
+        as far as this kind of cell stops at once (``final`` says the rest)."""
+        if self.session is None:
+            self.group.cancel_after_interrupt(interrupt)  # its note says what becomes of the job
+            notes, stopped_by = list(getattr(interrupt, "__notes__", ())), "interrupt"
+            what = (f"stopped waiting for {self.name}, which goes on" if self.group.detached else
+                    f"{self.name} was interrupted on every host")
+        else:
+            note, withdrawn = self._interrupt_and_report(wait=False)
+            notes, stopped_by = [note], "withdrawn" if withdrawn else "interrupt"
+            what = f"{self.name} was {'withdrawn before it started' if withdrawn else 'interrupted on every host'}"
+        error = CellInterrupted(what)
+        for note in notes:
+            error.add_note(note)
+        if not (self.session is None and self.group.detached):  # a detached job's panel goes on
+            self._failure = error
+            self._decide(self._snapshot or self.snapshot(), JobStatus.CANCELLED, stopped_by)
+        return error
 
     # -- a one-shot job's cell ------------------------------------------------------------------
 
@@ -466,13 +570,6 @@ class CellHandle:
         request = self.poller.cancel_request
         return self.session is None and request is not None and request.reason == CancelRequest.TIMEOUT
 
-    def _timeout_error(self, snapshot: JobSnapshot) -> KineticTimeoutError:
-        where = [f"host {h.index}: {h.state}, phase {h.phase}" + (f", last line: {h.last_line}" if h.last_line else "")
-                 for h in snapshot.hosts]
-        return KineticTimeoutError(
-            f"job {self.job_id} ran past its timeout of {self.plan.timeout_s:g} s and was stopped; " + "; ".join(where)
-        )
-
     # -- a session's cell -----------------------------------------------------------------------
 
     def _session_cell_ready(self, snapshot: JobSnapshot) -> bool:
@@ -481,10 +578,12 @@ class CellHandle:
             all(host.exit is not None for host in snapshot.hosts) or self.group.status().done))
 
     def _output_in(self, snapshot: JobSnapshot) -> JobSnapshot:
-        """Wait (a moment at most) for the cell's last output: the leader's, so that its output precedes the
-        value; after a failure every host's, so that the panel's drill-downs end with each host's last line."""
-        wanted = [host.index for host in snapshot.hosts if host.exit is None and (
-            host.index == protocol.LEADER_INDEX or snapshot.status is not JobStatus.SUCCEEDED)]
+        """Wait (a moment at most) for the cell's last output from each host done with it: the leader's, so
+        that its output precedes the value; a failed host's (its last line is its failure's), so that its
+        drill-down ends with it. A host stopped, or still running (being stopped), is not waited for: a worker
+        that printed nothing more stores no end of its output."""
+        wanted = [host.index for host in snapshot.hosts if host.exit is None and host.ended and (
+            host.index == protocol.LEADER_INDEX or host.state == HostState.FAILED.value)]
         deadline = time.monotonic() + OUTPUT_WAIT_S
         while not self.poller.output_complete.issuperset(wanted) and time.monotonic() < deadline:
             self.session.sleep(0.002)  # the agent wakes it once the chunk is stored
@@ -520,29 +619,36 @@ class CellHandle:
         return (f"kinetic_nb: session {self.session.session_id} ended: {ended}; %kinetic restart (or "
                 "session.restart()) starts it again")
 
-    def _interrupt_and_report(self, *, timeout: float | None = None) -> str:
-        """Interrupt, wait for every host to be back (or the session to end), and say which it was. Whatever
-        happens meanwhile (a second interrupt, a storage error) is said in that line: it never replaces the
-        interrupt the user made."""
+    def _interrupt_and_report(self, *, timeout: float | None = None, wait: bool = True) -> tuple[str, bool]:
+        """Interrupt, wait for every host to be back (or the session to end; ``wait=False``: a user's interrupt
+        frees the kernel at once, as a one-shot cell's does), and say which it was; and whether
+        the cell was withdrawn: queued behind another, no host had started it, and none will (each host finds
+        the interrupt before it runs the cell), so nothing is waited for. Whatever happens meanwhile (a second
+        interrupt, a storage error) is said in that line: it never replaces the interrupt the user made."""
         session_id = self.session.session_id
         deadline = time.monotonic() + self.plan.grace_s + 5
         try:
             self.interrupt(timeout=timeout)
+            if all(host.state == HostState.PENDING.value for host in self.snapshot().hosts):
+                return f"kinetic_nb: no host had started it; session {session_id} goes on with the cell before it", True
+            if not wait:
+                return (f"kinetic_nb: interrupting it on every host; session {session_id} stays up once they are "
+                        f"back to idle (its agent ends it if they are not within {self.plan.grace_s:g} s)"), False
             while time.monotonic() < deadline:
                 snapshot = self.snapshot()
                 if snapshot.status.done or self._session_ended(snapshot):
                     break
                 time.sleep(0.05)
             return self._fate([host.index for host in self.snapshot().hosts if not host.exit and host.state in (
-                HostState.RUNNING.value, HostState.READY.value)])
+                HostState.RUNNING.value, HostState.READY.value)]), False
         except KeyboardInterrupt:  # a second interrupt: stop waiting, and still say what is known
             return (f"kinetic_nb: not waiting for the hosts to come back (interrupted again); the session's agent "
                     f"ends session {session_id} unless every host is back to idle within "
-                    f"{self.plan.grace_s:g} s (%kinetic sessions shows its state)")
+                    f"{self.plan.grace_s:g} s (%kinetic sessions shows its state)"), False
         except Exception as error:  # the note is best effort: the interrupt is what is raised
             logger.debug("after the interrupt of cell %s", self.seq, exc_info=True)
             return (f"kinetic_nb: could not learn whether session {session_id} is still up after "
-                    f"the interrupt ({type(error).__name__}: {error}); %kinetic sessions shows its state")
+                    f"the interrupt ({type(error).__name__}: {error}); %kinetic sessions shows its state"), False
 
     # -- stopping -------------------------------------------------------------------------------
 
@@ -559,13 +665,14 @@ class CellHandle:
         if self.session is None:
             self.cancel("interrupted")
             return
-        self.poller.interrupted = True
         request = {"at": time.time(), "reason": "user"} if timeout is None else {
             "at": time.time(), "reason": "timeout", "timeout": timeout}
         try:
             self.session.share(protocol.cell_control(self.seq, "interrupt"), json.dumps(request).encode())
         except ObjectExistsError:
             pass
+        if self.storage.local_path() is not None:  # the agent acts on it now, not at its next look at storage
+            wake(agent_wakeup_path(self.session.session_id))
 
     def cancel(self, reason: str = "cancelled by the user") -> None:
         """Stop the cell: a one-shot job's hosts are stopped (returns once they are gone, or after a bounded
@@ -575,18 +682,16 @@ class CellHandle:
         else:
             self.interrupt()
 
-    def _stop_for_timeout(self, on_snapshot: Callable[[JobSnapshot], None] | None) -> None:
-        """The notebook's backstop for an agent that did not stop the cell at its timeout."""
+    def _stop_for_timeout(self) -> None:
+        """The notebook's backstop for an agent that did not stop the cell at its timeout: it stops the cell as
+        the agent would have, and raises what the agent's stop would have."""
         if self.session is None:
             self.cancel(CancelRequest.TIMEOUT)
-            snapshot = self.snapshot()
-            if on_snapshot is not None:
-                on_snapshot(snapshot)
-            raise self._timeout_error(snapshot)
-        note = self._interrupt_and_report(timeout=self.timeout)
-        error = KineticTimeoutError(f"cell {self.seq} ran past its timeout of {self.timeout:g} s and was interrupted")
-        error.add_note(note)
-        raise error
+        else:
+            self._interrupt_and_report(timeout=self.timeout)
+        self._failure = self._explained(JobCancelledError(f"{self.name} ran past its timeout"), "timeout")
+        self._decide(self.snapshot(), JobStatus.CANCELLED, "timeout")
+        raise self._failure
 
 
 #: What ``submit`` returned before a cell's handle was one type: the same class, under the name scripts know.

@@ -28,7 +28,7 @@ from kinetic_nb.runner.envelope import write_sealed
 from kinetic_nb.runner.logs import read_log
 from kinetic_nb.runner.protocol import FirstFailure, JobPlan
 from kinetic_nb.runner.records import read_record, unverified_line, write_record
-from kinetic_nb.runner.wakeup import Wakeup, client_wakeup_path
+from kinetic_nb.runner.wakeup import Wakeup, agent_wakeup_path, client_wakeup_path, wake
 from kinetic_nb.state import JobSnapshot, JobStatus
 from kinetic_nb.storage import Storage
 
@@ -197,10 +197,16 @@ class HostGroup:
         """Stop every host; returns once they are gone (or after a bounded wait)."""
         if self.status().done:
             return
-        self.backend.cancel(self.storage, self.plan, reason, self.key)
+        self.request_cancel(reason)
         deadline = time.monotonic() + CANCEL_WAIT_S
         while not self.status().done and time.monotonic() < deadline:
             time.sleep(0.05)
+
+    def request_cancel(self, reason: str) -> None:
+        """Ask the backend to stop every host, and return: a local agent is woken to act on it at once."""
+        self.backend.cancel(self.storage, self.plan, reason, self.key)
+        if self.storage.local_path() is not None:
+            wake(agent_wakeup_path(self.job_id))
 
     def cancel_after_interrupt(self, interrupt: KeyboardInterrupt) -> None:
         """An interrupt of a one-shot job's wait cancels the job, unless detached; in a kernel, unless a

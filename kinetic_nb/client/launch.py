@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import sys
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -54,7 +53,7 @@ def choose_backend(backend: str | Backend, options: Mapping[str, Any] | None) ->
 def launch_hosts(group_id: str, kind: str, root: Storage, backend: Backend, acc: Accelerator, hosts: int, *,
                  framework: str, env: Mapping[str, str], quiet: bool, payload: bytes | None = None,
                  echo: Callable[[str, str], None] | None = None, detached: bool = False, keep: bool = False,
-                 procs_per_host: int | None = None, **plan_options: Any) -> HostGroup:
+                 procs_per_host: int | None = None, cell: str = "", **plan_options: Any) -> HostGroup:
     """The one launch path of a group of hosts, a one-shot job's (``kind`` JOB, its cell's ``payload``) or a
     session's (SESSION): the plan, the backend's preflight, the key, the sealed plan and handle record, then the
     hosts. Nothing is stored before the preflight passed; the key exists before anything of the group is."""
@@ -69,9 +68,9 @@ def launch_hosts(group_id: str, kind: str, root: Storage, backend: Backend, acc:
     if folder is not None:
         plan = dataclasses.replace(plan, workdir=protocol.WORKDIR)
     if acc.simulated_locally and plan.simulated and not quiet:
-        print(local_notice(acc, plan.procs_per_host, hosts), file=sys.stderr)
+        print(local_notice(acc, plan.procs_per_host, hosts))  # notices are stdout: no error box for news
     for notice in [] if quiet else backend.launch_notices(plan):
-        print(f"kinetic_nb: {notice}", file=sys.stderr)
+        print(f"kinetic_nb: {notice}")
     warn_if_shared(root)
     storage = root.child(group_id)
     key = create_key(group_id, kind)  # kept by this user only, before anything of the group is stored
@@ -80,10 +79,11 @@ def launch_hosts(group_id: str, kind: str, root: Storage, backend: Backend, acc:
     if folder is not None:
         store_workdir(storage, protocol.WORKDIR, key, folder.data)  # encrypted, then sealed
         if not quiet:
-            print(f"kinetic_nb: {folder.notice(os.getcwd())}", file=sys.stderr)
+            print(f"kinetic_nb: {folder.notice(os.getcwd())}")
     write_sealed(storage, protocol.PLAN, key, plan.to_json(), exclusive=True)
     group = HostGroup(storage, plan, backend, key=key, echo=echo, detached=detached, keep=keep)
-    group.write_record(**({"kind": "session"} if kind == SESSION else {}))
+    # The job's listing names its cell as the notebook does (In[4]).
+    group.write_record(**({"kind": "session"} if kind == SESSION else {}), **({"cell": cell} if cell else {}))
     backend.launch(storage, plan, JobSecrets(key=key, env=dict(env)))
     return group
 
@@ -203,11 +203,14 @@ def submit(
     acc, host_count = backend_slice(chosen_backend, hosts, accelerator)
     payload = prepare_cell(source, namespace, filename=f"<{cell_name}>", out=out,
                            extra={protocol.CELL_PROFILE: True} if profile else None)
+    # Messages and the job's listing name the cell as the notebook does (In[4]); a job from the API by its id.
+    cell = cell_name.removeprefix("kinetic ") if cell_name != "kinetic cell" else ""
     group = launch_hosts(new_job_id(), JOB, open_storage(storage or storage_root(chosen_backend)), chosen_backend, acc, host_count,
                           framework=choose_framework(framework, payload.modules), env=env, quiet=quiet,
                           payload=payload.data, echo=print_to_stdout if echo is True else (echo or None),
-                          detached=detach, keep=keep, timeout=timeout, grace=grace, procs_per_host=procs_per_host)
-    handle = CellHandle(group, profiled=profile)
+                          detached=detach, keep=keep, timeout=timeout, grace=grace, procs_per_host=procs_per_host,
+                          cell=cell)
+    handle = CellHandle(group, profiled=profile, name=cell or None)
     global _last_handle
     _last_handle = handle
     if detach:

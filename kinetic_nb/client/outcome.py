@@ -381,7 +381,7 @@ def resolve_outcome(
         if tampered is not None:  # it would have been raised: the verified error is only a note
             _raise_tampered(tampered, failure)
         extra = []
-        if leader is not None and not leader_ok:
+        if leader is not None and not leader_ok and not leader.stopped:  # stopped: it did not fail
             extra.append(f"The leader (host 0) failed as a consequence: {leader.type_name}: {leader.message}")
         _raise_host_failure(failure, plan.job_id, [i for i in failing if i != index], extra, many=_many(plan),
                             cell=cell)
@@ -393,7 +393,7 @@ def resolve_outcome(
     dead = [i for i in range(plan.world_size) if (i in lost or (i in exits and exits[i].failed))
             and i not in failing and not (i == protocol.LEADER_INDEX and leader is not None)]
     consequences = []
-    if leader_failed:
+    if leader_failed and not leader.stopped:  # stopped after the failure: no failure of its own
         consequences.append(f"The leader (host 0) failed as a consequence: {leader.type_name}: {leader.message}")
     listed = not listing_notes
     if dead:

@@ -408,7 +408,7 @@ class JobPoller:
             state = HostState.PENDING.value
         elif status.cell > self.cell or status.state == HostState.IDLE.value:
             failed = status.cell == self.cell and status.cell_failed
-            stopped = failed and status.message.split(":", 1)[0].endswith("HostStoppedError")
+            stopped = failed and (status.cell_stopped or status.message.split(":", 1)[0].endswith("HostStoppedError"))
             state = (HostState.STOPPED if stopped else HostState.FAILED if failed else HostState.SUCCEEDED).value
         elif status.state in (HostState.FAILED.value, HostState.STOPPED.value):
             state = HostState.RUNNING.value  # its failure counts once it is back to idle
@@ -422,7 +422,10 @@ class JobPoller:
             return JobStatus.SUCCEEDED
         if not all(host.ended for host in hosts):
             return JobStatus.RUNNING if any(host.phase != Phase.STARTUP.value for host in hosts) else JobStatus.PENDING
-        return JobStatus.CANCELLED if self.interrupted and not any(host.exit for host in hosts) else JobStatus.FAILED
+        # Stopped as asked (an interrupt, the cell's timeout) with no host failed or gone: the cell was stopped.
+        stopped_only = all(host.state in (HostState.SUCCEEDED.value, HostState.STOPPED.value) and host.exit is None
+                           for host in hosts)
+        return JobStatus.CANCELLED if stopped_only else JobStatus.FAILED
 
     def _with_quiet(self, hosts: list[HostSnapshot], now: float) -> list[HostSnapshot]:
         """A running host silent (no output, no phase change) for the grace since another ended is quiet: shown

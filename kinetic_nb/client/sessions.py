@@ -417,10 +417,11 @@ class Session:
             return f"session {self.session_id} stopped: {hosts} have ended; its agent had not after {STOP_WAIT_S:g} s"
         return f"session {self.session_id} stopped: {hosts} {'and its agent have' if agent_gone else 'have'} ended"
 
-    def restart(self) -> Session:
-        """Stop this session and start a fresh one of the same shape (fresh state)."""
+    def restart(self, *, on_snapshot: Callable[[JobSnapshot], None] | None = None) -> Session:
+        """Stop this session and start a fresh one of the same shape (fresh state); ``on_snapshot`` sees its
+        hosts start, as ``start``'s does."""
         self.stop("stopped for a restart")
-        return _start_from(self.group, echo=self.echo)
+        return _start_from(self.group, echo=self.echo, on_snapshot=on_snapshot)
 
 
 #: How long ``stop`` waits for the hosts and the agent to be gone.
@@ -502,13 +503,14 @@ def _wait_until_idle(session: Session, timeout: float, on_snapshot: Callable[[Jo
         on_snapshot(dataclasses.replace(snapshot, status=JobStatus.SUCCEEDED, label=f"session {session.session_id} (framework {session.plan.framework}) is up"))
 
 
-def _start_from(group: HostGroup, *, echo: Any) -> Session:
+def _start_from(group: HostGroup, *, echo: Any, on_snapshot: Callable[[JobSnapshot], None] | None = None) -> Session:
     plan = group.plan
     record = json.loads(read_sealed(group.storage, protocol.HANDLE, group.key))
     return start(hosts=plan.hosts, accelerator=plan.accelerator if plan.accelerator != "cpu" else None,
                  backend=get_backend(record.get("backend", "local"), **record.get("backend_options", {})),
                  framework=plan.framework, storage=group.storage.uri.rsplit(f"/{protocol.SESSIONS_DIR}/", 1)[0],
-                 idle_timeout=plan.idle_timeout_s, grace=plan.grace_s, echo=echo, quiet=True)
+                 idle_timeout=plan.idle_timeout_s, grace=plan.grace_s, echo=echo, quiet=True,
+                 on_snapshot=on_snapshot, procs_per_host=plan.procs_per_host)
 
 
 def attach_session(session_id: str, *, storage: str | None = None, echo: Any = True) -> Session:

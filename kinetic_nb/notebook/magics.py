@@ -5,11 +5,13 @@ Everything else is the client (``kinetic_nb.client``): launching, handles, sessi
 
 from __future__ import annotations
 
+import contextvars
 import datetime
 import keyword
 import re
 import shlex
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +24,7 @@ from IPython.core.magic_arguments import (
     magic_arguments,
     parse_argstring,
 )
+from IPython.display import display
 from IPython.utils.process import arg_split
 from traitlets import Float, Unicode
 
@@ -40,15 +43,18 @@ from kinetic_nb.errors import (
     PostMortemError,
     UnknownAcceleratorError,
 )
-from kinetic_nb.notebook.display import live_view
+from kinetic_nb.notebook.display import WidgetView, live_view
 from kinetic_nb.notebook.session_commands import (
     SLICE_FLAGS,
     check_cell_fits_session,
     doctor_parser,
     session_start_parser,
     start_session,
+    with_start_panel,
 )
 from kinetic_nb.runner.redact import MASK, SecretValue
+from kinetic_nb.runner.stacks import readable_stacks
+from kinetic_nb.state import HostState
 
 #: The ``%kinetic`` line magic's subcommands, in the order its help lists them.
 SUBCOMMANDS = ("start", "stop", "restart", "profile", "pm", "sessions", "jobs", "attach", "cancel", "logs", "stacks", "gc",
@@ -137,8 +143,12 @@ _LINE_PARSERS = {
                       (("--trust-unsigned",), dict(action="store_true",
                                                    help="Read a job stored before records were signed."))),
     "cancel": _parser("%kinetic cancel", (("job_id",), {})),
-    "logs": _parser("%kinetic logs", (("job_id",), {}), (("--host",), dict(type=int, default=0))),
-    "stacks": _parser("%kinetic stacks", (("job_id",), {}), (("--host",), dict(type=int, default=None))),
+    "logs": _parser("%kinetic logs", (("job_id",), {}), (("--host",), dict(
+        type=int, default=0, metavar="RANK", help="The process, by its rank (the host's index where each host runs "
+                                                  "one process); default: the leader, rank 0."))),
+    "stacks": _parser("%kinetic stacks", (("job_id",), {}), (("--host",), dict(
+        type=int, default=None, metavar="RANK", help="The process, by its rank (the host's index where each host "
+                                                     "runs one process); default: every process."))),
     "start": session_start_parser(_parser),
     "stop": _parser("%kinetic stop"),
     "profile": _parser("%kinetic profile"),
@@ -155,7 +165,8 @@ _LINE_PARSERS = {
 
 _LINE_PARSERS["pm"].add_argument("--cell", action="store_true",
                                  help="In the cell's own innermost frame (default: where it was raised, as %%debug).")
-_LINE_PARSERS["pm"].add_argument("host", help="The host (its rank) whose last failure to look into.")
+_LINE_PARSERS["pm"].add_argument("host", metavar="RANK", help="The process, by its rank (the host's index where "
+                                 "each host runs one process), whose last failure to look into.")
 _LINE_PARSERS["pm"].add_argument("expression", nargs="+", help="What to evaluate there, as Python.")
 
 
@@ -203,9 +214,6 @@ _BackendSettings = type("_BackendSettings", (Magics,), {
 class KineticMagics(_BackendSettings):
     #: The session this notebook's cells run on (``%kinetic start``), or None.
     session: Session | None = None
-    #: The session ``%kinetic stop`` stopped, until another starts: a cell then says so instead of quietly
-    #: running as a one-shot job on one host.
-    stopped_session: str | None = None
     #: ``%kinetic profile``: the session's next cell runs under its framework's profiler.
     profile_next: bool = False
 
@@ -235,6 +243,8 @@ class KineticMagics(_BackendSettings):
     @argument("--profile", action="store_true",
               help="Run the cell under its framework's profiler (JAX's, torch's) on every host, and merge the hosts' "
                    "traces into one, aligned on the cell's barrier.")
+    @argument("--profile-dir", default=None, metavar="DIR",
+              help="Where the merged trace of --profile (or %%kinetic profile) is saved (default: the notebook's folder).")
     @argument("--once", action="store_true",
               help="Run a one-shot job beside the session this notebook is on (%%kinetic start), on purpose.")
     @_backend_flags
@@ -275,15 +285,13 @@ class KineticMagics(_BackendSettings):
             raise UsageError(str(error)) from None
         out = _names(args.out)
         source = f"# %%kinetic {line}\n{cell}"
-        if self.session is None and self.stopped_session is not None and not args.once:
-            raise UsageError(f"session {self.stopped_session} was stopped (%kinetic stop): %kinetic start starts "
-                             "another; %%kinetic --once runs this cell as a one-shot job")
         if self.session is not None and not args.once:
             check_cell_fits_session(self.session, args, self._backend_options(args), _environment(args.env))
             try:
                 handle = self.session.run(source, out=out, namespace=self.shell.user_ns, timeout=args.timeout,
                                           cell_name=f"kinetic In[{self._cell_number()}]",
                                           profile=args.profile or self.profile_next)
+                handle.profile_dir = args.profile_dir
                 self.profile_next = False
             except (CaptureError, SessionEndedError, ValueError) as error:
                 raise UsageError(str(error)) from None
@@ -312,6 +320,7 @@ class KineticMagics(_BackendSettings):
             )
         except (CaptureError, UnknownAcceleratorError, ValueError) as error:
             raise UsageError(str(error)) from None
+        handle.profile_dir = args.profile_dir
         if args.detach:
             handle.group.detached = True
             return handle
@@ -327,8 +336,9 @@ class KineticMagics(_BackendSettings):
         try:
             value = handle.result(on_snapshot=view.update if view else None)
         finally:
-            if view is not None:
-                view.close(handle.snapshot())
+            if view is not None:  # the outcome, and each host as it ended or as being stopped
+                view.close(handle.final or handle.snapshot())
+                follow_stopping_hosts(handle, view)
             if handle.profiled:
                 self._say_profile(handle)
         # Names the cell did not bind when it ran were warned about; others were never asked for.
@@ -345,10 +355,12 @@ class KineticMagics(_BackendSettings):
         """Where the merged profile is, after the cell's outcome (a failed cell's too); a profile that cannot be
         merged is one line, never in place of the cell's own outcome."""
         try:
-            lines = handle.profile().describe(handle.poller.plan.name_of)
+            notice = handle.profile().notice(handle.poller.plan.name_of)
         except Exception as error:  # noqa: BLE001 - the cell's outcome comes first
-            lines = [f"kinetic_nb: the cell's profile could not be merged: {type(error).__name__}: {error}"]
-        print("\n".join(lines), file=sys.stderr, flush=True)
+            print(f"kinetic_nb: the cell's profile could not be merged: {type(error).__name__}: {error}",
+                  file=sys.stderr, flush=True)
+            return
+        display(notice, raw=True)  # news, not an error: a link to the trace, which JupyterLab opens
 
     def _cell_number(self) -> int:
         """This cell's ``In[n]``: IPython stores the input before running it (and
@@ -368,15 +380,16 @@ class KineticMagics(_BackendSettings):
                            [--idle-timeout S]        (its hosts, framework and variables stay warm)
             %kinetic stop / restart                  stop this notebook's session / start it afresh
             %kinetic profile                         profile the session's next cell on every host
-            %kinetic pm HOST [--cell] EXPR           evaluate EXPR where HOST's last session cell failed
+            %kinetic pm RANK [--cell] EXPR           evaluate EXPR where process RANK's last session cell failed
                                                      (as %debug would; its frame is kept until the next cell)
             %kinetic sessions                        this user's sessions, from any kernel
             %kinetic jobs [-n LIMIT]                 recent jobs and their state
             %kinetic attach JOB_ID [-o NAME[,NAME]]  wait for a job again (also after a restart);
                                                      with a session id (ks-...), bind this notebook to it
             %kinetic cancel JOB_ID                   stop every host of a job
-            %kinetic logs JOB_ID [--host I]          one host's output
-            %kinetic stacks JOB_ID [--host I]        every running host's Python stacks (a hang's where)
+            %kinetic logs JOB_ID [--host RANK]       one process's output, by rank (0 = leader; a host's
+                                                     index where each host runs one process)
+            %kinetic stacks JOB_ID [--host RANK]     every running process's Python stacks (a hang's where)
             %kinetic gc --older-than 7d              remove old jobs that have ended
             %kinetic doctor [-a NAME]                is the cluster (-b kubernetes) ready, and the bucket?
                                                      each failure with the command that fixes it
@@ -406,21 +419,22 @@ class KineticMagics(_BackendSettings):
         if self.session is not None and self.session.ended() is None:
             raise UsageError(f"this notebook is on session {self.session.session_id} already: %kinetic stop first")
         self.session = start_session(args, self._backend_options(args), _environment(args.env))
-        self.stopped_session = None
         return self.session
 
     def _line_stop(self, args: Any) -> None:
         if self.session is None:
             raise UsageError("this notebook is on no session (%kinetic start starts one)")
+        # Back where it was before %kinetic start: the next %%kinetic cell is a one-shot cell. (A session that
+        # ended on its own stays this notebook's, and its next cell says so: no one loses state unknowingly.)
         print(self.session.stop())
-        self.stopped_session = self.session.session_id
         self.session = None
 
     def _line_restart(self, args: Any) -> Any:
         if self.session is None:
             raise UsageError("this notebook is on no session (%kinetic start starts one)")
-        self.session = self.session.restart()
-        print(self.session.summary())
+        session = self.session
+        self.session = with_start_panel(session.plan.world_size, session.plan.procs_per_host,
+                                        lambda show: session.restart(on_snapshot=show))
         return self.session
 
     def _line_pm(self, rest: str) -> None:
@@ -464,17 +478,17 @@ class KineticMagics(_BackendSettings):
         if not records:
             print("no kinetic jobs yet")
             return
-        print(f"{'job':<26}  {'submitted':<19}  {'hosts':>5}  {'accelerator':<12}  state")
+        print(f"{'job':<26}  {'cell':<9}  {'submitted':<19}  {'hosts':>5}  {'accelerator':<12}  state")
         for record in records:  # each field checked by jobs(); no control character can start a row of its own
             when = (datetime.datetime.fromtimestamp(record.submitted_at).strftime("%Y-%m-%d %H:%M:%S")
                     if record.submitted_at else "-")
-            print(printable(f"{record.job_id:<26}  {when:<19}  {record.hosts:>5}  {record.accelerator:<12}  "
+            print(printable(f"{record.job_id:<26}  {record.cell or '-':<9}  {when:<19}  {record.hosts:>5}  "
+                            f"{record.accelerator:<12}  "
                             f"{record.status}"))
 
     def _line_attach(self, args: Any) -> Any:
         if args.job_id.startswith("ks-"):  # a session: this notebook's cells run on it from now on
             self.session = attach_session(args.job_id, storage=args.storage)
-            self.stopped_session = None
             return self.session
         handle = catalog.attach(args.job_id, storage=args.storage, echo=True, key_file=args.key_file,
                                 trust_unsigned=args.trust_unsigned)
@@ -490,7 +504,7 @@ class KineticMagics(_BackendSettings):
         if not stacks:
             print(f"job {args.job_id}: no host is running")
         for index, text in stacks.items():
-            print(f"--- host {index} ---\n{text.rstrip()}\n")
+            print(f"--- rank {index} ---\n{readable_stacks(text).rstrip()}\n")
 
     def _line_logs(self, args: Any) -> None:
         print(catalog.attach(args.job_id, storage=args.storage).logs(args.host), end="")
@@ -515,6 +529,28 @@ class KineticMagics(_BackendSettings):
 for _magic in vars(KineticMagics).values():
     if hasattr(_magic, "parser"):  # each @magic_arguments() parser: IPython builds it, this refuses abbreviations
         refuse_abbreviations(_magic.parser)
+
+
+def follow_stopping_hosts(handle: CellHandle, view: Any) -> threading.Thread | None:
+    """Once the cell returned, redraw its panel when the hosts it showed as being stopped have ended, so that
+    its last state stays the truth; in the cell's context (the kernel's parent header), as ``watch`` does. A
+    text twin has printed its summary already: it is not printed twice."""
+    if not isinstance(view, WidgetView) or handle.final is None or not any(
+            host.state == HostState.STOPPING.value for host in handle.final.hosts):
+        return None
+
+    def follow() -> None:
+        try:
+            settled = handle.settled()
+        except Exception:  # noqa: BLE001 - a background redraw; the cell has returned its outcome
+            return
+        if settled is not None:
+            view.close(settled)
+
+    context = contextvars.copy_context()
+    thread = threading.Thread(target=context.run, args=(follow,), name=f"kinetic-settle-{handle.job_id}", daemon=True)
+    thread.start()
+    return thread
 
 
 def show_kinetic_error(shell: Any, etype: type, value: BaseException, tb: Any, tb_offset: int | None = None

@@ -85,8 +85,20 @@ def start_session(args: Any, options: Mapping[str, Any], env: Mapping[str, str])
         per_host = choose_procs_per_host(acc, args.framework, args.procs_per_host)
     except ValueError as error:
         raise UsageError(str(error)) from None
-    # The same panel as a cell's, live while the hosts start; one line once they are all up.
-    view = live_view(hosts * per_host, brief=True, procs_per_host=per_host)
+    try:
+        return with_start_panel(hosts * per_host, per_host, lambda show: sessions.start(
+            hosts=args.hosts, accelerator=args.accelerator, backend=backend, framework=args.framework, env=env,
+            storage=args.storage, idle_timeout=args.idle_timeout, grace=args.grace, on_snapshot=show,
+            procs_per_host=args.procs_per_host))
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+
+
+def with_start_panel(processes: int, per_host: int, start: Callable[[Callable[[JobSnapshot], None]], Session]
+                     ) -> Session:
+    """``start(show)``, with the same panel as a cell's live while the hosts start (``%kinetic start`` and
+    ``restart`` alike); one line once they are all up, the hosts as they ended if they did not come up."""
+    view = live_view(processes, brief=True, procs_per_host=per_host)
     last: list[JobSnapshot] = []
 
     def show(snapshot: JobSnapshot) -> None:
@@ -94,16 +106,10 @@ def start_session(args: Any, options: Mapping[str, Any], env: Mapping[str, str])
         view.update(snapshot)
 
     try:
-        session = sessions.start(hosts=args.hosts, accelerator=args.accelerator, backend=backend,
-                                 framework=args.framework, env=env, storage=args.storage,
-                                 idle_timeout=args.idle_timeout, grace=args.grace, on_snapshot=show,
-                                 procs_per_host=args.procs_per_host)
-    except ValueError as error:
-        raise UsageError(str(error)) from None
+        return start(show)
     finally:
         if last:
             view.close(last[0])
-    return session
 
 
 def check_cell_fits_session(session: Session, args: Any, backend_options: Mapping[str, Any],

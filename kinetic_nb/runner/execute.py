@@ -272,13 +272,15 @@ class HostRun:
         self.status.update(state=state, phase=self.phase, message=first_line, traceback=self.failure_traceback,
                            frame_locals=self.failure_locals)
         # One line in the log: the traceback travels in the payload, and the
-        # leader's log is echoed into the cell, which raises it anyway.
+        # leader's log is echoed into the cell, which raises it anyway. A stop
+        # the user asked for says nothing there: its record and row say it.
         name = self.plan.name_of(self.host_index) if self.plan is not None else f"host {self.host_index}"
         if not stopped and frameworks.lost_a_peer(first_line):
             # A peer's failure, as the framework says it (and says again as it winds down): the host's log keeps
             # it, the cell's output and the host's row do not (its row shows its failure's own line).
             marks.framework_teardown_starts()
-        print(f"{name} {'stopped' if stopped else 'failed'} in phase {self.phase}: {first_line}", file=sys.stderr)
+        if not stopped:
+            print(f"{name} failed in phase {self.phase}: {first_line}", file=sys.stderr)
         if stopped and not self.is_leader:
             return  # a stopped worker reports nothing: it did not fail on its own
         if self.key is None:

@@ -226,7 +226,7 @@ class CellGroup:
             if self.plan.framework not in ("auto", "none"):  # "auto": the first cell that imports one says which
                 self._initialize(self.plan.framework)
         except BaseException as error:  # noqa: BLE001 - the session never came up
-            return self._exit_code(self._report(error))
+            return self._exit_code(self._report(error, stopped=isinstance(error, HostStoppedError)))
         run.status.update(state=HostState.IDLE, cell=0, names=held_names(self.namespace))
         run.status_defer_s = STATUS_DEFER_S  # a quick cell's status is written once, when it is done
         signal.signal(signal.SIGINT, self._note_interrupt)  # an interrupt reaches a cell, never the loop
@@ -324,8 +324,8 @@ class CellGroup:
             self.channel.send(name, data if data is not None else STORED)
         return io.BytesIO(data) if data is not None else plain.open_read(name)
 
-    def _report(self, error: BaseException) -> BaseException:
-        self.run.report_failure(error, stopped=isinstance(error, HostStoppedError))
+    def _report(self, error: BaseException, *, stopped: bool) -> BaseException:
+        self.run.report_failure(error, stopped=stopped)
         return error
 
     @staticmethod
@@ -360,6 +360,7 @@ class CellGroup:
         else:
             run.enter(Phase.PAYLOAD_LOAD)
         failure: BaseException | None = None
+        stopped = False  # the cell was stopped as asked (an interrupt, its timeout), not failed
         profiler: CellProfiler | None = None
         try:
             # Interrupted while it waited behind another cell, it never runs: asked while the payload loads (on a
@@ -399,8 +400,12 @@ class CellGroup:
             if run.is_leader:  # a worker's value is never pickled: only the leader owns the cell's value
                 run.report_success(value, self.namespace, cell[protocol.CELL_OUT_NAMES])
         except BaseException as error:  # noqa: BLE001 - SystemExit and KeyboardInterrupt fail the cell too
-            failure = self._report(error)
-            if self.kept and not isinstance(error, HostStoppedError):
+            # An interrupt the notebook (or the agent, at the cell's timeout) asked for stops the cell: asked
+            # for, it is no failure, and no host is shown failed for it.
+            stopped = isinstance(error, HostStoppedError) or (
+                self.kept and isinstance(error, KeyboardInterrupt) and self.interrupted(seq))
+            failure = self._report(error, stopped=stopped)
+            if self.kept and not stopped:
                 self._tell_the_agent(seq, error)
         if not self.kept:
             return failure
@@ -409,7 +414,8 @@ class CellGroup:
         marks.cell_ended(seq)  # the agent stores the cell's output now (what was printed before included)
         # Back to idle in the phase the cell ended in (nothing is torn down), with its failure as it was shown.
         failed = failure is not None
-        run.status.update(state=HostState.IDLE, cell=seq, cell_failed=failed, names=held_names(self.namespace),
+        run.status.update(state=HostState.IDLE, cell=seq, cell_failed=failed, cell_stopped=failed and stopped,
+                          names=held_names(self.namespace),
                           message=run.failure_line if failed else "",
                           traceback=run.failure_traceback if failed else "",
                           frame_locals=run.failure_locals if failed else [])

@@ -37,6 +37,12 @@ def client_wakeup_path(session_id: str) -> str:
     return str(session_socket_directory(session_id) / f"client-{os.getpid()}.sock")
 
 
+def agent_wakeup_path(session_id: str) -> str:
+    """A local session's agent's socket: a notebook that stored a control record (an interrupt) wakes it, so it
+    looks now rather than at its next look."""
+    return str(session_socket_directory(session_id) / "agent.sock")
+
+
 def wake_clients(session_id: str) -> None:
     """Wake every notebook waiting on a cell of ``session_id`` (one look at the session's socket directory)."""
     directory = session_socket_directory(session_id)
@@ -80,10 +86,19 @@ class Wakeup:
     def sleep(self, seconds: float) -> None:
         """Wait up to ``seconds``, less if woken; every wakeup that arrived meanwhile is taken."""
         readable, _, _ = select.select([self._socket], [], [], seconds)
-        while readable:
+        if readable:
+            self.take()
+
+    def fileno(self) -> int:
+        """For a selector that waits on this socket among others (the agent's)."""
+        return self._socket.fileno()
+
+    def take(self) -> None:
+        """Take every wakeup that arrived."""
+        while True:
             try:
                 self._socket.recv(16)
-            except BlockingIOError:
+            except (BlockingIOError, OSError):
                 return
 
     def close(self) -> None:

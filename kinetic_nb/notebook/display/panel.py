@@ -61,6 +61,7 @@ STATE_COLORS = {
     HostState.SUCCEEDED: "#43a047",
     HostState.FAILED: "#e53935",
     HostState.STOPPED: "#78909c",  # grey, never red: kinetic_nb stopped it (asked to, or after another failed)
+    HostState.STOPPING: "#b0bec5",
     HostState.LOST: "#6d4c41",
     HostState.QUIET: "#8e24aa",
 }
@@ -154,7 +155,7 @@ def _label(host: HostSnapshot, procs_per_host: int) -> str:
 
 
 #: A host's state in its row, where it runs several processes: the first of these its processes are in.
-HOST_STATE_ORDER = (HostState.FAILED, HostState.LOST, HostState.QUIET, HostState.STOPPED,
+HOST_STATE_ORDER = (HostState.FAILED, HostState.LOST, HostState.QUIET, HostState.STOPPED, HostState.STOPPING,
                     HostState.RUNNING,
                     HostState.READY, HostState.PENDING, HostState.IDLE, HostState.SUCCEEDED)
 
@@ -403,7 +404,9 @@ def text_summary(snapshot: JobSnapshot, *, brief: bool = False) -> str:
                      "last line / exit")
     for host in hosts:
         leader = "*" if host.is_leader else " "
-        tail = host.exit_summary if host.exit and not host.fine else host.last_line[:LAST_LINE_CHARS]
+        # A host that ended badly: how; one kinetic_nb stopped (its state says so): its last line, as any other.
+        tail = host.exit_summary if host.exit and not host.fine and host.state != HostState.STOPPED.value else \
+            host.row_line[:LAST_LINE_CHARS]
         lines.append(f"{_label(host, per):>5}{leader}  {host.state:<9}  {phase_words(host.phase):<20}  "
                      f"{_seconds(host.elapsed(snapshot.taken_at)):>7}  {tail}")
     memory, flags = _memory_lines(snapshot)

@@ -47,6 +47,9 @@ class HostState(str, enum.Enum):
     #: Shown by the client, never written by a host: still running, but it has
     #: printed nothing and changed no phase for ``grace_s`` since another host ended.
     QUIET = "quiet"
+    #: Shown by the client, never written by a host: still running when its cell's outcome was decided (an
+    #: interrupt, a timeout, another host's failure), and being stopped by kinetic_nb.
+    STOPPING = "stopping"
 
     def __str__(self) -> str:
         return self.value
@@ -225,6 +228,9 @@ class HostStatus:
     #: A session's host: the cell it is on (or last finished), and how that cell went on it.
     cell: int = 0
     cell_failed: bool = False
+    #: A session's host: its last cell was stopped as asked (interrupted by the user, or at its timeout), not
+    #: failed (``cell_failed`` is true as well: the cell did not succeed).
+    cell_stopped: bool = False
     #: A session's host: the names its namespace holds after its last cell (what the notebook need not ship).
     names: list = dataclasses.field(default_factory=list)
     #: Counts the host's writes of this record: a reader never goes back to a lower one, so an older
@@ -260,6 +266,9 @@ class ExitSummary:
     #: or the host itself at a barrier after another failed, as its status recorded. Never read from an exit
     #: code, which a cell's own ``os._exit(n)`` can produce.
     stopped: bool = False
+    #: Why kinetic_nb stopped it, in the words its row shows: "interrupted", "at the job's timeout of 3 s",
+    #: "after another host failed" (the default when a stopped host's record says nothing).
+    stopped_because: str = ""
     ended_at: float = 0.0
     #: The platform's word for it, when it has one (a pod's OOMKilled, Evicted, Unschedulable).
     reason: str = ""
@@ -288,7 +297,7 @@ class ExitSummary:
         if self.reason:
             how += f" ({self.reason})"
         if self.stopped:
-            how += " (stopped after another host failed)"
+            how += f" (stopped {self.stopped_because or 'after another host failed'})"
         if self.storage_error:
             how += f" (storage error: {self.storage_error})"
         return how
@@ -347,6 +356,8 @@ class CancelRequest:
     at: float
 
     TIMEOUT: ClassVar[str] = "timeout"
+    #: The notebook decided the cell on one host's failure and stops the hosts still running it, at once.
+    AFTER_FAILURE: ClassVar[str] = "another host failed"
 
     def to_json(self) -> bytes:
         return _to_json(self)
