@@ -35,6 +35,16 @@ goal from issue 13:
    hosts also run JAX's threads (no goal); each against an idle JAX engine's,
    with the agent's own beside it.
 
+After rows 1 and 2, the trivial cell's hot path, a line per cost (the median
+over ``--runs`` cells of the same session, then each feature's own cost
+measured alone in this process, median of many): where a warm cell's time
+goes (submit; the hosts' payload load, barrier and execute, and back to idle;
+the notebook seeing the outcome; reading the value and removing the cell's
+outcome objects), and what each feature a cell pays for costs on its own (a
+record sealed and verified, a channel frame encrypted and decrypted, a marks
+frame taken by a reader, the memory figures, the outcome's cleanup).
+``--hot-path-only`` runs rows 1 and 2 and these lines alone.
+
 Then the remote table, twice (``--remote-only`` runs them alone): a 4-host
 session on ``gs://``, the emulator behind ``benchmarks/delay_proxy.py``, which
 delays each request by D; first with the notebook on the session's direct
@@ -62,7 +72,7 @@ ipyparallel is a benchmark-only dependency, not the package's (``--remote-only``
 
     pip install ipyparallel
     python benchmarks/session_roundtrip.py [--runs 21] [--starts 3] [--cells 200] [--age 600] [--no-ray]
-                                           [--remote-only]
+                                           [--remote-only | --hot-path-only]
 """
 
 from __future__ import annotations
@@ -75,6 +85,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -282,6 +293,89 @@ def ray_trivial_cells(runs: int, view: ipyparallel.DirectView) -> tuple[float, f
         return paired_medians(runs, lambda: session.run(TRIVIAL).result(timeout=HANG_S), lambda: view.execute(TRIVIAL, block=True))
 
 
+#: Each feature's own cost on the hot path is the median of this many calls.
+FEATURE_CALLS = 300
+
+
+def hot_path(session: kinetic_nb.Session, runs: int) -> None:
+    """A line per cost the trivial cell pays on its way, from ``runs`` cells of ``session`` (medians): the
+    stages as the hosts' status records and this notebook's clock tell them, then each feature alone."""
+    stages: dict[str, list[float]] = collections.defaultdict(list)
+    session.run(TRIVIAL).result(timeout=HANG_S)
+    for _ in range(runs):
+        started = time.time()
+        cell = session.run(TRIVIAL)
+        submitted = time.time()
+        cell.wait(timeout=HANG_S)
+        decided = time.time()
+        cell.result(timeout=HANG_S)
+        returned = time.time()
+        statuses = [read_host_status(session.storage, session.group.key, i) for i in range(HOSTS)]
+        phases = [dict(status.history) for status in statuses]
+        idle = max(status.updated_at for status in statuses)
+        stages["submit: the payload sealed and stored, the hosts woken"].append(submitted - started)
+        stages["hosts: woken -> the cell's payload loaded"].append(
+            max(p.get("start barrier", submitted) for p in phases) - submitted)
+        stages["hosts: the cell's barrier"].append(
+            max(p.get("execute", submitted) for p in phases) - max(p.get("start barrier", submitted) for p in phases))
+        stages["hosts: the cell run, its value stored, back to idle"].append(
+            idle - max(p.get("execute", submitted) for p in phases))
+        stages["notebook: the last host idle -> the outcome seen"].append(decided - idle)
+        stages["notebook: the value read, the outcome's objects removed"].append(returned - decided)
+        stages["the whole round trip"].append(returned - started)
+    for name, samples in stages.items():
+        print(f"   {name:<58} {statistics.median(samples) * 1000:7.2f} ms")
+    for name, seconds in feature_costs().items():
+        print(f"   {'feature: ' + name:<58} {seconds * 1e6:7.0f} us")
+
+
+def feature_costs() -> dict[str, float]:
+    """Each feature a warm cell pays for, alone in this process: the median seconds of one use."""
+    from kinetic_nb.client.host_group import remove_job_objects
+    from kinetic_nb.runner import encryption, envelope, marks, memory
+    from kinetic_nb.runner.marks import MarkReader
+    from kinetic_nb.storage import LocalStorage
+
+    key = os.urandom(32)
+    status = b'{"state": "idle", "phase": "execute"}' * 8
+    frame = os.urandom(1024)
+
+    def sealed_record() -> None:
+        envelope.unseal(key, "hosts/0/status.json", envelope.seal(key, "hosts/0/status.json", status), where="bench")
+
+    def channel_frame() -> None:
+        encryption.decrypt(key, "bench", "frame", encryption.encrypt(key, "bench", "frame", frame))
+
+    costs = {"a record sealed and verified (HMAC-SHA256)": median_seconds(FEATURE_CALLS, sealed_record),
+             "a channel frame encrypted and decrypted (AES-GCM, 1 KiB)": median_seconds(FEATURE_CALLS, channel_frame),
+             "the memory figures": median_seconds(FEATURE_CALLS, memory.measure)}
+    read_end, write_end = os.pipe()
+    reader = threading.Thread(target=lambda: [MarkReader().feed(data) for data in iter(
+        lambda: os.read(read_end, 1 << 16), b"")], daemon=True)
+    reader.start()
+    marks.attach(write_end)
+    try:
+        costs["a marks frame sent and taken by a reader thread"] = median_seconds(
+            FEATURE_CALLS, lambda: (marks.cell_started(1), marks.taken()))
+    finally:
+        marks.attach(None)
+        os.close(write_end)
+        reader.join(5)
+        os.close(read_end)
+    with tempfile.TemporaryDirectory(prefix="kinetic-bench-cleanup-") as folder:
+        cell = LocalStorage(folder).child("cells/000001")
+
+        removals = []
+        for _ in range(FEATURE_CALLS // 10):  # what a 4-host cell leaves: its outcome, each host's end and output
+            cell.write_bytes("result.pkl", b"x" * 64)
+            for index in range(HOSTS):
+                cell.write_bytes(f"hosts/{index}/done.json", b"{}")
+                cell.write_bytes(f"log/{index}/000000.json", b"[]")
+            removals.append(timed(lambda: remove_job_objects(cell, keep=("log/", "hosts/")))[0])
+        costs["the outcome's objects removed (a 4-host cell's)"] = statistics.median(removals)
+    return costs
+
+
 #: The delays of the remote table, per request (Cloud Storage answers in tens of milliseconds).
 DELAYS_S = (0.0, 0.010, 0.025, 0.050)
 REMOTE_BURST = 100
@@ -435,6 +529,8 @@ def main() -> None:
     parser.add_argument("--age", type=int, default=600, help="cells of the gs:// session of row 4b")
     parser.add_argument("--no-ray", action="store_true", help="skip row 1b and the Ray remote table (a local Ray cluster)")
     parser.add_argument("--remote-only", action="store_true", help="only the remote table (rows R1-R5)")
+    parser.add_argument("--hot-path-only", action="store_true",
+                        help="only rows 1 and 2 and the trivial cell's hot path, a line per cost")
     args = parser.parse_args()
     sys.stdout.reconfigure(line_buffering=True)  # each row as it is measured, also into a file
     workdir = Path(tempfile.mkdtemp(prefix="kinetic-bench-"))
@@ -466,6 +562,10 @@ def main() -> None:
             row("1b. trivial cell, ray session", *ray_trivial_cells(args.runs, view), "none (a figure)")
         row("2. JAX allgather cell", *paired_medians(args.runs, lambda: session.run(ALLGATHER).result(timeout=HANG_S),
                                                      lambda: view.execute(ALLGATHER, block=True)), "<= 1.5x")
+        print("the trivial cell's hot path, a line per cost:")
+        hot_path(session, args.runs)
+        if args.hot_path_only:
+            return
 
         started, one_shot = session_start_vs_one_shot(args.starts)
         row("3. session start vs one-shot job", started, one_shot, "<= 1.2x")
