@@ -126,7 +126,9 @@ def test_a_timeout_and_a_cancel_are_one_line(tmp_path):
                                (cancelled, "JobCancelledError", "was cancelled")):
         error = error_of(cell)
         assert error.ename == ename and words in error.evalue
-        assert len(error.traceback) == 1 and "Traceback" not in error.traceback[0]
+        # One line, and for a timeout where each host was: never a traceback of kinetic_nb's frames.
+        assert error.traceback[0] == f"{ename}: {error.evalue}" and "Traceback" not in "\n".join(error.traceback)
+        assert len(error.traceback) == (2 if ename == "KineticTimeoutError" else 1), error.traceback
 
 
 def test_storage_mistakes_are_one_line_and_tb_shows_where(tmp_path):

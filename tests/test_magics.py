@@ -193,7 +193,7 @@ def test_remote_exception_is_raised_in_the_shell(shell):
     assert re.search(r"^ValueError +Traceback from host 1 \(most recent call last\)$", rendered, re.M)
     assert re.search(r"^Cell In\[\d+\], line 4\n----> 4 raise ValueError\('nope'\)$", rendered, re.M)
     assert "\x1b[31m\x1b[1mValueError\x1b[0m: nope" in coloured
-    assert rendered.splitlines()[-2].startswith("Reported by host 1")
+    assert rendered.splitlines()[-1].startswith("Reported by host 1")
 
 
 def test_env_values_are_masked_in_every_spelling_the_parser_takes():

@@ -57,6 +57,51 @@ SESSION_CELLS = [
 ]
 
 
+#: Every way a cell ends (#39's table), as a one-shot and as a session cell; the kernel is interrupted as
+#: JupyterLab's stop button does it (SIGINT to the kernel), from a timer armed by the cell before.
+INTERRUPT_IN = ("import os, signal, threading\n"
+                "threading.Timer({}, lambda: os.kill(os.getpid(), signal.SIGINT)).start()")
+HOST = "int(os.environ['KINETIC_HOST_INDEX'])"
+ENDINGS = {
+    "interrupted": ("", "import time\nprint('working', flush=True)\ntime.sleep(60)", 2.0),
+    "killed": ("", f"import os, time\nprint('this cell', flush=True)\ntime.sleep(0.5)\nif {HOST} == 1:\n"
+                   "    os._exit(3)\ntime.sleep(4)", None),
+    "raised": ("", f"import os, time\nprint('this cell', flush=True)\nif {HOST} == 2:\n"
+                   "    raise ValueError('host 2 broke')\n'done'", None),
+    "timed-out": ("--timeout 3", "import time\nprint('this cell', flush=True)\ntime.sleep(60)", None),
+    "printed": ("", "import sys, time\nfor i in range(10_000):\n    print(f'line {i}')\n"
+                    "for p in range(0, 101, 25):\n    print(f'\\rprogress {p}%', end='', flush=True)\n"
+                    "    time.sleep(0.1)\nprint()\n'printed'", None),
+}
+
+
+def endings_cells() -> tuple[list[str], dict[tuple[str, str], int]]:
+    """The endings notebook's cells after ``%load_ext``, and where each ending's kinetic cell is."""
+    cells: list[str] = []
+    where: dict[tuple[str, str], int] = {}
+    for kind in ("one-shot", "session"):
+        if kind == "session":
+            cells.append("%kinetic start -n 4 --framework none")
+        for name, (flags, source, interrupt_at) in ENDINGS.items():
+            if kind == "session" and name == "killed":
+                continue  # last: it ends the session
+            if interrupt_at is not None:
+                cells.append(INTERRUPT_IN.format(interrupt_at))
+            cells.append(f"%%kinetic {'-n 4 ' if kind == 'one-shot' else ''}{flags}\n{source}")
+            where[kind, name] = len(cells)
+    cells.append("_session = get_ipython().magics_manager.registry['KineticMagics'].session\n"
+                 "_running = _session.run(\"import time\\nprint('the running cell', flush=True)\\ntime.sleep(5)\")\n"
+                 "import time; time.sleep(0.5)\n" + INTERRUPT_IN.format(1.0))
+    cells.append("%%kinetic\nprint('the queued cell', flush=True)")
+    where["session", "withdrawn"] = len(cells)
+    cells.append("_running.result()")
+    flags, source, _ = ENDINGS["killed"]
+    cells.append(f"%%kinetic\n{source}")
+    where["session", "killed"] = len(cells)
+    cells.append("%kinetic stop")
+    return cells, where
+
+
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -66,10 +111,12 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def jupyterlab(tmp_path_factory):
     root = tmp_path_factory.mktemp("lab")
-    for name, cells in (("panel.ipynb", [CELL]), ("session.ipynb", SESSION_CELLS), ("memory.ipynb", [MEMORY_CELL])):
+    for name, cells in (("panel.ipynb", [CELL]), ("session.ipynb", SESSION_CELLS), ("memory.ipynb", [MEMORY_CELL]),
+                        ("endings.ipynb", endings_cells()[0])):
         # A cell tagged raises-exception fails without stopping "Run All Cells" (the session is stopped after).
         notebook = new_notebook(cells=[new_code_cell("%load_ext kinetic_nb"), *(
-            new_code_cell(cell, metadata={"tags": ["raises-exception"]} if "raise" in cell else {})
+            new_code_cell(cell, metadata={"tags": ["raises-exception"]} if "%%kinetic" in cell or "raise" in cell
+                          else {})
             for cell in cells)])
         notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
         nbformat.write(notebook, root / name)
@@ -210,6 +257,42 @@ def test_a_session_cells_panel_ends_as_a_one_shot_jobs_does(jupyterlab):
             # The host's traceback as IPython draws one: the arrow on the line that raised.
             error = failing.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
             assert "----> 5 raise ValueError('bad shard')" in error.inner_text().replace("\u00a0", " ")
+    finally:
+        for left in kinetic_nb.sessions():  # a session the notebook did not get to stop
+            if left["state"] == "up":
+                kinetic_nb.attach_session(left["session_id"], echo=False).stop()
+
+
+def test_every_way_a_cell_ends_is_drawn_as_it_ended(jupyterlab):
+    """The panel's last state in JupyterLab for each ending, one-shot and session: the outcome (never RUNNING),
+    a stop grey, never red. Each panel's screenshot is in build/test-output/ending-*.png (docs/images/ keeps
+    some)."""
+    _, where = endings_cells()
+    try:
+        with notebook_run(jupyterlab("endings.ipynb"), "endings", 1400) as page:
+            page.get_by_text("stopped: its 4 hosts", exact=False).wait_for(timeout=300_000)
+            cells = page.locator(".jp-Notebook .jp-CodeCell")
+            expected = {"interrupted": "INTERRUPTED", "killed": "FAILED", "raised": "FAILED", "timed-out": "TIMED OUT",
+                        "printed": "SUCCEEDED", "withdrawn": "WITHDRAWN"}
+            for (kind, ending), index in where.items():
+                cell = cells.nth(index)
+                cell.scroll_into_view_if_needed()
+                output = cell.locator(".jp-OutputArea")
+                header, rendered_by = "", time.monotonic() + 30
+                while " · " not in header and time.monotonic() < rendered_by:  # drawn once scrolled to
+                    header = output.inner_text().strip().split("\n", 1)[0]
+                    time.sleep(0.1)
+                assert "RUNNING" not in header and expected[ending] in header, (kind, ending, output.inner_text()[:300])
+                badges = output.locator(".widget-vbox").first.locator("span[style*='background:#e53935']")
+                assert badges.count() == (1 if ending in ("killed", "raised") else 0), (kind, ending, badges.count())
+                cell.screenshot(path=str(OUTPUT / f"ending-{kind}-{ending}.png"))
+            printed_cell = cells.nth(where["one-shot", "printed"])
+            printed_cell.scroll_into_view_if_needed()
+            printed, rendered_by = "", time.monotonic() + 30
+            while "line 9999" not in printed and time.monotonic() < rendered_by:
+                printed = printed_cell.locator(".jp-OutputArea").inner_text()
+                time.sleep(0.1)
+            assert "line 9999" in printed and "progress 100%" in printed and "progress 25%" not in printed
     finally:
         for left in kinetic_nb.sessions():  # a session the notebook did not get to stop
             if left["state"] == "up":

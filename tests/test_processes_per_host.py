@@ -28,7 +28,7 @@ def test_torch_on_a_simulated_gpu_slice_runs_one_process_per_gpu(capfd):
     handle = kinetic_nb.submit(RANKS, accelerator="gpu-h100x2", hosts=2, framework="torch")
     everyone = handle.result()
     assert handle.plan.procs_per_host == 2 and handle.plan.world_size == 4
-    assert "gpu-h100x2 is simulated locally: 2 hosts x 2 processes (4 in all) x 1 CPU device each." in capfd.readouterr().err
+    assert "gpu-h100x2 is simulated locally: 2 hosts x 2 processes (4 in all) x 1 CPU device each." in capfd.readouterr().out
     assert [(p["RANK"], p["LOCAL_RANK"], p["GROUP_RANK"], p["KINETIC_HOST_INDEX"], p["torch_rank"]) for p in everyone] \
         == [("0", "0", "0", "0", 0), ("1", "1", "0", "0", 1), ("2", "0", "1", "1", 2), ("3", "1", "1", "1", 3)]
     assert {(p["WORLD_SIZE"], p["LOCAL_WORLD_SIZE"]) for p in everyone} == {("4", "2")}

@@ -44,7 +44,7 @@ from kinetic_nb.errors import (
 )
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.group import ONLY_CELL, cell_key
-from kinetic_nb.runner.protocol import CancelRequest
+from kinetic_nb.runner.protocol import CancelRequest, Phase
 from kinetic_nb.runner.records import read_record
 from kinetic_nb.runner.relayed import STORE_INTERVAL_S
 from kinetic_nb.runner.wakeup import agent_wakeup_path, wake
@@ -70,9 +70,11 @@ _STATE_PHRASES = {HostState.SUCCEEDED.value: "had finished the cell", HostState.
                   HostState.QUIET.value: "was quiet"}
 
 
-def _running(snapshot: JobSnapshot) -> list[int]:
-    """The hosts that started the cell and have not ended it."""
-    return [host.index for host in snapshot.hosts if not host.ended and host.state != HostState.PENDING.value]
+def _running(snapshot: JobSnapshot, *, one_shot: bool = False) -> list[int]:
+    """The hosts that have not ended the cell: a one-shot job's every live process; of a session, the hosts
+    that started it (a pending one is still on an earlier cell)."""
+    return [host.index for host in snapshot.hosts
+            if not host.ended and (one_shot or host.state != HostState.PENDING.value)]
 
 
 class Session(Protocol):
@@ -130,6 +132,8 @@ class CellHandle:
         self.missing_outputs: tuple[str, ...] = ()
         if session is None:  # a one-shot job: its cell is the whole group, at its root, under its key
             self.storage, self.key, self.poller = group.storage, group.key, group.poller
+            if name:  # the panel names the cell as the notebook does, as a session cell's does
+                self.poller.label = f"{name} · job {group.plan.job_id}"
         else:
             self.storage = session.records.child(protocol.cell_dir(seq))
             self.key = cell_key(group.key, seq)
@@ -361,7 +365,7 @@ class CellHandle:
             decided = JobStatus.SUCCEEDED
         except BaseException as error:
             stopped_by = self._stopped_by(error)
-            decided = JobStatus.CANCELLED if stopped_by else JobStatus.FAILED
+            decided = JobStatus.CANCELLED if isinstance(error, JobCancelledError) else JobStatus.FAILED
             if self.session is not None:
                 with contextlib.suppress(Exception):  # leader_result() still has the leader's own value
                     self._leader = read_leader(self.storage, self.key)
@@ -384,13 +388,14 @@ class CellHandle:
         """The panel's last word (``final``): the cell's outcome, each host as it ended, and a host still
         running as being stopped, which it is: a one-shot job's hosts are cancelled, a session cell's
         interrupted (after a failure; after an interrupt or a timeout that was asked already)."""
-        running = _running(snapshot)
+        running = _running(snapshot, one_shot=self.one_shot)
         if status is JobStatus.SUCCEEDED or not running:
             hosts = snapshot.hosts
         else:
             hosts = tuple(dataclasses.replace(host, state=HostState.STOPPING.value) if host.index in running else host
                           for host in snapshot.hosts)
         self.final = dataclasses.replace(snapshot, status=status, stopped_by=stopped_by, hosts=hosts)
+        self.poller.end_echo()  # the cell's lines end here, whatever its hosts print while being stopped
         return self.final
 
     def settled(self, wait: float = SETTLED_WAIT_S) -> JobSnapshot | None:
@@ -415,8 +420,11 @@ class CellHandle:
         one-shot job's cancelled, a session cell's interrupted), and waited for a moment: their output so far
         reaches the cell and their rows say stopped, alike in both kinds of cell. One that takes longer is
         shown as being stopped (``settled`` follows it)."""
-        running = _running(snapshot)
-        if not running:
+        running = _running(snapshot, one_shot=self.one_shot)
+        # A one-shot job's host with no end recorded is a live process, a leader that succeeded and waits in its
+        # framework's teardown too: it goes with the others, not after the grace.
+        alive = [host.index for host in snapshot.hosts if host.exit is None] if self.session is None else running
+        if not alive:
             return snapshot
         try:
             if self.session is None:
@@ -436,9 +444,14 @@ class CellHandle:
         """``"timeout"`` or ``"interrupt"`` when the cell ended as stopped on request, else ``""``."""
         if not isinstance(error, JobCancelledError):
             return ""
-        if self.session is None:
-            return "timeout" if self.stopped_at_timeout else "interrupt"
-        return "timeout" if self.interrupted_at_timeout() is not None else "interrupt"
+        if self.session is None:  # as its cancel record says (an API cancel stays a cancel)
+            reason = self.poller.cancel_request.reason if self.poller.cancel_request else ""
+            return {CancelRequest.TIMEOUT: "timeout", "interrupted": "interrupt"}.get(reason, "")
+        if self.interrupted_at_timeout() is not None:
+            return "timeout"
+        # Interrupted while queued: every host found the interrupt while it loaded the cell, and none ran it.
+        hosts = (self._snapshot or self.snapshot()).hosts
+        return "withdrawn" if all(host.phase == Phase.PAYLOAD_LOAD.value for host in hosts) else "interrupt"
 
     def _wait_for_outcome(self, timeout: float | None, on_snapshot: Callable[[JobSnapshot], None] | None
                           ) -> JobSnapshot:
@@ -478,8 +491,11 @@ class CellHandle:
             timeout = (self.plan.timeout_s if self.session is None else self.interrupted_at_timeout()) or self.timeout
             stopped: BaseException = KineticTimeoutError(
                 f"{self.name} ran past its timeout of {timeout or 0:g} s and was stopped on every host")
+            stopped.add_note(self._where_each_host_was())
         elif stopped_by == "interrupt":
             stopped = CellInterrupted(f"{self.name} was interrupted on every host")
+        elif stopped_by == "withdrawn":
+            stopped = CellInterrupted(f"{self.name} was withdrawn before it started")
         else:
             if self.session is not None and isinstance(error, Exception) and self.session.ended(
                     hosts_ended=self._session_ended(self._snapshot or self.snapshot())) is not None:
@@ -488,6 +504,12 @@ class CellHandle:
         if self.session is not None:
             stopped.add_note(self._fate())
         return stopped
+
+    def _where_each_host_was(self) -> str:
+        """Each host's phase and last line when the cell was stopped: where a cell past its timeout was."""
+        snapshot = self._snapshot or self.snapshot()
+        return "; ".join(f"{snapshot.name_of(host.index)}: {phase_words(host.phase)}"
+                         + (f", last line: {host.last_line}" if host.last_line else "") for host in snapshot.hosts)
 
     def _after_outcome(self, decided: JobStatus, snapshot: JobSnapshot) -> None:
         """A one-shot job notes its outcome (and after a success removes all but handle.json and outputs/);

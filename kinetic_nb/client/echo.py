@@ -123,3 +123,9 @@ class LeaderEcho:
         for stream, line in sorted(self._held.items()):
             self._show(line, stream)
         self._held.clear()
+
+    def end(self) -> None:
+        """The cell's outcome is decided: what is held back is shown, and nothing after it (what the leader
+        prints while it is being stopped stays in its log, never below the cell's error)."""
+        self.close()
+        self._show = lambda text, stream: None

@@ -302,6 +302,11 @@ class JobPoller:
                                        or protocol.LEADER_INDEX in self.output_complete):
             self._echo.close()  # the leader's last chunk is in: no line of it grows any more
 
+    def end_echo(self) -> None:
+        """Echo nothing more of the leader's output: the cell's outcome is decided (``LeaderEcho.end``)."""
+        if self._echo is not None:
+            self._echo.end()
+
     def _absorb_cancel(self, info: ObjectInfo) -> None:
         if self._cancelled or self._versions.get(info.name) == info.version:
             return

@@ -469,9 +469,11 @@ class KineticMagics(_BackendSettings):
         found = sessions.sessions(storage=args.storage, limit=args.limit)
         if not found:
             print("no kinetic sessions yet")
+            return
+        print(f"{'session':<26}  {'hosts':>5}  {'accelerator':<12}  {'cells':>5}  state")
         for record in found:
             print(printable(f"{record['session_id']:<26}  {record['hosts']:>5}  {record['accelerator']:<12}  "
-                            f"{record['cells']:>5} cells  {record['state']}"))
+                            f"{record['cells']:>5}  {record['state']}"))
 
     def _line_jobs(self, args: Any) -> None:
         records = catalog.jobs(storage=args.storage, limit=args.limit)

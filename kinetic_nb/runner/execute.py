@@ -279,8 +279,8 @@ class HostRun:
             # A peer's failure, as the framework says it (and says again as it winds down): the host's log keeps
             # it, the cell's output and the host's row do not (its row shows its failure's own line).
             marks.framework_teardown_starts()
-        if not stopped:
-            print(f"{name} failed in phase {self.phase}: {first_line}", file=sys.stderr)
+        if not (stopped and isinstance(error, KeyboardInterrupt)):  # an interrupt asked for: its row says it
+            print(f"{name} {'stopped' if stopped else 'failed'} in phase {self.phase}: {first_line}", file=sys.stderr)
         if stopped and not self.is_leader:
             return  # a stopped worker reports nothing: it did not fail on its own
         if self.key is None:

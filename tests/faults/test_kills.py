@@ -9,7 +9,7 @@ import pytest
 import kinetic_nb
 from kinetic_nb.client.outcome import JobStatus
 from kinetic_nb.errors import JobFailedError
-from kinetic_nb.state import is_peer_loss
+from kinetic_nb.state import is_peer_loss, phase_words
 
 from .helpers import STRIKES, exits
 
@@ -58,7 +58,7 @@ def test_sigkill(moment, victim):
         handle.result()
     assert time.monotonic() - started < BOUND_S
     first_line = str(info.value).splitlines()[0]
-    assert f"host {victim} was killed by SIGKILL in phase {phase}" in first_line
+    assert f"host {victim} was killed by SIGKILL while {phase_words(phase)}" in first_line
     ended = exits(handle)
     assert handle.status() is JobStatus.FAILED
     assert ended[victim].signal == "SIGKILL" and ended[victim].failed
@@ -89,7 +89,7 @@ def test_sigkill_of_one_process_of_a_host_inside_a_collective():
         handle.result()
     assert time.monotonic() - started < BOUND_S
     first_line = str(info.value).splitlines()[0]
-    assert "host 1, process 1 (rank 3) was killed by SIGKILL in phase execute" in first_line
+    assert "host 1, process 1 (rank 3) was killed by SIGKILL while in the cell" in first_line
     ended = exits(handle)
     assert sorted(ended) == [0, 1, 2, 3] and ended[3].signal == "SIGKILL"
     for rank in (0, 1, 2):

@@ -28,8 +28,8 @@ def test_a_frozen_host_is_lost():
             handle.result()
         assert time.monotonic() - frozen_at < LOST_AFTER_S + 30  # a hang guard
         assert "host 1 was lost (no heartbeat and no exit record)" in str(info.value)
-        assert [host.state for host in handle.hosts()] == ["running", "lost"]
-        # The client told the agent of the lost host: it stops the job after the grace, with no cancel.
+        # The outcome decided, the notebook stops the rest at once: host 0 is stopped, not left running.
+        assert handle.hosts()[0].state in ("stopping", "stopped")
         assert handle.wait(timeout=30) is JobStatus.FAILED
         assert handle.hosts()[0].state == "stopped"
     finally:
