@@ -69,10 +69,10 @@ def test_04_failures(tmp_path):
     assert errors(cells) == [worker, killed, timeout]
     assert "KeyError: 'host 2 has no shard 20'" in cell_text(worker) and "Reported by host 2" in cell_text(worker)
     assert "    2   failed" in cell_text(summary)
-    assert "host 1 was killed by SIGKILL in phase execute" in cell_text(killed) and "about to run out of memory" in cell_text(killed)
+    assert "host 1 was killed by SIGKILL while in the cell" in cell_text(killed) and "about to run out of memory" in cell_text(killed)
     assert "KineticTimeoutError" in cell_text(timeout) and "waiting for a peer that never comes" in cell_text(timeout)
     assert "CANCELLED" in cell_text(cancelled)
-    assert cell_text(jobs).splitlines()[0].split() == ["job", "submitted", "hosts", "accelerator", "state"]
+    assert cell_text(jobs).splitlines()[0].split() == ["job", "cell", "submitted", "hosts", "accelerator", "state"]
 
 
 def test_06_sessions(tmp_path):
@@ -94,7 +94,7 @@ def test_06_sessions(tmp_path):
     assert "ValueError: host 2 found a bad batch after step 120" in cell_text(failing)
     assert "Reported by host 2" in cell_text(failing)
     assert value_of(after_failure).startswith("still up: step 140, loss")
-    assert "KeyboardInterrupt" in cell_text(interrupted)
+    assert "CellInterrupted: cell 8 of session" in cell_text(interrupted)  # one line, a KeyboardInterrupt
     assert re.fullmatch(r"interrupted at tick \d+; 140 steps trained, loss \S+", value_of(after_interrupt))
     assert f"session {session_id} stopped" in cell_text(stop)
 

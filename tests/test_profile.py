@@ -12,7 +12,7 @@ import json
 import os
 import stat
 import time
-from contextlib import redirect_stderr
+from contextlib import redirect_stdout
 
 import pytest
 
@@ -21,7 +21,6 @@ from kinetic_nb.client.profile import merge_records, merged_profile, read_record
 from kinetic_nb.notebook.display.timeline import plot_timeline
 from kinetic_nb.runner import envelope, protocol
 from kinetic_nb.storage import LocalStorage
-from kinetic_nb.storage.defaults import user_directory_path
 
 from .magic_shell import magic_shell
 
@@ -77,12 +76,14 @@ def named(trace: dict, pid: int, text: str) -> list[dict]:
             if event["pid"] == pid and event["ph"] == "X" and text in event.get("name", "")]
 
 
-def test_a_profiled_4_host_jax_cell_merges_into_one_process_per_host_with_events_inside_the_cells_span():
+def test_a_profiled_4_host_jax_cell_merges_into_one_process_per_host_with_events_inside_the_cells_span(
+        tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a script's trace goes to its working directory, as a notebook's goes beside it
     handle = kinetic_nb.submit(JAX_CELL, hosts=4, profile=True, echo=False)
     assert handle.result() == pytest.approx(128 * 128)  # tanh(128) is 1.0 in float32
     merged = handle.profile()
     assert merged.traced == (0, 1, 2, 3) and merged.missing == {} and merged.framework == "jax"
-    assert merged.path.startswith(str(user_directory_path("profiles")))  # this user's own, never the job's storage
+    assert merged.path.startswith(str(tmp_path))  # next to the notebook (or script), never in the job's storage
     trace = load(merged.path)
     assert processes(trace) == {0: "host 0", 1: "host 1", 2: "host 2", 3: "host 3"}
     assert {event["pid"] for event in trace["traceEvents"]} == {0, 1, 2, 3}
@@ -180,16 +181,17 @@ def test_a_record_that_does_not_verify_is_never_read(tmp_path):
     assert "its profile was not read" in why[1] and "left no profile" in why[2]
 
 
-def test_kinetic_profile_profiles_the_sessions_next_cell_only():
+def test_kinetic_profile_profiles_the_sessions_next_cell_only(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     with magic_shell() as shell:
         refused = shell.run_cell("%kinetic profile")
         assert "a one-shot cell takes %%kinetic --profile" in str(refused.error_in_exec)
         shell.run_line_magic("kinetic", "start -n 2 --framework none --idle-timeout 600")
         shell.run_line_magic("kinetic", "profile")
         said = io.StringIO()
-        with redirect_stderr(said):
+        with redirect_stdout(said):  # a notice, not an error
             assert shell.run_cell("%%kinetic --quiet\nsum(range(10))").result == 45
-        assert "kinetic_nb: profile with no framework trace, each host's barrier and cell span only: " in \
+        assert "kinetic_nb: profile of In[1] with no framework trace, each host's barrier and cell span only: " in \
             said.getvalue()
         assert "  hosts 0, 1: no framework profiler: the cell uses neither JAX nor torch" in said.getvalue()
         session = shell.magics_manager.registry["KineticMagics"].session
@@ -198,17 +200,18 @@ def test_kinetic_profile_profiles_the_sessions_next_cell_only():
                                   1: "no framework profiler: the cell uses neither JAX nor torch"}
         assert sorted(processes(load(merged.path))) == [0, 1]
         said = io.StringIO()
-        with redirect_stderr(said):
+        with redirect_stdout(said):  # a notice, not an error
             shell.run_cell("%%kinetic --quiet\n1")
         assert "profile" not in said.getvalue()  # the cell after is not profiled
         with pytest.raises(ValueError, match="was not profiled"):
             session.cell(2).profile()
 
 
-def test_a_one_shot_profile_flag_says_where_the_merged_trace_is():
+def test_a_one_shot_profile_flag_says_where_the_merged_trace_is(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     with magic_shell() as shell:
         said = io.StringIO()
-        with redirect_stderr(said):
+        with redirect_stdout(said):  # a notice, not an error
             assert shell.run_cell("%%kinetic -n 2 --quiet --profile\n'profiled'").result == "profiled"
         lines = said.getvalue().splitlines()
         [first] = [line for line in lines if line.startswith("kinetic_nb: profile ")]
@@ -217,7 +220,8 @@ def test_a_one_shot_profile_flag_says_where_the_merged_trace_is():
         assert any("ui.perfetto.dev" in line for line in lines)
 
 
-def test_the_merged_trace_is_this_users_alone_and_one_replaced_in_storage_is_never_taken():
+def test_the_merged_trace_is_this_users_alone_and_one_replaced_in_storage_is_never_taken(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     handle = kinetic_nb.submit("'profiled'", hosts=2, framework="none", profile=True, echo=False, keep=True)
     assert handle.result() == "profiled"
     planted = gzip.compress(json.dumps({"traceEvents": [{"ph": "M", "pid": 9, "name": "process_name",
@@ -225,9 +229,8 @@ def test_the_merged_trace_is_this_users_alone_and_one_replaced_in_storage_is_nev
     handle.storage.write_bytes(protocol.PROFILE_MERGED, planted)  # there before the merge, as a bucket's writer
     merged = handle.profile()
     handle.storage.write_bytes(protocol.PROFILE_MERGED, planted)  # and replaced after it
-    cache = user_directory_path("profiles")
-    assert os.path.dirname(merged.path) == str(cache)
-    assert stat.S_IMODE(os.stat(merged.path).st_mode) == 0o600 and stat.S_IMODE(os.stat(cache).st_mode) == 0o700
+    assert os.path.dirname(merged.path) == str(tmp_path)
+    assert stat.S_IMODE(os.stat(merged.path).st_mode) == 0o600  # this user's alone
     assert sorted(processes(load(merged.path))) == [0, 1]  # the hosts' verified records, merged
     assert handle.profile().path == merged.path and sorted(processes(load(handle.profile().path))) == [0, 1]
     assert not any(handle.storage.uri in line or protocol.PROFILE_MERGED in line for line in merged.describe())

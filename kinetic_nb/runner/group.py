@@ -158,8 +158,16 @@ class CellGroup:
         self._channel_seen = 0
         #: A session host's last failure, kept for ``%kinetic pm`` until its next cell starts.
         self.post_mortem: PostMortem | None = None
+        #: The cell whose barrier this host waits at, if it does: an interrupt for it ends the wait.
+        self._meeting: int | None = None
 
     def _sleep(self, seconds: float) -> None:
+        if self._meeting is not None and self._interrupt_pending and self.interrupted(self._meeting):
+            # Interrupted while it waits for its peers at the cell's barrier (a peer found the interrupt while
+            # it loaded the cell, and will never come): it stops too, rather than wait out the barrier.
+            self._interrupt_pending = False
+            raise KeyboardInterrupt(f"cell {self._meeting} was interrupted before it started on host "
+                                    f"{self.run.host_index}")
         if self.wakeup is not None:
             self.wakeup.sleep(seconds)
         elif self._channel_up:
@@ -375,7 +383,11 @@ class CellGroup:
             run.filename = cell[protocol.CELL_FILENAME]
             values = load_notebook_values(cell, run.host_index)
             run.enter(Phase.START_BARRIER, HostState.READY)
-            self._meet(place)
+            self._meeting = seq if self.kept else None
+            try:
+                self._meet(place)
+            finally:
+                self._meeting = None
             passed_barrier_at = time.time()
             self.namespace.update(values)
             framework = cell.get(protocol.CELL_FRAMEWORK, self.plan.framework)

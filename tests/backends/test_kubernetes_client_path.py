@@ -217,7 +217,7 @@ def test_a_cell_imports_a_module_from_the_notebooks_folder_on_the_pods(cluster, 
                                "os.environ['JOB_COMPLETION_INDEX'])", hosts=2, backend="kubernetes",
                                storage=f"file://{tmp_path}/jobs")
     assert f"kinetic_nb: the hosts run in a copy of this notebook's folder {notebook} (2 files" in \
-        capsys.readouterr().err  # mylib/__init__.py, settings.txt and nothing else
+        capsys.readouterr().out  # a notice, on stdout: mylib/__init__.py, settings.txt and nothing else
     kubelet = start_pods(api, kubelets, tmp_path)
     settle(handle, kubelet)
     assert handle.result(timeout=30) == (42, "from the notebook's folder", "0")

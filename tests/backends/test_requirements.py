@@ -193,7 +193,7 @@ def test_a_tpu_jobs_pods_get_jax_tpu_and_the_launch_says_so(tmp_path, mode, caps
         handle = kinetic_nb.submit("1", accelerator="tpu-v5e-16", framework="jax", backend=backend,
                                    storage=f"file://{tmp_path}/jobs", keep=True)
     line = framework_requirement("tpu", "jax", None)
-    notices = [text for text in capsys.readouterr().err.splitlines() if text.startswith("kinetic_nb: ")]
+    notices = [text for text in capsys.readouterr().out.splitlines() if text.startswith("kinetic_nb: ")]
     if mode == "prebuilt":
         stored = read_sealed(handle.storage, REQUIREMENTS_OBJECT, handle.key).decode().splitlines()
         assert stored == ["numpy", line]
