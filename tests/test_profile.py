@@ -54,6 +54,12 @@ float(total)
 """
 
 
+@pytest.fixture(autouse=True)
+def in_a_notebook_folder(tmp_path, monkeypatch):
+    """Each test runs where its merged traces may land (next to the notebook: the working directory)."""
+    monkeypatch.chdir(tmp_path)
+
+
 def load(path: str) -> dict:
     """A merged trace: gzipped where its name says so, plain JSON otherwise."""
     with (gzip.open(path, "rt", encoding="utf-8") if path.endswith(".gz") else open(path, encoding="utf-8")) as file:
