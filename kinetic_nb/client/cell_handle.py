@@ -521,12 +521,11 @@ class CellHandle:
             return
         for line in self.session.memory_growth.note(snapshot.hosts, self.poller.plan.name_of):
             print(line, file=sys.stderr, flush=True)  # once per host and session, in the cell's output
-        if self.storage.local_path() is not None:
-            self._remove_outcome()
-        else:  # on a bucket a listing and a round of deletes: not on the way to the cell's value
-            self.cleanup = threading.Thread(target=self._remove_outcome, name=f"kinetic-cleanup-{self.job_id}",
-                                            daemon=True)
-            self.cleanup.start()
+        # A listing and a round of deletes (on a bucket, requests; on a disk, about a millisecond): never on
+        # the way to the cell's value.
+        self.cleanup = threading.Thread(target=self._remove_outcome, name=f"kinetic-cleanup-{self.job_id}",
+                                        daemon=True)
+        self.cleanup.start()
 
     def _remove_outcome(self) -> None:
         storage = getattr(self.storage, "plain", self.storage)
