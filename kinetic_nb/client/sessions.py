@@ -385,6 +385,9 @@ class Session:
         PostMortemError
             The host keeps no failing frame, the expression raised there, or no answer came.
         """
+        last = self._last_cell
+        if last is not None and last.cleanup is not None:  # its questions and answers live beside the outcome
+            last.cleanup.join()
         return post_mortem.ask(self, rank, expression, frame=frame)
 
     # -- lifecycle -----------------------------------------------------------------------
