@@ -221,7 +221,8 @@ def test_the_pm_magic_prints_the_value_and_a_bad_line_is_one_usage_error():
             assert "\n" not in str(error)
 
 
-def test_post_mortem_and_a_profile_on_a_bucket_session(gcs_root):
+def test_post_mortem_and_a_profile_on_a_bucket_session(gcs_root, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the merged trace lands next to the notebook: the working directory
     session = kinetic_nb.start(hosts=2, framework="none", storage=gcs_root, idle_timeout=600, echo=False)
     try:
         failing = session.run("import os\nlimit = 3\nif os.environ['KINETIC_HOST_INDEX'] == '1':\n"
