@@ -59,6 +59,8 @@ TIMEOUT_SLACK_S = 5.0
 #: Once a host has failed on its own, how long to let the others' records land
 #: before deciding (the cell still raises well within a second of the failure).
 SETTLE_S = 0.3
+#: A timeout's note says where this many hosts were (a slice of 256 hosts would make it a page; the panel has all).
+WHERE_HOSTS = 8
 #: After a cell returned, how long its panel follows the hosts it showed as being stopped, to show them stopped
 #: (the agent's SIGTERM, then SIGKILL after ``TERM_TO_KILL_S``; a one-shot job's cancel waits for a restart first).
 SETTLED_WAIT_S = 15.0
@@ -508,8 +510,10 @@ class CellHandle:
     def _where_each_host_was(self) -> str:
         """Each host's phase and last line when the cell was stopped: where a cell past its timeout was."""
         snapshot = self._snapshot or self.snapshot()
-        return "; ".join(f"{snapshot.name_of(host.index)}: {phase_words(host.phase)}"
-                         + (f", last line: {host.last_line}" if host.last_line else "") for host in snapshot.hosts)
+        said = [f"{snapshot.name_of(host.index)}: {phase_words(host.phase)}"
+                + (f", last line: {host.last_line}" if host.last_line else "") for host in snapshot.hosts[:WHERE_HOSTS]]
+        more = len(snapshot.hosts) - WHERE_HOSTS
+        return "; ".join(said) + (f"; and {more} more hosts (the panel shows each)" if more > 0 else "")
 
     def _after_outcome(self, decided: JobStatus, snapshot: JobSnapshot) -> None:
         """A one-shot job notes its outcome (and after a success removes all but handle.json and outputs/);
