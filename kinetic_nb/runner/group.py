@@ -389,7 +389,9 @@ class CellGroup:
             finally:
                 self._meeting = None
             passed_barrier_at = time.time()
-            self.namespace.update(values)
+            # A name the hosts hold is theirs: a notebook that did not know yet (another kernel's cell bound
+            # it a moment ago) ships its own, which fills only names this namespace lacks.
+            self.namespace.update({name: value for name, value in values.items() if name not in self.namespace})
             framework = cell.get(protocol.CELL_FRAMEWORK, self.plan.framework)
             if not self.initialized and framework not in ("auto", "none"):
                 self._initialize(framework)

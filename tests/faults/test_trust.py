@@ -11,6 +11,7 @@ import json
 import os
 import pathlib
 import stat
+import time
 import warnings
 
 import cloudpickle
@@ -155,7 +156,12 @@ def test_no_secret_in_any_stored_byte_or_log(monkeypatch, storage_root):
     secret_hex = key_path(handle.job_id).read_text().strip()  # the secret it is bound from
     stored = b"".join(pathlib.Path(path).read_bytes()
                       for path in pathlib.Path(handle.storage.local_path()).rglob("*") if path.is_file())
-    # What the agent keeps on this machine: its record, always; its log, unless it had nothing to say.
+    # What the agent keeps on this machine: its record, always; its log, unless it had nothing to say. The cell
+    # is decided before its agent ends (cleanup goes on in the background), so read them once it has ended.
+    deadline = time.monotonic() + 30
+    while not LocalBackend().agent_gone(handle.plan) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert LocalBackend().agent_gone(handle.plan), "the job's agent outlived its cell by 30 s"
     log_path, record_path = map(pathlib.Path, agent_files(handle.job_id))
     kept = sorted(log_path.parent.glob(f"{handle.job_id}.*"))
     assert record_path in kept and set(kept) <= {log_path, record_path}, kept
