@@ -39,12 +39,9 @@ def test_state_lives_from_cell_to_cell_and_held_names_are_not_shipped(session):
     assert session.run("x", namespace={"__name__": "__main__", "x": 1000}).result() == 42
     # A notebook whose idea of what the hosts hold is behind (another kernel's cell bound x a moment ago) ships
     # its own: the hosts still keep theirs.
-    stale = session.held_names
-    session.held_names = lambda: []
-    try:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(session, "held_names", list)  # it knows of no name the hosts hold
         assert session.run("x", namespace={"__name__": "__main__", "x": 1000}).result() == 42
-    finally:
-        session.held_names = stale
     # A notebook value the hosts do not hold is shipped, as for a one-shot job.
     assert session.run("x + y", namespace={"__name__": "__main__", "y": 8}).result() == 50
     assert session.run("os.getpid() if 'os' in dir() else None").result() is None
