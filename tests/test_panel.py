@@ -5,12 +5,14 @@ from __future__ import annotations
 import io
 
 import pytest
+from IPython.display import DisplayHandle
 
 from kinetic_nb import views
 from kinetic_nb.notebook.display.panel import (
     GRID_ABOVE,
     HostPanel,
     TextStatus,
+    WidgetView,
     failure_lines,
     host_ranges,
     html_summary,
@@ -298,3 +300,23 @@ def test_a_failure_names_the_cell_as_the_notebook_does():
     assert failure_lines(job([host(0), failed(1)], JobStatus.FAILED)) == ["host 1: ValueError at In[3], line 12"]
     assert failure_lines(job([host(0), host(1, "failed", message="ValueError: bad shard", traceback=api_cell)],
                              JobStatus.FAILED)) == ["host 1: ValueError at cell line 12"]
+
+
+def test_a_panel_left_with_hosts_being_stopped_is_redrawn_once_they_have_ended(monkeypatch):
+    """The cell returned while its workers were still being stopped: the panel says "stopping", then, once
+    they ended, is drawn again as they ended; a text twin, printed already, is not."""
+    returned = job([host(0, "stopped"), host(1, "stopping")], JobStatus.CANCELLED)
+    ended = job([host(0, "stopped"), host(1, "stopped")], JobStatus.CANCELLED)
+    drawn = []
+    monkeypatch.setattr("IPython.display.display", lambda bundle, **_: drawn.append(bundle) or DisplayHandle())
+    monkeypatch.setattr("IPython.core.display_functions.update_display", lambda bundle, **_: drawn.append(bundle))
+    view = WidgetView(2)
+    view.close(returned)
+    assert "stopping" in view.panel.rows[1].value
+    thread = view.settle(returned, lambda: ended)
+    thread.join(timeout=5)
+    assert "stopping" not in view.panel.rows[1].value and "stopped" in view.panel.rows[1].value
+    assert "stopping" not in drawn[-1]["text/html"]  # what a saved notebook keeps, too
+    assert view.settle(ended, lambda: pytest.fail("nothing was being stopped")) is None
+    assert TextStatus(io.StringIO()).settle(returned, lambda: ended) is None
+

@@ -5,13 +5,11 @@ Everything else is the client (``kinetic_nb.client``): launching, handles, sessi
 
 from __future__ import annotations
 
-import contextvars
 import datetime
 import keyword
 import re
 import shlex
 import sys
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -43,7 +41,7 @@ from kinetic_nb.errors import (
     PostMortemError,
     UnknownAcceleratorError,
 )
-from kinetic_nb.notebook.display import WidgetView, live_view
+from kinetic_nb.notebook.display import live_view
 from kinetic_nb.notebook.session_commands import (
     SLICE_FLAGS,
     check_cell_fits_session,
@@ -54,7 +52,6 @@ from kinetic_nb.notebook.session_commands import (
 )
 from kinetic_nb.runner.redact import MASK, SecretValue
 from kinetic_nb.runner.stacks import readable_stacks
-from kinetic_nb.state import HostState
 
 #: The ``%kinetic`` line magic's subcommands, in the order its help lists them.
 SUBCOMMANDS = ("start", "stop", "restart", "profile", "pm", "sessions", "jobs", "attach", "cancel", "logs", "stacks", "gc",
@@ -337,8 +334,9 @@ class KineticMagics(_BackendSettings):
             value = handle.result(on_snapshot=view.update if view else None)
         finally:
             if view is not None:  # the outcome, and each host as it ended or as being stopped
-                view.close(handle.final or handle.snapshot())
-                follow_stopping_hosts(handle, view)
+                final = handle.final or handle.snapshot()
+                view.close(final)
+                view.settle(final, handle.settled)  # each host as it ended, once those being stopped have
             if handle.profiled:
                 self._say_profile(handle)
         # Names the cell did not bind when it ran were warned about; others were never asked for.
@@ -531,28 +529,6 @@ class KineticMagics(_BackendSettings):
 for _magic in vars(KineticMagics).values():
     if hasattr(_magic, "parser"):  # each @magic_arguments() parser: IPython builds it, this refuses abbreviations
         refuse_abbreviations(_magic.parser)
-
-
-def follow_stopping_hosts(handle: CellHandle, view: Any) -> threading.Thread | None:
-    """Once the cell returned, redraw its panel when the hosts it showed as being stopped have ended, so that
-    its last state stays the truth; in the cell's context (the kernel's parent header), as ``watch`` does. A
-    text twin has printed its summary already: it is not printed twice."""
-    if not isinstance(view, WidgetView) or handle.final is None or not any(
-            host.state == HostState.STOPPING.value for host in handle.final.hosts):
-        return None
-
-    def follow() -> None:
-        try:
-            settled = handle.settled()
-        except Exception:  # noqa: BLE001 - a background redraw; the cell has returned its outcome
-            return
-        if settled is not None:
-            view.close(settled)
-
-    context = contextvars.copy_context()
-    thread = threading.Thread(target=context.run, args=(follow,), name=f"kinetic-settle-{handle.job_id}", daemon=True)
-    thread.start()
-    return thread
 
 
 def show_kinetic_error(shell: Any, etype: type, value: BaseException, tb: Any, tb_offset: int | None = None

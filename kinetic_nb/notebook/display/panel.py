@@ -24,7 +24,7 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import IO, Any
 
 from kinetic_nb.notebook.display.memory import memory_detail, memory_flags, memory_line
@@ -464,6 +464,10 @@ class TextStatus:
         self.stream.write(text_summary(snapshot, brief=self.brief) + "\n")
         self.stream.flush()
 
+    def settle(self, final: JobSnapshot, settled: Callable[[], JobSnapshot | None]) -> threading.Thread | None:
+        """Nothing: the summary is printed already, and a printed line is not drawn again."""
+        return None
+
 
 def in_widget_frontend() -> bool:
     """Whether we run in a Jupyter kernel (whose frontend can show widgets)."""
@@ -503,6 +507,27 @@ class WidgetView:
         """The final update, made before the cell returns so the saved notebook keeps it."""
         self.panel.update(snapshot)
         self._display.update(self._bundle(snapshot), raw=True)
+
+    def settle(self, final: JobSnapshot, settled: Callable[[], JobSnapshot | None]) -> threading.Thread | None:
+        """Once the cell returned ``final`` with hosts still being stopped, redraw it from a thread when
+        ``settled()`` says they have ended, so the panel's last state stays the truth; in the cell's context
+        (the kernel's parent header), as :func:`watch_in_background` is."""
+        if not any(host.state == HostState.STOPPING.value for host in final.hosts):
+            return None
+
+        def follow() -> None:
+            try:
+                snapshot = settled()
+            except Exception:  # noqa: BLE001 - a background redraw; the cell has returned its outcome
+                return
+            if snapshot is not None:
+                self.close(snapshot)
+
+        context = contextvars.copy_context()
+        thread = threading.Thread(target=context.run, args=(follow,), name=f"kinetic-settle-{final.job_id}",
+                                  daemon=True)
+        thread.start()
+        return thread
 
 
 def live_view(hosts: int, *, widgets: bool | None = None, stream: IO[str] | None = None, brief: bool = False,
