@@ -313,10 +313,13 @@ def remove_job_objects(storage: Storage, keep: Iterable[str] = ()) -> None:
         except ObjectNotFoundError:
             pass
 
-    # A remote store answers one delete per request: several in flight.
-    with concurrent.futures.ThreadPoolExecutor(max_workers=DELETE_WORKERS) as pool:
-        list(pool.map(delete, doomed))
     root = storage.local_path()
+    if root or len(doomed) < 2:  # a disk's delete is a system call: no thread earns its start
+        for name in doomed:
+            delete(name)
+    else:  # a remote store answers one delete per request: several in flight
+        with concurrent.futures.ThreadPoolExecutor(max_workers=DELETE_WORKERS) as pool:
+            list(pool.map(delete, doomed))
     if root:  # file://: also the directories the deletes left empty
         for directory, _, _ in sorted(os.walk(root), key=lambda entry: -len(entry[0])):
             if directory != root or not keep:
