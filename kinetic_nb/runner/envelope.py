@@ -136,7 +136,10 @@ class _BlockMac:
                 offset += count
             return mac.digest()
 
-        self._tags.extend(_pool().map(block_tag, range(-(-length // BLOCK_BYTES))))
+        if 0 < length < _PARALLEL_BYTES:  # a record, a trivial cell's payload or value: no thread earns its handoff
+            self._tags.append(block_tag(0))
+        else:
+            self._tags.extend(_pool().map(block_tag, range(-(-length // BLOCK_BYTES))))
         self.length = length
 
     def wait(self) -> None:

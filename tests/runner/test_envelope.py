@@ -176,6 +176,23 @@ def test_a_local_file_is_verified_block_by_block_in_place(tmp_path):
         envelope.verify_file(KEY, "result.pkl", file, where="x")
 
 
+@pytest.mark.parametrize("size", [0, 1, 4096, (1 << 20) - 1, 1 << 20])
+def test_a_small_local_file_is_hashed_in_place_as_a_thread_would(tmp_path, size):
+    """Below a megabyte a file is hashed without a worker thread (a trivial cell's payload and value): its
+    trailer is the one ``seal`` made, and a flipped bit fails it."""
+    storage = LocalStorage(str(tmp_path / "job"))
+    body = os.urandom(size)
+    storage.write_bytes("result.pkl", envelope.seal(KEY, "result.pkl", body))
+    with storage.open_read("result.pkl") as file:
+        assert envelope.verify_file(KEY, "result.pkl", file, where="x") == size
+    if size:
+        flipped = bytearray(body)
+        flipped[-1] ^= 1
+        storage.write_bytes("result.pkl", bytes(flipped) + envelope.seal(KEY, "result.pkl", body)[size:])
+        with storage.open_read("result.pkl") as file, pytest.raises(IntegrityError, match="failed verification"):
+            envelope.verify_file(KEY, "result.pkl", file, where="x")
+
+
 def test_the_stored_stream_is_the_body_then_its_trailer_and_rewinds(tmp_path):
     body = os.urandom(envelope.BLOCK_BYTES + 12345)
     with open(tmp_path / "spool", "w+b") as spool:
