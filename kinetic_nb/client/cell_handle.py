@@ -18,12 +18,12 @@ what its end means:
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import json
 import logging
 import sys
-import threading
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -143,7 +143,7 @@ class CellHandle:
                                     key=group.key, on_leader_output=echo, cell=seq,
                                     label=f"{name or f'cell {seq}'} · session {session.session_id}")
         #: A session cell's outcome objects being deleted on a bucket, in the background, once it was decided.
-        self.cleanup: threading.Thread | None = None
+        self.cleanup: concurrent.futures.Future | None = None
         self._payload: Any = None
         self._failure: BaseException | None = None
         self._leader: Any = None
@@ -527,9 +527,7 @@ class CellHandle:
             print(line, file=sys.stderr, flush=True)  # once per host and session, in the cell's output
         # A listing and a round of deletes (on a bucket, requests; on a disk, about a millisecond): never on
         # the way to the cell's value.
-        self.cleanup = threading.Thread(target=self._remove_outcome, name=f"kinetic-cleanup-{self.job_id}",
-                                        daemon=True)
-        self.cleanup.start()
+        self.cleanup = self.session.background.submit(self._remove_outcome)
 
     def _remove_outcome(self) -> None:
         storage = getattr(self.storage, "plain", self.storage)

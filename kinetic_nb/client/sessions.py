@@ -30,6 +30,7 @@ from typing import Any
 
 from kinetic_nb.backends import Backend, get_backend
 from kinetic_nb.client import post_mortem
+from kinetic_nb.client.background import BackgroundWork
 from kinetic_nb.client.catalog_records import listed_ids, owned_here, printable
 from kinetic_nb.client.cell_handle import CellHandle
 from kinetic_nb.client.host_group import HostGroup
@@ -89,6 +90,8 @@ class Session:
         self.cells_run = 0
         #: Each host's memory after each cell: a host that keeps growing is said once (``client.memory_growth``).
         self.memory_growth = MemoryGrowth()
+        #: A decided cell's outcome removed, off the next cell's way.
+        self.background = BackgroundWork(f"kinetic-cleanup-{group.plan.job_id}")
         self._ended_hosts = False
         #: The last cell run from this kernel: its poll read the leader's status when the cell ended.
         self._last_cell: CellHandle | None = None
@@ -387,7 +390,7 @@ class Session:
         """
         last = self._last_cell
         if last is not None and last.cleanup is not None:  # its questions and answers live beside the outcome
-            last.cleanup.join()
+            last.cleanup.result()
         return post_mortem.ask(self, rank, expression, frame=frame)
 
     # -- lifecycle -----------------------------------------------------------------------

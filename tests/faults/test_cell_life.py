@@ -144,7 +144,7 @@ def test_a_cells_outcome_goes_once_read_and_gc_removes_ended_sessions_never_a_li
     ended = kinetic_nb.start(hosts=2, framework="none", idle_timeout=600, echo=False)
     try:
         assert len(value_of(ended.run("b'x' * 5_000_000"))) == 5_000_000
-        ended._last_cell.cleanup.join()  # the outcome's objects go in the background, off the value's way
+        ended._last_cell.cleanup.result()  # the outcome's objects go in the background, off the value's way
         # The 5 MB value, read, is gone; the payload stays (it numbers the session's cells), and so do the
         # leader's output of the cell (its last chunk, empty here) and each host's end of it (the names a later
         # cell finds the leader holding).

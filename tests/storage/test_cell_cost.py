@@ -83,7 +83,7 @@ def test_a_trivial_cells_requests_are_the_same_at_cell_5_and_cell_205(gcs_root, 
                 seq += 1
                 earlier = session.run(f"{seq}")
                 assert earlier.result(timeout=HANG_GUARD_S) == seq
-            earlier.cleanup.join()  # its outcome's deletes, in the background on a bucket: never counted as this cell's
+            earlier.cleanup.result()  # its outcome's deletes, in the background on a bucket: never counted as this cell's
             seq += 1
             count.kinds.clear()
             count.on = True
@@ -92,7 +92,7 @@ def test_a_trivial_cells_requests_are_the_same_at_cell_5_and_cell_205(gcs_root, 
             _wait_until_idle_on(session, seq)
             count.on = True
             assert cell.result(timeout=HANG_GUARD_S) == seq
-            cell.cleanup.join()  # its outcome's deletes, in the background on a bucket
+            cell.cleanup.result()  # its outcome's deletes, in the background on a bucket
             count.on = False
             counts[measured] = dict(count.kinds)
         assert counts[5] == counts[205], counts

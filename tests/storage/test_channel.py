@@ -156,7 +156,7 @@ def test_a_session_cell_on_a_bucket_travels_through_the_channel_and_storage_stil
         assert session.channel is not None and session.channel.broken is None
         # The hosts met at the cell's barrier through the channel, not the bucket.
         assert session.channel.mirror.get(f"{protocol.cell_dir(1)}/{protocol.cell_ready(3)}") == b""
-        session._last_cell.cleanup.join()  # the last cell's objects removed (in the background) before counting
+        session._last_cell.cleanup.result()  # the last cell's objects removed (in the background) before counting
         count = RequestCount(kinetic_gcs._client(), monkeypatch)
         count.on = True
         handle = session.run("x + 1")
