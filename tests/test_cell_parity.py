@@ -112,6 +112,11 @@ def panel(cell) -> tuple[str, list[str]]:
     return lines[0].rsplit(" · ", 1)[-1], rows
 
 
+def shown_text(cell) -> str:
+    """The panel's last text, as the saved notebook keeps it."""
+    return [output for output in outputs_of(cell, "display_data") if "text/plain" in output.data][-1].data["text/plain"]
+
+
 def error_line(cell) -> str:
     """The error's first line, the cell's and job's names made alike (In[n], job or session ids)."""
     errors = outputs_of(cell, "error")
@@ -162,7 +167,8 @@ def test_every_way_a_cell_ends_looks_the_same_in_a_one_shot_and_a_session_cell(t
     # The queued cell: withdrawn at once, said so, and none of its lines (or the running cell's) anywhere else.
     queued = cell["session", "queued"]
     assert error_line(queued) == "CellInterrupted: <cell> was withdrawn before it started"
-    assert panel(queued)[0] == "WITHDRAWN"
+    assert panel(queued) == ("WITHDRAWN", ["stopped"] * 4)  # never started: no host pending for ever
+    assert "withdrawn before it started" in shown_text(queued)
     at = marks(notebook, where["session", "queued"])
     assert at["end"] - at["event"] < 1.0, at
     assert "the queued cell" not in lines(queued) | lines(cell["session", "next"])

@@ -72,6 +72,10 @@ _STATE_PHRASES = {HostState.SUCCEEDED.value: "had finished the cell", HostState.
                   HostState.QUIET.value: "was quiet"}
 
 
+#: A withdrawn cell's row, for each host: it never ran the cell.
+WITHDRAWN_LINE = "withdrawn before it started"
+
+
 def _running(snapshot: JobSnapshot, *, one_shot: bool = False) -> list[int]:
     """The hosts that have not ended the cell: a one-shot job's every live process; of a session, the hosts
     that started it (a pending one is still on an earlier cell)."""
@@ -391,7 +395,11 @@ class CellHandle:
         running as being stopped, which it is: a one-shot job's hosts are cancelled, a session cell's
         interrupted (after a failure; after an interrupt or a timeout that was asked already)."""
         running = _running(snapshot, one_shot=self.one_shot)
-        if status is JobStatus.SUCCEEDED or not running:
+        if stopped_by == "withdrawn":  # it never started: each host, still on the cell before it, is done with it
+            hosts = tuple(dataclasses.replace(host, state=HostState.STOPPED.value, phase="",
+                                              last_line=WITHDRAWN_LINE) if host.state == HostState.PENDING.value
+                          else host for host in snapshot.hosts)
+        elif status is JobStatus.SUCCEEDED or not running:
             hosts = snapshot.hosts
         else:
             hosts = tuple(dataclasses.replace(host, state=HostState.STOPPING.value) if host.index in running else host

@@ -239,7 +239,8 @@ def locals_lines(snapshot: JobSnapshot) -> list[str]:
 
 def _title(host: HostSnapshot, name: str | None = None) -> str:
     name = f"host {host.index}" if name is None else name
-    return f"{name}{' (leader)' if host.is_leader else ''} · {host.state} · {phase_words(host.phase)}"
+    phase = f" · {phase_words(host.phase)}" if host.phase else ""  # none: a withdrawn cell's, never started
+    return f"{name}{' (leader)' if host.is_leader else ''} · {host.state}{phase}"
 
 
 def _processes_html(snapshot: JobSnapshot, processes: tuple[HostSnapshot, ...]) -> str:
