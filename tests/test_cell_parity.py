@@ -168,6 +168,9 @@ def test_every_way_a_cell_ends_looks_the_same_in_a_one_shot_and_a_session_cell(t
     queued = cell["session", "queued"]
     assert error_line(queued) == "CellInterrupted: <cell> was withdrawn before it started"
     assert panel(queued) == ("WITHDRAWN", ["stopped"] * 4)  # never started: no host pending for ever
+    # A host that died in the cell has no memory figures of it (the last cell's are not shown as this one's).
+    assert "host 1 " not in "".join(line for line in shown_text(cell["session", "killed"]).splitlines()
+                                   if line.startswith("memory:"))
     assert "withdrawn before it started" in shown_text(queued)
     at = marks(notebook, where["session", "queued"])
     assert at["end"] - at["event"] < 1.0, at

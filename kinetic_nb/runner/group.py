@@ -363,8 +363,9 @@ class CellGroup:
             self.storage.relay.let_go(lambda name: (protocol.cell_marker_seq(name) or seq) >= seq - 1)
         if self.kept:
             marks.cell_started(seq)  # the agent: logs from here are the cell's (taken by the time it runs)
+            # The last cell's memory figures go too: a host that dies in this cell has none of this cell's.
             run.status.update(state=HostState.RUNNING, phase=Phase.PAYLOAD_LOAD, cell=seq, cell_failed=False,
-                              profiled=[], record=False, defer_s=STATUS_DEFER_S)
+                              profiled=[], memory={}, record=False, defer_s=STATUS_DEFER_S)
         else:
             run.enter(Phase.PAYLOAD_LOAD)
         failure: BaseException | None = None
