@@ -33,7 +33,7 @@ from kinetic_nb.client.host_group import STACKS_WAIT_S, HostGroup, check_host, r
 from kinetic_nb.client.outcome import read_leader, resolve_outcome
 from kinetic_nb.client.poller import JobPoller
 from kinetic_nb.client.profile import GATHER_WAIT_S, MergedProfile, merged_profile, trace_path
-from kinetic_nb.client.waiting import wait_for
+from kinetic_nb.client.waiting import FIRST_POLL_S, WOKEN_FIRST_POLL_S, wait_for
 from kinetic_nb.errors import (
     CellInterrupted,
     IntegrityError,
@@ -90,6 +90,8 @@ class Session(Protocol):
     session_id: str
     #: The session's records: through its direct channel while that is up, else plain storage.
     records: Any
+    #: Its direct channel to the hosts (a session on a bucket), or None.
+    channel: Any
 
     def ended(self, *, hosts_ended: bool | None = None) -> str | None: ...
 
@@ -484,6 +486,11 @@ class CellHandle:
             self.group.report_lost_hosts(snapshot.lost)
         return snapshot
 
+    @property
+    def _woken(self) -> bool:
+        """Whether this cell's wait is woken by its hosts (a local disk's socket, not a session's channel)."""
+        return self.group.woken and not (self.session is not None and self.session.channel is not None)
+
     def sleep(self, seconds: float) -> None:
         """Sleep, woken early (locally) when a host has news."""
         (self.group.sleep if self.session is None else self.session.sleep)(seconds)
@@ -569,7 +576,8 @@ class CellHandle:
                 raise KineticTimeoutError(f"{self.name} has not finished after {timeout:g} s; it goes on")
 
         try:
-            return wait_for(self.snapshot, ready, on_snapshot=on_snapshot, between=check, sleep=self.sleep)
+            return wait_for(self.snapshot, ready, on_snapshot=on_snapshot, between=check, sleep=self.sleep,
+                            first_pause=WOKEN_FIRST_POLL_S if self._woken else FIRST_POLL_S)
         except KeyboardInterrupt as interrupt:
             raise self._interrupted(interrupt) from None
 

@@ -120,6 +120,12 @@ class HostGroup:
                     # A handle dropped before its outcome (detached, given up on) takes its socket with it.
                     self._close_socket = weakref.finalize(self, _close_wakeup, self._wakeup)
 
+    @property
+    def woken(self) -> bool:
+        """Whether the hosts wake this notebook when it has something to read (a socket on a local disk)."""
+        self.open_wakeup()
+        return bool(self._wakeup)
+
     def sleep(self, seconds: float) -> None:
         """Pause between two looks at the hosts: ``seconds`` at most, less when they wake this notebook."""
         self.open_wakeup()

@@ -18,28 +18,33 @@ from kinetic_nb.state import SNAPSHOT_INTERVAL_S
 #: What a look returns: a job's snapshot, or another record waited on (a host's answer, the hosts' profiles).
 Seen = TypeVar("Seen")
 
-__all__ = ["FIRST_POLL_S", "MAX_POLL_S", "POLL_GROWTH", "wait_for"]
+__all__ = ["FIRST_POLL_S", "MAX_POLL_S", "POLL_GROWTH", "WOKEN_FIRST_POLL_S", "wait_for"]
 
 #: The first pause, its growth from one look to the next, and the longest pause (a look is a listing and the
 #: reads of what changed: a request each on a bucket, and CPU the hosts may need while they start).
 FIRST_POLL_S = 0.002
 POLL_GROWTH = 1.25
 MAX_POLL_S = 0.25
+#: The first pause where the hosts wake the notebook through a socket whenever it has something to read (each
+#: host's end of a cell, its output stored): a look between is a look at nothing, and CPU the hosts need.
+WOKEN_FIRST_POLL_S = 0.05
 
 
 def wait_for(look: Callable[[], Seen], ready: Callable[[Seen], bool], *,
              on_snapshot: Callable[[Seen], None] | None = None,
              between: Callable[[Seen], None] | None = None,
-             sleep: Callable[[float], None] = time.sleep, max_pause: float = MAX_POLL_S) -> Seen:
+             sleep: Callable[[float], None] = time.sleep, max_pause: float = MAX_POLL_S,
+             first_pause: float = FIRST_POLL_S) -> Seen:
     """Look until ``ready(snapshot)``, and return that snapshot (the caller shows it: it may add to it first).
 
     ``on_snapshot`` sees the others at most every ``SNAPSHOT_INTERVAL_S``;
     ``between`` runs after each look that is not ready (a deadline's check,
     which may raise); ``sleep`` pauses (a wakeup socket's, where hosts can
     wake the notebook); ``max_pause`` caps the pause (a record on a bucket
-    needs no faster look than its writer's).
+    needs no faster look than its writer's); ``first_pause`` is the first
+    (longer where ``sleep`` is woken by what it waits for).
     """
-    pause, shown_at = FIRST_POLL_S, 0.0
+    pause, shown_at = min(first_pause, max_pause), 0.0
     while True:
         snapshot = look()
         if ready(snapshot):
