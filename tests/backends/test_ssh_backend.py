@@ -10,7 +10,10 @@ virtual environment of its own.
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import subprocess
+import sys
 import time
 
 import pytest
@@ -21,7 +24,7 @@ from kinetic_nb.errors import SshHostError
 from kinetic_nb.runner import protocol
 
 from ..ddp_check import DDP_TRAIN, flat, full_batch_parameters
-from .conftest import ssh_options
+from .conftest import python_of_the_hosts, ssh_options
 
 
 def on_ssh(ssh_hosts, hosts: int = 4) -> dict:
@@ -179,6 +182,41 @@ def test_a_requirement_only_this_machine_has_is_one_line_before_anything_is_stor
         kinetic_nb.submit("1", framework="none", quiet=True, **options)
 
 
+def test_a_failed_install_says_pips_own_reason_in_the_cells_error(ssh_hosts, requirement_index, tmp_path):
+    """pip's output went nowhere the cell shows: the error carries pip's own last error lines, not a pointer."""
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text(f"--no-index\n--find-links {requirement_index}\nkinetic-no-such-package\n")
+    options = on_ssh(ssh_hosts, 2)
+    options["backend_options"]["requirements"] = str(requirements)
+    with pytest.raises(SshHostError) as caught:
+        kinetic_nb.submit("'never'", framework="none", quiet=True, **options)
+    message = str(caught.value)
+    assert message.startswith("host 0 (h0): its agent did not start: kinetic_nb: environment install failed: "), message
+    assert "ERROR: No matching distribution found for kinetic-no-such-package" in message, message
+    assert "above" not in message and "\n" not in message, message
+
+
+def test_another_ssh_python_gets_an_environment_of_its_own(ssh_hosts, tmp_path):
+    """Two jobs installing the same wheel and requirements with another --ssh-python each: the second runs in an
+    environment made from its own interpreter (a virtual environment with a package only it has), never in the
+    one the first interpreter made."""
+    other = tmp_path / "other-python"
+    subprocess.run([python_of_the_hosts(), "-m", "venv", "--without-pip", str(other)], check=True)
+    version = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    (other / "lib" / version / "site-packages" / "kinetic_only_in_the_other_python.py").write_text(
+        "WHERE = 'the other python'\n")
+    first = kinetic_nb.submit("import sys\nsys.prefix", framework="none", quiet=True, **on_ssh(ssh_hosts, 2))
+    first_prefix = first.result(timeout=300)
+    options = on_ssh(ssh_hosts, 2)
+    options["backend_options"]["ssh_python"] = str(other / "bin" / "python")
+    source = "import sys, kinetic_only_in_the_other_python as mine\n(mine.WHERE, sys.prefix)"
+    where, prefix = kinetic_nb.submit(source, framework="none", quiet=True, **options).result(timeout=300)
+    assert where == "the other python" and prefix != first_prefix
+    # Each interpreter's environment is kept: the first Python's next job finds its own again.
+    again = kinetic_nb.submit("import sys\nsys.prefix", framework="none", quiet=True, **on_ssh(ssh_hosts, 2))
+    assert again.result(timeout=300) == first_prefix
+
+
 def test_a_host_whose_agent_and_processes_are_killed_is_lost(ssh_hosts):
     import signal
 
@@ -235,11 +273,14 @@ def test_hosts_of_users_of_their_own_install_and_run_in_their_own_homes(gcs_root
             handle = kinetic_nb.submit(source, **options)
             user, prefix = handle.result(timeout=600)
             environments = hosts.homes[0] / ".cache" / "kinetic_nb" / "environments"
-            assert user == hosts.users[0] and os.path.dirname(os.path.dirname(prefix)) == str(environments)
-            for index in range(2):  # each in its own home's environment, as its own user
-                theirs = prefix.replace(str(hosts.homes[0]), str(hosts.homes[index]))
+            interpreter, content = prefix.removesuffix("/venv").rsplit("/", 2)[-2:]
+            assert user == hosts.users[0] and prefix == f"{environments}/{interpreter}/{content}/venv"
+            for index in range(2):  # each in its own home's environment (its own venv's), as its own user
                 said = [line for line in handle.logs(index).splitlines() if line.startswith("host ")]
-                assert said == [f"host {index} runs as {hosts.users[index]} in {theirs}"]
+                theirs = re.fullmatch(rf"host {index} runs as {hosts.users[index]} in {hosts.homes[index]}/\.cache/"
+                                      rf"kinetic_nb/environments/(python[0-9.]+-[0-9a-f]+)/{content}/venv", said[0])
+                assert len(said) == 1 and theirs, said
+                assert (theirs.group(1) == interpreter) == (index == 0)  # another venv: another interpreter's folder
             again = kinetic_nb.submit(f"{source}[0], {AGENT_COMMAND}", **options).result(timeout=120)
             assert again == (hosts.users[0], again[1]) and "kinetic_nb.agent.warm --stdio" in again[1]  # forked warm
         finally:
@@ -248,6 +289,33 @@ def test_hosts_of_users_of_their_own_install_and_run_in_their_own_homes(gcs_root
         while left := [p.pid for p in psutil.process_iter(["username"]) if p.info["username"] in hosts.users]:
             assert time.monotonic() < deadline, f"processes of the hosts' users survived: {left}"
             time.sleep(0.1)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("useradd"),
+                    reason="a user of its own per test host is made with useradd, which needs root (CI runs as root)")
+def test_a_file_root_a_host_sees_but_its_user_cannot_enter_is_said_so(storage_root):
+    """The job's file:// root is there on the host (the same machine) but under a folder closed to the host's
+    user: the cell's error names the user and the folder it cannot enter, not "does not see"."""
+    from ..ssh_hosts import SshTestHosts
+
+    root = storage_root.removeprefix("file://")
+    with SshTestHosts(1, users=True) as hosts:
+        options = {"backend": "ssh", "framework": "none", "quiet": True,
+                   "backend_options": {"ssh_hosts": ",".join(hosts.targets), "ssh_config": hosts.config,
+                                       "ssh_python": "venv/bin/python"}}
+        try:
+            with pytest.raises(SshHostError) as caught:
+                kinetic_nb.submit("'never'", **options)
+        finally:
+            close_pools()
+        user = hosts.users[0]
+    message = str(caught.value)
+    said = re.match(rf"^host 0 \(h0\) sees the job storage {re.escape(root)}/kn-\S+, but its user {user} cannot "
+                    rf"enter (\S+) \(", message)
+    assert said, message
+    closed = said.group(1)
+    assert root.startswith(closed) and not os.stat(closed).st_mode & 0o001, message
+    assert "does not see" not in message and "\n" not in message
 
 
 def test_a_launch_that_fails_on_one_host_stops_the_hosts_that_started_at_once(ssh_hosts, storage_root):

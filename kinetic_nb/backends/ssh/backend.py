@@ -12,8 +12,9 @@ cell), one of two ways:
   notebook's own kinetic_nb wheel and ``--requirements`` signed with the job and
   runs the standard-library bootstrap (GKE prebuilt mode's: it verifies what it
   installs) on every host at once; it keeps the environment under
-  ``~/.cache/kinetic_nb/environments/`` by its content, reused while the wheel
-  and requirements are the same;
+  ``~/.cache/kinetic_nb/environments/``, in a folder of the host's interpreter
+  (its version, resolved path and prefix) by its content, reused while the
+  interpreter, the wheel and the requirements are the same;
 - every later job asks each host's warm agent in that environment (:mod:`pool`:
   what a notebook keeps open to its hosts between jobs) to fork the job's agent,
   past its imports: a line over a connection already open.
@@ -37,10 +38,11 @@ import subprocess
 from collections.abc import Mapping
 from typing import Any
 
+from kinetic_nb.agent.bootstrap import PREFIX as INSTALL_OUTPUT_PREFIX
 from kinetic_nb.backends.base import Backend, BackendFlag, JobSecrets, PlatformView, register
 from kinetic_nb.backends.host_environment import bootstrap_source, install_record, package_wheel, store_environment
 from kinetic_nb.backends.requirements import host_requirements
-from kinetic_nb.backends.ssh.pool import ENVIRONMENTS_DIR, HostPool, close_pool, pool_for
+from kinetic_nb.backends.ssh.pool import HostPool, close_pool, pool_for
 from kinetic_nb.backends.ssh.probe import DEFAULT_PYTHON
 from kinetic_nb.errors import SshHostError
 from kinetic_nb.runner.channel import CHANNEL_ENV
@@ -62,6 +64,13 @@ REQUIREMENTS_ENV = "KINETIC_REQUIREMENTS"
 PASSED_ON = ("STORAGE_EMULATOR_HOST",)
 #: How long one host's environment install and agent start may take (pip may download).
 START_TIMEOUT_S = 900
+#: How the bootstrap ends a failed install command's line: its output went to a pod's log (GKE); over ssh it
+#: came back on the session's standard output, its lines marked with ``INSTALL_OUTPUT_PREFIX``.
+OUTPUT_POINTER = " (its output is above)"
+#: How many of a failed install's own lines its error carries: pip's last ``ERROR:`` lines say why.
+INSTALL_ERROR_LINES = 3
+#: Each of them at most this long (a requirement's URL, a resolver's conflict), so the error stays readable.
+MAX_ERROR_LINE_CHARS = 300
 
 
 def parse_hosts(text: str) -> list[str]:
@@ -262,7 +271,7 @@ class SshBackend(Backend):
         def command(index: int) -> str:
             passed = {name: common[name] for name in ("KINETIC_JOB_URI", *PASSED_ON) if name in common}
             agent = ["python", "-m", "kinetic_nb.agent", "--job", storage.uri, "--key-stdin", "--env-stdin", "--detach"]
-            argv = [self.python, "-c", bootstrap, "--key-stdin", "--once", "--environments", ENVIRONMENTS_DIR,
+            argv = [self.python, "-c", bootstrap, "--key-stdin", "--once", "--environments", pool.environments(index),
                     "--output", log(index), *([] if requirements is not None else ["--no-requirements"]),
                     "--", *agent]
             return shlex.join(["env", *(f"{name}={value}" for name, value in passed.items()),
@@ -273,9 +282,7 @@ class SshBackend(Backend):
         started = pool.connections.run_each(command, input_for=inputs.get, timeout=START_TIMEOUT_S, only=left)
         for index, done in zip(left, started, strict=True):
             if done.returncode != 0:
-                said = [line for line in done.stderr.decode(errors="replace").splitlines() if line.strip()]
-                raise SshHostError(f"{pool.connections.hosts[index]}: its agent did not start: "
-                                   f"{said[-1] if said else 'no message'}")
+                raise SshHostError(f"{pool.connections.hosts[index]}: its agent did not start: {why_not_started(done)}")
         pool.warm_up(digest)  # every host has this environment now: the next job's agents are forked there
 
     def observe(self, storage: Storage, plan: JobPlan, listing: list[ObjectInfo],
@@ -293,6 +300,25 @@ class SshBackend(Backend):
         """Host 0's hub, at the address it announced (the notebook on the hosts' network, or a tunnel the user
         keeps)."""
         return announced
+
+
+def why_not_started(done: subprocess.CompletedProcess) -> str:
+    """What a host's bootstrap said when its agent did not start, in one line: its last line, and when a command
+    of the install failed (pip), that command's own last error lines, which came back on standard output."""
+    said = [line for line in done.stderr.decode(errors="replace").splitlines() if line.strip()]
+    last = said[-1].strip() if said else "no message"
+    if not last.endswith(OUTPUT_POINTER):
+        return last
+    return f"{last.removesuffix(OUTPUT_POINTER)}: {'; '.join(install_errors(done.stdout))}"
+
+
+def install_errors(stdout: bytes) -> list[str]:
+    """The last of pip's ``ERROR:`` lines (its reasons) among the install's output, else its last lines."""
+    lines = [line.removeprefix(INSTALL_OUTPUT_PREFIX).strip() for line in stdout.decode(errors="replace").splitlines()
+             if line.startswith(INSTALL_OUTPUT_PREFIX)]
+    lines = [line for line in lines if line]
+    reasons = [line for line in lines if line.startswith("ERROR:")] or lines
+    return [line[:MAX_ERROR_LINE_CHARS] for line in reasons[-INSTALL_ERROR_LINES:]] or ["it printed nothing"]
 
 
 def ssh_settings(ssh_config: str | None, ssh_python: str | None, requirements: str | None,

@@ -42,8 +42,9 @@ from kinetic_nb.errors import SshHostError
 
 __all__ = ["ENVIRONMENTS_DIR", "HostPool", "close_pools", "pool_for"]
 
-#: Where a host keeps the environments it installed, one per content (the bootstrap's ``--environments``), under
-#: its user's cache directory (``$XDG_CACHE_HOME``, else ``~/.cache``).
+#: Where a host keeps the environments it installed, under its user's cache directory (``$XDG_CACHE_HOME``, else
+#: ``~/.cache``): a folder per interpreter (``HostFacts.environments_key``: another ``--ssh-python`` never finds
+#: the first one's), and in it one per content (the bootstrap's ``--environments``, :meth:`HostPool.environments`).
 ENVIRONMENTS_DIR = "kinetic_nb/environments"
 #: A pool with no job for this long closes its connections (its warm agents end with them).
 IDLE_CLOSE_S = CONTROL_PERSIST_S
@@ -54,12 +55,13 @@ PORTS_FRESH_S = 30.0
 
 
 class RemoteWarmAgent:
-    """A warm agent on one host, in one kept environment, over the host's control master."""
+    """A warm agent on one host, in one kept environment (``digest``, in the folder ``environments`` of the
+    host's cache directory), over the host's control master."""
 
-    def __init__(self, connections: Connections, index: int, digest: str):
+    def __init__(self, connections: Connections, index: int, digest: str, environments: str):
         self.host = connections.hosts[index]
         self.digest = digest
-        python = f'"${{XDG_CACHE_HOME:-$HOME/.cache}}/{ENVIRONMENTS_DIR}/{digest[:16]}/venv/bin/python"'
+        python = f'"${{XDG_CACHE_HOME:-$HOME/.cache}}/{environments}/{digest[:16]}/venv/bin/python"'
         self.process = subprocess.Popen(
             connections.command(index, f"exec {python} -m kinetic_nb.agent.warm --stdio"),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
@@ -203,9 +205,14 @@ class HostPool:
                 self.warm[0].send({"ports": 2})
                 self._ports_asked = time.monotonic()
 
+    def environments(self, index: int) -> str:
+        """Where host ``index`` keeps the environments of the interpreter it runs kinetic_nb with, under its cache
+        directory: the bootstrap's ``--environments``."""
+        return f"{ENVIRONMENTS_DIR}/{self.facts[index].environments_key()}"
+
     def check_shared(self, path: str) -> None:
-        """``SshHostError`` in one line unless every host sees the job's ``file://`` directory ``path``; asked once
-        per storage root (the directory above a job's): the next job's directory is there too."""
+        """``SshHostError`` in one line unless every host sees, and its user can use, the job's ``file://`` directory
+        ``path``; asked once per storage root (the directory above a job's): the next job's directory is there too."""
         root = os.path.dirname(path.rstrip("/"))
         if root not in self.shared_roots:
             probe_hosts(self.connections, python=self.python, storage_path=path, ports=0)
@@ -234,7 +241,7 @@ class HostPool:
         if self.warm and all(agent.digest == digest and agent.alive() for agent in self.warm):
             return
         self._stop_warm()
-        self.warm = [RemoteWarmAgent(self.connections, index, digest)
+        self.warm = [RemoteWarmAgent(self.connections, index, digest, self.environments(index))
                      for index in range(len(self.connections.hosts))]
 
     def _stop_warm(self) -> None:

@@ -1,7 +1,9 @@
 """What each ssh host is, asked of all of them at once before anything of a job runs there.
 
 One small Python program per host, over its connection: the interpreter's
-version, whether the job's ``file://`` storage is a directory it sees, and (on
+version and where it is (an environment kept on the host is that interpreter's
+own), whether the job's ``file://`` storage is a directory its user can use
+(or one it sees but cannot enter, read or write), and (on
 host 0) free ports for the framework's coordinator and a session's hub, chosen
 below the kernel's ephemeral range (``runner.ports``): a port is probed, then
 bound later by the framework, and no connection made in between can be given
@@ -12,6 +14,7 @@ host out is one line naming the host and the way out.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import inspect
 import json
 import sys
@@ -29,11 +32,36 @@ DEFAULT_PYTHON = "python3"
 #: free ports to find (``runner.ports.free_ports``, its source included: below the ephemeral range, where no
 #: connection made meanwhile takes one), argv[3] device paths (comma-separated prefixes) whose holders to name.
 _PROBE = "from __future__ import annotations\n" + inspect.getsource(free_ports) + r"""
-import json, os, socket, sys
+import json, os, pwd, socket, sys
+def name_of(uid):
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+def storage_access(path):
+    # Whether the user can use the directory ``path``, and where it is closed to the user: [folder, what the user
+    # cannot do there, its owner, its mode], else None. Walked down from the root: a folder the user cannot enter
+    # hides what is below it, so "not there" is said only where the user can look.
+    path = os.path.abspath(path)
+    parts = [part for part in path.split("/") if part]
+    for depth in range(len(parts) + 1):
+        folder = "/" + "/".join(parts[:depth])
+        try:
+            status = os.stat(folder)
+        except FileNotFoundError:
+            return False, None
+        except OSError:
+            return False, [folder, "enter", None, None]
+        wanted = [("enter", os.X_OK)] + ([("read", os.R_OK), ("write to", os.W_OK)] if folder == path else [])
+        for verb, mode in wanted:
+            if not os.access(folder, mode):
+                return False, [folder, verb, name_of(status.st_uid), oct(status.st_mode & 0o7777)]
+    return os.path.isdir(path), None
 answer = {"python": list(sys.version_info[:3]), "executable": sys.executable, "hostname": socket.gethostname(),
-          "sees": None, "ports": [], "holders": []}
+          "sees": None, "ports": [], "holders": [], "user": name_of(os.getuid()),
+          "interpreter": [os.path.realpath(sys.executable), sys.prefix]}
 if sys.argv[1]:
-    answer["sees"] = os.path.isdir(sys.argv[1])
+    answer["sees"], answer["closed"] = storage_access(sys.argv[1])
 answer["ports"] = free_ports(int(sys.argv[2]))
 devices = tuple(prefix for prefix in sys.argv[3].split(",") if prefix)
 for pid in (name for name in os.listdir("/proc") if name.isdigit() and devices and int(name) != os.getpid()):
@@ -64,6 +92,20 @@ class HostFacts:
     ports: tuple[int, ...]
     #: The processes (pid, command line) holding one of the devices asked about (a TPU VM's chips).
     holders: tuple[tuple[int, str], ...] = ()
+    #: The user the host's commands run as.
+    user: str = ""
+    #: The interpreter's resolved path and its prefix (a virtual environment's own folder).
+    interpreter: tuple[str, str] = ("", "")
+    #: When the storage is there but closed to ``user``: the folder, what the user cannot do there ("enter",
+    #: "read", "write to"), its owner and mode (None when unknown).
+    storage_closed: tuple[str, str, str | None, str | None] | None = None
+
+    def environments_key(self) -> str:
+        """The name of the folder this host keeps this interpreter's environments in: its version, and a hash of
+        its resolved path and prefix. An environment made from one interpreter (its ``venv`` links to it, and
+        sees its packages) is never another's, whatever else is the same."""
+        identity = json.dumps([*self.interpreter, list(self.python)]).encode()
+        return f"python{'.'.join(map(str, self.python))}-{hashlib.sha256(identity).hexdigest()[:12]}"
 
 
 def probe_hosts(connections: Connections, *, python: str = DEFAULT_PYTHON, storage_path: str | None = None,
@@ -71,7 +113,8 @@ def probe_hosts(connections: Connections, *, python: str = DEFAULT_PYTHON, stora
                 devices: tuple[str, ...] = (), device_name: str = "device") -> list[HostFacts]:
     """Every host's facts, asked at once; ``SshHostError`` with one line for the lowest host that cannot run the
     job: no such Python, another minor version than the notebook's, no sight of ``storage_path`` (a
-    ``file://`` root, which every host must share), or a process holding one of ``devices`` (paths by their
+    ``file://`` root, which every host must share), a ``storage_path`` it sees but its user cannot enter, read or
+    write (named with the user and the closed folder), or a process holding one of ``devices`` (paths by their
     prefix: a TPU VM's chips, its ``device_name``), named with its pid and command."""
     answers = connections.run_each(lambda index: [python, "-c", _PROBE, storage_path or "",
                                                   str(ports if index == 0 else 0), ",".join(devices)], timeout=60)
@@ -84,14 +127,19 @@ def probe_hosts(connections: Connections, *, python: str = DEFAULT_PYTHON, stora
                                    f"{notebook_python[0]}.{notebook_python[1]} there, or name one with --ssh-python")
             raise SshHostError(f"{host}: {python} could not run the probe: {said[-1] if said else 'no message'}")
         record = json.loads(answer.stdout.decode().strip().splitlines()[-1])
+        closed = record.get("closed")
         found = HostFacts(tuple(record["python"]), record["executable"], record["hostname"], record["sees"],
-                          tuple(record["ports"]), tuple((pid, command) for pid, command in record["holders"]))
+                          tuple(record["ports"]), tuple((pid, command) for pid, command in record["holders"]),
+                          record["user"], tuple(record["interpreter"]),
+                          tuple(closed) if closed else None)
         if found.python[:2] != tuple(notebook_python):
             raise SshHostError(
                 f"{host} runs Python {'.'.join(map(str, found.python))} ({found.executable}) and this notebook "
                 f"{notebook_python[0]}.{notebook_python[1]}: the hosts need the notebook's minor version (cells and "
                 f"their values travel pickled); install it there and name it with --ssh-python, or run the notebook "
                 f"on that Python")
+        if found.storage_closed is not None:
+            raise SshHostError(_closed_storage(host, found, storage_path))
         if found.sees_storage is False:
             raise SshHostError(f"{host} does not see the job storage {storage_path}: a file:// root must be a "
                                "directory every host shares; use --storage gs://BUCKET/PREFIX")
@@ -102,3 +150,12 @@ def probe_hosts(connections: Connections, *, python: str = DEFAULT_PYTHON, stora
                                f"session or notebook there still runs; stop it (kill {pid}) and run the cell again")
         facts.append(found)
     return facts
+
+
+def _closed_storage(host: object, found: HostFacts, storage_path: str) -> str:
+    """One line for a host whose user cannot use the ``file://`` storage it sees: who, where, and the way out."""
+    folder, verb, owner, mode = found.storage_closed
+    whose = f" ({owner}'s, mode {mode[2:].zfill(4)})" if owner is not None and mode is not None else ""
+    return (f"{host} sees the job storage {storage_path}, but its user {found.user} cannot {verb} {folder}{whose}: "
+            f"a file:// root must be open to every host's user; give {found.user} access to it (a group they "
+            "share), log in as its owner, or use --storage gs://BUCKET/PREFIX")
