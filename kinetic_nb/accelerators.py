@@ -6,20 +6,25 @@ value. The local backend simulates every TPU and GPU slice with one process per
 host and CPU devices in place of chips, so the same cell sees the same
 ``process_count`` and ``device_count`` here as on the real slice.
 
-The registry is built once, at import, from the compact family tables below.
+A TPU slice's shape is computed from its generation's rules (how its number
+counts, chips per host, its topology), whatever its size; the registry lists a
+few sizes of each, built once, at import. :func:`cloud_tpu_accelerator` reads a
+Cloud TPU node's own naming (``acceleratorType``, ``acceleratorConfig``).
 """
 
 from __future__ import annotations
 
 import difflib
+import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from kinetic_nb.errors import UnknownAcceleratorError
 
-__all__ = ["Accelerator", "accelerator_names", "accelerator_table", "kinetic_spellings", "local_notice",
-           "resolve_accelerator"]
+__all__ = ["Accelerator", "accelerator_names", "accelerator_table", "cloud_tpu_accelerator", "kinetic_spellings",
+           "local_notice", "resolve_accelerator"]
 
 #: GKE label whose value selects a TPU node pool.
 TPU_NODE_SELECTOR = "cloud.google.com/gke-tpu-accelerator"
@@ -83,69 +88,269 @@ class Accelerator:
 
 @dataclass(frozen=True)
 class _TpuFamily:
-    """One TPU generation: its name prefix, GKE value, aliases and sizes, and how keras-kinetic names them."""
+    """One TPU generation: its names, the rules its slices follow, and how keras-kinetic names them."""
 
     prefix: str
-    gke_accelerator: str
-    #: The machine type of a host, ``{chips}`` standing for its chips (GKE's TPU machine types).
-    machine_type: str
+    #: Cloud TPU's name of the generation (``v5litepod-16``), and its ``acceleratorConfig`` type (``V5LITE_POD``).
+    cloud_name: str
+    config_type: str
+    #: The number in a name counts TensorCores (2 a chip: v2, v3, v4, v5p) or chips (1: v5e, v6e).
+    cores_per_chip: int
+    #: 2 (a ``4x8`` grid) or 3 (a ``4x4x8`` torus).
+    dimensions: int
+    #: Chips a slice of one host may hold; above them a slice is hosts of :data:`_CHIPS_PER_POD_HOST`.
+    single_host_chips: tuple[int, ...]
+    #: The chips of a whole pod: the largest slice there is.
+    pod_chips: int
+    #: The sizes listed by :func:`accelerator_names` (any size that follows the rules resolves).
+    listed_sizes: tuple[int, ...]
+    #: GKE's value and each host's machine type (``{chips}`` standing for its chips); None where GKE has none.
+    gke_accelerator: str | None
+    machine_type: str | None
     #: Cloud TPU's other spellings of a size, ``{n}`` standing for the size number.
     alias_patterns: tuple[str, ...]
-    #: size number -> (hosts, chips per host, topology)
-    sizes: Mapping[int, tuple[int, int, str]]
     #: keras-kinetic's name of the generation, which it numbers by chips (``v5p-8`` is 8 chips there).
-    kinetic_name: str
+    kinetic_name: str = ""
     #: keras-kinetic 0.0.4's slices (``kinetic/core/accelerators.py``): chips -> (hosts, topology).
-    kinetic_sizes: Mapping[int, tuple[int, str]]
-    #: Shapes besides the sizes, by their own name: name -> (hosts, chips per host, topology).
+    kinetic_sizes: Mapping[int, tuple[int, str]] = field(default_factory=dict)
+    #: Shapes besides the rules', by their own name: name -> (hosts, chips per host, topology).
     shapes: Mapping[str, tuple[int, int, str]] = field(default_factory=dict)
 
 
-# The number in a TPU name is the one Cloud TPU uses: chips for v5e and v6e,
-# TensorCores (two per chip) for v4 and v5p. Host counts are those of the real slices.
+#: The chips of each host of a multi-host slice, in every generation: a v2/v3 host holds 4 chips (8 cores), a v4
+#: or v5p host 4 chips, and a v5e or v6e host of a multi-host slice 4 chips (ct5lp-hightpu-4t, ct6e-standard-4t).
+_CHIPS_PER_POD_HOST = 4
+#: A v4 or v5p slice of a pod is built of whole 4x4x4 cubes; the smaller ones are 2x2x1, 2x2x2, 2x2x4, 2x4x4.
+_CUBE_SIDE = 4
+_CUBE_CHIPS = _CUBE_SIDE ** 3
+_SUB_CUBE_CHIPS = (4, 8, 16, 32)
+
+# The number in a TPU name is the one Cloud TPU uses: chips for v5e and v6e, TensorCores (two per chip) for v2,
+# v3, v4 and v5p. Every shape is computed from these rules (see _tpu_slice); the listed sizes only say which ones
+# `accelerator_names()` shows. v5e and v6e: Cloud TPU's single-host types (-1, -4, -8) are one VM holding all of
+# their chips (ct5lp-hightpu-8t and ct6e-standard-8t hold 8); from 16 chips on a slice is VMs of 4 chips each,
+# as Cloud TPU's v5e and v6e pages list them (v5litepod-16: 4 VMs, v6e-256: 64 VMs).
 _TPU_FAMILIES = (
     _TpuFamily(
-        prefix="tpu-v4",
-        gke_accelerator="tpu-v4-podslice",
-        machine_type="ct4p-hightpu-{chips}t",
+        prefix="tpu-v2", cloud_name="v2", config_type="V2", cores_per_chip=2, dimensions=2,
+        single_host_chips=(4,), pod_chips=256, listed_sizes=(), gke_accelerator=None, machine_type=None,
+        alias_patterns=("v2-{n}",),
+    ),
+    _TpuFamily(
+        prefix="tpu-v3", cloud_name="v3", config_type="V3", cores_per_chip=2, dimensions=2,
+        single_host_chips=(4,), pod_chips=1024, listed_sizes=(), gke_accelerator=None, machine_type=None,
+        alias_patterns=("v3-{n}",),
+    ),
+    _TpuFamily(
+        prefix="tpu-v4", cloud_name="v4", config_type="V4", cores_per_chip=2, dimensions=3,
+        single_host_chips=(4,), pod_chips=4096, listed_sizes=(8, 16, 32, 64),
+        gke_accelerator="tpu-v4-podslice", machine_type="ct4p-hightpu-{chips}t",
         alias_patterns=("v4-{n}",),
-        sizes={8: (1, 4, "2x2x1"), 16: (2, 4, "2x2x2"), 32: (4, 4, "2x2x4"), 64: (8, 4, "2x4x4")},
         kinetic_name="v4",
         kinetic_sizes={4: (1, "2x2x1"), 8: (2, "2x2x2"), 16: (4, "2x2x4"), 32: (8, "2x4x4")},
     ),
     _TpuFamily(
-        prefix="tpu-v5e",
-        gke_accelerator="tpu-v5-lite-podslice",
-        machine_type="ct5lp-hightpu-{chips}t",
+        prefix="tpu-v5e", cloud_name="v5litepod", config_type="V5LITE_POD", cores_per_chip=1, dimensions=2,
+        single_host_chips=(1, 4, 8), pod_chips=256, listed_sizes=(1, 4, 8, 16, 32, 64),
+        gke_accelerator="tpu-v5-lite-podslice", machine_type="ct5lp-hightpu-{chips}t",
         alias_patterns=("v5e-{n}", "v5litepod-{n}", "tpu-v5litepod-{n}"),
-        sizes={1: (1, 1, "1x1"), 4: (1, 4, "2x2"), 8: (1, 8, "2x4"), 16: (4, 4, "4x4"), 32: (8, 4, "4x8"),
-               64: (16, 4, "8x8")},
         kinetic_name="v5litepod",
         kinetic_sizes={1: (1, "1x1"), 4: (1, "2x2"), 8: (1, "2x4"), 16: (4, "4x4"), 32: (8, "4x8"),
                        64: (16, "8x8")},
     ),
     _TpuFamily(
-        prefix="tpu-v5p",
-        gke_accelerator="tpu-v5p-slice",
-        machine_type="ct5p-hightpu-{chips}t",
+        prefix="tpu-v5p", cloud_name="v5p", config_type="V5P", cores_per_chip=2, dimensions=3,
+        single_host_chips=(4,), pod_chips=8960, listed_sizes=(8, 16, 32),
+        gke_accelerator="tpu-v5p-slice", machine_type="ct5p-hightpu-{chips}t",
         alias_patterns=("v5p-{n}",),
-        sizes={8: (1, 4, "2x2x1"), 16: (2, 4, "2x2x2"), 32: (4, 4, "2x2x4")},
         kinetic_name="v5p",
         kinetic_sizes={8: (2, "2x2x2"), 16: (4, "2x2x4")},
     ),
     _TpuFamily(
-        prefix="tpu-v6e",
-        gke_accelerator="tpu-v6e-slice",
-        machine_type="ct6e-standard-{chips}t",
+        prefix="tpu-v6e", cloud_name="v6e", config_type="V6E", cores_per_chip=1, dimensions=2,
+        single_host_chips=(1, 4, 8), pod_chips=256, listed_sizes=(1, 4, 8, 16, 32),
+        gke_accelerator="tpu-v6e-slice", machine_type="ct6e-standard-{chips}t",
         alias_patterns=("v6e-{n}",),
         # Cloud TPU's v6e-8 is one VM of 8 chips; two hosts of 4 in a 2x4 exist through GKE alone, and are
         # what keras-kinetic provisions for its v6e-8: named apart, by their topology.
-        sizes={1: (1, 1, "1x1"), 4: (1, 4, "2x2"), 8: (1, 8, "2x4"), 16: (4, 4, "4x4"), 32: (8, 4, "4x8")},
         kinetic_name="v6e",
         kinetic_sizes={8: (2, "2x4"), 16: (4, "4x4")},
         shapes={"tpu-v6e-2x4": (2, 4, "2x4")},
     ),
 )
+_FAMILY_BY_CONFIG_TYPE = {family.config_type: family for family in _TPU_FAMILIES}
+
+
+def _is_power_of_two(number: int) -> bool:
+    return number > 0 and number & (number - 1) == 0
+
+
+def _valid_chips(family: _TpuFamily, chips: int) -> bool:
+    """Whether a slice of ``family`` can hold ``chips``: a single-host count, else (2-D) a power of two from 16
+    chips, or (3-D) a sub-cube or whole 4x4x4 cubes; never more than a pod."""
+    if chips in family.single_host_chips:
+        return True
+    if not 0 < chips <= family.pod_chips:
+        return False
+    if family.dimensions == 2:
+        return _is_power_of_two(chips) and chips >= 4 * _CHIPS_PER_POD_HOST
+    return chips in _SUB_CUBE_CHIPS or chips % _CUBE_CHIPS == 0
+
+
+def _rule(family: _TpuFamily) -> str:
+    """The sizes ``family`` has, in words, for an error's one line."""
+    if family.cores_per_chip == 1:
+        counts = f"{family.cloud_name} counts chips (one host of 1, 4 or 8; 4 a host above)"
+        sizes = f"1, 4, 8 or a power of two from 16 to {family.pod_chips}"
+    elif family.dimensions == 2:
+        counts = f"{family.cloud_name} counts TensorCores (2 a chip, 4 chips a host)"
+        sizes = f"8 or a power of two from 32 to {family.pod_chips * 2}"
+    else:
+        counts = f"{family.cloud_name} counts TensorCores (2 a chip, 4 chips a host)"
+        sizes = f"8, 16, 32, 64 or a multiple of {_CUBE_CHIPS * 2} up to {family.pod_chips * 2}"
+    return f"{counts}: {sizes}"
+
+
+def _default_topology(family: _TpuFamily, chips: int) -> tuple[int, ...]:
+    """The topology Cloud TPU gives a slice of ``chips`` made by its type alone (``v5p-128`` is 4x4x4).
+
+    2-D: the squarest grid of a power of two (``4x8``). 3-D: the most cube-like torus whose sides are whole cubes
+    (multiples of 4; powers of two up to 4 below a cube): the shortest longest side, then the longest shortest
+    one, which gives Cloud TPU's own (v4-4096: 8x16x16, v5p-640: 4x4x20, v5p-12288: 16x16x24).
+    """
+    if family.dimensions == 2:
+        short = 1 << ((chips.bit_length() - 1) // 2)
+        return short, chips // short
+    sides = (1, 2, 4) if chips < _CUBE_CHIPS else range(_CUBE_SIDE, chips + 1, _CUBE_SIDE)
+    shapes = [(a, b, chips // (a * b)) for a in sides for b in sides
+              if a <= b and chips % (a * b) == 0 and chips // (a * b) >= b and chips // (a * b) in sides]
+    a, b, c = min(shapes, key=lambda shape: (shape[2], -shape[0]))
+    return (b, c, a) if a == 1 else (a, b, c)  # Cloud TPU writes a flat side last: 2x2x1
+
+
+def _topology_text(sides: tuple[int, ...]) -> str:
+    return "x".join(str(side) for side in sides)
+
+
+def _tpu_slice(family: _TpuFamily, chips: int, topology: tuple[int, ...] | None = None) -> Accelerator:
+    """The slice of ``family`` with ``chips`` (valid by :func:`_valid_chips`), its topology the rules' unless the
+    node says another of the same chips (a v4 or v5p slice made with ``--topology``: named by it)."""
+    default = _default_topology(family, chips)
+    topology = topology or default
+    size = chips * family.cores_per_chip
+    name = f"{family.prefix}-{size}"
+    if family.dimensions == 3 and topology != default:
+        name = f"{family.prefix}-{_topology_text(topology)}"
+    if chips in family.single_host_chips:
+        hosts, per_host = 1, chips
+    else:
+        hosts, per_host = chips // _CHIPS_PER_POD_HOST, _CHIPS_PER_POD_HOST
+    machine_type = family.machine_type.format(chips=per_host) if family.machine_type else None
+    return Accelerator(name, "tpu", hosts, per_host, _topology_text(topology), family.gke_accelerator, machine_type)
+
+
+def _parse_topology(family: _TpuFamily, text: str) -> tuple[int, ...] | None:
+    """``4x4x8`` as its sides, when ``family`` can have it: its dimensions, chips a valid count, and (3-D) whole
+    cubes, or a sub-cube's sides in any order; a 2-D grid is its chips' squarest in any order."""
+    if not re.fullmatch(r"\d+(x\d+)+", text):
+        return None
+    sides = tuple(int(side) for side in text.split("x"))
+    chips = math.prod(sides)
+    if len(sides) != family.dimensions or not _valid_chips(family, chips):
+        return None
+    if family.dimensions == 3 and chips >= _CUBE_CHIPS:
+        return sides if all(side % _CUBE_SIDE == 0 for side in sides) else None
+    return sides if sorted(sides) == sorted(_default_topology(family, chips)) else None
+
+
+def _size_spellings(family: _TpuFamily) -> list[str]:
+    """Every pattern of a size in ``family``'s names: ours (``tpu-v5e-{n}``), then Cloud TPU's."""
+    return [f"{family.prefix}-{{n}}", f"{family.cloud_name}-{{n}}", *family.alias_patterns]
+
+
+def _read_size_name(key: str, families: tuple[_TpuFamily, ...] = _TPU_FAMILIES) -> tuple[_TpuFamily, str] | None:
+    """The family and the part after it (``256``, or a topology ``4x4x8``) of a TPU name; None if it is none."""
+    for family in families:
+        for pattern in _size_spellings(family):
+            head = pattern.removesuffix("{n}")
+            if key.startswith(head) and re.fullmatch(r"\d+(x\d+)*", key[len(head):]):
+                return family, key[len(head):]
+    return None
+
+
+def _slice_by_name(key: str) -> Accelerator | None:
+    """A TPU name that follows its generation's rules (``tpu-v5e-256``, ``v4-4096``, ``tpu-v5p-4x4x8``), computed;
+    None for any other."""
+    found = _read_size_name(key)
+    if found is None:
+        return None
+    family, size = found
+    if "x" in size:
+        sides = _parse_topology(family, size) if family.dimensions == 3 else None
+        return _tpu_slice(family, math.prod(sides), sides) if sides else None
+    if int(size) % family.cores_per_chip or not _valid_chips(family, int(size) // family.cores_per_chip):
+        return None
+    return _tpu_slice(family, int(size) // family.cores_per_chip)
+
+
+def cloud_tpu_accelerator(accelerator_type: str | None = None, *, config_type: str | None = None,
+                          topology: str | None = None) -> Accelerator:
+    """The slice a Cloud TPU node is, in Cloud TPU's own naming: its ``acceleratorType`` (``v4-32``,
+    ``v5litepod-256``), or its ``acceleratorConfig`` (``type`` ``V5P``, ``topology`` ``4x4x8``), or both.
+
+    Its shape follows the generation's rules, whatever the size: keras-kinetic's spellings play no part here (a
+    node's ``v4-32`` is 32 TensorCores, 4 hosts of 4 chips).
+
+    Parameters
+    ----------
+    accelerator_type : str, optional
+        The node's ``acceleratorType``.
+    config_type, topology : str, optional
+        The node's ``acceleratorConfig``: its ``type`` (``V2``, ``V3``, ``V4``, ``V5LITE_POD``, ``V5P``,
+        ``V6E``) and its ``topology``, which wins over the type's default (``v5p-256`` as ``4x8x4``).
+
+    Returns
+    -------
+    Accelerator
+
+    Raises
+    ------
+    UnknownAcceleratorError
+        One line naming the type, the config or the topology that is not a slice, and the generation's sizes.
+    """
+    if accelerator_type:
+        found = _read_size_name(str(accelerator_type).strip().lower())
+        if found is None or "x" in found[1]:
+            raise UnknownAcceleratorError(
+                f"Cloud TPU accelerator type {accelerator_type!r} is not one kinetic_nb knows: it knows "
+                f"{', '.join(family.cloud_name for family in _TPU_FAMILIES)} (e.g. v4-32, v5litepod-16)")
+        family, size = found[0], int(found[1])
+        if size % family.cores_per_chip or not _valid_chips(family, size // family.cores_per_chip):
+            raise UnknownAcceleratorError(
+                f"Cloud TPU accelerator type {accelerator_type!r} is not a slice: {_rule(family)}")
+        chips = size // family.cores_per_chip
+    elif config_type:
+        family = _FAMILY_BY_CONFIG_TYPE.get(str(config_type).strip().upper())
+        if family is None:
+            raise UnknownAcceleratorError(
+                f"Cloud TPU accelerator config type {config_type!r} is not one kinetic_nb knows: it knows "
+                f"{', '.join(_FAMILY_BY_CONFIG_TYPE)}")
+        chips = None
+    else:
+        raise UnknownAcceleratorError("the Cloud TPU node names no accelerator: neither an acceleratorType nor an "
+                                      "acceleratorConfig")
+    if not topology:
+        if chips is None:
+            raise UnknownAcceleratorError(f"Cloud TPU accelerator config {config_type!r} has no topology")
+        return _tpu_slice(family, chips)
+    sides = _parse_topology(family, str(topology).strip().lower())
+    if sides is None or (chips is not None and math.prod(sides) != chips):
+        what = f"type {accelerator_type!r}" if accelerator_type else f"config {config_type!r}"
+        raise UnknownAcceleratorError(
+            f"Cloud TPU topology {topology!r} is not a slice of accelerator {what}: {_rule(family)}, "
+            f"{family.dimensions} sides" + (", whole 4x4x4 cubes from 64 chips" if family.dimensions == 3 else ""))
+    return _tpu_slice(family, math.prod(sides), sides)
+
 
 #: GPU model in the name -> (GKE accelerator value, GPUs per host offered: the machine shapes GKE schedules).
 #: Every GPU shape is one host; keras-kinetic names the models alike.
@@ -171,13 +376,15 @@ def _build_registry() -> tuple[Mapping[str, Accelerator], Mapping[str, str], Map
     cloud: dict[str, str] = {}
     kinetic: dict[str, str] = {}
     for family in _TPU_FAMILIES:
-        shapes = [(f"{family.prefix}-{size}", shape) for size, shape in sorted(family.sizes.items())]
-        for name, (hosts, chips, topology) in [*shapes, *family.shapes.items()]:
-            accelerators.append(Accelerator(name, "tpu", hosts, chips, topology, family.gke_accelerator,
-                                            family.machine_type.format(chips=chips)))
-            if family.kinetic_sizes.get(hosts * chips) == (hosts, topology):
-                kinetic[f"{family.kinetic_name}-{hosts * chips}"] = name
-        for size in family.sizes:
+        listed = [_tpu_slice(family, size // family.cores_per_chip) for size in family.listed_sizes]
+        others = [Accelerator(name, "tpu", hosts, chips, topology, family.gke_accelerator,
+                              family.machine_type.format(chips=chips) if family.machine_type else None)
+                  for name, (hosts, chips, topology) in family.shapes.items()]
+        for acc in [*listed, *others]:
+            accelerators.append(acc)
+            if family.kinetic_sizes.get(acc.devices) == (acc.hosts, acc.topology):
+                kinetic[f"{family.kinetic_name}-{acc.devices}"] = acc.name
+        for size in family.listed_sizes:
             cloud.update({pattern.format(n=size): f"{family.prefix}-{size}" for pattern in family.alias_patterns})
     for model, (gke_value, counts) in _GPU_MODELS.items():
         for count in counts:
@@ -241,7 +448,10 @@ def resolve_accelerator(name: str) -> Accelerator:
     ----------
     name : str
         A canonical name (``tpu-v5e-16``) or an alias (``v5litepod-16``,
-        ``v5e-16``); case and surrounding whitespace are ignored.
+        ``v5e-16``); case and surrounding whitespace are ignored. Any TPU
+        size that follows its generation's rules resolves, listed or not
+        (``tpu-v5e-256``, ``tpu-v4-4096``, ``v5p-12288``, ``tpu-v2-32``), and
+        a v4 or v5p slice by its topology too (``tpu-v5p-4x4x8``).
 
     Returns
     -------
@@ -258,7 +468,21 @@ def resolve_accelerator(name: str) -> Accelerator:
     canonical = _ALIASES.get(key, key)
     if canonical in _REGISTRY:
         return _REGISTRY[canonical]
+    computed = _computed_slice(key)
+    if computed is not None:
+        return computed
     raise UnknownAcceleratorError(_unknown_name_message(name, key))
+
+
+#: The slices beyond the listed ones that were asked for, by canonical name: one object per slice, as the
+#: listed are (a few per notebook; every name follows the rules, so their number is bounded).
+_COMPUTED: dict[str, Accelerator] = {}
+
+
+def _computed_slice(key: str) -> Accelerator | None:
+    """A TPU slice beyond the listed ones, by its generation's rules (``tpu-v5e-256``, ``v4-4096``)."""
+    acc = _slice_by_name(key)
+    return None if acc is None else _COMPUTED.setdefault(acc.name, acc)
 
 
 def _unknown_name_message(name: object, key: str) -> str:
@@ -294,7 +518,8 @@ def accelerator_table() -> str:
              for row in rows]
     lines.append("TPU sizes are Cloud TPU's (v4 and v5p count TensorCores, two per chip); keras-kinetic counts "
                  "chips, so a bare name that means two slices (v5p-8) is refused: say tpu-v5p-8, or tpu:v5p-8 "
-                 "for keras-kinetic's.")
+                 "for keras-kinetic's. Any size that follows its generation's rules works too (tpu-v5e-256, "
+                 "tpu-v4-4096, tpu-v5p-12288, tpu-v2-32).")
     return "\n".join(line.rstrip() for line in lines)
 
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import cloudpickle
 
-from kinetic_nb.accelerators import Accelerator, resolve_accelerator
-from kinetic_nb.errors import ProtocolVersionError
+from kinetic_nb.accelerators import Accelerator, cloud_tpu_accelerator, resolve_accelerator
+from kinetic_nb.errors import ProtocolVersionError, UnknownAcceleratorError
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.cell import remember_source
 from kinetic_nb.runner.protocol import Framework, JobPlan
@@ -95,9 +95,22 @@ def backend_slice(backend: Any, hosts: int | None, accelerator: str | None) -> t
     """:func:`resolve_slice`, the backend filling what ``-n`` and ``-a`` leave out: the hosts it names
     (``--ssh-hosts``), the slice it is (a TPU VM's type)."""
     own = backend.default_accelerator()
-    if accelerator and own and resolve_accelerator(accelerator).name != own:
+    if accelerator and own and not names_the_slice(accelerator, own):
         raise ValueError(f"-a {accelerator} does not match the slice -b {backend.name} runs on, a {own}: leave -a out")
-    return resolve_slice(hosts if hosts is not None else backend.default_hosts(), accelerator or own)
+    return resolve_slice(hosts if hosts is not None else backend.default_hosts(), own or accelerator)
+
+
+def names_the_slice(accelerator: str, own: str) -> bool:
+    """Whether ``-a`` names the slice a backend is (``own``, a canonical name): by our names and aliases, or, for
+    a bare spelling keras-kinetic reads another way (``v4-32``), in Cloud TPU's naming, which a TPU VM's own type
+    uses; a name that is neither raises as ``resolve_accelerator`` does."""
+    try:
+        return resolve_accelerator(accelerator).name == own
+    except UnknownAcceleratorError as unknown:
+        try:
+            return cloud_tpu_accelerator(accelerator).name == own
+        except UnknownAcceleratorError:
+            raise unknown from None
 
 
 def choose_procs_per_host(acc: Accelerator, framework: str, requested: int | None = None) -> int:

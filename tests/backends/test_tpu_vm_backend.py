@@ -30,7 +30,10 @@ def tpu_api(ssh_hosts, monkeypatch, tmp_path):
     """The double, answering for TPU VM ``slice-16`` (a v5litepod-16: 4 workers, the test hosts) and a few others;
     the notebook's credentials a token of the test's; gcloud's key the one the hosts accept."""
     nodes = {(PROJECT, ZONE, "slice-16"): tpu_node(ssh_hosts.addresses),
-             (PROJECT, ZONE, "creating"): tpu_node(ssh_hosts.addresses, state="CREATING")}
+             (PROJECT, ZONE, "creating"): tpu_node(ssh_hosts.addresses, state="CREATING"),
+             (PROJECT, ZONE, "v4-32"): tpu_node(ssh_hosts.addresses, accelerator_type="v4-32"),
+             (PROJECT, ZONE, "by-topology"): tpu_node(ssh_hosts.addresses, accelerator_type=None,
+                                                      accelerator_config={"type": "V5P", "topology": "2x2x4"})}
     with TpuApiDouble(nodes, denied={"not-yours"}) as double:
         monkeypatch.setenv(tpu_vm.API_ENDPOINT_ENV, double.url)
         credentials = google.oauth2.credentials.Credentials(token="test-token")
@@ -65,6 +68,19 @@ def test_a_cell_runs_on_the_slices_workers_in_order_with_its_accelerator(ssh_hos
     # Each worker's host key kept under the node's id and its index, in gcloud's file.
     known = (tmp_path / "google_compute_known_hosts").read_text()
     assert sorted(line.split()[0] for line in known.splitlines()) == [f"tpu.4213374211-{index}" for index in range(4)]
+
+
+@pytest.mark.parametrize(("tpu", "accelerator"), [("v4-32", "tpu-v4-32"), ("by-topology", "tpu-v5p-32")])
+def test_a_four_worker_slice_of_a_generation_that_counts_tensorcores_runs_on_its_four_workers(ssh_hosts, tpu_api,
+                                                                                               tpu, accelerator):
+    """A v4-32 (32 TensorCores: 4 workers of 4 chips), and a v5p node made with ``--type v5p --topology 2x2x4``,
+    which the API describes by its ``acceleratorConfig`` alone: each plans 4 hosts of 4 chips, Cloud TPU's naming
+    whatever keras-kinetic calls ``v4-32``, and its cell runs on the test hosts standing in for its workers."""
+    source = "import os\nprint('worker', os.environ['KINETIC_HOST_INDEX'])\n'on ' + os.environ['KINETIC_HOST_INDEX']"
+    handle = kinetic_nb.submit(source, framework="none", quiet=True, **on_tpu_vm(ssh_hosts, tpu))
+    assert (handle.plan.accelerator, handle.plan.hosts, handle.plan.devices_per_host) == (accelerator, 4, 4)
+    assert handle.result(timeout=300) == "on 0"
+    assert all(f"worker {index}" in handle.logs(index) for index in range(4))
 
 
 def test_a_key_gcloud_has_not_pushed_is_one_line_with_gclouds_fix(ssh_hosts, tpu_api, monkeypatch):

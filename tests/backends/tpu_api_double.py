@@ -72,11 +72,19 @@ def _error(code: int, message: str, status: str) -> dict:
     return {"error": {"code": code, "message": message, "status": status}}
 
 
-def tpu_node(addresses: list[str], *, accelerator_type: str = "v5litepod-16", state: str = "READY",
-             external: list[str | None] | None = None, node_id: str = "4213374211") -> dict:
-    """A Node as the API describes a TPU VM slice whose workers have ``addresses``, worker 0 first."""
+def tpu_node(addresses: list[str], *, accelerator_type: str | None = "v5litepod-16", state: str = "READY",
+             external: list[str | None] | None = None, node_id: str = "4213374211",
+             accelerator_config: dict[str, str] | None = None) -> dict:
+    """A Node as the API describes a TPU VM slice whose workers have ``addresses``, worker 0 first.
+
+    ``accelerator_type`` None leaves ``acceleratorType`` out, as for a node made with ``--type/--topology``,
+    which the API describes by its ``acceleratorConfig`` (``{"type": "V5P", "topology": "2x2x4"}``) alone.
+    """
     external = external or [None] * len(addresses)
-    return {"id": node_id, "state": state, "acceleratorType": accelerator_type, "health": "HEALTHY",
+    accelerator = {"acceleratorType": accelerator_type} if accelerator_type else {}
+    if accelerator_config:
+        accelerator["acceleratorConfig"] = accelerator_config
+    return {"id": node_id, "state": state, **accelerator, "health": "HEALTHY",
             "runtimeVersion": "v2-alpha-tpuv5-lite",
             "networkEndpoints": [{"ipAddress": address, "port": 8470,
                                   **({"accessConfig": {"externalIp": outside}} if outside else {})}

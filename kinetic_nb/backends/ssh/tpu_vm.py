@@ -3,8 +3,12 @@
 The slice is read from the Cloud TPU API (``GET
 https://tpu.googleapis.com/v2/projects/P/locations/Z/nodes/NAME`` through
 google-auth's ``AuthorizedSession``, with the notebook's Application Default
-Credentials): its state, its accelerator type (so ``-a`` is not needed) and
-its network endpoints, worker 0 first. Each worker is reached at its internal
+Credentials): its state, its accelerator (so ``-a`` is not needed) and its
+network endpoints, worker 0 first. The accelerator is Cloud TPU's own naming,
+always (``v4-32`` is 32 TensorCores, 4 workers, whatever keras-kinetic calls
+it): its ``acceleratorType``, or its ``acceleratorConfig`` (type and
+topology) for a node made with ``--type``/``--topology``, any generation and
+size, its shape computed by ``accelerators.cloud_tpu_accelerator``. Each worker is reached at its internal
 address when the notebook runs inside the slice's network (on one of its
 workers, or where no worker has an external address), at its external one
 otherwise; ``--tpu-addresses internal|external`` chooses.
@@ -29,7 +33,7 @@ import socket
 from collections.abc import Mapping
 from typing import Any
 
-from kinetic_nb.accelerators import resolve_accelerator
+from kinetic_nb.accelerators import Accelerator, cloud_tpu_accelerator
 from kinetic_nb.backends.base import BackendFlag, register
 from kinetic_nb.backends.google_api import authorized_session
 from kinetic_nb.backends.requirements import framework_requirement, host_requirements, with_framework
@@ -64,12 +68,22 @@ class TpuNode:
 
     name: str
     node_id: str
-    #: Cloud TPU's name for it: ``v5litepod-16``, ``v4-32``.
+    #: Cloud TPU's name for it: ``v5litepod-16``, ``v4-32``; empty for a node made with ``--type/--topology``.
     accelerator_type: str
     state: str
     #: Each worker's internal address, worker 0 first, and its external one (None: it has none).
     internal: tuple[str, ...]
     external: tuple[str | None, ...]
+    #: Its ``acceleratorConfig``: the type (``V5P``) and the topology (``4x4x8``), where the API gives them.
+    config_type: str | None = None
+    topology: str | None = None
+
+    @property
+    def accelerator(self) -> Accelerator:
+        """The slice it is, in Cloud TPU's naming (``UnknownAcceleratorError`` in one line for one that is
+        none)."""
+        return cloud_tpu_accelerator(self.accelerator_type or None, config_type=self.config_type,
+                                     topology=self.topology)
 
 
 def read_node(session: Any, project: str, zone: str, tpu: str, *, endpoint: str | None = None) -> TpuNode:
@@ -92,9 +106,13 @@ def read_node(session: Any, project: str, zone: str, tpu: str, *, endpoint: str 
     if state != "READY" or not endpoints:
         raise KineticError(f"TPU VM {tpu} is {state}, not READY: wait for it (`gcloud compute tpus tpu-vm describe "
                            f"{tpu} --zone {zone}`), or start it (`gcloud compute tpus tpu-vm start {tpu} --zone {zone}`)")
-    return TpuNode(name=tpu, node_id=str(body.get("id") or tpu), accelerator_type=body.get("acceleratorType", ""),
+    config = body.get("acceleratorConfig") or {}
+    node = TpuNode(name=tpu, node_id=str(body.get("id") or tpu), accelerator_type=body.get("acceleratorType") or "",
                    state=state, internal=tuple(endpoint["ipAddress"] for endpoint in endpoints),
-                   external=tuple((endpoint.get("accessConfig") or {}).get("externalIp") for endpoint in endpoints))
+                   external=tuple((endpoint.get("accessConfig") or {}).get("externalIp") for endpoint in endpoints),
+                   config_type=config.get("type"), topology=config.get("topology"))
+    node.accelerator  # noqa: B018 - a type that is no slice is refused here, before any worker is reached
+    return node
 
 
 def _message(answer: Any) -> str:
@@ -223,7 +241,7 @@ class TpuVmBackend(SshBackend):
         return {**stored, **self._ssh_options()}
 
     def default_accelerator(self) -> str | None:
-        return resolve_accelerator(self.node.accelerator_type).name
+        return self.node.accelerator.name
 
     def host_requirements(self, plan: JobPlan) -> bytes | None:
         """``--requirements``, and the cell's framework for TPUs at the notebook's version (``jax[tpu]``) unless
