@@ -36,6 +36,7 @@ from kinetic_nb.backends.kubernetes import root as k8s_root
 from kinetic_nb.backends.kubernetes.backend import KubernetesBackend, KubernetesSettings
 from kinetic_nb.backends.kubernetes.pods import host_states
 from kinetic_nb.client.plan import make_plan, resolve_slice
+from kinetic_nb.errors import KineticError
 from kinetic_nb.runner import frameworks
 from kinetic_nb.runner.channel import CHANNEL_ENV, parse_address
 from kinetic_nb.runner.host_variables import process_environment, resolve_host_index
@@ -618,3 +619,12 @@ def test_no_secret_is_a_literal_anywhere_in_the_manifests(case):
     secret = km.secret_manifest(plan, SETTINGS, SECRETS, OWNER)
     assert secret["kind"] == "Secret" and secret["metadata"]["ownerReferences"] == [OWNER]
     assert secret["stringData"] == {**USER_ENV, "KINETIC_JOB_KEY": SECRETS.key.hex()}
+
+
+@pytest.mark.parametrize("accelerator", ["tpu-v2-8", "tpu-v3-32"])
+def test_a_tpu_generation_gke_does_not_offer_is_refused_in_one_line(accelerator):
+    """v2 and v3 are Cloud TPU VMs only: no node selector, no machine type to ask for."""
+    backend = KubernetesBackend(SETTINGS, api=object())  # refused before any API call
+    with pytest.raises(KineticError, match=rf"^{accelerator}: GKE has no node pool of this TPU generation .*-b tpu-vm$"):
+        backend.preflight(job_plan(accelerator))
+

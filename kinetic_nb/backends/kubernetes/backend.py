@@ -195,7 +195,12 @@ class KubernetesBackend(Backend):
     def preflight(self, plan: JobPlan) -> None:
         """Read ``--requirements``, refusing a line a pod cannot satisfy (a path on this machine: see
         :mod:`~kinetic_nb.backends.requirements`); in the build image mode, make sure its image
-        exists (Cloud Build makes it once per requirements: minutes the first time, a registry lookup after)."""
+        exists (Cloud Build makes it once per requirements: minutes the first time, a registry lookup after).
+        A TPU slice GKE has no node pool for (v2, v3: Cloud TPU VMs only) is refused first, in one line."""
+        acc = resolve_accelerator(plan.accelerator)
+        if acc.kind == "tpu" and acc.gke_accelerator is None:
+            raise KineticError(f"{acc.name}: GKE has no node pool of this TPU generation (it offers v4, v5e, v5p "
+                               "and v6e); run it on Cloud TPU VMs with -b tpu-vm")
         requirements = self._host_requirements(plan)
         if requirements is not None and self.settings.mode is ImageMode.BUILD and self._built_image is None:
             from kinetic_nb.backends.kubernetes.cloud_build import ensure_image
