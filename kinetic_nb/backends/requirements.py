@@ -28,6 +28,8 @@ import re
 import shlex
 from pathlib import Path
 
+from kinetic_nb.errors import KineticError
+
 __all__ = ["framework_requirement", "host_requirements", "with_framework"]
 
 #: pip's own comment rule: ``#`` at a line's start or after whitespace.
@@ -198,6 +200,9 @@ def host_requirements(path: str | os.PathLike[str]) -> bytes:
 #: What a host installs for a cell's framework on an accelerator, at the notebook's own version. Torch on TPUs
 #: needs torch_xla, which has no version to match the notebook's torch: it is left to --requirements.
 FRAMEWORK_PACKAGES = {("tpu", "jax"): "jax[tpu]", ("gpu", "jax"): "jax[cuda12]", ("gpu", "torch"): "torch"}
+#: JAX 0.4.30 to 0.5.0 pin a libtpu-nightly that only Google's own release page holds (a local version the
+#: package index cannot); from 0.5.1, jax[tpu] takes libtpu from the index like any other package.
+FIRST_JAX_TPU_FROM_PYPI = (0, 5, 1)
 #: A requirement's project name, at a line's start (PEP 508).
 _PROJECT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*")
 
@@ -215,7 +220,26 @@ def framework_requirement(accelerator_kind: str, framework: str, requirements: b
     if package is None or framework in _named_projects(requirements or b""):
         return None
     version = installed_version(framework)
+    if package == "jax[tpu]" and version and _release(version) < FIRST_JAX_TPU_FROM_PYPI:
+        raise KineticError(
+            f"this notebook's JAX {version} cannot be installed on TPU hosts from the package index alone: "
+            f"jax[tpu]=={version.split('+')[0]} needs a libtpu-nightly published only on Google's own JAX release "
+            f"page; use JAX {'.'.join(map(str, FIRST_JAX_TPU_FROM_PYPI))} or later in this notebook, or name "
+            "jax[tpu] and where its libtpu comes from in --requirements")
     return f"{package}=={version.split('+')[0]}" if version else package
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """``0.4.30`` -> (0, 4, 30); a pre-release or build tag ends the numbers (``0.5.0rc1`` -> (0, 5, 0))."""
+    numbers = []
+    for part in version.split("+")[0].split("."):
+        digits = re.match(r"\d+", part)
+        if digits is None:
+            break
+        numbers.append(int(digits.group(0)))
+        if digits.group(0) != part:
+            break
+    return tuple(numbers)
 
 
 def with_framework(requirements: bytes | None, line: str | None) -> bytes | None:

@@ -7,6 +7,8 @@ to inline reaches the pods byte for byte.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from kinetic_nb.backends.base import JobSecrets
@@ -203,3 +205,25 @@ def test_a_tpu_jobs_pods_get_jax_tpu_and_the_launch_says_so(tmp_path, mode, caps
         assert not handle.storage.exists(REQUIREMENTS_OBJECT)
         assert not any("the pods install" in text for text in notices)
     handle.cancel()  # its poller stops with it
+
+
+@pytest.mark.parametrize(("version", "refused"), [
+    ("0.4.30", True), ("0.4.38", True), ("0.5.0", True), ("0.5.0rc1", True),
+    ("0.5.1", False), ("0.6.0+local", False), ("0.10.2", False),
+])
+def test_a_jax_whose_tpu_build_the_index_cannot_install_is_refused_in_one_line(monkeypatch, version, refused):
+    """jax[tpu] 0.4.30-0.5.0 pin a libtpu-nightly the index does not hold: the hosts' install would fail after
+    minutes; it is refused before anything starts, saying which JAX works."""
+    from kinetic_nb.errors import KineticError
+    from kinetic_nb.runner import versions
+
+    monkeypatch.setattr(versions, "installed_version", lambda name: version if name == "jax" else None)
+    if refused:
+        with pytest.raises(KineticError, match=rf"^this notebook's JAX {re.escape(version)} cannot be installed on "
+                                               r"TPU hosts .* use JAX 0\.5\.1 or later"):
+            framework_requirement("tpu", "jax", None)
+    else:
+        assert framework_requirement("tpu", "jax", None) == f"jax[tpu]=={version.split('+')[0]}"
+    assert framework_requirement("tpu", "jax", b"jax[tpu]==0.4.30\n-f ./wheels\n") is None  # theirs, as named
+    assert framework_requirement("gpu", "jax", None) == f"jax[cuda12]=={version.split('+')[0]}"  # GPUs are fine
+
