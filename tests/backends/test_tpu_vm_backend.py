@@ -31,6 +31,10 @@ def tpu_api(ssh_hosts, monkeypatch, tmp_path):
     the notebook's credentials a token of the test's; gcloud's key the one the hosts accept."""
     nodes = {(PROJECT, ZONE, "slice-16"): tpu_node(ssh_hosts.addresses),
              (PROJECT, ZONE, "creating"): tpu_node(ssh_hosts.addresses, state="CREATING"),
+             (PROJECT, ZONE, "stopped"): tpu_node(ssh_hosts.addresses, state="STOPPED"),
+             (PROJECT, ZONE, "preempted"): {**tpu_node(ssh_hosts.addresses, state="PREEMPTED"),
+                                            "schedulingConfig": {"spot": True}},
+             (PROJECT, ZONE, "maintained"): {**tpu_node(ssh_hosts.addresses), "health": "UNHEALTHY_MAINTENANCE"},
              (PROJECT, ZONE, "v4-32"): tpu_node(ssh_hosts.addresses, accelerator_type="v4-32"),
              (PROJECT, ZONE, "by-topology"): tpu_node(ssh_hosts.addresses, accelerator_type=None,
                                                       accelerator_config={"type": "V5P", "topology": "2x2x4"})}
@@ -115,6 +119,11 @@ def test_a_worker_whose_tpu_another_process_holds_is_refused_naming_it(ssh_hosts
 @pytest.mark.parametrize(("tpu", "message"), [
     ("missing", rf"^there is no TPU VM missing in project {PROJECT}, zone {ZONE}: see `gcloud compute tpus tpu-vm list"),
     ("creating", r"^TPU VM creating is CREATING, not READY: wait for it"),
+    ("stopped", r"^TPU VM stopped is STOPPED: start it \(`gcloud compute tpus tpu-vm start stopped --zone "),
+    # A spot VM that was preempted cannot be started again: the fix is another VM, not `start`.
+    ("preempted", r"^TPU VM preempted was preempted, and a spot TPU VM cannot be started again: delete it "),
+    ("maintained", r"^TPU VM maintained is READY but under maintenance \(health UNHEALTHY_MAINTENANCE\): wait "),
+    ("missing", r"queued resource is there once granted \(`gcloud compute tpus queued-resources list"),
     ("not-yours", r"^the Cloud TPU API refused to describe TPU VM not-yours \(403: Permission 'tpu.nodes.get' denied"),
 ])
 def test_a_slice_that_cannot_be_used_is_one_line_before_any_worker_is_reached(ssh_hosts, tpu_api, tpu, message):

@@ -93,7 +93,9 @@ def read_node(session: Any, project: str, zone: str, tpu: str, *, endpoint: str 
     answer = session.get(f"{base}/v2/projects/{project}/locations/{zone}/nodes/{tpu}")
     if answer.status_code == 404:
         raise KineticError(f"there is no TPU VM {tpu} in project {project}, zone {zone}: see `gcloud compute tpus "
-                           f"tpu-vm list --zone {zone} --project {project}`")
+                           f"tpu-vm list --zone {zone} --project {project}`; one asked for as a queued resource is "
+                           f"there once granted (`gcloud compute tpus queued-resources list --zone {zone} "
+                           f"--project {project}`)")
     if answer.status_code in (401, 403):
         raise KineticError(f"the Cloud TPU API refused to describe TPU VM {tpu} ({answer.status_code}: "
                            f"{_message(answer)}): your account needs tpu.nodes.get in project {project}")
@@ -103,9 +105,10 @@ def read_node(session: Any, project: str, zone: str, tpu: str, *, endpoint: str 
     body = answer.json()
     endpoints = body.get("networkEndpoints") or []
     state = body.get("state", "STATE_UNSPECIFIED")
-    if state != "READY" or not endpoints:
-        raise KineticError(f"TPU VM {tpu} is {state}, not READY: wait for it (`gcloud compute tpus tpu-vm describe "
-                           f"{tpu} --zone {zone}`), or start it (`gcloud compute tpus tpu-vm start {tpu} --zone {zone}`)")
+    unusable = _unusable(tpu, zone, state, body.get("health", ""), body.get("schedulingConfig") or {})
+    if unusable or not endpoints:
+        raise KineticError(unusable or f"TPU VM {tpu} is {state} but names no worker: wait for it (`gcloud compute "
+                                       f"tpus tpu-vm describe {tpu} --zone {zone}`)")
     config = body.get("acceleratorConfig") or {}
     node = TpuNode(name=tpu, node_id=str(body.get("id") or tpu), accelerator_type=body.get("acceleratorType") or "",
                    state=state, internal=tuple(endpoint["ipAddress"] for endpoint in endpoints),
@@ -113,6 +116,28 @@ def read_node(session: Any, project: str, zone: str, tpu: str, *, endpoint: str 
                    config_type=config.get("type"), topology=config.get("topology"))
     node.accelerator  # noqa: B018 - a type that is no slice is refused here, before any worker is reached
     return node
+
+
+#: States a TPU VM passes through on its own: waiting is the way.
+_TRANSIENT_STATES = frozenset({"CREATING", "STARTING", "RESTARTING", "REPAIRING", "REIMAGING", "STOPPING"})
+
+
+def _unusable(tpu: str, zone: str, state: str, health: str, scheduling: dict) -> str:
+    """Why TPU VM ``tpu`` cannot run a cell now, with what to do, in one line; "" when it can."""
+    describe = f"`gcloud compute tpus tpu-vm describe {tpu} --zone {zone}`"
+    if state == "READY":
+        if health == "UNHEALTHY_MAINTENANCE":
+            return f"TPU VM {tpu} is READY but under maintenance (health {health}): wait for it to end ({describe})"
+        return ""
+    if state == "PREEMPTED":
+        kind = "spot" if scheduling.get("spot") else "preemptible" if scheduling.get("preemptible") else ""
+        return (f"TPU VM {tpu} was preempted, and a {kind + ' ' if kind else ''}TPU VM cannot be started again: "
+                f"delete it (`gcloud compute tpus tpu-vm delete {tpu} --zone {zone}`) and create it anew")
+    if state == "STOPPED":
+        return f"TPU VM {tpu} is STOPPED: start it (`gcloud compute tpus tpu-vm start {tpu} --zone {zone}`)"
+    if state in _TRANSIENT_STATES:
+        return f"TPU VM {tpu} is {state}, not READY: wait for it ({describe})"
+    return f"TPU VM {tpu} is {state}, not READY: see {describe}"
 
 
 def _message(answer: Any) -> str:
