@@ -116,6 +116,31 @@ def test_a_worker_whose_tpu_another_process_holds_is_refused_naming_it(ssh_hosts
         holder.wait()
 
 
+@pytest.mark.parametrize(("kind", "fix"), [("ks", r"end it with %kinetic stop in its notebook"),
+                                           ("kn", r"let it end, or end it with %kinetic cancel kn-")])
+def test_a_tpu_a_kinetic_session_or_job_holds_says_how_to_end_it_from_a_notebook(ssh_hosts, tpu_api, monkeypatch,
+                                                                                  tmp_path, kind, fix):
+    """Killing a session's host by its pid leaves its notebook to find a dead session: the way out is the one
+    it was started by."""
+    chip = tmp_path / "accel0"
+    chip.write_bytes(b"")
+    monkeypatch.setattr(tpu_vm, "TPU_DEVICES", (str(chip),))
+    job_id = f"{kind}-20261206-101010-abc123"
+    holder = subprocess.Popen([sys.executable, "-c", f"import time\nchip = open({str(chip)!r})\ntime.sleep(120)",
+                               "-m", "kinetic_nb.agent", "--job", f"file:///jobs/{job_id}"])
+    try:
+        deadline = time.monotonic() + 30
+        while str(chip) not in [os.readlink(f"/proc/{holder.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{holder.pid}/fd")]:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        with pytest.raises(SshHostError, match=rf"^host 0 \({ssh_hosts.addresses[0]}\): its TPU is held by kinetic_nb "
+                                               rf"(session|job) {job_id} \(process {holder.pid}\): {fix}"):
+            kinetic_nb.submit("1", framework="none", quiet=True, **on_tpu_vm(ssh_hosts))
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 @pytest.mark.parametrize(("tpu", "message"), [
     ("missing", rf"^there is no TPU VM missing in project {PROJECT}, zone {ZONE}: see `gcloud compute tpus tpu-vm list"),
     ("creating", r"^TPU VM creating is CREATING, not READY: wait for it"),

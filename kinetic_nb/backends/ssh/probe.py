@@ -17,6 +17,7 @@ import dataclasses
 import hashlib
 import inspect
 import json
+import re
 import sys
 
 from kinetic_nb.backends.ssh.connections import Connections
@@ -32,7 +33,7 @@ DEFAULT_PYTHON = "python3"
 #: free ports to find (``runner.ports.free_ports``, its source included: below the ephemeral range, where no
 #: connection made meanwhile takes one), argv[3] device paths (comma-separated prefixes) whose holders to name.
 _PROBE = "from __future__ import annotations\n" + inspect.getsource(free_ports) + r"""
-import json, os, pwd, socket, sys
+import json, os, pwd, re, socket, sys
 def name_of(uid):
     try:
         return pwd.getpwuid(uid).pw_name
@@ -70,6 +71,9 @@ for pid in (name for name in os.listdir("/proc") if name.isdigit() and devices a
         if any(path.startswith(devices) for path in opened):
             with open(f"/proc/{pid}/cmdline", "rb") as file:
                 command = " ".join(file.read().replace(b"\0", b" ").decode(errors="replace").split())  # one line
+            ours = re.search(r"\bk[ns]-\d{8}-\d{6}-[0-9a-f]+", command) if "kinetic_nb" in command else None
+            if ours and ours.group(0) not in command[:200]:  # a kinetic_nb job's id stays, however long the rest
+                command = command[:200 - len(ours.group(0)) - 5] + " ... " + ours.group(0)
             answer["holders"].append([int(pid), command[:200]])
     except OSError:  # gone, or another user's (not ours to read)
         continue
@@ -77,6 +81,8 @@ print(json.dumps(answer))
 """
 #: Ports host 0 finds: the framework's coordinator's, and a session's hub's.
 HOST_0_PORTS = 2
+#: A kinetic_nb job's or session's id in a process's command line (its agent's ``--job`` URI ends with it).
+_KINETIC_ID = re.compile(r"\bk[ns]-\d{8}-\d{6}-[0-9a-f]+")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,12 +150,26 @@ def probe_hosts(connections: Connections, *, python: str = DEFAULT_PYTHON, stora
             raise SshHostError(f"{host} does not see the job storage {storage_path}: a file:// root must be a "
                                "directory every host shares; use --storage gs://BUCKET/PREFIX")
         if found.holders:
-            pid, command = found.holders[0]
-            more = f" (and {len(found.holders) - 1} more)" if len(found.holders) > 1 else ""
-            raise SshHostError(f"{host}: its {device_name} is held by process {pid} ({command}){more}: a job, "
-                               f"session or notebook there still runs; stop it (kill {pid}) and run the cell again")
+            raise SshHostError(_held(host, device_name, found.holders))
         facts.append(found)
     return facts
+
+
+def _held(host: object, device_name: str, holders: tuple[tuple[int, str], ...]) -> str:
+    """One line for a host whose chips a process holds: a kinetic_nb job's or session's is ended the way it was
+    started (from a notebook), anything else by its pid."""
+    pid, command = holders[0]
+    more = f" (and {len(holders) - 1} more)" if len(holders) > 1 else ""
+    ours = _KINETIC_ID.search(command)  # the probe keeps a kinetic_nb process's id in its line
+    if ours is not None and ours.group(0).startswith("ks-"):
+        return (f"{host}: its {device_name} is held by kinetic_nb session {ours.group(0)} (process {pid}){more}: end "
+                f"it with %kinetic stop in its notebook (from another: %kinetic attach {ours.group(0)}, then "
+                "%kinetic stop), and run the cell again")
+    if ours is not None:
+        return (f"{host}: its {device_name} is held by kinetic_nb job {ours.group(0)} (process {pid}){more}: let it "
+                f"end, or end it with %kinetic cancel {ours.group(0)}, and run the cell again")
+    return (f"{host}: its {device_name} is held by process {pid} ({command}){more}: a job, session or notebook "
+            f"there still runs; stop it (kill {pid}) and run the cell again")
 
 
 def _closed_storage(host: object, found: HostFacts, storage_path: str) -> str:
