@@ -208,3 +208,44 @@ def test_env_values_are_masked_in_every_spelling_the_parser_takes():
     masked = without_env_values(line, parser)
     assert "sec-" not in masked
     assert sorted(parser.parse_argstring(masked).env) == [f"{name}=***" for name in "ABCDEFG"]
+
+
+def test_a_cell_on_local_by_default_while_ssh_hosts_are_named_says_so(shell, capsys, monkeypatch):
+    """With $KINETIC_SSH_HOSTS set and no -b, the cell still runs here (nothing chose ssh), and says where it ran
+    and how to run there; once a default is chosen, it says nothing."""
+    monkeypatch.setenv("KINETIC_SSH_HOSTS", "worker-0,worker-1")
+    monkeypatch.delenv("KINETIC_BACKEND", raising=False)
+    result = run_cell(shell, "%%kinetic -n 2 --quiet\n6 * 7\n")
+    assert result.error_in_exec is None and result.result == 42
+    notices = [line for line in capsys.readouterr().out.splitlines() if line.startswith("kinetic_nb: this cell")]
+    assert notices == ["kinetic_nb: this cell runs here (-b local); $KINETIC_SSH_HOSTS names hosts of -b ssh: add "
+                       "-b ssh, or make it the default with %config KineticMagics.backend = 'ssh' "
+                       "(or $KINETIC_BACKEND=ssh)"]
+    run_cell(shell, "%config KineticMagics.backend = 'local'")
+    try:
+        assert run_cell(shell, "%%kinetic -n 2 --quiet\n6 * 7\n").result == 42
+        assert "kinetic_nb: this cell" not in capsys.readouterr().out
+    finally:
+        run_cell(shell, "%config KineticMagics.backend = None")
+
+
+def test_the_default_backend_comes_from_config_then_the_environment(shell, capsys, monkeypatch):
+    """$KINETIC_BACKEND=ssh makes a cell with no -b an ssh cell (here its host cannot be reached: one line from
+    the ssh backend); a name that is no backend is one line naming where it came from."""
+    monkeypatch.setenv("KINETIC_BACKEND", "ssh")
+    monkeypatch.setenv("KINETIC_SSH_HOSTS", "no-such-host.invalid")
+    result = run_cell(shell, "%%kinetic --quiet\n1\n")
+    assert type(result.error_in_exec).__name__ == "SshHostError"  # it went to ssh: its host, in one line
+    assert str(result.error_in_exec).startswith("host 0 (no-such-host.invalid) cannot be reached")
+    monkeypatch.setenv("KINETIC_BACKEND", "slurm")
+    result = run_cell(shell, "%%kinetic --quiet\n1\n")
+    assert type(result.error_in_exec).__name__ == "UsageError"
+    assert str(result.error_in_exec) == ("$KINETIC_BACKEND names no backend: 'slurm'; one of local, kubernetes, "
+                                         "ray, ssh, tpu-vm")
+    run_cell(shell, "%config KineticMagics.backend = 'slurm'")
+    try:
+        result = run_cell(shell, "%%kinetic --quiet\n1\n")
+        assert str(result.error_in_exec).startswith("%config KineticMagics.backend names no backend: 'slurm'")
+    finally:
+        run_cell(shell, "%config KineticMagics.backend = None")
+    capsys.readouterr()

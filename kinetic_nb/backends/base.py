@@ -109,6 +109,9 @@ class Backend(abc.ABC):
     simulates_accelerators: ClassVar[bool] = False
     #: The hosts do not see this machine's disk (a pod, a Ray node): the notebook's folder travels with the job.
     ships_workdir: ClassVar[bool] = False
+    #: Environment variables whose being set says the user means this backend's hosts (``KINETIC_SSH_HOSTS``): a
+    #: cell that runs elsewhere because no ``-b`` chose it says so.
+    named_by: ClassVar[tuple[str, ...]] = ()
 
     def default_hosts(self) -> int | None:
         """How many hosts a cell gets when ``-n`` does not say (None: the accelerator's): a backend whose hosts

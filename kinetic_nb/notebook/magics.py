@@ -45,6 +45,7 @@ from kinetic_nb.notebook.display import live_view
 from kinetic_nb.notebook.session_commands import (
     SLICE_FLAGS,
     check_cell_fits_session,
+    choose_backend_name,
     doctor_parser,
     session_start_parser,
     start_session,
@@ -213,12 +214,16 @@ class KineticMagics(_BackendSettings):
     session: Session | None = None
     #: ``%kinetic profile``: the session's next cell runs under its framework's profiler.
     profile_next: bool = False
+    #: ``%config KineticMagics.backend = "ssh"``: where a cell with no ``-b`` runs (before ``$KINETIC_BACKEND``).
+    backend = Unicode(None, allow_none=True, help="The backend a cell or session runs on when -b does not say "
+                                                  "(then $KINETIC_BACKEND, then local).").tag(config=True)
 
-    def _backend_options(self, args: Any) -> dict[str, Any]:
-        """The chosen backend's options from its flags, with this notebook's ``%config`` settings as defaults."""
+    def _backend_options(self, args: Any, backend: str | None = None) -> dict[str, Any]:
+        """The chosen backend's options (``backend``'s, else ``-b``'s) from its flags, with this notebook's
+        ``%config`` settings as defaults."""
         config = {flag.option: getattr(self, flag.option) for _, flag in backend_options.settings()}
         try:
-            return backend_options.chosen_options(args.backend, vars(args), config)
+            return backend_options.chosen_options(backend or args.backend, vars(args), config)
         except ValueError as error:
             raise UsageError(str(error)) from None
 
@@ -283,7 +288,9 @@ class KineticMagics(_BackendSettings):
         out = _names(args.out)
         source = f"# %%kinetic {line}\n{cell}"
         if self.session is not None and not args.once:
-            check_cell_fits_session(self.session, args, self._backend_options(args), _environment(args.env))
+            # A session cell's backend flags are checked as they were given (-b, else local's: none).
+            check_cell_fits_session(self.session, args, self._backend_options(args, args.backend or "local"),
+                                    _environment(args.env))
             try:
                 handle = self.session.run(source, out=out, namespace=self.shell.user_ns, timeout=args.timeout,
                                           cell_name=f"kinetic In[{self._cell_number()}]",
@@ -293,6 +300,7 @@ class KineticMagics(_BackendSettings):
             except (CaptureError, SessionEndedError, ValueError) as error:
                 raise UsageError(str(error)) from None
             return self._wait_and_show(handle, out, quiet=args.quiet)
+        args.backend = choose_backend_name(args.backend, self.backend)
         try:
             handle = submit(
                 source,
@@ -416,6 +424,7 @@ class KineticMagics(_BackendSettings):
     def _line_start(self, args: Any) -> Any:
         if self.session is not None and self.session.ended() is None:
             raise UsageError(f"this notebook is on session {self.session.session_id} already: %kinetic stop first")
+        args.backend = choose_backend_name(args.backend, self.backend)
         self.session = start_session(args, self._backend_options(args), _environment(args.env))
         return self.session
 

@@ -6,6 +6,7 @@ turns a mismatch into one ``UsageError`` line naming the session.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -19,20 +20,41 @@ from kinetic_nb.notebook.display import live_view
 from kinetic_nb.runner.redact import SecretValue
 from kinetic_nb.state import JobSnapshot
 
+#: The backend a cell runs on when neither ``-b`` nor ``%config KineticMagics.backend`` says.
+BACKEND_ENV = "KINETIC_BACKEND"
 #: The flags that choose a slice, the same for ``%%kinetic`` and ``%kinetic start``: (names, argparse options).
 SLICE_FLAGS = (
     (("-n", "--hosts"), dict(type=int, default=None, help="Number of hosts (default: the accelerator's, or 1).")),
     (("-a", "--accelerator"), dict(default=None, help="Accelerator name, e.g. tpu-v5e-16 or gpu-h100x8 (simulated "
                                                        "on CPU locally).")),
-    (("-b", "--backend"), dict(default="local", choices=list(backend_options.names()), help="Where the hosts run: " +
+    (("-b", "--backend"), dict(default=None, choices=list(backend_options.names()), help="Where the hosts run: " +
                                "; ".join(f"{backend.name}: {backend.summary}" for backend in backend_options.backends())
-                               + ".")),
+                               + f". Default: %%config KineticMagics.backend, then ${BACKEND_ENV}, then local.")),
     (("-e", "--env"), dict(action="append", default=[], metavar="KEY=VALUE", type=SecretValue,
                            help="Set an environment variable on every host (repeatable).")),
     (("--procs-per-host",), dict(type=int, default=None, metavar="N",
                                  help="Processes on each host, each with its own rank (default: one per GPU for "
                                       "torch on GPU hosts, else one).")),
 )
+
+
+def choose_backend_name(given: str | None, configured: str | None) -> str:
+    """The backend a cell runs on: ``-b``, else the notebook's ``%config KineticMagics.backend``, else
+    ``$KINETIC_BACKEND``, else local. A cell on local by default while a backend's own variable is set (its
+    hosts named, ``KINETIC_SSH_HOSTS``) says so, once, on stdout: it is probably not where the user meant."""
+    name = given or configured or os.environ.get(BACKEND_ENV) or "local"
+    if name not in backend_options.names():
+        where = "-b" if given else "%config KineticMagics.backend" if configured else f"${BACKEND_ENV}"
+        raise UsageError(f"{where} names no backend: {name!r}; one of {', '.join(backend_options.names())}")
+    if name == "local" and not (given or configured or os.environ.get(BACKEND_ENV)):
+        for backend in backend_options.backends():
+            named = [variable for variable in backend.named_by if os.environ.get(variable)]
+            if named:
+                print(f"kinetic_nb: this cell runs here (-b local); ${named[0]} names hosts of -b {backend.name}: "
+                      f"add -b {backend.name}, or make it the default with %config KineticMagics.backend = "
+                      f"{backend.name!r} (or ${BACKEND_ENV}={backend.name})")
+                break
+    return name
 
 
 def add_backend_flags(parser: MagicArgumentParser, backends: list[Any]) -> MagicArgumentParser:
@@ -123,7 +145,7 @@ def check_cell_fits_session(session: Session, args: Any, backend_options: Mappin
         if hosts != plan.hosts or (args.accelerator is not None and acc.name != plan.accelerator):
             given.append(" ".join(flag for flag, value in (("-n", args.hosts), ("-a", args.accelerator))
                                   if value is not None for flag in (f"{flag} {value}",)))
-    if args.backend != "local" and args.backend != session.group.backend.name:
+    if args.backend is not None and args.backend != session.group.backend.name:
         given.append(f"-b {args.backend}")
     if args.procs_per_host is not None and args.procs_per_host != plan.procs_per_host:
         given.append(f"--procs-per-host {args.procs_per_host}")

@@ -110,6 +110,7 @@ class SshBackend(Backend):
 
     name = "ssh"
     summary = "machines you reach with ssh, host 0 first (docs/ssh.md)"
+    named_by = ("KINETIC_SSH_HOSTS",)
     ships_workdir = True
     flags = (
         BackendFlag("--ssh-hosts", "ssh_hosts", "The hosts, host 0 first: H0,H1,... as your ssh config or "

@@ -186,6 +186,7 @@ class TpuVmBackend(SshBackend):
 
     name = "tpu-vm"
     summary = "the workers of a Cloud TPU VM slice, over ssh (docs/ssh.md)"
+    named_by = ("KINETIC_TPU",)
     flags = (
         BackendFlag("--tpu", "tpu", "The TPU VM (default $KINETIC_TPU).", metavar="NAME", setting=True),
         BackendFlag("--zone", "zone", "Its zone (default $KINETIC_ZONE).", metavar="ZONE", setting=True),
