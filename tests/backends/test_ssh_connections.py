@@ -10,8 +10,11 @@ connections are closed.
 
 from __future__ import annotations
 
+import os
+import pathlib
 import subprocess
 import sys
+import tempfile
 import time
 
 import psutil
@@ -147,3 +150,25 @@ def test_a_host_that_cannot_run_the_job_is_one_line_naming_it(ssh_hosts, options
     minor = f"{options.get('notebook_python', sys.version_info[:2])[0]}.{options.get('notebook_python', sys.version_info[:2])[1]}"
     expected = message.format(version=".".join(map(str, sys.version_info[:3])), minor=minor)
     assert str(caught.value).startswith(expected) and "\n" not in str(caught.value)
+
+
+def test_a_killed_notebooks_control_directory_goes_with_the_next_notebooks_connections(monkeypatch, tmp_path):
+    """A notebook killed before it closed its connections left its directory in /tmp: the next one removes it
+    (its pid is gone), never a live notebook's."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    stale = tmp_path / f"kinetic-ssh-{ended.pid}-abc123"
+    live = tmp_path / f"kinetic-ssh-{os.getpid()}-def456"
+    other = tmp_path / "kinetic-ssh-notapid"
+    for directory in (stale, live, other):
+        directory.mkdir()
+        (directory / "0").write_text("")
+    connections = Connections(["worker-0"])
+    try:
+        assert not stale.exists() and live.exists() and other.exists()
+        assert os.path.basename(connections._directory).startswith(f"kinetic-ssh-{os.getpid()}-")
+    finally:
+        connections.close()
+    assert not pathlib.Path(connections._directory).exists()
+

@@ -82,6 +82,41 @@ def _name_of(target: str) -> str:
     return target.rsplit("@", 1)[-1]
 
 
+#: A notebook's control-master directory: ``{tempdir}/kinetic-ssh-{pid}-{random}``.
+DIRECTORY_PREFIX = "kinetic-ssh-"
+
+
+def remove_stale_directories() -> list[str]:
+    """Remove the control-master directories this user's notebooks left when they were killed (their pid is gone;
+    their masters end by themselves after ``ControlPersist``); return those removed."""
+    removed = []
+    root = tempfile.gettempdir()
+    with contextlib.suppress(OSError):
+        for name in os.listdir(root):
+            pid = name.removeprefix(DIRECTORY_PREFIX).split("-", 1)[0]
+            if not name.startswith(DIRECTORY_PREFIX) or not pid.isdigit():
+                continue
+            path = os.path.join(root, name)
+            try:
+                if os.lstat(path).st_uid != os.getuid() or _alive(int(pid)):
+                    continue
+            except OSError:
+                continue
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
+
+
 class Connections:
     """A control master per host, in a 0700 directory of this process's own, until :meth:`close`.
 
@@ -98,7 +133,10 @@ class Connections:
         self.config = config
         self.options = list(options)
         self.host_options = [list(each) for each in host_options]
-        self._directory = tempfile.mkdtemp(prefix="kinetic-ssh-")  # 0700: the masters' sockets are ours alone
+        remove_stale_directories()
+        # 0700: the masters' sockets are ours alone; named by this process, so a notebook killed before it closed
+        # them is told apart from a live one by the next notebook.
+        self._directory = tempfile.mkdtemp(prefix=f"{DIRECTORY_PREFIX}{os.getpid()}-")
         self._open: set[int] = set()
 
     def _base(self, host: SshHost) -> list[str]:
