@@ -201,9 +201,13 @@ def test_a_tpu_jobs_pods_get_jax_tpu_and_the_launch_says_so(tmp_path, mode, caps
         assert stored == ["numpy", line]
         assert (f"kinetic_nb: the pods install {line} for tpu-v5e-16 (this notebook's version); name jax in "
                 "--requirements to choose another") in notices
+        # A one-shot job's pods are new each time: the way to install once is said with it.
+        assert ("kinetic_nb: each one-shot job's pods install it again (minutes a cell): a session (%kinetic start) "
+                "installs it once for all its cells, and --image-mode build once for good") in notices
     else:
         assert not handle.storage.exists(REQUIREMENTS_OBJECT)
         assert not any("the pods install" in text for text in notices)
+        assert not any("install it again" in text for text in notices)
     handle.cancel()  # its poller stops with it
 
 

@@ -237,6 +237,10 @@ class KubernetesBackend(Backend):
             if added is not None:
                 notices.append(f"the pods install {added} for {plan.accelerator} (this notebook's version); name "
                                f"{added.split('[')[0].split('=')[0]} in --requirements to choose another")
+            if self.settings.mode is ImageMode.PREBUILT and (added or user) and not plan.session:
+                # Each one-shot job's pods are new: what they install, they install again, minutes each time.
+                notices.append("each one-shot job's pods install it again (minutes a cell): a session (%kinetic "
+                               "start) installs it once for all its cells, and --image-mode build once for good")
         return notices
 
     def pod_settings(self) -> KubernetesSettings:
