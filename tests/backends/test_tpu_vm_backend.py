@@ -25,6 +25,15 @@ from .tpu_api_double import TpuApiDouble, tpu_node
 PROJECT, ZONE = "ml-team", "us-west4-a"
 
 
+def two_networks(node: dict) -> dict:
+    """``node`` on two networks, as the API describes one: each worker's endpoint on each network, worker by
+    worker (the second network's addresses are nobody's here)."""
+    endpoints = [endpoint for index, first in enumerate(node["networkEndpoints"])
+                 for endpoint in (first, {"ipAddress": f"192.0.2.{index + 1}", "port": 8470})]
+    return {**node, "networkEndpoints": endpoints,
+            "networkConfigs": [{"network": "default"}, {"network": "second"}]}
+
+
 @pytest.fixture
 def tpu_api(ssh_hosts, monkeypatch, tmp_path):
     """The double, answering for TPU VM ``slice-16`` (a v5litepod-16: 4 workers, the test hosts) and a few others;
@@ -32,6 +41,7 @@ def tpu_api(ssh_hosts, monkeypatch, tmp_path):
     nodes = {(PROJECT, ZONE, "slice-16"): tpu_node(ssh_hosts.addresses),
              (PROJECT, ZONE, "creating"): tpu_node(ssh_hosts.addresses, state="CREATING"),
              (PROJECT, ZONE, "stopped"): tpu_node(ssh_hosts.addresses, state="STOPPED"),
+             (PROJECT, ZONE, "two-networks"): two_networks(tpu_node(ssh_hosts.addresses)),
              (PROJECT, ZONE, "preempted"): {**tpu_node(ssh_hosts.addresses, state="PREEMPTED"),
                                             "schedulingConfig": {"spot": True}},
              (PROJECT, ZONE, "maintained"): {**tpu_node(ssh_hosts.addresses), "health": "UNHEALTHY_MAINTENANCE"},
@@ -216,3 +226,12 @@ def test_a_workers_changed_host_key_names_the_alias_gcloud_keeps_it_under(monkey
         f"host 0 ({rebuilt.addresses[0]}): its host key changed since it was last seen (a rebuilt machine, or "
         f"someone in between): check it, then remove the old one with `ssh-keygen -R tpu.4213374211-0 -f "
         f"{known_hosts}`")
+
+
+def test_a_node_on_two_networks_runs_on_each_workers_first_networks_address(ssh_hosts, tpu_api):
+    """Its endpoints list each worker once per network: the cell runs on its 4 workers, not 8 addresses."""
+    handle = kinetic_nb.submit("import socket\nsocket.gethostname()", framework="none", quiet=True,
+                               **on_tpu_vm(ssh_hosts, "two-networks"))
+    handle.result(timeout=120)
+    assert handle.plan.hosts == 4
+

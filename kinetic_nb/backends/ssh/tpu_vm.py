@@ -103,7 +103,9 @@ def read_node(session: Any, project: str, zone: str, tpu: str, *, endpoint: str 
         raise KineticError(f"the Cloud TPU API could not describe TPU VM {tpu}: HTTP {answer.status_code}: "
                            f"{_message(answer)}")
     body = answer.json()
-    endpoints = body.get("networkEndpoints") or []
+    # A node on several networks lists each worker's endpoint on each, worker by worker: every num_nets-th is
+    # one worker's first network's (as gcloud's tpu-vm ssh takes them).
+    endpoints = (body.get("networkEndpoints") or [])[::max(1, len(body.get("networkConfigs") or []))]
     state = body.get("state", "STATE_UNSPECIFIED")
     unusable = _unusable(tpu, zone, state, body.get("health", ""), body.get("schedulingConfig") or {})
     if unusable or not endpoints:
