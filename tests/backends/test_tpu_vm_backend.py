@@ -235,3 +235,9 @@ def test_a_node_on_two_networks_runs_on_each_workers_first_networks_address(ssh_
     handle.result(timeout=120)
     assert handle.plan.hosts == 4
 
+
+def test_gclouds_key_is_offered_alone_as_gcloud_offers_it(tpu_api):
+    """An agent with many keys would exhaust the server's tries before gcloud's key: IdentitiesOnly, as gcloud."""
+    options = tpu_vm.TpuVmBackend("slice-16", zone=ZONE, project=PROJECT).ssh_options()
+    assert options[-2:] == (f"IdentityFile={tpu_vm.GCLOUD_KEY}", "IdentitiesOnly=yes")
+

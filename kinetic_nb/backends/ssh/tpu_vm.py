@@ -238,7 +238,9 @@ class TpuVmBackend(SshBackend):
         # gcloud's: a worker's host key is first seen when gcloud pushes the key (accepted then, checked after).
         options = ["CheckHostIP=no", f"UserKnownHostsFile={GCLOUD_KNOWN_HOSTS}", "StrictHostKeyChecking=accept-new"]
         if os.path.exists(os.path.expanduser(GCLOUD_KEY)):
-            options.append(f"IdentityFile={GCLOUD_KEY}")
+            # gcloud's key alone, as gcloud offers it: an agent holding many keys would be refused first ("Too many
+            # authentication failures") before the server saw this one.
+            options += [f"IdentityFile={GCLOUD_KEY}", "IdentitiesOnly=yes"]
         return tuple(options)
 
     def host_options(self) -> tuple[tuple[str, ...], ...]:
