@@ -5,6 +5,7 @@ addresses with the key and known-hosts file gcloud would use (here the run's own
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -107,23 +108,32 @@ def test_a_key_gcloud_has_not_pushed_is_one_line_with_gclouds_fix(ssh_hosts, tpu
                          "--worker=all --command=true` once")
 
 
-def test_a_worker_whose_tpu_another_process_holds_is_refused_naming_it(ssh_hosts, tpu_api, monkeypatch, tmp_path):
+@contextlib.contextmanager
+def chips_held(monkeypatch, tmp_path, *command_tail: str):
+    """A process holding the worker's TPU (a file standing in for its chips, opened), ``command_tail`` after its
+    own command line; it is killed after."""
     chip = tmp_path / "accel0"
     chip.write_bytes(b"")
     monkeypatch.setattr(tpu_vm, "TPU_DEVICES", (str(chip),))  # the chips a worker's processes would hold
-    holder = subprocess.Popen([sys.executable, "-c", f"import time\nchip = open({str(chip)!r})\ntime.sleep(120)"])
+    holder = subprocess.Popen([sys.executable, "-c", f"import time\nchip = open({str(chip)!r})\ntime.sleep(120)",
+                               *command_tail])
     try:
         deadline = time.monotonic() + 30
         while str(chip) not in [os.readlink(f"/proc/{holder.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{holder.pid}/fd")]:
             assert time.monotonic() < deadline
             time.sleep(0.05)
-        with pytest.raises(SshHostError, match=rf"^host 0 \({ssh_hosts.addresses[0]}\): its TPU is held by process "
-                                               rf"{holder.pid} \({sys.executable} -c import time.*\): a job, session or "
-                                               rf"notebook there still runs; stop it \(kill {holder.pid}\)"):
-            kinetic_nb.submit("1", framework="none", quiet=True, **on_tpu_vm(ssh_hosts))
+        yield holder
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_a_worker_whose_tpu_another_process_holds_is_refused_naming_it(ssh_hosts, tpu_api, monkeypatch, tmp_path):
+    with chips_held(monkeypatch, tmp_path) as holder, pytest.raises(
+            SshHostError, match=rf"^host 0 \({ssh_hosts.addresses[0]}\): its TPU is held by process {holder.pid} "
+                                rf"\({sys.executable} -c import time.*\): a job, session or notebook there still runs; "
+                                rf"stop it \(kill {holder.pid}\)"):
+        kinetic_nb.submit("1", framework="none", quiet=True, **on_tpu_vm(ssh_hosts))
 
 
 @pytest.mark.parametrize(("kind", "fix"), [("ks", r"end it with %kinetic stop in its notebook"),
@@ -132,23 +142,11 @@ def test_a_tpu_a_kinetic_session_or_job_holds_says_how_to_end_it_from_a_notebook
                                                                                   tmp_path, kind, fix):
     """Killing a session's host by its pid leaves its notebook to find a dead session: the way out is the one
     it was started by."""
-    chip = tmp_path / "accel0"
-    chip.write_bytes(b"")
-    monkeypatch.setattr(tpu_vm, "TPU_DEVICES", (str(chip),))
     job_id = f"{kind}-20261206-101010-abc123"
-    holder = subprocess.Popen([sys.executable, "-c", f"import time\nchip = open({str(chip)!r})\ntime.sleep(120)",
-                               "-m", "kinetic_nb.agent", "--job", f"file:///jobs/{job_id}"])
-    try:
-        deadline = time.monotonic() + 30
-        while str(chip) not in [os.readlink(f"/proc/{holder.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{holder.pid}/fd")]:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        with pytest.raises(SshHostError, match=rf"^host 0 \({ssh_hosts.addresses[0]}\): its TPU is held by kinetic_nb "
-                                               rf"(session|job) {job_id} \(process {holder.pid}\): {fix}"):
-            kinetic_nb.submit("1", framework="none", quiet=True, **on_tpu_vm(ssh_hosts))
-    finally:
-        holder.kill()
-        holder.wait()
+    with chips_held(monkeypatch, tmp_path, "-m", "kinetic_nb.agent", "--job", f"file:///jobs/{job_id}") as holder, \
+            pytest.raises(SshHostError, match=rf"^host 0 \({ssh_hosts.addresses[0]}\): its TPU is held by kinetic_nb "
+                                              rf"(session|job) {job_id} \(process {holder.pid}\): {fix}"):
+        kinetic_nb.submit("1", framework="none", quiet=True, **on_tpu_vm(ssh_hosts))
 
 
 @pytest.mark.parametrize(("tpu", "message"), [
