@@ -43,6 +43,11 @@ def tpu_api(ssh_hosts, monkeypatch, tmp_path):
              (PROJECT, ZONE, "creating"): tpu_node(ssh_hosts.addresses, state="CREATING"),
              (PROJECT, ZONE, "stopped"): tpu_node(ssh_hosts.addresses, state="STOPPED"),
              (PROJECT, ZONE, "two-networks"): two_networks(tpu_node(ssh_hosts.addresses)),
+             (PROJECT, ZONE, "os-login"): {**tpu_node(ssh_hosts.addresses),
+                                           "metadata": {"enable-oslogin": "TRUE"}},
+             ("os-login-project", ZONE, "slice-16"): tpu_node(ssh_hosts.addresses),
+             ("os-login-project", ZONE, "not-here"): {**tpu_node(ssh_hosts.addresses),
+                                                      "metadata": {"enable-oslogin": "FALSE"}},
              (PROJECT, ZONE, "preempted"): {**tpu_node(ssh_hosts.addresses, state="PREEMPTED"),
                                             "schedulingConfig": {"spot": True}},
              (PROJECT, ZONE, "maintained"): {**tpu_node(ssh_hosts.addresses), "health": "UNHEALTHY_MAINTENANCE"},
@@ -50,6 +55,7 @@ def tpu_api(ssh_hosts, monkeypatch, tmp_path):
              (PROJECT, ZONE, "by-topology"): tpu_node(ssh_hosts.addresses, accelerator_type=None,
                                                       accelerator_config={"type": "V5P", "topology": "2x2x4"})}
     with TpuApiDouble(nodes, denied={"not-yours"}) as double:
+        double.os_login_projects.add("os-login-project")
         monkeypatch.setenv(tpu_vm.API_ENDPOINT_ENV, double.url)
         credentials = google.oauth2.credentials.Credentials(token="test-token")
         monkeypatch.setattr(google.auth, "default", lambda scopes=None: (credentials, PROJECT))
@@ -238,4 +244,21 @@ def test_gclouds_key_is_offered_alone_as_gcloud_offers_it(tpu_api):
     """An agent with many keys would exhaust the server's tries before gcloud's key: IdentitiesOnly, as gcloud."""
     options = tpu_vm.TpuVmBackend("slice-16", zone=ZONE, project=PROJECT).ssh_options()
     assert options[-2:] == (f"IdentityFile={tpu_vm.GCLOUD_KEY}", "IdentitiesOnly=yes")
+
+
+@pytest.mark.parametrize(("project", "tpu", "user"), [
+    (PROJECT, "slice-16", None),  # no OS Login: this machine's user, as before
+    (PROJECT, "os-login", "alice_example_com"),  # the node's own metadata
+    ("os-login-project", "slice-16", "alice_example_com"),  # its project's
+    ("os-login-project", "not-here", None),  # the node's own metadata wins over its project's
+])
+def test_where_os_login_is_on_the_workers_are_logged_in_as_its_posix_user(tpu_api, project, tpu, user):
+    """gcloud logs in as the account's OS Login POSIX user (its primary one), found through the OS Login API with
+    the account the token is; a bare address would log in as this machine's user, whom OS Login does not know."""
+    backend = tpu_vm.TpuVmBackend(tpu, zone=ZONE, project=project)
+    addresses = list(backend.node.internal)
+    assert backend.targets == ([f"{user}@{address}" for address in addresses] if user else addresses)
+    if user:
+        asked = [path for _, path, _ in tpu_api.requests]
+        assert "/v1/users/alice@example.com/loginProfile?projectId=" + project + "&systemId=linux" in asked
 

@@ -3,7 +3,9 @@
 The Cloud TPU API cannot be reached here. The double answers
 ``GET /v2/projects/P/locations/Z/nodes/NAME`` as the API documents a Node
 (``state``, ``acceleratorType``, ``networkEndpoints`` with ``ipAddress`` and
-``accessConfig.externalIp``, ``id``) or with Google's error body, and records
+``accessConfig.externalIp``, ``id``) or with Google's error body, and the
+three calls OS Login needs (a project's metadata from Compute Engine, a
+token's account, and that account's OS Login POSIX users), and records
 every request with its ``Authorization`` header, so a test goes through the
 real request path: google-auth's ``AuthorizedSession`` adding the
 credentials' token, ``requests``, HTTP. Whether Google's service accepts the
@@ -26,6 +28,10 @@ class TpuApiDouble:
     def __init__(self, nodes: dict[tuple[str, str, str], dict] | None = None, denied: set[str] = frozenset()):
         self.nodes = dict(nodes or {})
         self.denied = set(denied)
+        #: Projects whose common metadata turns OS Login on; the account the tokens are, and its POSIX user.
+        self.os_login_projects: set[str] = set()
+        self.email = "alice@example.com"
+        self.posix_user = "alice_example_com"
         self.requests: list[tuple[str, str, str | None]] = []  # (method, path, Authorization)
         double = self
 
@@ -47,6 +53,19 @@ class TpuApiDouble:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
 
     def answer(self, path: str) -> tuple[int, dict]:
+        path = path.partition("?")[0]
+        if path.startswith("/compute/v1/projects/"):  # Compute Engine's projects.get: its common metadata
+            os_login = path.rsplit("/", 1)[-1] in self.os_login_projects
+            return 200, {"commonInstanceMetadata": {"items": [{"key": "enable-oslogin", "value": "TRUE"}]
+                                                     if os_login else []}}
+        if path == "/tokeninfo":  # what a user's access token says of its account
+            return 200, {"email": self.email, "scope": "openid https://www.googleapis.com/auth/userinfo.email"}
+        if path.startswith("/v1/users/") and path.endswith("/loginProfile"):  # the OS Login API
+            if path != f"/v1/users/{self.email}/loginProfile":
+                return 404, _error(404, "no such user", "NOT_FOUND")
+            return 200, {"name": self.email, "posixAccounts": [
+                {"username": "other_account", "primary": False},
+                {"username": self.posix_user, "uid": "1234", "primary": True}]}
         match = _NODE.match(path)
         if match is None:
             return 404, _error(404, f"no such method: {path}", "NOT_FOUND")

@@ -51,9 +51,14 @@ from kinetic_nb.storage import Storage
 
 __all__ = ["TpuNode", "TpuVmBackend", "read_node"]
 
-#: The Cloud TPU API; ``$KINETIC_TPU_API_ENDPOINT`` replaces it (a private endpoint, or a test's double).
+#: The Cloud TPU API; ``$KINETIC_TPU_API_ENDPOINT`` replaces it and the others below (a test's double).
 TPU_API = "https://tpu.googleapis.com"
 API_ENDPOINT_ENV = "KINETIC_TPU_API_ENDPOINT"
+#: Where a project's metadata says whether its VMs use OS Login, the OS Login API (a user's POSIX account),
+#: and what an access token says of its account (its email), as gcloud asks them.
+COMPUTE_API = "https://compute.googleapis.com"
+OS_LOGIN_API = "https://oslogin.googleapis.com"
+TOKEN_INFO_API = "https://oauth2.googleapis.com"
 #: The key and known-hosts file ``gcloud compute tpus tpu-vm ssh`` makes and uses.
 GCLOUD_KEY = "~/.ssh/google_compute_engine"
 GCLOUD_KNOWN_HOSTS = "~/.ssh/google_compute_known_hosts"
@@ -77,6 +82,8 @@ class TpuNode:
     #: Its ``acceleratorConfig``: the type (``V5P``) and the topology (``4x4x8``), where the API gives them.
     config_type: str | None = None
     topology: str | None = None
+    #: Its own ``enable-oslogin`` metadata (None: it has none, and its project's says).
+    os_login: bool | None = None
 
     @property
     def accelerator(self) -> Accelerator:
@@ -115,9 +122,51 @@ def read_node(session: Any, project: str, zone: str, tpu: str, *, endpoint: str 
     node = TpuNode(name=tpu, node_id=str(body.get("id") or tpu), accelerator_type=body.get("acceleratorType") or "",
                    state=state, internal=tuple(endpoint["ipAddress"] for endpoint in endpoints),
                    external=tuple((endpoint.get("accessConfig") or {}).get("externalIp") for endpoint in endpoints),
-                   config_type=config.get("type"), topology=config.get("topology"))
+                   config_type=config.get("type"), topology=config.get("topology"),
+                   os_login=_flag((body.get("metadata") or {}).get("enable-oslogin")))
     node.accelerator  # noqa: B018 - a type that is no slice is refused here, before any worker is reached
     return node
+
+
+def _flag(value: object) -> bool | None:
+    """A metadata value as Compute Engine reads it (``TRUE``, ``true``, ``1``...); None for none."""
+    return None if value is None else str(value).strip().lower() in ("true", "1", "yes", "y", "on")
+
+
+def _api(default: str) -> str:
+    return (os.environ.get(API_ENDPOINT_ENV) or default).rstrip("/")
+
+
+def project_uses_os_login(session: Any, project: str) -> bool:
+    """Whether ``project``'s common metadata turns OS Login on (a node's own metadata wins over it)."""
+    answer = session.get(f"{_api(COMPUTE_API)}/compute/v1/projects/{project}")
+    if answer.status_code != 200:
+        raise KineticError(f"could not read project {project}'s metadata to learn whether its TPU VMs use OS Login "
+                           f"(HTTP {answer.status_code}: {_message(answer)}): your account needs "
+                           "compute.projects.get")
+    items = (answer.json().get("commonInstanceMetadata") or {}).get("items") or []
+    return bool(_flag(next((item.get("value") for item in items if item.get("key") == "enable-oslogin"), None)))
+
+
+def os_login_user(session: Any, project: str) -> str:
+    """The POSIX user OS Login gives the notebook's account (its primary one), as gcloud logs in with it."""
+    credentials = getattr(session, "credentials", None)
+    email = getattr(credentials, "service_account_email", None) or getattr(credentials, "account", None)
+    if not email:  # user credentials name their account in what their token says
+        token = getattr(credentials, "token", None)
+        answer = session.get(f"{_api(TOKEN_INFO_API)}/tokeninfo", params={"access_token": token})
+        email = answer.json().get("email") if answer.status_code == 200 else None
+    if not email:
+        raise KineticError("TPU VMs of this project use OS Login, and the notebook's credentials do not say which "
+                           "account they are: run `gcloud auth application-default login` again")
+    answer = session.get(f"{_api(OS_LOGIN_API)}/v1/users/{email}/loginProfile",
+                         params={"projectId": project, "systemId": "linux"})
+    accounts = answer.json().get("posixAccounts") or [] if answer.status_code == 200 else []
+    chosen = next((account for account in accounts if account.get("primary")), accounts[0] if accounts else None)
+    if chosen is None or not chosen.get("username"):
+        raise KineticError(f"OS Login has no POSIX account for {email} (HTTP {answer.status_code}): run `gcloud "
+                           "compute os-login ssh-keys add --key-file ~/.ssh/google_compute_engine.pub` once")
+    return str(chosen["username"])
 
 
 #: States a TPU VM passes through on its own: waiting is the way.
@@ -211,6 +260,8 @@ class TpuVmBackend(SshBackend):
         self._session = session
         self._node: TpuNode | None = None
         self._addresses: tuple[tuple[str, ...], str] | None = None
+        #: The OS Login POSIX user the workers are logged in as, where the node or its project uses OS Login.
+        self._user: str | None = None
 
     @property
     def node(self) -> TpuNode:
@@ -223,11 +274,17 @@ class TpuVmBackend(SshBackend):
             if not self.project:
                 raise ValueError("-b tpu-vm needs the TPU VM's project: --project PROJECT (or $KINETIC_PROJECT)")
             self._node = read_node(session, self.project, self.zone, self.tpu)
+            os_login = self._node.os_login
+            if os_login is None:
+                os_login = project_uses_os_login(session, self.project)
+            # gcloud logs in as the account's OS Login user where OS Login is on, never as this machine's user.
+            self._user = os_login_user(session, self.project) if os_login else None
         return self._node
 
     @property
     def targets(self) -> list[str]:
-        return list(self._chosen()[0])
+        addresses = self._chosen()[0]  # reads the node (and whether it uses OS Login) first
+        return [f"{self._user}@{address}" for address in addresses] if self._user else list(addresses)
 
     def _chosen(self) -> tuple[tuple[str, ...], str]:
         if self._addresses is None:
