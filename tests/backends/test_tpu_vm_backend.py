@@ -46,6 +46,7 @@ def tpu_api(ssh_hosts, monkeypatch, tmp_path):
              (PROJECT, ZONE, "os-login"): {**tpu_node(ssh_hosts.addresses),
                                            "metadata": {"enable-oslogin": "TRUE"}},
              ("os-login-project", ZONE, "slice-16"): tpu_node(ssh_hosts.addresses),
+             ("unreadable-project", ZONE, "slice-16"): tpu_node(ssh_hosts.addresses),
              ("os-login-project", ZONE, "not-here"): {**tpu_node(ssh_hosts.addresses),
                                                       "metadata": {"enable-oslogin": "FALSE"}},
              (PROJECT, ZONE, "preempted"): {**tpu_node(ssh_hosts.addresses, state="PREEMPTED"),
@@ -54,7 +55,7 @@ def tpu_api(ssh_hosts, monkeypatch, tmp_path):
              (PROJECT, ZONE, "v4-32"): tpu_node(ssh_hosts.addresses, accelerator_type="v4-32"),
              (PROJECT, ZONE, "by-topology"): tpu_node(ssh_hosts.addresses, accelerator_type=None,
                                                       accelerator_config={"type": "V5P", "topology": "2x2x4"})}
-    with TpuApiDouble(nodes, denied={"not-yours"}) as double:
+    with TpuApiDouble(nodes, denied={"not-yours", "unreadable-project"}) as double:
         double.os_login_projects.add("os-login-project")
         monkeypatch.setenv(tpu_vm.API_ENDPOINT_ENV, double.url)
         credentials = google.oauth2.credentials.Credentials(token="test-token")
@@ -251,6 +252,7 @@ def test_gclouds_key_is_offered_alone_as_gcloud_offers_it(tpu_api):
     (PROJECT, "os-login", "alice_example_com"),  # the node's own metadata
     ("os-login-project", "slice-16", "alice_example_com"),  # its project's
     ("os-login-project", "not-here", None),  # the node's own metadata wins over its project's
+    ("unreadable-project", "slice-16", None),  # its metadata may not be read: as before, never an error
 ])
 def test_where_os_login_is_on_the_workers_are_logged_in_as_its_posix_user(tpu_api, project, tpu, user):
     """gcloud logs in as the account's OS Login POSIX user (its primary one), found through the OS Login API with

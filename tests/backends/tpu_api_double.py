@@ -54,6 +54,8 @@ class TpuApiDouble:
 
     def answer(self, path: str) -> tuple[int, dict]:
         path = path.partition("?")[0]
+        if path.startswith("/compute/v1/projects/") and path.rsplit("/", 1)[-1] in self.denied:
+            return 403, _error(403, "Required 'compute.projects.get' permission", "PERMISSION_DENIED")
         if path.startswith("/compute/v1/projects/"):  # Compute Engine's projects.get: its common metadata
             os_login = path.rsplit("/", 1)[-1] in self.os_login_projects
             return 200, {"commonInstanceMetadata": {"items": [{"key": "enable-oslogin", "value": "TRUE"}]

@@ -27,6 +27,7 @@ refused before anything runs, naming the process. Everything else is
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import re
 import socket
@@ -50,6 +51,8 @@ from kinetic_nb.runner.protocol import JobPlan
 from kinetic_nb.storage import Storage
 
 __all__ = ["TpuNode", "TpuVmBackend", "read_node"]
+
+logger = logging.getLogger(__name__)
 
 #: The Cloud TPU API; ``$KINETIC_TPU_API_ENDPOINT`` replaces it and the others below (a test's double).
 TPU_API = "https://tpu.googleapis.com"
@@ -138,12 +141,13 @@ def _api(default: str) -> str:
 
 
 def project_uses_os_login(session: Any, project: str) -> bool:
-    """Whether ``project``'s common metadata turns OS Login on (a node's own metadata wins over it)."""
+    """Whether ``project``'s common metadata turns OS Login on (a node's own metadata wins over it). An account
+    that may not read it (no compute.projects.get) logs in as before, as this machine's user: the key's refusal
+    then says what to run."""
     answer = session.get(f"{_api(COMPUTE_API)}/compute/v1/projects/{project}")
     if answer.status_code != 200:
-        raise KineticError(f"could not read project {project}'s metadata to learn whether its TPU VMs use OS Login "
-                           f"(HTTP {answer.status_code}: {_message(answer)}): your account needs "
-                           "compute.projects.get")
+        logger.debug("project %s's metadata unread (HTTP %s): OS Login taken as off", project, answer.status_code)
+        return False
     items = (answer.json().get("commonInstanceMetadata") or {}).get("items") or []
     return bool(_flag(next((item.get("value") for item in items if item.get("key") == "enable-oslogin"), None)))
 
