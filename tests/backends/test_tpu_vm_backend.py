@@ -263,4 +263,6 @@ def test_where_os_login_is_on_the_workers_are_logged_in_as_its_posix_user(tpu_ap
     if user:
         asked = [path for _, path, _ in tpu_api.requests]
         assert "/v1/users/alice@example.com/loginProfile?projectId=" + project + "&systemId=linux" in asked
+        assert ("GET", "/v1/userinfo", "Bearer test-token") in tpu_api.requests  # the token in a header only
+        assert not any("test-token" in path for path in asked)  # never in a URL, where logs keep it
 

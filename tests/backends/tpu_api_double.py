@@ -60,8 +60,8 @@ class TpuApiDouble:
             os_login = path.rsplit("/", 1)[-1] in self.os_login_projects
             return 200, {"commonInstanceMetadata": {"items": [{"key": "enable-oslogin", "value": "TRUE"}]
                                                      if os_login else []}}
-        if path == "/tokeninfo":  # what a user's access token says of its account
-            return 200, {"email": self.email, "scope": "openid https://www.googleapis.com/auth/userinfo.email"}
+        if path == "/v1/userinfo":  # OpenID's userinfo: the account the bearer token is
+            return 200, {"sub": "1234", "email": self.email, "email_verified": True}
         if path.startswith("/v1/users/") and path.endswith("/loginProfile"):  # the OS Login API
             if path != f"/v1/users/{self.email}/loginProfile":
                 return 404, _error(404, "no such user", "NOT_FOUND")

@@ -58,10 +58,10 @@ logger = logging.getLogger(__name__)
 TPU_API = "https://tpu.googleapis.com"
 API_ENDPOINT_ENV = "KINETIC_TPU_API_ENDPOINT"
 #: Where a project's metadata says whether its VMs use OS Login, the OS Login API (a user's POSIX account),
-#: and what an access token says of its account (its email), as gcloud asks them.
+#: and which account the credentials are (OpenID's userinfo: its email).
 COMPUTE_API = "https://compute.googleapis.com"
 OS_LOGIN_API = "https://oslogin.googleapis.com"
-TOKEN_INFO_API = "https://oauth2.googleapis.com"
+USER_INFO_API = "https://openidconnect.googleapis.com"
 #: The key and known-hosts file ``gcloud compute tpus tpu-vm ssh`` makes and uses.
 GCLOUD_KEY = "~/.ssh/google_compute_engine"
 GCLOUD_KNOWN_HOSTS = "~/.ssh/google_compute_known_hosts"
@@ -156,9 +156,8 @@ def os_login_user(session: Any, project: str) -> str:
     """The POSIX user OS Login gives the notebook's account (its primary one), as gcloud logs in with it."""
     credentials = getattr(session, "credentials", None)
     email = getattr(credentials, "service_account_email", None) or getattr(credentials, "account", None)
-    if not email:  # user credentials name their account in what their token says
-        token = getattr(credentials, "token", None)
-        answer = session.get(f"{_api(TOKEN_INFO_API)}/tokeninfo", params={"access_token": token})
+    if not email:  # user credentials: their account, as OpenID's userinfo says (the token in its header only)
+        answer = session.get(f"{_api(USER_INFO_API)}/v1/userinfo")
         email = answer.json().get("email") if answer.status_code == 200 else None
     if not email:
         raise KineticError("TPU VMs of this project use OS Login, and the notebook's credentials do not say which "
