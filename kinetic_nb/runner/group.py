@@ -267,17 +267,20 @@ class CellGroup:
         the request that finds it is the first of its read); None once the session is stopped.
 
         Right after a cell the next one often follows at once (a loop, a
-        script): the first second looks every few milliseconds, then less often.
+        script): where no socket wakes the host, the first second looks every
+        few milliseconds, then less often.
         """
         payload = f"{protocol.cell_dir(seq)}/{protocol.PAYLOAD}"
         if self._channel_up:
             found = self._wait_on_channel(payload)
             if found is not False:
                 return found
-        pause, busy_until = FIRST_LOOK_S, time.monotonic() + BUSY_S
-        # Idle on a local disk, the notebook wakes this host through its socket when it submits a cell (and
-        # the agent stops it with a signal): a slow look is only a safety net for a wakeup that went missing.
-        idle_look = IDLE_LOOK_LOCAL_S if self.wakeup is not None else self._max_look
+        # On a local disk, the notebook wakes this host through its socket when it submits a cell (and the
+        # agent stops it with a signal), busy or idle: a slow look is only a safety net for a wakeup that went
+        # missing, and looking every few milliseconds after a cell would only take the CPU the others need.
+        woken = self.wakeup is not None
+        idle_look = IDLE_LOOK_LOCAL_S if woken else self._max_look
+        pause, busy_until = (idle_look, 0.0) if woken else (FIRST_LOOK_S, time.monotonic() + BUSY_S)
         # On a bucket each look is a request: a busy look every few milliseconds would be hundreds per cell.
         busy_look = BUSY_LOOK_S if self.storage.local_path() else BUSY_LOOK_REMOTE_S
         next_cancel_look = 0.0
@@ -285,7 +288,7 @@ class CellGroup:
             with contextlib.suppress(ObjectNotFoundError):
                 return self.storage.open_read(payload)
             now = time.monotonic()
-            if self.wakeup is not None or now >= next_cancel_look:  # on a bucket each look is a request
+            if woken or now >= next_cancel_look:  # on a bucket each look is a request
                 self._answer_post_mortem()
             if now >= next_cancel_look:  # the agent also stops its hosts itself: a slower look will do
                 if self.storage.exists(protocol.CANCEL):

@@ -13,6 +13,7 @@ path, a remote host), the host simply keeps looking at storage. Host-safe.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import select
 import shutil
@@ -24,12 +25,19 @@ from kinetic_nb.storage.defaults import user_directory, user_directory_path
 
 def session_socket_directory(session_id: str) -> Path:
     """Where a session's sockets live: one directory per session, so waking its notebooks lists a handful."""
-    return user_directory_path("agents") / session_id
+    return Path(_socket_directory(session_id, os.environ.get("XDG_CACHE_HOME"), os.environ.get("HOME")))
+
+
+@functools.lru_cache(maxsize=64)
+def _socket_directory(session_id: str, cache_home: str | None, home: str | None) -> str:
+    # Asked for several times a cell: worked out once per session (and per setting it follows from).
+    return str(user_directory_path("agents") / session_id)
 
 
 def wakeup_path(session_id: str, host_index: int) -> str:
     # Only named here (asked for on every cell); the socket's owner creates the directory when it binds.
-    return str(session_socket_directory(session_id) / f"host-{host_index}.sock")
+    return f"{_socket_directory(session_id, os.environ.get('XDG_CACHE_HOME'), os.environ.get('HOME'))}" \
+           f"/host-{host_index}.sock"
 
 
 def client_wakeup_path(session_id: str) -> str:
@@ -57,11 +65,19 @@ def remove_session_sockets(session_id: str) -> None:
     shutil.rmtree(session_socket_directory(session_id), ignore_errors=True)
 
 
+#: This process's one socket for sending wakeups (unbound: it only sends), made at the first.
+_sender: socket.socket | None = None
+
+
 def wake(path: str) -> None:
     """Wake whoever sleeps on ``path``; nobody there is fine."""
-    with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender:
-        sender.setblocking(False)
-        sender.sendto(b"", path)
+    global _sender
+    with contextlib.suppress(OSError):
+        if _sender is None:
+            sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            sender.setblocking(False)
+            _sender = sender
+        _sender.sendto(b"", path)
 
 
 class Wakeup:
