@@ -74,10 +74,22 @@ def build(backend: str, options: Mapping[str, Any]) -> Backend:
 
 
 def doctor_backends() -> list[type[Backend]]:
-    """The backends ``%kinetic doctor`` can check (each declares ``has_doctor``)."""
-    return [backend for backend in backends() if backend.has_doctor]
+    """The backends ``%kinetic doctor`` can check (each declares ``has_doctor``, or is reached over ssh)."""
+    return [backend for backend in backends() if backend.has_doctor or _reached_over_ssh(backend)]
 
 
 def doctor(backend: str, accelerator: str | None, storage: str | None, options: Mapping[str, Any]) -> Any:
     """Backend ``backend``'s readiness report for ``accelerator`` and ``storage`` (``ValueError`` if it has none)."""
-    return backend_class(backend).doctor(accelerator, storage, options)
+    chosen = backend_class(backend)
+    if not chosen.has_doctor and _reached_over_ssh(chosen):
+        from kinetic_nb.backends.ssh.doctor import doctor_for
+
+        return doctor_for(chosen, accelerator, storage, options)
+    return chosen.doctor(accelerator, storage, options)
+
+
+def _reached_over_ssh(backend: type[Backend]) -> bool:
+    """``-b ssh`` and ``-b tpu-vm``, whose doctor (``backends/ssh/doctor.py``) their classes do not declare yet."""
+    from kinetic_nb.backends.ssh.backend import SshBackend
+
+    return issubclass(backend, SshBackend)

@@ -398,7 +398,9 @@ class KineticMagics(_BackendSettings):
             %kinetic stacks JOB_ID [--host RANK]     every running process's Python stacks (a hang's where)
             %kinetic gc --older-than 7d              remove old jobs that have ended
             %kinetic doctor [-a NAME]                is the cluster (-b kubernetes) ready, and the bucket?
-                                                     each failure with the command that fixes it
+                                                     -b ssh / -b tpu-vm: the hosts, their Python, the
+                                                     storage, host 0's port, free chips; each failure
+                                                     with the command that fixes it
             %kinetic accelerators                    every -a name: hosts x chips, topology, machine type,
                                                      and keras-kinetic's spelling of the same slice
 
