@@ -17,6 +17,7 @@ import time
 
 import google.auth
 import google.oauth2.credentials
+import psutil
 import pytest
 
 from kinetic_nb.backends.kubernetes.doctor_report import DoctorReport
@@ -85,6 +86,9 @@ def test_hosts_that_can_run_cells_pass_every_row(ssh_hosts, storage_root, free_c
     assert found["coordinator port"][1].startswith(f"every host reaches host 0 at {ssh_hosts.addresses[0]}:")
     # The table looks as the Kubernetes doctor's does.
     assert report.table().splitlines()[0].split() == ["check", "status", "detail"]
+    # Host 0's listener ended with the check.
+    assert not [process.pid for process in psutil.process_iter(["cmdline"])
+                if "server.accept()" in " ".join(process.info["cmdline"] or ())]
 
 
 def test_an_unreachable_host_has_its_row_and_fix_and_the_others_are_still_checked(ssh_hosts, storage_root):
@@ -120,6 +124,24 @@ def test_a_python_that_is_not_there_fails_its_row_and_leaves_the_rest_unchecked(
     assert f"uv python install {NOTEBOOK_PYTHON}" in fix and fix.startswith(f"ssh -F {ssh_hosts.config} h0 ")
     assert found["storage"][:2] == ("warn", "not checked: no host to ask (no Python to ask)")
     assert found["coordinator port"][0] == "warn"
+
+
+#: A Python of another minor version than the notebook's, where this machine has one.
+OTHER_PYTHON = "/root/.pyenv/versions/3.10.13/bin/python3.10"
+
+
+@pytest.mark.skipif(not os.access(OTHER_PYTHON, os.X_OK) or sys.version_info[:2] == (3, 10),
+                    reason=f"needs {OTHER_PYTHON}, another minor version than the test's")
+def test_another_minor_version_fails_its_row_and_the_other_checks_still_run_with_it(ssh_hosts, storage_root):
+    """A host's Python of another minor version cannot run the notebook's cells, but it answers the probe: the
+    storage and the port are still checked."""
+    found = rows(doctor(on_ssh(ssh_hosts, 2, ssh_python=OTHER_PYTHON), None, storage_root))
+    status, detail, fix = found["Python"]
+    assert status == "fail"
+    assert detail.startswith(f"host 0 (h0) runs Python 3.10.13 ({OTHER_PYTHON}) and this notebook {NOTEBOOK_PYTHON}: ")
+    assert detail.endswith("(and 1 more: host 1 (h1))")
+    assert f"uv python install {NOTEBOOK_PYTHON}" in fix
+    assert found["storage"][0] == "ok" and found["coordinator port"][0] == "ok"
 
 
 def test_a_host_0_address_the_others_cannot_reach_fails_the_coordinator_row(ssh_hosts, storage_root):
