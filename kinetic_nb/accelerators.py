@@ -352,6 +352,25 @@ def cloud_tpu_accelerator(accelerator_type: str | None = None, *, config_type: s
     return _tpu_slice(family, math.prod(sides), sides)
 
 
+
+def first_workers(accelerator: Accelerator, hosts: int) -> Accelerator:
+    """The slice of ``accelerator``'s generation made of its first ``hosts`` hosts (of a multi-host TPU slice):
+    what a test's few loopback machines stand in for (``KINETIC_TPU_TEST_WORKERS``, see ``-b tpu-vm``).
+
+    Raises
+    ------
+    ValueError
+        One line, for an accelerator that is no multi-host TPU slice or a count that makes no slice of it.
+    """
+    family = next((each for each in _TPU_FAMILIES if accelerator.name.startswith(each.prefix + "-")), None)
+    if family is None or accelerator.hosts < 2:
+        raise ValueError(f"{accelerator.name} is not a TPU slice of several hosts: it has no first workers to take")
+    chips = hosts * accelerator.devices_per_host
+    if not 1 <= hosts <= accelerator.hosts or not _valid_chips(family, chips):
+        raise ValueError(f"the first {hosts} hosts of {accelerator.name} make no {family.cloud_name} slice: "
+                         f"{_rule(family)}")
+    return accelerator if hosts == accelerator.hosts else _tpu_slice(family, chips)
+
 #: GPU model in the name -> (GKE accelerator value, GPUs per host offered: the machine shapes GKE schedules).
 #: Every GPU shape is one host; keras-kinetic names the models alike.
 _GPU_MODELS = {

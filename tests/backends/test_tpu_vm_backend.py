@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pathlib
 import subprocess
 import sys
 import time
@@ -266,3 +267,105 @@ def test_where_os_login_is_on_the_workers_are_logged_in_as_its_posix_user(tpu_ap
         assert ("GET", "/v1/userinfo", "Bearer test-token") in tpu_api.requests  # the token in a header only
         assert not any("test-token" in path for path in asked)  # never in a URL, where logs keep it
 
+
+
+def through_external_addresses(ssh_hosts, external: list[str], tmp_path) -> str:
+    """An ssh config that reaches each test host at ``external[i]`` as well, as a laptop reaches a worker at its
+    external address (``ssh_relay.py`` carries the connection to the host's sshd); nothing else answers there."""
+    relay = os.path.join(os.path.dirname(__file__), "ssh_relay.py")
+    text = pathlib.Path(ssh_hosts.config).read_text()
+    blocks, lines = text.split("\nHost "), [text]
+    for outside, address, port in zip(external, ssh_hosts.addresses, ssh_hosts.ports, strict=True):
+        own = next(block for block in blocks if block.startswith(f"{address}\n"))
+        settings = [line for line in own.splitlines()[1:] if not line.strip().startswith("Port ")]
+        lines += [f"Host {outside}", f"  ProxyCommand {sys.executable} {relay} {address} {port}", *settings]
+    config = tmp_path / "ssh_config_outside"
+    config.write_text("\n".join(lines) + "\n")
+    return str(config)
+
+
+def test_workers_meet_on_internal_addresses_and_the_notebook_reaches_the_hub_over_ssh(ssh_hosts, tpu_api, gcs_root,
+                                                                                      tmp_path, monkeypatch):
+    """The notebook outside the slice's network reaches the workers at their external addresses, where only ssh
+    answers (no route at all here): the JAX coordinator and the session's hub are at worker 0's internal address
+    (the workers meet there), and the notebook's channel to the hub is a port forwarded over its ssh connection."""
+    from kinetic_nb.backends.ssh.connections import Connections
+
+    forwarded = []
+    forward = Connections.forward
+    monkeypatch.setattr(Connections, "forward", lambda self, index, remote: forwarded.append(
+        (index, remote, route := forward(self, index, remote))) or route)
+    external = [f"192.0.2.{20 + index}" for index in range(4)]
+    tpu_api.nodes[(PROJECT, ZONE, "outside")] = tpu_node(ssh_hosts.addresses, external=external)
+    options = on_tpu_vm(ssh_hosts, "outside")
+    options["backend_options"]["ssh_config"] = through_external_addresses(ssh_hosts, external, tmp_path)
+    session = kinetic_nb.start(framework="jax", storage=gcs_root, echo=False, idle_timeout=600,
+                               env={"JAX_PLATFORMS": "cpu"}, **options)
+    try:
+        assert session.group.backend.targets == external  # the notebook's ssh goes to the external addresses
+        source = ("import os, jax, jax.numpy as jnp\nfrom jax.experimental import multihost_utils\n"
+                  "total = multihost_utils.process_allgather(jnp.ones(2) * jax.process_index()).sum()\n"
+                  "(os.environ['JAX_COORDINATOR_ADDRESS'], os.environ['MASTER_ADDR'], jax.process_count(), "
+                  "float(total))")
+        coordinator, master, processes, total = session.run(source).result(timeout=300)
+        assert coordinator.startswith(f"{ssh_hosts.addresses[0]}:") and master == ssh_hosts.addresses[0]
+        assert (processes, total) == (4, 12.0)
+        # The cell came through the channel, whose route is a loopback port ssh forwards to the hub on worker 0.
+        assert session.channel is not None
+        [(worker, hub, (here, _))] = forwarded
+        assert (worker, hub[0], here) == (0, ssh_hosts.addresses[0], "127.0.0.1")
+        assert session.run("'again'").result(timeout=120) == "again"
+    finally:
+        session.stop()
+        close_pools()
+
+
+def big_slice(ssh_hosts, workers: int, **node) -> dict:
+    """A node of ``workers`` workers, the test hosts its first four (the rest at addresses nobody answers)."""
+    addresses = [*ssh_hosts.addresses, *(f"192.0.2.{100 + index}" for index in range(workers - 4))]
+    return tpu_node(addresses, **node)
+
+
+@pytest.mark.parametrize(("tpu", "workers", "node", "full", "first_four"), [
+    ("v5p-128", 16, {"accelerator_type": "v5p-128"}, ("tpu-v5p-128", 16, 4, "4x4x4"), "tpu-v5p-32"),
+    ("v5litepod-256", 64, {"accelerator_type": "v5litepod-256"}, ("tpu-v5e-256", 64, 4, "16x16"), "tpu-v5e-16"),
+    ("v6e-256-by-config", 64, {"accelerator_type": None, "accelerator_config": {"type": "V6E", "topology": "16x16"}},
+     ("tpu-v6e-256", 64, 4, "16x16"), "tpu-v6e-16"),
+])
+def test_a_big_slice_is_planned_whole_and_its_first_workers_run_a_jax_cell(ssh_hosts, tpu_api, monkeypatch, tpu,
+                                                                          workers, node, full, first_four):
+    """Each slice is planned from the API's answer (hosts x chips, topology), whatever its size; with the
+    test-only ``KINETIC_TPU_TEST_WORKERS=4`` its first four workers (the test hosts) run a JAX cell as the same
+    generation's 4-host slice."""
+    tpu_api.nodes[(PROJECT, ZONE, tpu)] = big_slice(ssh_hosts, workers, **node)
+    backend = tpu_vm.TpuVmBackend(tpu, zone=ZONE, project=PROJECT)
+    whole = backend.node.accelerator
+    assert (whole.name, whole.hosts, whole.devices_per_host, whole.topology) == full
+    assert len(backend.node.internal) == workers
+    monkeypatch.setenv(tpu_vm.TEST_WORKERS_ENV, "4")
+    source = ("import jax, jax.numpy as jnp\nfrom jax.experimental import multihost_utils\n"
+              "total = multihost_utils.process_allgather(jnp.ones(2) * jax.process_index()).sum()\n"
+              "(jax.process_count(), float(total))")
+    handle = kinetic_nb.submit(source, framework="jax", quiet=True, env={"JAX_PLATFORMS": "cpu"},
+                               **on_tpu_vm(ssh_hosts, tpu))
+    assert (handle.plan.accelerator, handle.plan.hosts, handle.plan.devices_per_host) == (first_four, 4, 4)
+    assert handle.result(timeout=300) == (4, 12.0)
+
+
+def test_a_single_host_slice_and_a_two_network_node_plan_their_own_workers(ssh_hosts, tpu_api):
+    """A v6e-8 is one worker of 8 chips; a node on two networks has one worker per endpoint of its first."""
+    tpu_api.nodes[(PROJECT, ZONE, "v6e-8")] = tpu_node(ssh_hosts.addresses[:1], accelerator_type="v6e-8")
+    one = tpu_vm.TpuVmBackend("v6e-8", zone=ZONE, project=PROJECT)
+    assert (one.node.accelerator.hosts, one.node.accelerator.devices_per_host, one.targets) == \
+        (1, 8, ssh_hosts.addresses[:1])
+    two = tpu_vm.TpuVmBackend("two-networks", zone=ZONE, project=PROJECT)
+    assert two.targets == ssh_hosts.addresses and two.node.accelerator.name == "tpu-v5e-16"
+
+
+def test_the_test_only_worker_count_is_checked(ssh_hosts, tpu_api, monkeypatch):
+    monkeypatch.setenv(tpu_vm.TEST_WORKERS_ENV, "3")
+    with pytest.raises(ValueError, match="the first 3 hosts of tpu-v5e-16 make no v5litepod slice"):
+        tpu_vm.TpuVmBackend("slice-16", zone=ZONE, project=PROJECT).default_accelerator()
+    monkeypatch.setenv(tpu_vm.TEST_WORKERS_ENV, "four")
+    with pytest.raises(ValueError, match=r"\$KINETIC_TPU_TEST_WORKERS must be a number of workers, got 'four'"):
+        tpu_vm.TpuVmBackend("slice-16", zone=ZONE, project=PROJECT).targets  # noqa: B018 - it raises

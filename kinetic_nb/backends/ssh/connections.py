@@ -23,6 +23,7 @@ import dataclasses
 import os
 import shlex
 import shutil
+import socket
 import subprocess
 import tempfile
 from collections.abc import Callable, Sequence
@@ -206,6 +207,24 @@ class Connections:
         hosts = self.hosts if only is None else [self.hosts[index] for index in only]
         with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(len(hosts), PARALLEL_OPENS))) as pool:
             return list(pool.map(one, hosts))
+
+    def forward(self, index: int, remote: tuple[str, int]) -> tuple[str, int]:
+        """A loopback port of this machine that reaches ``remote`` (an address as host ``index`` sees it: an
+        internal one, say) through host ``index``'s connection, as ``ssh -L`` does (``ssh -O forward``: no new
+        login); it lasts as long as the connection. ``SshHostError`` in one line when ssh refuses it."""
+        host = self.hosts[index]
+        with socket.socket() as probe:  # a port free here now (ssh binds it a moment later)
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        target = f"[{remote[0]}]" if ":" in remote[0] else remote[0]
+        done = subprocess.run([*self._base(host), "-O", "forward", "-L", f"127.0.0.1:{port}:{target}:{remote[1]}",
+                               host.target], stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                              timeout=SSH_TIMEOUT_S)
+        if done.returncode != 0:
+            why = (done.stderr.strip().splitlines() or [f"ssh exited with {done.returncode}"])[-1]
+            raise SshHostError(f"{host}: ssh could not forward a local port to {remote[0]}:{remote[1]} over its "
+                               f"connection: {why}")
+        return "127.0.0.1", port
 
     def master_alive(self, index: int) -> bool:
         """Whether host ``index``'s control master still runs (``ssh -O check``)."""

@@ -11,7 +11,11 @@ topology) for a node made with ``--type``/``--topology``, any generation and
 size, its shape computed by ``accelerators.cloud_tpu_accelerator``. Each worker is reached at its internal
 address when the notebook runs inside the slice's network (on one of its
 workers, or where no worker has an external address), at its external one
-otherwise; ``--tpu-addresses internal|external`` chooses.
+otherwise; ``--tpu-addresses internal|external`` chooses. Whichever it is, the
+workers meet at worker 0's internal address (the framework's coordinator, a
+session's hub): from outside their network only ssh gets through Google
+Cloud's default firewall, and a notebook outside reaches the hub through a
+port forwarded over its ssh connection to worker 0.
 
 The connection is the user's own ssh with gcloud's key
 (``~/.ssh/google_compute_engine``, which ``gcloud compute tpus tpu-vm ssh``
@@ -34,7 +38,7 @@ import socket
 from collections.abc import Mapping
 from typing import Any
 
-from kinetic_nb.accelerators import Accelerator, cloud_tpu_accelerator
+from kinetic_nb.accelerators import Accelerator, cloud_tpu_accelerator, first_workers
 from kinetic_nb.backends.base import BackendFlag, register
 from kinetic_nb.backends.google_api import authorized_session
 from kinetic_nb.backends.requirements import framework_requirement, host_requirements, with_framework
@@ -65,6 +69,9 @@ USER_INFO_API = "https://openidconnect.googleapis.com"
 #: The key and known-hosts file ``gcloud compute tpus tpu-vm ssh`` makes and uses.
 GCLOUD_KEY = "~/.ssh/google_compute_engine"
 GCLOUD_KNOWN_HOSTS = "~/.ssh/google_compute_known_hosts"
+#: Test-only: the slice's first N workers stand in for it (a test's four loopback machines for a 64-worker slice,
+#: planned in full first, then run as the same generation's slice of N hosts). Never set it for real work.
+TEST_WORKERS_ENV = "KINETIC_TPU_TEST_WORKERS"
 #: A TPU VM's chips as its processes hold them: ``/dev/accel*`` (v2-v4, v5p) or ``/dev/vfio/N`` (v5e, v6e).
 TPU_DEVICES = ("/dev/accel", "/dev/vfio/")
 ADDRESS_CHOICES = ("auto", "internal", "external")
@@ -286,8 +293,32 @@ class TpuVmBackend(SshBackend):
 
     @property
     def targets(self) -> list[str]:
-        addresses = self._chosen()[0]  # reads the node (and whether it uses OS Login) first
+        addresses = self._chosen()[0][:self._test_workers() or None]  # reads the node (and its OS Login) first
         return [f"{self._user}@{address}" for address in addresses] if self._user else list(addresses)
+
+    @staticmethod
+    def _test_workers() -> int | None:
+        """``$KINETIC_TPU_TEST_WORKERS`` (test-only: see :data:`TEST_WORKERS_ENV`), or None."""
+        text = os.environ.get(TEST_WORKERS_ENV, "").strip()
+        if not text:
+            return None
+        if not text.isdigit() or int(text) < 1:
+            raise ValueError(f"${TEST_WORKERS_ENV} must be a number of workers, got {text!r}")
+        return int(text)
+
+    def host0_address(self) -> str:
+        """Worker 0's internal address: the workers meet there (the coordinator, a session's hub), whichever
+        address the notebook reaches them at. A slice's workers share a network; from outside it, Google Cloud's
+        default firewall lets in only ssh (JAX's own Cloud TPU cluster also takes the internal endpoints)."""
+        return self.node.internal[0]
+
+    def channel_route(self, plan: JobPlan, announced: tuple[str, int]) -> tuple[str, int] | None:
+        """A session's hub listens beside worker 0's agent at its internal address: reached there from inside the
+        slice's network, else through a port forwarded over the ssh connection the notebook holds to worker 0
+        (no firewall rule to open)."""
+        if self._chosen()[1] == "internal":
+            return announced
+        return self._pool().connections.forward(0, announced)
 
     def _chosen(self) -> tuple[tuple[str, ...], str]:
         if self._addresses is None:
@@ -331,7 +362,9 @@ class TpuVmBackend(SshBackend):
         return {**stored, **self._ssh_options()}
 
     def default_accelerator(self) -> str | None:
-        return self.node.accelerator.name
+        accelerator = self.node.accelerator
+        workers = self._test_workers()
+        return (first_workers(accelerator, workers) if workers else accelerator).name
 
     def host_requirements(self, plan: JobPlan) -> bytes | None:
         """``--requirements``, and the cell's framework for TPUs at the notebook's version (``jax[tpu]``) unless
