@@ -69,6 +69,10 @@ MAX_STARTS = 3
 #: Files in the environment directory (the pod's scratch volume, which outlives a restarted container).
 STARTS = "starts"
 LAST_ERROR = "last-error.txt"
+#: In an ssh host's environments folder (``--environments``): the path of the interpreter its environments are
+#: made with, when that is not the Python running this (the notebook's version, installed on the host for
+#: kinetic_nb: ``kinetic_nb.backends.ssh.python_install``).
+INTERPRETER_RECORD = "interpreter"
 
 
 class Refused(Exception):
@@ -202,8 +206,10 @@ def _run(command, log):
                       " (its output is above)")
 
 
-def install(record, job_uri, key, directory, log, *, requirements):
-    """Verify every input ``record`` names, then create the environment and pip-install them into it."""
+def install(record, job_uri, key, directory, log, *, requirements, interpreter=None):
+    """Verify every input ``record`` names, then create the environment with ``interpreter`` (default: the one
+    running this) and pip-install them into it."""
+    interpreter = interpreter or sys.executable
     inputs = os.path.join(directory, "inputs")
     os.makedirs(inputs, exist_ok=True)
     wheel = os.path.join(inputs, os.path.basename(record["wheel"]))
@@ -218,8 +224,8 @@ def install(record, job_uri, key, directory, log, *, requirements):
             file.write(body)
     venv = os.path.join(directory, "venv")
     # The image's own packages stay visible (a base image with jax keeps it), and its pip installs here.
-    _run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", venv], log)
-    if sys.prefix != sys.base_prefix:  # this Python is a virtual environment's: its packages stay visible too
+    _run([interpreter, "-m", "venv", "--system-site-packages", "--without-pip", venv], log)
+    if interpreter == sys.executable and sys.prefix != sys.base_prefix:  # a virtual environment's: its packages too
         _see_outer_environment(venv)
     python = os.path.join(venv, "bin", "python")
     if subprocess.run([python, "-c", "import pip"], capture_output=True).returncode != 0:
@@ -302,7 +308,8 @@ def main(argv):
             if installed_now:  # a restarted container (an ssh host's next job) finds it installed
                 started = time.time()
                 with open(os.path.join(directory, "install.log"), "wb") as log:
-                    venv = install(json.loads(body), job_uri, key, directory, log, requirements=requirements)
+                    venv = install(json.loads(body), job_uri, key, directory, log, requirements=requirements,
+                                   interpreter=_interpreter_of(environments))
                 done = {"digest": digest, "ok": True, "started_at": started, "ended_at": time.time(), "venv": venv,
                         "log": os.path.join(directory, "install.log")}
                 with open(record_path + ".tmp", "w") as file:
@@ -335,6 +342,19 @@ def main(argv):
         os.close(target)
     os.execvpe(command[0], command, env)
     return 127  # pragma: no cover - execvpe does not return
+
+
+def _interpreter_of(environments):
+    """The interpreter an ssh host's environments folder names (:data:`INTERPRETER_RECORD`), or None: the one
+    running this makes them."""
+    if environments is None:
+        return None
+    try:
+        with open(os.path.join(environments, INTERPRETER_RECORD)) as file:
+            named = file.read().strip()
+    except OSError:
+        return None
+    return named if named and os.access(named, os.X_OK) else None
 
 
 def _cache_path(path):

@@ -6,7 +6,9 @@ loopback, more on a real network. A notebook works in small steps, so it
 keeps, per set of hosts (:func:`pool_for`), what the first job opened:
 
 - the control masters (:class:`~kinetic_nb.backends.ssh.connections.Connections`)
-  and what each host said of itself (its Python, checked once);
+  and what each host said of itself (its Python, checked once: where the
+  default ``python3`` is another minor version than the notebook's, the
+  notebook's, installed there once by :mod:`python_install`);
 - once a job has installed (or found) the environment on every host, a warm
   agent on each (``python -m kinetic_nb.agent.warm --stdio`` in that
   environment), over its host's master: the next job with the same
@@ -32,12 +34,14 @@ import json
 import os
 import selectors
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
 
 from kinetic_nb.backends.ssh.connections import CONTROL_PERSIST_S, Connections
-from kinetic_nb.backends.ssh.probe import HostFacts, probe_hosts
+from kinetic_nb.backends.ssh.probe import DEFAULT_PYTHON, HostFacts, probe_hosts
+from kinetic_nb.backends.ssh.python_install import install_pythons, name_interpreters
 from kinetic_nb.errors import SshHostError
 
 __all__ = ["ENVIRONMENTS_DIR", "HostPool", "close_pools", "pool_for"]
@@ -138,14 +142,18 @@ class HostPool:
     def __init__(self, targets: Sequence[str], *, config: str | None, python: str, options: Sequence[str] = (),
                  host_options: Sequence[Sequence[str]] = (), hint: Callable[[str], str] = str):
         self.connections = Connections(targets, config=config, options=options, host_options=host_options)
+        #: The interpreter named for every host (``--ssh-python``, else :data:`DEFAULT_PYTHON`).
         self.python = python
+        #: Each host's interpreter: :attr:`python`, or the notebook's own version installed there for kinetic_nb
+        #: where the default one is another (:mod:`python_install`).
+        self.pythons: list[str] = [python] * len(self.connections.hosts)
         self.lock = threading.RLock()
         try:
             self.connections.open()
         except SshHostError as error:  # the platform's advice (a TPU VM's key gcloud has not pushed yet)
             raise SshHostError(hint(str(error))) from None
         try:
-            self.facts: list[HostFacts] = probe_hosts(self.connections, python=python)
+            self.facts: list[HostFacts] = self._probe_installing_pythons()
         except BaseException:
             self.connections.close()
             raise
@@ -159,6 +167,24 @@ class HostPool:
         self.closed = False
         self._timer: threading.Timer | None = None
         self.touch()
+
+    def _probe_installing_pythons(self) -> list[HostFacts]:
+        """Every host's facts; where the default interpreter (no ``--ssh-python``) is another minor version than
+        the notebook's, those of the notebook's version, installed there once (or found installed) and from then on
+        the host's interpreter (:attr:`pythons`). A named interpreter is taken as it is: another version is refused
+        in one line."""
+        notebook = sys.version_info[:2]
+        facts = probe_hosts(self.connections, python=self.pythons, other_versions=self.python == DEFAULT_PYTHON)
+        lacking = [index for index, found in enumerate(facts) if found.python[:2] != notebook]
+        if not lacking:
+            return facts
+        installed = install_pythons(self.connections, facts, lacking, notebook)
+        for index, found in installed.items():
+            self.pythons[index] = found.executable
+        facts = probe_hosts(self.connections, python=self.pythons)
+        name_interpreters(self.connections, {index: self.pythons[index] for index in installed},
+                          {index: f"{ENVIRONMENTS_DIR}/{facts[index].environments_key()}" for index in installed})
+        return facts
 
     def touch(self) -> None:
         """A job used it: its idle close starts again."""
@@ -195,7 +221,7 @@ class HostPool:
                     return ports
             if self.warm and self.warm[0].wait_ready(0):
                 return tuple(self.warm[0].ask({"ports": 2})["ports"])
-        return probe_hosts(self.connections, python=self.python)[0].ports
+        return probe_hosts(self.connections, python=self.pythons)[0].ports
 
     def _ask_ports_ahead(self) -> None:
         """Ask host 0's warm agent for the next job's ports now, off that job's path (read by
@@ -215,7 +241,7 @@ class HostPool:
         ``path``; asked once per storage root (the directory above a job's): the next job's directory is there too."""
         root = os.path.dirname(path.rstrip("/"))
         if root not in self.shared_roots:
-            probe_hosts(self.connections, python=self.python, storage_path=path, ports=0)
+            probe_hosts(self.connections, python=self.pythons, storage_path=path, ports=0)
             self.shared_roots.add(root)
 
     def launch_warm(self, digest: str, request_for: Callable[[int], dict]) -> list[int]:

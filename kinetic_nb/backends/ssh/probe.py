@@ -19,6 +19,7 @@ import inspect
 import json
 import re
 import sys
+from collections.abc import Sequence
 
 from kinetic_nb.backends.ssh.connections import Connections
 from kinetic_nb.errors import SshHostError
@@ -26,7 +27,8 @@ from kinetic_nb.runner.ports import free_ports
 
 __all__ = ["DEFAULT_PYTHON", "HostFacts", "probe_hosts"]
 
-#: The interpreter a host runs kinetic_nb with unless told (``--ssh-python``).
+#: The interpreter a host runs kinetic_nb with unless told (``--ssh-python``); where it is another minor version
+#: than the notebook's, the pool installs the notebook's there (``python_install``) and runs that one instead.
 DEFAULT_PYTHON = "python3"
 
 #: Runs on each host with its own Python (any 3.x): argv[1] is a path to look for ("" for none), argv[2] how many
@@ -114,18 +116,21 @@ class HostFacts:
         return f"python{'.'.join(map(str, self.python))}-{hashlib.sha256(identity).hexdigest()[:12]}"
 
 
-def probe_hosts(connections: Connections, *, python: str = DEFAULT_PYTHON, storage_path: str | None = None,
-                notebook_python: tuple[int, int] = sys.version_info[:2], ports: int = HOST_0_PORTS,
-                devices: tuple[str, ...] = (), device_name: str = "device") -> list[HostFacts]:
-    """Every host's facts, asked at once; ``SshHostError`` with one line for the lowest host that cannot run the
-    job: no such Python, another minor version than the notebook's, no sight of ``storage_path`` (a
-    ``file://`` root, which every host must share), a ``storage_path`` it sees but its user cannot enter, read or
-    write (named with the user and the closed folder), or a process holding one of ``devices`` (paths by their
+def probe_hosts(connections: Connections, *, python: str | Sequence[str] = DEFAULT_PYTHON,
+                storage_path: str | None = None, notebook_python: tuple[int, int] = sys.version_info[:2],
+                ports: int = HOST_0_PORTS, devices: tuple[str, ...] = (), device_name: str = "device",
+                other_versions: bool = False) -> list[HostFacts]:
+    """Every host's facts, asked at once of ``python`` (or of each host's own: ``python[index]``); ``SshHostError``
+    with one line for the lowest host that cannot run the job: no such Python, another minor version than the
+    notebook's (unless ``other_versions``: the caller installs the notebook's there), no sight of ``storage_path``
+    (a ``file://`` root, which every host must share), a ``storage_path`` it sees but its user cannot enter, read
+    or write (named with the user and the closed folder), or a process holding one of ``devices`` (paths by their
     prefix: a TPU VM's chips, its ``device_name``), named with its pid and command."""
-    answers = connections.run_each(lambda index: [python, "-c", _PROBE, storage_path or "",
+    pythons = [python] * len(connections.hosts) if isinstance(python, str) else list(python)
+    answers = connections.run_each(lambda index: [pythons[index], "-c", _PROBE, storage_path or "",
                                                   str(ports if index == 0 else 0), ",".join(devices)], timeout=60)
     facts = []
-    for host, answer in zip(connections.hosts, answers, strict=True):
+    for host, python, answer in zip(connections.hosts, pythons, answers, strict=True):
         if answer.returncode != 0:
             said = answer.stderr.decode(errors="replace").strip().splitlines()
             if answer.returncode == 127 or (said and "not found" in said[-1]):
@@ -138,7 +143,7 @@ def probe_hosts(connections: Connections, *, python: str = DEFAULT_PYTHON, stora
                           tuple(record["ports"]), tuple((pid, command) for pid, command in record["holders"]),
                           record["user"], tuple(record["interpreter"]),
                           tuple(closed) if closed else None)
-        if found.python[:2] != tuple(notebook_python):
+        if found.python[:2] != tuple(notebook_python) and not other_versions:
             raise SshHostError(
                 f"{host} runs Python {'.'.join(map(str, found.python))} ({found.executable}) and this notebook "
                 f"{notebook_python[0]}.{notebook_python[1]}: the hosts need the notebook's minor version (cells and "
