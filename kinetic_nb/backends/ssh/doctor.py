@@ -10,7 +10,9 @@ failure, in the Kubernetes doctor's table
   project's), and the user the workers are logged in as;
 - ``hosts reachable``: every host's ssh connection, opened at once; each
   failing host is named (a job stops at the first), with ssh's reason;
-- ``Python``: each host's interpreter against the notebook's minor version;
+- ``Python``: each host's interpreter against the notebook's minor version
+  (the default ``python3`` of another one is fine: the first job installs the
+  notebook's there; a ``--ssh-python`` of another one is not);
 - ``storage``: a ``file://`` root every host sees and its user may use (the
   probe's own verdict), or a ``gs://`` root written, read back and deleted
   from the notebook, and its endpoint reached from every host (each host's own
@@ -46,9 +48,9 @@ from urllib.parse import urlsplit
 from kinetic_nb.accelerators import resolve_accelerator
 from kinetic_nb.backends.kubernetes.doctor_report import FAIL, OK, WARN, Check, DoctorReport
 from kinetic_nb.backends.ssh import tpu_vm
-from kinetic_nb.backends.ssh.backend import SshBackend
+from kinetic_nb.backends.ssh.backend import PYTHON_ENV, SshBackend
 from kinetic_nb.backends.ssh.connections import PARALLEL_OPENS, Connections, SshHost
-from kinetic_nb.backends.ssh.probe import HostFacts, probe_hosts
+from kinetic_nb.backends.ssh.probe import DEFAULT_PYTHON, HostFacts, probe_hosts
 from kinetic_nb.errors import KineticError, SshHostError
 
 __all__ = ["OneHost", "doctor", "doctor_for"]
@@ -347,34 +349,47 @@ def _reach_fix(backend: SshBackend, host: _Host) -> str:
 
 
 def _python_check(backend: SshBackend, hosts: list[_Host], notebook_python: tuple[int, int]) -> Check:
+    """Each host's Python against the notebook's minor version: the default ``python3`` of another one is fine (the
+    first job installs the notebook's there, :mod:`~kinetic_nb.backends.ssh.python_install`); a ``--ssh-python``
+    of another one, or none, is not (it is used as it is)."""
     wanted = ".".join(map(str, notebook_python))
-    findings = []
+    named = backend.python != DEFAULT_PYTHON
+    findings, installs = [], []
     for host in hosts:
         if host.unreached:
             findings.append(_Finding(host.host, unchecked=host.why_unchecked()))
         elif host.python_problem:
             findings.append(_Finding(host.host, host.python_problem, _python_fix(backend, host, wanted)))
-        elif host.version != tuple(notebook_python):
+        elif host.version != tuple(notebook_python) and named:
             facts = host.facts
             findings.append(_Finding(
                 host.host, f"{host.host} runs Python {'.'.join(map(str, facts.python))} ({facts.executable}) and "
                            f"this notebook {wanted}: the hosts need the notebook's minor version (cells and their "
-                           "values travel pickled)", _python_fix(backend, host, wanted)))
+                           "values travel pickled), and --ssh-python is used as it is", _python_fix(backend, host,
+                                                                                                  wanted)))
         else:
             findings.append(_Finding(host.host))
+            if host.version != tuple(notebook_python):
+                installs.append(findings[-1])
     usable = [host for host in hosts if host.facts is not None]
     found = sorted({f"{'.'.join(map(str, host.facts.python))} ({host.facts.executable})" for host in usable})
-    return _row("Python", findings, f"{', '.join(found[:2])}{' and others' if len(found) > 2 else ''}: the "
-                                    f"notebook's {wanted}")
+    seen = f"{', '.join(found[:2])}{' and others' if len(found) > 2 else ''}"
+    if installs:
+        return _row("Python", findings, f"{seen}: the first job installs the notebook's {wanted} into the kinetic_nb "
+                                        f"cache of {_named(installs)} (uv's managed CPython, once; later jobs find "
+                                        "it there)")
+    return _row("Python", findings, f"{seen}: the notebook's {wanted}")
 
 
 def _python_fix(backend: SshBackend, host: _Host, wanted: str) -> str:
-    """Install the notebook's Python beside the host's own (uv's managed Pythons need no root), then name it."""
-    install = (f"python3 -m pip install --user uv && python3 -m uv python install {wanted} && "
-               f"python3 -m uv python find {wanted}")
-    where = (_gcloud_ssh(backend, install, worker="all") if isinstance(backend, tpu_vm.TpuVmBackend)
-             else _ssh(backend, host.host.target, install))
-    return f"{where}, then --ssh-python with the path it printed"
+    """A named Python of another version (or none): leave the choice to the jobs, which install the notebook's
+    where ``python3`` is another; no ``python3`` at all: the distribution's, from which the jobs go on."""
+    if backend.python != DEFAULT_PYTHON:
+        return (f"leave out --ssh-python (and %config KineticMagics.ssh_python, ${PYTHON_ENV}): jobs then install "
+                f"Python {wanted} where a host's python3 is another minor version; or name a Python {wanted} there")
+    install = "sudo apt-get install -y python3 python3-pip"
+    return (_gcloud_ssh(backend, install, worker="all") if isinstance(backend, tpu_vm.TpuVmBackend)
+            else _ssh(backend, host.host.target, install))
 
 
 def _storage_check(connections: Connections, backend: SshBackend, hosts: list[_Host], storage: str | None) -> Check:
