@@ -369,7 +369,11 @@ def first_workers(accelerator: Accelerator, hosts: int) -> Accelerator:
     if not 1 <= hosts <= accelerator.hosts or not _valid_chips(family, chips):
         raise ValueError(f"the first {hosts} hosts of {accelerator.name} make no {family.cloud_name} slice: "
                          f"{_rule(family)}")
-    return accelerator if hosts == accelerator.hosts else _tpu_slice(family, chips)
+    first = _tpu_slice(family, chips)
+    if first.hosts != hosts:  # a v5e's 8 chips are one host's, not two
+        raise ValueError(f"the first {hosts} hosts of {accelerator.name} make no {family.cloud_name} slice of "
+                         f"{hosts} hosts: {_rule(family)}")
+    return accelerator if hosts == accelerator.hosts else first
 
 #: GPU model in the name -> (GKE accelerator value, GPUs per host offered: the machine shapes GKE schedules).
 #: Every GPU shape is one host; keras-kinetic names the models alike.

@@ -268,6 +268,16 @@ def test_where_os_login_is_on_the_workers_are_logged_in_as_its_posix_user(tpu_ap
         assert not any("test-token" in path for path in asked)  # never in a URL, where logs keep it
 
 
+def test_an_os_login_lookup_that_failed_is_tried_again_never_skipped(tpu_api):
+    """The OS Login API fails once: that try raises, and the next one logs in as the POSIX user, never as this
+    machine's user with the node already read."""
+    tpu_api.login_profile_outages = 1
+    backend = tpu_vm.TpuVmBackend("os-login", zone=ZONE, project=PROJECT)
+    with pytest.raises(KineticError):
+        backend.targets  # noqa: B018 - it raises
+    assert backend.targets == [f"alice_example_com@{address}" for address in backend.node.internal]
+
+
 
 def through_external_addresses(ssh_hosts, external: list[str], tmp_path) -> str:
     """An ssh config that reaches each test host at ``external[i]`` as well, as a laptop reaches a worker at its

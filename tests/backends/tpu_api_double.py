@@ -32,6 +32,8 @@ class TpuApiDouble:
         self.os_login_projects: set[str] = set()
         self.email = "alice@example.com"
         self.posix_user = "alice_example_com"
+        #: How many of the next OS Login API calls fail (503), as a service having a bad moment.
+        self.login_profile_outages = 0
         self.requests: list[tuple[str, str, str | None]] = []  # (method, path, Authorization)
         double = self
 
@@ -62,6 +64,9 @@ class TpuApiDouble:
                                                      if os_login else []}}
         if path == "/v1/userinfo":  # OpenID's userinfo: the account the bearer token is
             return 200, {"sub": "1234", "email": self.email, "email_verified": True}
+        if path.startswith("/v1/users/") and path.endswith("/loginProfile") and self.login_profile_outages:
+            self.login_profile_outages -= 1
+            return 503, _error(503, "The service is currently unavailable", "UNAVAILABLE")
         if path.startswith("/v1/users/") and path.endswith("/loginProfile"):  # the OS Login API
             if path != f"/v1/users/{self.email}/loginProfile":
                 return 404, _error(404, "no such user", "NOT_FOUND")

@@ -283,12 +283,14 @@ class TpuVmBackend(SshBackend):
             self.project = self.project or default_project
             if not self.project:
                 raise ValueError("-b tpu-vm needs the TPU VM's project: --project PROJECT (or $KINETIC_PROJECT)")
-            self._node = read_node(session, self.project, self.zone, self.tpu)
-            os_login = self._node.os_login
+            node = read_node(session, self.project, self.zone, self.tpu)
+            os_login = node.os_login
             if os_login is None:
                 os_login = project_uses_os_login(session, self.project)
-            # gcloud logs in as the account's OS Login user where OS Login is on, never as this machine's user.
+            # gcloud logs in as the account's OS Login user where OS Login is on, never as this machine's user; the
+            # node is kept only with its user, so a lookup that failed is tried again, never skipped.
             self._user = os_login_user(session, self.project) if os_login else None
+            self._node = node
         return self._node
 
     @property
@@ -394,5 +396,5 @@ class TpuVmBackend(SshBackend):
     def _launch(self, pool, storage: Storage, plan: JobPlan, secrets) -> None:
         # A worker whose chips another process holds (a notebook, job or session still running there) would fail
         # deep in the framework's start: refused here, naming the process.
-        probe_hosts(pool.connections, python=self.python, ports=0, devices=TPU_DEVICES, device_name="TPU")
+        probe_hosts(pool.connections, python=pool.pythons, ports=0, devices=TPU_DEVICES, device_name="TPU")
         super()._launch(pool, storage, plan, secrets)
