@@ -331,43 +331,43 @@ def test_workers_meet_on_internal_addresses_and_the_notebook_reaches_the_hub_ove
 
 
 def big_slice(ssh_hosts, workers: int, **node) -> dict:
-    """A node of ``workers`` workers, the test hosts its first four (the rest at addresses nobody answers)."""
-    addresses = [*ssh_hosts.addresses, *(f"192.0.2.{100 + index}" for index in range(workers - 4))]
+    """A node of ``workers`` workers, the test hosts its first (the rest at addresses nobody answers)."""
+    addresses = [*ssh_hosts.addresses[:workers], *(f"192.0.2.{100 + index}" for index in range(workers - 4))]
     return tpu_node(addresses, **node)
 
 
-@pytest.mark.parametrize(("tpu", "workers", "node", "full", "first_four"), [
-    ("v5p-128", 16, {"accelerator_type": "v5p-128"}, ("tpu-v5p-128", 16, 4, "4x4x4"), "tpu-v5p-32"),
-    ("v5litepod-256", 64, {"accelerator_type": "v5litepod-256"}, ("tpu-v5e-256", 64, 4, "16x16"), "tpu-v5e-16"),
+@pytest.mark.parametrize(("tpu", "workers", "node", "full", "run_as"), [
+    ("v4-32", 4, {"accelerator_type": "v4-32"}, ("tpu-v4-32", 4, 4, "2x2x4"), ("tpu-v4-32", 4, 4)),
+    ("v6e-8", 1, {"accelerator_type": "v6e-8"}, ("tpu-v6e-8", 1, 8, "2x4"), ("tpu-v6e-8", 1, 8)),
+    ("v5p-128", 16, {"accelerator_type": "v5p-128"}, ("tpu-v5p-128", 16, 4, "4x4x4"), ("tpu-v5p-32", 4, 4)),
+    ("v5litepod-256", 64, {"accelerator_type": "v5litepod-256"}, ("tpu-v5e-256", 64, 4, "16x16"),
+     ("tpu-v5e-16", 4, 4)),
     ("v6e-256-by-config", 64, {"accelerator_type": None, "accelerator_config": {"type": "V6E", "topology": "16x16"}},
-     ("tpu-v6e-256", 64, 4, "16x16"), "tpu-v6e-16"),
+     ("tpu-v6e-256", 64, 4, "16x16"), ("tpu-v6e-16", 4, 4)),
 ])
-def test_a_big_slice_is_planned_whole_and_its_first_workers_run_a_jax_cell(ssh_hosts, tpu_api, monkeypatch, tpu,
-                                                                          workers, node, full, first_four):
-    """Each slice is planned from the API's answer (hosts x chips, topology), whatever its size; with the
-    test-only ``KINETIC_TPU_TEST_WORKERS=4`` its first four workers (the test hosts) run a JAX cell as the same
-    generation's 4-host slice."""
+def test_each_slice_is_planned_whole_and_its_first_workers_run_a_jax_cell(ssh_hosts, tpu_api, monkeypatch, tpu,
+                                                                          workers, node, full, run_as):
+    """Each slice is planned from the API's answer (hosts x chips, topology), whatever its size; one of more
+    workers than the test hosts runs, with the test-only ``KINETIC_TPU_TEST_WORKERS=4``, on its first four (the
+    test hosts) as the same generation's 4-host slice, and every one runs a JAX cell there."""
     tpu_api.nodes[(PROJECT, ZONE, tpu)] = big_slice(ssh_hosts, workers, **node)
     backend = tpu_vm.TpuVmBackend(tpu, zone=ZONE, project=PROJECT)
     whole = backend.node.accelerator
     assert (whole.name, whole.hosts, whole.devices_per_host, whole.topology) == full
     assert len(backend.node.internal) == workers
-    monkeypatch.setenv(tpu_vm.TEST_WORKERS_ENV, "4")
+    if workers > len(ssh_hosts.addresses):
+        monkeypatch.setenv(tpu_vm.TEST_WORKERS_ENV, "4")
     source = ("import jax, jax.numpy as jnp\nfrom jax.experimental import multihost_utils\n"
               "total = multihost_utils.process_allgather(jnp.ones(2) * jax.process_index()).sum()\n"
               "(jax.process_count(), float(total))")
     handle = kinetic_nb.submit(source, framework="jax", quiet=True, env={"JAX_PLATFORMS": "cpu"},
                                **on_tpu_vm(ssh_hosts, tpu))
-    assert (handle.plan.accelerator, handle.plan.hosts, handle.plan.devices_per_host) == (first_four, 4, 4)
-    assert handle.result(timeout=300) == (4, 12.0)
+    assert (handle.plan.accelerator, handle.plan.hosts, handle.plan.devices_per_host) == run_as
+    hosts = run_as[1]
+    assert handle.result(timeout=300) == (hosts, float(sum(range(hosts)) * 2))
 
 
-def test_a_single_host_slice_and_a_two_network_node_plan_their_own_workers(ssh_hosts, tpu_api):
-    """A v6e-8 is one worker of 8 chips; a node on two networks has one worker per endpoint of its first."""
-    tpu_api.nodes[(PROJECT, ZONE, "v6e-8")] = tpu_node(ssh_hosts.addresses[:1], accelerator_type="v6e-8")
-    one = tpu_vm.TpuVmBackend("v6e-8", zone=ZONE, project=PROJECT)
-    assert (one.node.accelerator.hosts, one.node.accelerator.devices_per_host, one.targets) == \
-        (1, 8, ssh_hosts.addresses[:1])
+def test_a_two_network_node_plans_one_worker_per_endpoint_of_its_first_network(ssh_hosts, tpu_api):
     two = tpu_vm.TpuVmBackend("two-networks", zone=ZONE, project=PROJECT)
     assert two.targets == ssh_hosts.addresses and two.node.accelerator.name == "tpu-v5e-16"
 
