@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 
 #: The first test host's loopback address; host i listens on 127.0.0.(FIRST_OCTET + i).
 FIRST_OCTET = 20
@@ -74,14 +75,23 @@ class SshTestHosts:
     ``users``: each host logs in a user of its own, made for the run (root only: ``useradd``), with a home of
     its own under a fresh folder and a virtual environment there, ``~/venv`` (``--ssh-python venv/bin/python``),
     made with ``--system-site-packages`` over the test interpreter's packages (a ``.pth`` naming them), as a
-    machine with jax and torch installed in a venv has them; its cache is its home's.
+    machine with jax and torch installed in a venv has them; its cache is its home's. A list names each host's
+    user instead, one a host: every host may share one (``["alice_example_com"] * 2``: the same account on every
+    worker, as OS Login makes it), made once with one home, each host's cache a folder of its own in it
+    (``~/.cache/hostN``, as separate machines have). Either way a host's bare address (``Host 127.0.0.20``) then
+    names no user: a TPU VM's worker is logged in as the user the backend names, else as this machine's.
     """
 
-    def __init__(self, count: int, environment: dict[str, str] | None = None, *, users: bool = False):
+    def __init__(self, count: int, environment: dict[str, str] | None = None, *,
+                 users: bool | Sequence[str] = False):
+        if not isinstance(users, bool) and len(users) != count:
+            raise ValueError(f"users names each host's user: {count} names, got {len(users)}")
         self.count = count
         self.environment = dict(environment or {})
-        self.own_users = users
+        self.own_users = bool(users)
+        #: Each host's user's home (``users`` only), and the users made for the run, each once.
         self.homes: list[pathlib.Path] = []
+        self._made_users: list[str] = []
         cache = pathlib.Path.home() / ".cache"
         cache.mkdir(mode=0o700, exist_ok=True)
         self.directory = pathlib.Path(tempfile.mkdtemp(prefix="kinetic-sshd-", dir=cache))
@@ -95,7 +105,8 @@ class SshTestHosts:
         self.other_key = str(self.directory / "other_key")
         self.targets = [f"h{index}" for index in range(count)]
         #: The user each host logs in (this one's, unless ``users``).
-        self.users = [f"kn{os.getpid()}h{index}" if users else self.user for index in range(count)]
+        self.users = list(users) if not isinstance(users, bool) else \
+            [f"kn{os.getpid()}h{index}" if users else self.user for index in range(count)]
 
     def start(self) -> SshTestHosts:
         if os.geteuid() == 0:
@@ -140,19 +151,23 @@ class SshTestHosts:
         return self
 
     def _make_users(self) -> None:
-        """A user per host, with a home of its own (``StrictModes``: the user's, not writable by others) holding
-        the client's key and a ``.pth`` that puts the test interpreter's packages on its user site."""
+        """Each host's user, made once however many hosts share it, with a home of its own (``StrictModes``: the
+        user's, not writable by others) holding the client's key and a ``.pth`` that puts the test interpreter's
+        packages on its user site. Hosts that all share one home get each a cache of their own in it."""
         import sysconfig
 
         homes = pathlib.Path(tempfile.mkdtemp(prefix="kinetic-ssh-homes-"))
         homes.chmod(0o755)
         packages = sysconfig.get_paths()["purelib"]
         version = f"python{sys.version_info[0]}.{sys.version_info[1]}"
-        for user in self.users:
+        self.homes = [homes / user for user in self.users]
+        if len(self.users) > 1 and len(set(self.users)) == 1:
+            self.environment.setdefault("XDG_CACHE_HOME", str(homes / self.users[0] / ".cache"))
+        for user in dict.fromkeys(self.users):
             home = homes / user
             subprocess.run(["useradd", "--home-dir", str(home), "--create-home", "--shell", "/bin/sh",
                             "--user-group", "--password", "*", user], check=True)  # "*": no password, not locked
-            self.homes.append(home)
+            self._made_users.append(user)
             (home / ".ssh").mkdir(mode=0o700)
             shutil.copy(self.directory / "authorized_keys", home / ".ssh" / "authorized_keys")
             subprocess.run([shared_interpreter(), "-m", "venv", "--system-site-packages",
@@ -161,12 +176,11 @@ class SshTestHosts:
             subprocess.run(["chown", "-R", f"{user}:{user}", str(home)], check=True)
 
     def _remove_users(self) -> None:
-        for user, home in zip(self.users, self.homes, strict=False):
+        for user in self._made_users:
             subprocess.run(["userdel", user], capture_output=True)
-            shutil.rmtree(home, ignore_errors=True)
         if self.homes:
             shutil.rmtree(self.homes[0].parent, ignore_errors=True)
-        self.homes = []
+        self.homes, self._made_users = [], []
 
     def _environment(self, index: int) -> dict[str, str]:
         """What host ``index``'s logins get: the cache a folder of the host's own, as separate machines have."""
@@ -193,11 +207,13 @@ class SshTestHosts:
                      for line in common]]
         blocks += ["Host nobody", f"  HostName {NOBODY}", f"  Port {_free_port(NOBODY)}", *common]
         # The hosts by their bare addresses, as a TPU VM's workers are reached: the key and the known hosts are
-        # the ones the backend names (gcloud's), not these.
+        # the ones the backend names (gcloud's), not these, and so is a user of the hosts' own (OS Login's).
+        backends_own = ("IdentityFile", "UserKnownHostsFile", "StrictHostKeyChecking",
+                        *(("User",) if self.own_users else ()))
         for index, (address, port) in enumerate(zip(self.addresses, self.ports, strict=True)):
             blocks += [f"Host {address}", f"  Port {port}",
-                       *[line for line in block_lines(index, self.users[index]) if not line.strip().startswith(
-                           ("IdentityFile", "UserKnownHostsFile", "StrictHostKeyChecking"))]]
+                       *[line for line in block_lines(index, self.users[index])
+                         if not line.strip().startswith(backends_own)]]
         pathlib.Path(self.config).write_text("\n".join(blocks) + "\n")
 
     def forget_host_key(self, index: int) -> None:
