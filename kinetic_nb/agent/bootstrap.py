@@ -23,6 +23,18 @@ a failed install (a LeaderWorkerSet's ``restartPolicy: Always``) is a crash
 loop: it counts its starts on the pod's scratch volume, and on the start after
 :data:`MAX_STARTS` failed ones it records the host's end, sealed, with the last
 error (so the job ends without a notebook) and parks instead of failing again.
+
+On an ssh host the bootstrap also keeps the host's cache bounded: after making a
+new environment it removes the oldest of its interpreter's beyond
+:data:`KEEP_ENVIRONMENTS` (by last use) that no process runs, and at every run
+the agent logs older than :data:`LOG_RETENTION_S`; ``%kinetic gc`` runs the same
+pruning over ssh (``--prune-cache``). Whether an environment is in use is
+known from a lock: every process that runs its Python holds its folder's
+:data:`IN_USE` file locked shared (a ``.pth`` hook the install adds), as does
+the bootstrap from choosing it to ``exec``; the pruning removes only a folder
+it can lock exclusively, renaming it aside under that lock before deleting it,
+so a job starting at that moment finds the whole environment or none (and then
+installs it again), never half of one.
 """
 
 import hashlib
@@ -73,6 +85,37 @@ LAST_ERROR = "last-error.txt"
 #: made with, when that is not the Python running this (the notebook's version, installed on the host for
 #: kinetic_nb: ``kinetic_nb.backends.ssh.python_install``).
 INTERPRETER_RECORD = "interpreter"
+#: How many environments an ssh host keeps per interpreter (the newest by last use, plus any a process runs): each
+#: is about 1 GB with ``jax[tpu]``, and every kinetic_nb or requirements change makes a new one.
+KEEP_ENVIRONMENTS = 3
+#: Agent logs (``--output``) older than this are removed from an ssh host: kinetic_nb keeps no job retention of its
+#: own (``%kinetic gc --older-than`` is the user's), and a log this old is of a job long over.
+LOG_RETENTION_S = 14 * 86400
+#: In an environment's folder: locked shared by each process using it, and its modification time the last use.
+IN_USE = "in-use.lock"
+#: The hook every process of an environment runs at its start (``site`` imports it from a ``.pth`` file): it holds
+#: the environment's :data:`IN_USE` lock shared until the process ends, and marks the environment used now.
+IN_USE_HOOK = "_kinetic_nb_in_use"
+_IN_USE_SOURCE = f"""\
+'''Held by every process running this environment's Python: a shared lock on its folder's {IN_USE}, so that an
+ssh host's kinetic_nb cache pruning never removes an environment in use; its modification time is the last use.'''
+import os
+import sys
+
+try:
+    import fcntl
+
+    _held = os.open(os.path.join(os.path.dirname(sys.prefix), "{IN_USE}"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
+                    0o600)
+    fcntl.flock(_held, fcntl.LOCK_SH)
+    os.utime(_held)
+except Exception:  # a folder it cannot write to: the process runs regardless
+    pass
+"""
+#: Where an environment goes while it is removed: renamed aside first, so it is whole under its name or not there.
+TRASH_PREFIX = ".removing-"
+#: The option that makes this file prune an ssh host's cache instead (``%kinetic gc``), and what it is given.
+PRUNE_OPTION = "--prune-cache"
 
 
 class Refused(Exception):
@@ -227,6 +270,7 @@ def install(record, job_uri, key, directory, log, *, requirements, interpreter=N
     _run([interpreter, "-m", "venv", "--system-site-packages", "--without-pip", venv], log)
     if interpreter == sys.executable and sys.prefix != sys.base_prefix:  # a virtual environment's: its packages too
         _see_outer_environment(venv)
+    _hold_in_use_from_every_process(venv)
     python = os.path.join(venv, "bin", "python")
     if subprocess.run([python, "-c", "import pip"], capture_output=True).returncode != 0:
         _run([python, "-m", "ensurepip", "--default-pip"], log)
@@ -253,7 +297,203 @@ def _see_outer_environment(venv):
         file.write("\n".join(lines) + "\n")
 
 
+def _hold_in_use_from_every_process(venv):
+    """Make every process that runs ``venv``'s Python hold its folder's :data:`IN_USE` lock (a ``.pth`` hook in its
+    site-packages: ``site`` runs it at every start, whatever starts the process)."""
+    lib = os.path.join(venv, "lib")
+    for version in (name for name in os.listdir(lib) if name.startswith("python")):
+        site_packages = os.path.join(lib, version, "site-packages")
+        with open(os.path.join(site_packages, IN_USE_HOOK + ".py"), "w") as file:
+            file.write(_IN_USE_SOURCE)
+        with open(os.path.join(site_packages, "kinetic-in-use.pth"), "w") as file:
+            file.write(f"import {IN_USE_HOOK}\n")
+
+
+def hold_in_use(directory):
+    """Lock the environment folder ``directory``'s :data:`IN_USE` shared (made, or made again when a pruning put it
+    aside meanwhile), marked used now, for this process and the command it ``exec``\\s: its file descriptor."""
+    import fcntl
+
+    path = os.path.join(directory, IN_USE)
+    for _ in range(ATTEMPTS):
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        held = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(held, fcntl.LOCK_SH)
+        try:
+            still_there = os.path.samestat(os.fstat(held), os.stat(path))
+        except OSError:
+            still_there = False
+        if still_there:
+            os.set_inheritable(held, True)
+            os.utime(held)
+            return held
+        os.close(held)  # renamed aside while this waited: the folder is made anew
+    raise Refused(f"{directory} was removed {ATTEMPTS} times while this job chose it; run the cell again")
+
+
+def prune_environments(folder, keep, current=None):
+    """Remove the environments in ``folder`` (one interpreter's) beyond the ``keep`` newest by last use that no
+    process uses, never ``current``; each renamed aside under its exclusive :data:`IN_USE` lock, then deleted.
+    Returns how many were removed and the bytes they held."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return 0, 0
+    removed, freed = 0, 0
+    for name in names:  # what a pruning killed midway left
+        if name.startswith(TRASH_PREFIX):
+            freed += _delete(os.path.join(folder, name))
+    found = [os.path.join(folder, name) for name in names if _is_environment(os.path.join(folder, name))]
+    found.sort(key=_last_use, reverse=True)
+    for directory in found[keep:]:
+        if current is not None and os.path.realpath(directory) == os.path.realpath(current):
+            continue
+        trash = _put_aside_unless_used(directory)
+        if trash is not None:
+            removed, freed = removed + 1, freed + _delete(trash)
+    return removed, freed
+
+
+def _is_environment(path):
+    """Whether ``path`` is an environment's folder: named by its content's digest (16 hex digits), a directory."""
+    name = os.path.basename(path)
+    return len(name) == 16 and all(char in "0123456789abcdef" for char in name) and os.path.isdir(path)
+
+
+def _last_use(directory):
+    """When an environment was last used: its :data:`IN_USE` file's time (each process's start), else (made before
+    in-use locks) its install record's, else its folder's."""
+    for path in (os.path.join(directory, IN_USE), os.path.join(directory, "record.json"), directory):
+        try:
+            return os.stat(path).st_mtime
+        except OSError:
+            continue
+    return 0.0
+
+
+def _put_aside_unless_used(directory):
+    """Rename the environment ``directory`` aside, unless a process uses it; the new path, or None."""
+    import fcntl
+
+    trash = os.path.join(os.path.dirname(directory), f"{TRASH_PREFIX}{os.path.basename(directory)}-{os.getpid()}")
+    try:
+        held = os.open(os.path.join(directory, IN_USE), os.O_RDWR)
+    except FileNotFoundError:  # made before in-use locks: a process running its Python says it is used
+        if _run_by_a_process(os.path.join(directory, "venv")):
+            return None
+        return trash if _rename(directory, trash) else None
+    except OSError:
+        return None
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # a process holds it: in use
+        os.close(held)
+        return None
+    try:  # under the lock: a process starting now waits for it, then finds the folder gone (or whole)
+        return trash if _rename(directory, trash) else None
+    finally:
+        os.close(held)
+
+
+def _rename(source, target):
+    try:
+        os.rename(source, target)
+    except OSError:
+        return False
+    return True
+
+
+def _run_by_a_process(venv):
+    """Whether one of this user's processes runs ``venv``'s Python (its program there, or its ``VIRTUAL_ENV``);
+    True where processes cannot be listed (no ``/proc``)."""
+    if not os.path.isdir("/proc"):
+        return True
+    program_prefix, variable = venv.encode() + b"/", b"VIRTUAL_ENV=" + venv.encode()
+    for pid in (name for name in os.listdir("/proc") if name.isdigit()):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as file:
+                program = file.read().split(b"\0", 1)[0]
+            with open(f"/proc/{pid}/environ", "rb") as file:
+                variables = file.read().split(b"\0")
+        except OSError:  # gone, or another user's
+            continue
+        if program.startswith(program_prefix) or variable in variables:
+            return True
+    return False
+
+
+def _delete(path):
+    """Remove the folder ``path``, whatever is in it; the bytes it held."""
+    import shutil
+
+    size = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            try:
+                size += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                continue
+    shutil.rmtree(path, ignore_errors=True)
+    return size
+
+
+def prune_logs(folder, older_than, jobs=()):
+    """Remove the agent logs in ``folder`` last written more than ``older_than`` seconds ago, and those of the
+    ended ``jobs`` (``{job}-{host}.log``); how many."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return 0
+    cutoff, ended, removed = time.time() - older_than, set(jobs), 0
+    for name in names:
+        if not name.endswith(".log"):
+            continue
+        path = os.path.join(folder, name)
+        try:
+            old = os.lstat(path).st_mtime < cutoff
+            if old or name[:-len(".log")].rsplit("-", 1)[0] in ended:
+                os.unlink(path)
+                removed += 1
+        except OSError:
+            continue
+    return removed
+
+
+def prune_cache(options, stdin):
+    """``--prune-cache --environments DIR --agent-logs DIR [--keep N] [--logs-older-than SECONDS]``, the ended jobs
+    whose logs go one a line on ``stdin``: prune every interpreter's environments and the agent logs (both under the
+    cache directory), printing one JSON line of what was removed."""
+    environments = _cache_path(_option(options, "--environments"))
+    logs = _cache_path(_option(options, "--agent-logs"))
+    keep = int(_option(options, "--keep") or KEEP_ENVIRONMENTS)
+    older_than = float(_option(options, "--logs-older-than") or LOG_RETENTION_S)
+    removed, freed = 0, 0
+    if environments is not None and os.path.isdir(environments):
+        for name in sorted(os.listdir(environments)):
+            if os.path.isdir(os.path.join(environments, name)):
+                count, size = prune_environments(os.path.join(environments, name), keep)
+                removed, freed = removed + count, freed + size
+    jobs = [line.strip() for line in stdin.decode(errors="replace").splitlines() if line.strip()]
+    logs_removed = prune_logs(logs, older_than, jobs) if logs is not None else 0
+    print(json.dumps({"environments": removed, "bytes": freed, "logs": logs_removed}))
+    return 0
+
+
+def _bound_cache(environments, current, output, *, new):
+    """An ssh host's cache after a job chose its environment ``current``: the interpreter's oldest environments
+    pruned when ``current`` is ``new`` (just made), and old agent logs at every run. Never fails the job."""
+    try:
+        if new:
+            prune_environments(environments, KEEP_ENVIRONMENTS, current)
+        if output is not None:
+            prune_logs(os.path.dirname(output), LOG_RETENTION_S)
+    except OSError as error:
+        print(f"kinetic_nb: the host's cache could not be pruned: {error}", file=sys.stderr)
+
+
 def main(argv):
+    if argv[:1] == [PRUNE_OPTION]:
+        return prune_cache(argv[1:], sys.stdin.buffer.read())
     options = argv[: argv.index("--")] if "--" in argv else []
     requirements = "--no-requirements" not in options
     command = argv[argv.index("--") + 1:] if "--" in argv else argv
@@ -293,7 +533,7 @@ def main(argv):
         digest = hashlib.sha256(body).hexdigest()
         if environments is not None:  # one environment per content, shared by the jobs that install the same
             directory = os.path.join(environments, digest[:16])
-            os.makedirs(directory, mode=0o700, exist_ok=True)
+            hold_in_use(directory)  # until the command's end: no pruning removes it under the job
         record_path = os.path.join(directory, "record.json")
         with open(os.path.join(directory, ".lock"), "w") as lock:
             import fcntl
@@ -322,6 +562,8 @@ def main(argv):
         except OSError:
             pass
         return 1
+    if environments is not None:
+        _bound_cache(environments, directory, output, new=installed_now)
     env = dict(os.environ)
     env["PATH"] = os.path.join(done["venv"], "bin") + os.pathsep + env.get("PATH", "/usr/bin:/bin")
     env["VIRTUAL_ENV"] = done["venv"]

@@ -29,7 +29,7 @@ from kinetic_nb.storage import Storage, default_root, open_storage
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["JobRecord", "attach", "gc", "jobs", "parse_duration"]
+__all__ = ["GcReport", "JobRecord", "attach", "gc", "gc_report", "jobs", "parse_duration"]
 
 #: A job id, matched whole (``fullmatch``): ASCII digits only, and nothing after it (not even a newline).
 _JOB_ID = re.compile(r"kn-[0-9]{8}-[0-9]{6}-[0-9a-f]+")
@@ -307,14 +307,44 @@ def gc(older_than: float | str, *, storage: str | None = None) -> list[str]:
     session whose hosts still run is live, and kept. A job that is not this
     user's (no key here, or a directory another user owns: another user's in a
     shared root, or planted) is left alone; a removed job's key file and agent
-    records go with it. :func:`collect` also says how many bytes each held.
+    records go with it. The ssh and TPU VM hosts of the removed jobs that can be
+    reached have their kinetic_nb cache pruned (:func:`gc_report`, which also
+    says how many bytes each job held and what each host removed).
     """
-    return [job_id for job_id, _ in collect(older_than, storage=storage)]
+    return [job_id for job_id, _ in gc_report(older_than, storage=storage).removed]
+
+
+@dataclasses.dataclass(frozen=True)
+class GcReport:
+    """What :func:`gc_report` removed: each job or session with the bytes its storage held, and a line for each
+    ssh or TPU VM host whose cache it pruned or could not reach."""
+
+    removed: tuple[tuple[str, int], ...]
+    hosts: tuple[str, ...] = ()
+
+
+def gc_report(older_than: float | str, *, storage: str | None = None) -> GcReport:
+    """What :func:`gc` does, and what it removed: the jobs and sessions, and on the ssh and TPU VM hosts they ran
+    on (each reached as its jobs reached it, over ssh with the user's own config), the environments beyond the
+    newest few that no process uses and the agent logs of those jobs or of long ago
+    (:mod:`kinetic_nb.backends.ssh.host_cache`). A host that cannot be reached is a line of the report, skipped."""
+    from kinetic_nb.backends.ssh.host_cache import prune_hosts_of_jobs  # ssh only where a job ran there
+
+    age = parse_duration(older_than) if isinstance(older_than, str) else float(older_than)
+    removed = _collect_jobs(age, storage) + _collect_sessions(age, storage)
+    hosts = prune_hosts_of_jobs((job_id, record.get("backend", "local"), record.get("backend_options") or {})
+                                for job_id, _, record in removed)
+    return GcReport(tuple((job_id, size) for job_id, size, _ in removed), tuple(hosts))
 
 
 def collect(older_than: float | str, *, storage: str | None = None) -> list[tuple[str, int]]:
     """What :func:`gc` does, with the bytes each removed job or session held in storage."""
-    age = parse_duration(older_than) if isinstance(older_than, str) else float(older_than)
+    return list(gc_report(older_than, storage=storage).removed)
+
+
+def _collect_jobs(age: float, storage: str | None) -> list[tuple[str, int, dict]]:
+    """This user's jobs submitted longer than ``age`` seconds ago whose every host has ended, removed: each with
+    its bytes and its handle's record."""
     root = _root(storage)
     removed = []
     for job_id, _ in _job_ids(root):
@@ -339,12 +369,13 @@ def collect(older_than: float | str, *, storage: str | None = None) -> list[tupl
             continue
         if group is not None and not group.status().done:
             continue  # never pull a job's objects from under a live host
-        removed.append((job_id, _remove(job_id, job, record, group.plan if group else None)))
-    return removed + _collect_sessions(age, storage)
+        removed.append((job_id, _remove(job_id, job, record, group.plan if group else None), record))
+    return removed
 
 
-def _collect_sessions(age: float, storage: str | None) -> list[tuple[str, int]]:
-    """This user's sessions started longer than ``age`` seconds ago whose every host has ended, removed."""
+def _collect_sessions(age: float, storage: str | None) -> list[tuple[str, int, dict]]:
+    """This user's sessions started longer than ``age`` seconds ago whose every host has ended, removed: each with
+    its bytes and its record."""
     root = open_storage(storage or default_root()).child(protocol.SESSIONS_DIR)
     removed = []
     for session_id, _ in listed_ids(root, SESSION_ID, protocol.HANDLE):
@@ -358,5 +389,5 @@ def _collect_sessions(age: float, storage: str | None) -> list[tuple[str, int]]:
             logger.debug("session %s cannot be collected", session_id, exc_info=True)
             continue  # unreadable: kept for whoever investigates
         record = session.group.to_dict()
-        removed.append((session_id, _remove(session_id, session.storage, record, session.plan)))
+        removed.append((session_id, _remove(session_id, session.storage, record, session.plan), record))
     return removed

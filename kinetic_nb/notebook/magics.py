@@ -396,7 +396,8 @@ class KineticMagics(_BackendSettings):
             %kinetic logs JOB_ID [--host RANK]       one process's output, by rank (0 = leader; a host's
                                                      index where each host runs one process)
             %kinetic stacks JOB_ID [--host RANK]     every running process's Python stacks (a hang's where)
-            %kinetic gc --older-than 7d              remove old jobs that have ended
+            %kinetic gc --older-than 7d              remove old jobs that have ended; prune the kinetic_nb
+                                                     cache of the ssh / TPU VM hosts they ran on
             %kinetic doctor [-a NAME]                is the cluster (-b kubernetes) ready, and the bucket?
                                                      -b ssh / -b tpu-vm: the hosts, their Python, the
                                                      storage, host 0's port, free chips; each failure
@@ -528,13 +529,16 @@ class KineticMagics(_BackendSettings):
         print(report.table())
 
     def _line_gc(self, args: Any) -> None:
-        removed = catalog.collect(args.older_than, storage=args.storage)
+        report = catalog.gc_report(args.older_than, storage=args.storage)
+        removed = report.removed
         jobs = [job_id for job_id, _ in removed if not job_id.startswith("ks-")]
         ended = len(removed) - len(jobs)
         freed = sum(size for _, size in removed)
         print(f"removed {len(jobs)} job{'s' if len(jobs) != 1 else ''} and {ended} "
               f"session{'s' if ended != 1 else ''}, {freed / 1e6:.1f} MB"
               + (": " + ", ".join(job_id for job_id, _ in removed) if removed else ""))
+        for line in report.hosts:  # the ssh and TPU VM hosts' caches, each pruned or skipped
+            print(line)
 
 
 for _magic in vars(KineticMagics).values():
