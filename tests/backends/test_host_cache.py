@@ -205,3 +205,40 @@ def test_an_environment_from_before_in_use_locks_is_kept_while_a_process_runs_it
         runs.kill()
         runs.wait()
     assert environments(folder) == {"00000000000000a0", "00000000000000a1", "00000000000000a2", "00000000000000b0"}
+
+
+def test_gc_reaches_a_tpu_vms_workers_as_its_jobs_did_and_a_deleted_tpu_is_a_line(hosts, monkeypatch, tmp_path):
+    """A TPU VM's workers are named by the Cloud TPU API (a double whose v4-16 has the test hosts as its two
+    workers) and reached with gcloud's key, as its jobs reached them; a TPU deleted since is one line."""
+    import re
+
+    import google.auth
+    import google.oauth2.credentials
+
+    from kinetic_nb.backends.ssh import tpu_vm
+    from kinetic_nb.backends.ssh.host_cache import prune_hosts_of_jobs
+
+    from .tpu_api_double import TpuApiDouble, tpu_node
+
+    folder = cache_of(hosts, 1) / "environments" / "python3.0-000000000000"  # another interpreter's, also pruned
+    for index in range(KEEP_ENVIRONMENTS + 1):
+        made_environment(folder, f"00000000000000c{index}", 40 + index)
+    nodes = {("ml-team", "us-central2-b", "v4-16"): tpu_node(hosts.addresses, accelerator_type="v4-16")}
+    with TpuApiDouble(nodes) as double:
+        monkeypatch.setenv(tpu_vm.API_ENDPOINT_ENV, double.url)
+        credentials = google.oauth2.credentials.Credentials(token="test-token")
+        monkeypatch.setattr(google.auth, "default", lambda scopes=None: (credentials, "ml-team"))
+        monkeypatch.setattr(tpu_vm, "GCLOUD_KEY", hosts.client_key)
+        monkeypatch.setattr(tpu_vm, "GCLOUD_KNOWN_HOSTS", str(tmp_path / "google_compute_known_hosts"))
+        common = {"zone": "us-central2-b", "ssh_config": hosts.config, "ssh_python": python_of_the_hosts()}
+        lines = prune_hosts_of_jobs([("kn-20200101-000000-0d0d0d", "tpu-vm", {"tpu": "v4-16", **common}),
+                                     ("kn-20200101-000000-0e0e0e", "tpu-vm", {"tpu": "v4-16", **common}),
+                                     ("kn-20200101-000000-0f0f0f", "tpu-vm", {"tpu": "deleted", **common})])
+    assert len(lines) == 3, lines  # each worker once, however many of its jobs were removed
+    assert re.fullmatch(rf"{re.escape(hosts.addresses[0])}: removed \d+ environments? \(\d+\.\d MB\) and \d+ agent "
+                        r"logs? from its kinetic_nb cache", lines[0]), lines
+    assert lines[1] == f"{hosts.addresses[1]}: removed 1 environment (1.0 MB) and 0 agent logs from its kinetic_nb cache"
+    assert lines[2].startswith("-b tpu-vm (tpu deleted, zone us-central2-b): its hosts could not be named (there is "
+                               "no TPU VM deleted in project ml-team"), lines
+    assert lines[2].endswith("; their caches were left as they are"), lines
+    assert environments(folder) == {f"00000000000000c{index}" for index in range(KEEP_ENVIRONMENTS)}
