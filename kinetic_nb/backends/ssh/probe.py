@@ -9,6 +9,21 @@ below the kernel's ephemeral range (``runner.ports``): a port is probed, then
 bound later by the framework, and no connection made in between can be given
 one there; host 0 checks the coordinator's again just before it is bound. Each answer that rules a
 host out is one line naming the host and the way out.
+
+Whether a TPU VM's chips are free is asked two ways. The processes whose open
+files name a chip (``/proc/PID/fd``, readable for this user's processes, and
+all of them for root), and libtpu's own lock: a program that uses the chips
+holds ``/tmp/libtpu_lockfile`` (or, where that file is another user's and closed
+to this one, a file of this user's own) with ``lockf(F_TLOCK)``, a POSIX write
+lock on the whole file, for its whole life. The probe asks ``F_GETLK`` whether
+that lock could be taken, which takes nothing and names the holder's pid; a
+file it cannot open is looked up in ``/proc/locks`` by its device and inode. So
+another user's program, whose open files are not this user's to read, is still
+named, with its user (``/proc/PID/status`` says it); a file a killed program
+left, which no process holds, is free. The chips themselves are never opened:
+a TPU driver may act on its device being opened for writing (gasket's gives
+the chip to the opening process, and runs the chip's close handler at its last
+close), and ``O_EXCL`` without ``O_CREAT`` asks nothing of a character device.
 """
 
 from __future__ import annotations
@@ -25,22 +40,83 @@ from kinetic_nb.backends.ssh.connections import Connections
 from kinetic_nb.errors import SshHostError
 from kinetic_nb.runner.ports import free_ports
 
-__all__ = ["DEFAULT_PYTHON", "HostFacts", "probe_hosts"]
+__all__ = ["DEFAULT_PYTHON", "LIBTPU_LOCK_FILES", "ChipHolder", "HostFacts", "probe_hosts"]
 
 #: The interpreter a host runs kinetic_nb with unless told (``--ssh-python``); where it is another minor version
 #: than the notebook's, the pool installs the notebook's there (``python_install``) and runs that one instead.
 DEFAULT_PYTHON = "python3"
 
+#: The files libtpu takes its lock on (``{uid}``: the user's id, ``~``: its home): the shared one, then libtpu's
+#: own fallbacks where the shared one is another user's file closed to this one. A program that uses a host's TPU
+#: holds one of them for its whole life; a file no process holds is a stale one, which frees nothing and stops
+#: nothing.
+LIBTPU_LOCK_FILES = ("/tmp/libtpu_lockfile", "/tmp/libtpu_lock_{uid}/libtpu_lockfile", "~/.libtpu_lockfile")
+
 #: Runs on each host with its own Python (any 3.x): argv[1] is a path to look for ("" for none), argv[2] how many
 #: free ports to find (``runner.ports.free_ports``, its source included: below the ephemeral range, where no
-#: connection made meanwhile takes one), argv[3] device paths (comma-separated prefixes) whose holders to name.
+#: connection made meanwhile takes one), argv[3] device paths (comma-separated prefixes) whose holders to name,
+#: argv[4] lock files (comma-separated) whose holder holds those devices.
 _PROBE = "from __future__ import annotations\n" + inspect.getsource(free_ports) + r"""
-import json, os, pwd, re, socket, sys
+import fcntl, json, os, pwd, re, socket, struct, sys
 def name_of(uid):
     try:
         return pwd.getpwuid(uid).pw_name
     except KeyError:
         return str(uid)
+def owner_of(pid):
+    # The user a process runs as (its real uid): /proc/PID/status is readable whoever's it is.
+    with open(f"/proc/{pid}/status") as file:
+        for line in file:
+            if line.startswith("Uid:"):
+                return name_of(int(line.split()[1]))
+    return ""
+def command_of(pid):
+    with open(f"/proc/{pid}/cmdline", "rb") as file:
+        command = " ".join(file.read().replace(b"\0", b" ").decode(errors="replace").split())  # one line
+    ours = re.search(r"\bk[ns]-\d{8}-\d{6}-[0-9a-f]+", command) if "kinetic_nb" in command else None
+    if ours and ours.group(0) not in command[:200]:  # a kinetic_nb job's id stays, however long the rest
+        command = command[:200 - len(ours.group(0)) - 5] + " ... " + ours.group(0)
+    return command[:200]
+# struct flock as Linux lays it out: l_type, l_whence, l_start, l_len (off_t: 64 bits), l_pid.
+FLOCK = "hhqqi"
+def lock_holder(path):
+    # The pid of the process holding libtpu's lock on ``path`` (0: one this host's /proc does not show, another
+    # PID namespace's), or None where no process holds it: no such file, or a stale one.
+    try:
+        status = os.stat(path)
+    except OSError:
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError:  # another user's file, closed to this one
+        return listed_holder(status)
+    try:  # F_GETLK: could this process take the write lock libtpu takes? It takes nothing.
+        kind, _, _, _, pid = struct.unpack(FLOCK, fcntl.fcntl(fd, fcntl.F_GETLK,
+                                                               struct.pack(FLOCK, fcntl.F_WRLCK, 0, 0, 0, 0)))
+    except (OSError, struct.error):
+        return listed_holder(status)
+    finally:
+        os.close(fd)
+    return None if kind == fcntl.F_UNLCK else max(pid, 0)
+def listed_holder(status):
+    # The same question asked of /proc/locks, which lists every lock with its file's device and inode.
+    try:
+        with open("/proc/locks") as file:
+            lines = file.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 8 or fields[1] == "->":  # "->": a process waiting for the lock, not its holder
+            continue
+        try:
+            major, minor, inode = fields[5].split(":")
+            if (int(major, 16), int(minor, 16), int(inode)) == (os.major(status.st_dev), os.minor(status.st_dev),
+                                                                 status.st_ino):
+                return max(int(fields[4]), 0)  # an open file description's lock (OFD) names no pid: -1
+        except ValueError:  # a line of another shape
+            continue
+    return None
 def storage_access(path):
     # Whether the user can use the directory ``path``, and where it is closed to the user: [folder, what the user
     # cannot do there, its owner, its mode], else None. Walked down from the root: a folder the user cannot enter
@@ -71,20 +147,40 @@ for pid in (name for name in os.listdir("/proc") if name.isdigit() and devices a
     try:
         opened = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
         if any(path.startswith(devices) for path in opened):
-            with open(f"/proc/{pid}/cmdline", "rb") as file:
-                command = " ".join(file.read().replace(b"\0", b" ").decode(errors="replace").split())  # one line
-            ours = re.search(r"\bk[ns]-\d{8}-\d{6}-[0-9a-f]+", command) if "kinetic_nb" in command else None
-            if ours and ours.group(0) not in command[:200]:  # a kinetic_nb job's id stays, however long the rest
-                command = command[:200 - len(ours.group(0)) - 5] + " ... " + ours.group(0)
-            answer["holders"].append([int(pid), command[:200]])
-    except OSError:  # gone, or another user's (not ours to read)
+            answer["holders"].append([int(pid), command_of(pid), owner_of(pid), ""])
+    except OSError:  # gone, or another user's (not ours to read: its lock, below, may still name it)
         continue
+named = {holder[0] for holder in answer["holders"]}
+for lock in (path for path in sys.argv[4].split(",") if path and devices):
+    pid = lock_holder(os.path.expanduser(lock.replace("{uid}", str(os.getuid()))))
+    if pid is None or (pid and pid in named):
+        continue
+    try:
+        answer["holders"].append([pid, command_of(pid), owner_of(pid), lock] if pid else [0, "", "", lock])
+    except OSError:  # it ended meanwhile, and its lock with it
+        continue
+    named.add(pid)
 print(json.dumps(answer))
 """
 #: Ports host 0 finds: the framework's coordinator's, and a session's hub's.
 HOST_0_PORTS = 2
 #: A kinetic_nb job's or session's id in a process's command line (its agent's ``--job`` URI ends with it).
 _KINETIC_ID = re.compile(r"\bk[ns]-\d{8}-\d{6}-[0-9a-f]+")
+
+
+@dataclasses.dataclass(frozen=True)
+class ChipHolder:
+    """A process holding a host's chips, as the probe found it."""
+
+    #: Its pid on the host; 0 where the host's ``/proc`` does not show it (another PID namespace's: a container's).
+    pid: int
+    #: Its command line, one line (a kinetic_nb job's or session's id kept in it); "" where unknown.
+    command: str
+    #: The user it runs as; "" where unknown.
+    user: str
+    #: libtpu's lock file it holds, where that is how it was found (its open files are not this user's to read),
+    #: else "".
+    lock: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,8 +194,8 @@ class HostFacts:
     sees_storage: bool | None
     #: Ports free on it when asked (host 0: the coordinator's, then a session hub's).
     ports: tuple[int, ...]
-    #: The processes (pid, command line) holding one of the devices asked about (a TPU VM's chips).
-    holders: tuple[tuple[int, str], ...] = ()
+    #: The processes holding one of the devices asked about (a TPU VM's chips), or libtpu's lock.
+    holders: tuple[ChipHolder, ...] = ()
     #: The user the host's commands run as.
     user: str = ""
     #: The interpreter's resolved path and its prefix (a virtual environment's own folder).
@@ -119,16 +215,20 @@ class HostFacts:
 def probe_hosts(connections: Connections, *, python: str | Sequence[str] = DEFAULT_PYTHON,
                 storage_path: str | None = None, notebook_python: tuple[int, int] = sys.version_info[:2],
                 ports: int = HOST_0_PORTS, devices: tuple[str, ...] = (), device_name: str = "device",
-                other_versions: bool = False) -> list[HostFacts]:
+                lock_files: tuple[str, ...] | None = None, other_versions: bool = False) -> list[HostFacts]:
     """Every host's facts, asked at once of ``python`` (or of each host's own: ``python[index]``); ``SshHostError``
     with one line for the lowest host that cannot run the job: no such Python, another minor version than the
     notebook's (unless ``other_versions``: the caller installs the notebook's there), no sight of ``storage_path``
     (a ``file://`` root, which every host must share), a ``storage_path`` it sees but its user cannot enter, read
     or write (named with the user and the closed folder), or a process holding one of ``devices`` (paths by their
-    prefix: a TPU VM's chips, its ``device_name``), named with its pid and command."""
+    prefix: a TPU VM's chips, its ``device_name``) or the lock of one of ``lock_files`` (None: libtpu's,
+    :data:`LIBTPU_LOCK_FILES`, whenever ``devices`` are asked about), named with its pid, command and, where it is
+    not the user the host's commands run as, its user."""
     pythons = [python] * len(connections.hosts) if isinstance(python, str) else list(python)
+    locks = ",".join(LIBTPU_LOCK_FILES if lock_files is None else lock_files)
     answers = connections.run_each(lambda index: [pythons[index], "-c", _PROBE, storage_path or "",
-                                                  str(ports if index == 0 else 0), ",".join(devices)], timeout=60)
+                                                  str(ports if index == 0 else 0), ",".join(devices), locks],
+                                   timeout=60)
     facts = []
     for host, python, answer in zip(connections.hosts, pythons, answers, strict=True):
         if answer.returncode != 0:
@@ -140,7 +240,7 @@ def probe_hosts(connections: Connections, *, python: str | Sequence[str] = DEFAU
         record = json.loads(answer.stdout.decode().strip().splitlines()[-1])
         closed = record.get("closed")
         found = HostFacts(tuple(record["python"]), record["executable"], record["hostname"], record["sees"],
-                          tuple(record["ports"]), tuple((pid, command) for pid, command in record["holders"]),
+                          tuple(record["ports"]), tuple(ChipHolder(*holder) for holder in record["holders"]),
                           record["user"], tuple(record["interpreter"]),
                           tuple(closed) if closed else None)
         if found.python[:2] != tuple(notebook_python) and not other_versions:
@@ -155,26 +255,45 @@ def probe_hosts(connections: Connections, *, python: str | Sequence[str] = DEFAU
             raise SshHostError(f"{host} does not see the job storage {storage_path}: a file:// root must be a "
                                "directory every host shares; use --storage gs://BUCKET/PREFIX")
         if found.holders:
-            raise SshHostError(_held(host, device_name, found.holders))
+            raise SshHostError(_held(host, device_name, found.holders, found.user))
         facts.append(found)
     return facts
 
 
-def _held(host: object, device_name: str, holders: tuple[tuple[int, str], ...]) -> str:
+def _held(host: object, device_name: str, holders: tuple[ChipHolder, ...], user: str) -> str:
     """One line for a host whose chips a process holds: a kinetic_nb job's or session's is ended the way it was
-    started (from a notebook), anything else by its pid."""
-    pid, command = holders[0]
+    started (from a notebook), anything else by its pid; another user's (``user`` runs the host's commands) is
+    named with its user, who ends it (or root)."""
+    holder = holders[0]
     more = f" (and {len(holders) - 1} more)" if len(holders) > 1 else ""
-    ours = _KINETIC_ID.search(command)  # the probe keeps a kinetic_nb process's id in its line
-    if ours is not None and ours.group(0).startswith("ks-"):
-        return (f"{host}: its {device_name} is held by kinetic_nb session {ours.group(0)} (process {pid}){more}: end "
-                f"it with %kinetic stop in its notebook (from another: %kinetic attach {ours.group(0)}, then "
-                "%kinetic stop), and run the cell again")
+    if not holder.pid:
+        return (f"{host}: its {device_name} is held: libtpu's lock {holder.lock} is taken by a process this host's "
+                f"/proc does not show (another PID namespace's, a container's){more}: stop it there and run the cell "
+                "again")
+    theirs = holder.user if holder.user and holder.user != user else ""
+    lock = f", which holds libtpu's lock {holder.lock}" if holder.lock else ""
+    ours = _KINETIC_ID.search(holder.command)  # the probe keeps a kinetic_nb process's id in its line
     if ours is not None:
-        return (f"{host}: its {device_name} is held by kinetic_nb job {ours.group(0)} (process {pid}){more}: let it "
-                f"end, or end it with %kinetic cancel {ours.group(0)}, and run the cell again")
-    return (f"{host}: its {device_name} is held by process {pid} ({command}){more}: a job, session or notebook "
-            f"there still runs; stop it (kill {pid}) and run the cell again")
+        kind = "session" if ours.group(0).startswith("ks-") else "job"
+        whose = f"user {theirs}'s " if theirs else ""
+        held = f"{host}: its {device_name} is held by {whose}kinetic_nb {kind} {ours.group(0)} (process {holder.pid})" \
+               f"{lock}{more}: "
+        if kind == "session" and theirs:
+            return held + f"ask {theirs} to end it with %kinetic stop in its notebook, and run the cell again"
+        if kind == "session":
+            return held + (f"end it with %kinetic stop in its notebook (from another: %kinetic attach "
+                           f"{ours.group(0)}, then %kinetic stop), and run the cell again")
+        if theirs:
+            return held + f"ask {theirs} to let it end, or to end it with %kinetic cancel {ours.group(0)}, and run " \
+                          "the cell again"
+        return held + f"let it end, or end it with %kinetic cancel {ours.group(0)}, and run the cell again"
+    if theirs:
+        kill = "kill" if user == "root" else "sudo kill"
+        return (f"{host}: its {device_name} is held by process {holder.pid} of user {theirs} ({holder.command})"
+                f"{lock}{more}: a job, session or notebook of theirs still runs there; ask {theirs} to stop it, or "
+                f"stop it as root ({kill} {holder.pid}), and run the cell again")
+    return (f"{host}: its {device_name} is held by process {holder.pid} ({holder.command}){lock}{more}: a job, "
+            f"session or notebook there still runs; stop it (kill {holder.pid}) and run the cell again")
 
 
 def _closed_storage(host: object, found: HostFacts, storage_path: str) -> str:
