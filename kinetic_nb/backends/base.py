@@ -184,6 +184,11 @@ class Backend(abc.ABC):
     def cleanup(self, plan: JobPlan) -> None:  # noqa: B027 - a hook: a local job leaves nothing to remove
         """Remove what the platform still holds for the job once its outcome is recorded; never raises."""
 
+    def release(self, plan: JobPlan) -> None:  # noqa: B027 - a hook: most backends keep nothing open to hosts
+        """Let go now of what this machine keeps open to the hosts of ``plan``, whose hosts have ended (a
+        session's ``stop``): connections kept warm for later jobs, which would otherwise close only when idle.
+        Never opens anything to close it; never raises."""
+
     def agent_gone(self, plan: JobPlan) -> bool | None:
         """Whether the job's agent on this machine has ended; None where the platform runs it (a pod, an actor)."""
         return None

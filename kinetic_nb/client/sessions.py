@@ -415,6 +415,7 @@ class Session:
             time.sleep(0.05)
         self.group.close_wakeup()
         self.close_channel()
+        self.group.backend.release(self.plan)  # its connections to the hosts (ssh's), kept for cells no longer coming
         if running:
             return (f"session {self.session_id}: asked to stop, but host{'s' if len(running) > 1 else ''} "
                     f"{', '.join(map(str, running))} had not ended after {STOP_WAIT_S:g} s")

@@ -430,3 +430,60 @@ def test_a_coordinator_port_taken_between_probe_and_use_fails_the_cell_in_one_li
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_a_stopped_session_leaves_no_connection_or_warm_agent_to_its_hosts(ssh_hosts):
+    """``stop`` releases the session's hosts: the notebook's control masters to them and the warm agents that
+    forked its hosts end with it, not after ControlPersist or the pool's idle close, and with no
+    ``close_pools()``."""
+    close_pools()
+    before = warm_agents_now(ssh_hosts)
+    kinetic_nb.submit("1", framework="none", quiet=True, **on_ssh(ssh_hosts, 2)).result(timeout=300)  # warm agents
+    session = kinetic_nb.start(framework="none", echo=False, idle_timeout=600, **on_ssh(ssh_hosts, 2))
+    try:
+        assert session.run("6 * 7").result(timeout=120) == 42
+        held = pool_of(ssh_hosts, 2)  # the session's: open, with its warm agents
+        assert held.warm and all(agent.alive() for agent in held.warm) and warm_agents_now(ssh_hosts) - before
+    finally:
+        said = session.stop()
+    assert said.endswith("have ended"), said
+    assert held.closed
+    deadline = time.monotonic() + 15
+    while left := warm_agents_now(ssh_hosts) - before:
+        assert time.monotonic() < deadline, f"the stopped session's warm agents or connections ran on: {left}"
+        time.sleep(0.1)
+    assert not any(held.connections.master_alive(index) for index in range(2))
+
+
+def test_a_release_opens_no_connection_and_leaves_a_pool_a_launch_holds(ssh_hosts):
+    import threading
+
+    from kinetic_nb.backends.ssh import pool as pools
+    from kinetic_nb.backends.ssh.backend import SshBackend
+
+    close_pools()
+    backend = SshBackend.from_options(**ssh_options(ssh_hosts, 2))
+    plan = kinetic_nb.submit("1", framework="none", quiet=True, backend=backend).plan
+    held = pool_of(ssh_hosts, 2)
+    taken, done = threading.Event(), threading.Event()
+
+    def launch_holding_it() -> None:  # as a launch does, from another thread
+        with held.lock:
+            taken.set()
+            done.wait(60)
+
+    launch = threading.Thread(target=launch_holding_it)
+    launch.start()
+    try:
+        assert taken.wait(60)
+        backend.release(plan)
+        assert not held.closed and all(held.connections.master_alive(index) for index in range(2))
+    finally:
+        done.set()
+        launch.join()
+    backend.release(plan)
+    assert held.closed and not pools._pools
+    logins = [ssh_hosts.accepted(index) for index in range(2)]
+    backend.release(plan)  # nothing open: nothing is opened to be closed
+    SshBackend.from_options(**ssh_options(ssh_hosts, 2)).release(plan)  # a backend that never used its hosts
+    assert not pools._pools and [ssh_hosts.accepted(index) for index in range(2)] == logins

@@ -42,7 +42,7 @@ from kinetic_nb.agent.bootstrap import PREFIX as INSTALL_OUTPUT_PREFIX
 from kinetic_nb.backends.base import Backend, BackendFlag, JobSecrets, PlatformView, register
 from kinetic_nb.backends.host_environment import bootstrap_source, install_record, package_wheel, store_environment
 from kinetic_nb.backends.requirements import host_requirements
-from kinetic_nb.backends.ssh.pool import HostPool, close_pool, pool_for
+from kinetic_nb.backends.ssh.pool import HostPool, close_pool, pool_for, release_pool
 from kinetic_nb.backends.ssh.probe import DEFAULT_PYTHON
 from kinetic_nb.errors import SshHostError
 from kinetic_nb.runner.channel import CHANNEL_ENV
@@ -136,6 +136,9 @@ class SshBackend(Backend):
         self._jobs: dict[str, HostPool] = {}
         self._requirements: dict[str, bytes | None] = {}
         self._host0: str | None = None
+        #: What named the pool this backend last used (``pool_for``'s arguments), once it used one: what
+        #: ``release`` closes, without reading the hosts again (a TPU VM's from the Cloud TPU API).
+        self._pool_settings: dict[str, Any] | None = None
 
     @property
     def targets(self) -> list[str]:
@@ -189,8 +192,9 @@ class SshBackend(Backend):
             return f"{self.host0_address()}:{pool.host0_ports()[0]}"
 
     def _pool(self) -> HostPool:
-        return pool_for(self.targets, config=self.config, python=self.python, options=self.ssh_options(),
-                        host_options=self.host_options(), hint=self.connection_hint)
+        self._pool_settings = {"targets": self.targets, "config": self.config, "python": self.python,
+                               "options": self.ssh_options(), "host_options": self.host_options()}
+        return pool_for(**self._pool_settings, hint=self.connection_hint)
 
     def connection_hint(self, problem: str) -> str:
         """What to do about a host that cannot be reached (``problem``, one line): ssh's own advice here."""
@@ -296,6 +300,16 @@ class SshBackend(Backend):
         """Forget the job (its hosts' connections stay open for the next job, until they are idle)."""
         self._jobs.pop(plan.job_id, None)
         self._requirements.pop(plan.job_id, None)
+
+    def release(self, plan: JobPlan) -> None:
+        """Close the hosts' connections and warm agents now (a session stopped: they would stay until idle), where
+        this backend opened them and no launch holds them; the jobs they started run on by storage."""
+        if self._pool_settings is not None:
+            try:
+                release_pool(**self._pool_settings)
+            except Exception:  # a hook that never raises: what is left closes when idle
+                logger.warning("could not close the ssh connections to %s", ", ".join(self._pool_settings["targets"]),
+                               exc_info=True)
 
     def channel_route(self, plan: JobPlan, announced: tuple[str, int]) -> tuple[str, int] | None:
         """Host 0's hub, at the address it announced (the notebook on the hosts' network, or a tunnel the user

@@ -19,8 +19,9 @@ keeps, per set of hosts (:func:`pool_for`), what the first job opened:
 
 Every job still runs by storage alone: the agents the warm agents fork are
 detached, so a dropped connection ends no cell. A warm agent ends when its
-channel does, so nothing outlives the notebook: its masters close after
-:data:`IDLE_CLOSE_S` without a job, at the notebook's exit, or
+channel does, so nothing outlives the notebook: its masters close when a
+session on those hosts stops (:func:`release_pool`), after :data:`IDLE_CLOSE_S`
+without a job, at the notebook's exit, or
 :data:`~kinetic_nb.backends.ssh.connections.CONTROL_PERSIST_S` after a killed
 notebook's last channel closed.
 """
@@ -44,7 +45,7 @@ from kinetic_nb.backends.ssh.probe import DEFAULT_PYTHON, HostFacts, probe_hosts
 from kinetic_nb.backends.ssh.python_install import install_pythons, name_interpreters
 from kinetic_nb.errors import SshHostError
 
-__all__ = ["ENVIRONMENTS_DIR", "HostPool", "close_pools", "pool_for"]
+__all__ = ["ENVIRONMENTS_DIR", "HostPool", "close_pools", "pool_for", "release_pool"]
 
 #: Where a host keeps the environments it installed, under its user's cache directory (``$XDG_CACHE_HOME``, else
 #: ``~/.cache``): a folder per interpreter (``HostFacts.environments_key``: another ``--ssh-python`` never finds
@@ -292,7 +293,7 @@ def pool_for(targets: Sequence[str], *, config: str | None, python: str, options
              host_options: Sequence[Sequence[str]] = (), hint: Callable[[str], str] = str) -> HostPool:
     """The open pool for these hosts (opened now, or again when its connections broke); ``SshHostError`` in one
     line for a host that cannot be reached (``hint`` adds the platform's advice) or cannot run the job."""
-    key = (tuple(targets), config, python, tuple(options), tuple(map(tuple, host_options)))
+    key = _pool_key(targets, config, python, options, host_options)
     with _pools_lock:
         pool = _pools.get(key)
         if pool is not None and (pool.closed or not pool.healthy()):
@@ -304,6 +305,27 @@ def pool_for(targets: Sequence[str], *, config: str | None, python: str, options
             _pools[key] = pool
         pool.touch()
         return pool
+
+
+def release_pool(targets: Sequence[str], *, config: str | None, python: str, options: Sequence[str] = (),
+                 host_options: Sequence[Sequence[str]] = ()) -> bool:
+    """Close the open pool for these hosts now (their control masters and warm agents), as :func:`pool_for` names
+    it; whether one was closed. None open: nothing is opened to close it. One a launch holds (its lock taken by
+    another thread) is left to that launch, and closes when idle."""
+    with _pools_lock:
+        pool = _pools.get(_pool_key(targets, config, python, options, host_options))
+        if pool is None or not pool.lock.acquire(blocking=False):
+            return False
+        try:
+            close_pool(pool)
+        finally:
+            pool.lock.release()
+        return True
+
+
+def _pool_key(targets: Sequence[str], config: str | None, python: str, options: Sequence[str],
+              host_options: Sequence[Sequence[str]]) -> tuple:
+    return tuple(targets), config, python, tuple(options), tuple(map(tuple, host_options))
 
 
 def close_pool(pool: HostPool) -> None:
