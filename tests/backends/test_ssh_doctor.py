@@ -269,3 +269,17 @@ def test_a_tpu_vm_worker_whose_chips_are_held_gets_the_kill_command_on_that_work
                                                 "(127.0.0.23))")
     assert fix == (f"gcloud compute tpus tpu-vm ssh slice-16 --zone {ZONE} --project {PROJECT} --worker=0 "
                    f"--command='kill {holder.pid}'")
+
+
+@pytest.mark.parametrize(("problem", "fix"), [
+    ("host 0 (h0): its TPU is held by process 812 (python train.py) of user bob: ask bob to stop it, or stop it as "
+     "root (sudo kill 812)", "ssh h0 'sudo kill 812'"),
+    ("host 0 (h0): its TPU is held by kinetic_nb job kn-20261206-1, of this notebook's user: end it with "
+     "%kinetic cancel kn-20261206-1, then run the cell again", "%kinetic cancel kn-20261206-1"),
+])
+def test_a_holders_fix_is_the_command_its_line_names(problem, fix):
+    """Another user's process is killed as root, as its line says; a job's id is taken without the text after."""
+    from kinetic_nb.backends.ssh.connections import SshHost
+    from kinetic_nb.backends.ssh.doctor import _holder_fix
+
+    assert _holder_fix(SshBackend(["h0"]), SshHost(0, "h0"), problem) == fix

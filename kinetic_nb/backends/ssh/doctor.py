@@ -521,15 +521,16 @@ def _holder_fix(backend: SshBackend, host: SshHost, problem: str) -> str:
     session = re.search(r"%kinetic attach (ks-\S+?),", problem)
     if session:
         return f"%kinetic stop in its notebook (from another: %kinetic attach {session.group(1)}, then %kinetic stop)"
-    job = re.search(r"%kinetic cancel (kn-\S+)", problem)
+    job = re.search(r"%kinetic cancel (kn-[^\s,;)]+)", problem)
     if job:
         return f"%kinetic cancel {job.group(1)}"
-    pid = re.search(r"\(kill (\d+)\)", problem)
+    pid = re.search(r"\((sudo )?kill (\d+)\)", problem)  # another user's process: as root
     if pid is None:
         return ""
+    kill = f"{pid.group(1) or ''}kill {pid.group(2)}"
     if isinstance(backend, tpu_vm.TpuVmBackend):
-        return _gcloud_ssh(backend, f"kill {pid.group(1)}", worker=str(host.index))
-    return _ssh(backend, host.target, f"kill {pid.group(1)}")
+        return _gcloud_ssh(backend, kill, worker=str(host.index))
+    return _ssh(backend, host.target, kill)
 
 
 # -- commands the fixes name, and small helpers -------------------------------------------------------------------
