@@ -179,6 +179,11 @@ class HostPool:
         lacking = [index for index, found in enumerate(facts) if found.python[:2] != notebook]
         if not lacking:
             return facts
+        others = sorted({".".join(map(str, facts[index].python[:2])) for index in lacking})
+        print(f"kinetic_nb: host{'s' if len(lacking) > 1 else ''} {', '.join(map(str, lacking))} "
+              f"run{'' if len(lacking) > 1 else 's'} Python {', '.join(others)}; this notebook's "
+              f"{notebook[0]}.{notebook[1]} is used there instead, installed once per host with uv's managed "
+              "Pythons (a minute the first time)", flush=True)
         installed = install_pythons(self.connections, facts, lacking, notebook)
         for index, found in installed.items():
             self.pythons[index] = found.executable
