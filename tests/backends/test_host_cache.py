@@ -212,24 +212,16 @@ def test_gc_reaches_a_tpu_vms_workers_as_its_jobs_did_and_a_deleted_tpu_is_a_lin
     workers) and reached with gcloud's key, as its jobs reached them; a TPU deleted since is one line."""
     import re
 
-    import google.auth
-    import google.oauth2.credentials
-
-    from kinetic_nb.backends.ssh import tpu_vm
     from kinetic_nb.backends.ssh.host_cache import prune_hosts_of_jobs
 
-    from .tpu_api_double import TpuApiDouble, tpu_node
+    from .tpu_api_double import answering_as_google, tpu_node
 
     folder = cache_of(hosts, 1) / "environments" / "python3.0-000000000000"  # another interpreter's, also pruned
     for index in range(KEEP_ENVIRONMENTS + 1):
         made_environment(folder, f"00000000000000c{index}", 40 + index)
     nodes = {("ml-team", "us-central2-b", "v4-16"): tpu_node(hosts.addresses, accelerator_type="v4-16")}
-    with TpuApiDouble(nodes) as double:
-        monkeypatch.setenv(tpu_vm.API_ENDPOINT_ENV, double.url)
-        credentials = google.oauth2.credentials.Credentials(token="test-token")
-        monkeypatch.setattr(google.auth, "default", lambda scopes=None: (credentials, "ml-team"))
-        monkeypatch.setattr(tpu_vm, "GCLOUD_KEY", hosts.client_key)
-        monkeypatch.setattr(tpu_vm, "GCLOUD_KNOWN_HOSTS", str(tmp_path / "google_compute_known_hosts"))
+    with answering_as_google(monkeypatch, nodes, client_key=hosts.client_key, project="ml-team",
+                             known_hosts=str(tmp_path / "google_compute_known_hosts")):
         common = {"zone": "us-central2-b", "ssh_config": hosts.config, "ssh_python": python_of_the_hosts()}
         lines = prune_hosts_of_jobs([("kn-20200101-000000-0d0d0d", "tpu-vm", {"tpu": "v4-16", **common}),
                                      ("kn-20200101-000000-0e0e0e", "tpu-vm", {"tpu": "v4-16", **common}),

@@ -13,16 +13,13 @@ import pwd
 import shutil
 import time
 
-import google.auth
-import google.oauth2.credentials
 import pytest
 
 import kinetic_nb
-from kinetic_nb.backends.ssh import tpu_vm
 from kinetic_nb.backends.ssh.pool import close_pools
 
 from ..ssh_hosts import SshTestHosts
-from .tpu_api_double import TpuApiDouble, tpu_node
+from .tpu_api_double import answering_as_google, tpu_node
 
 PROJECT, ZONE = "ml-team", "us-west4-a"
 #: The account's POSIX user, as OS Login spells one (its email's characters turned to ``_``), of this run alone.
@@ -60,14 +57,12 @@ def processes_of(user: str) -> list[int]:
 def test_workers_with_os_login_are_logged_in_as_the_posix_user_the_api_names(gcs_root, monkeypatch, tmp_path):
     """A v4-16 (2 workers) with ``enable-oslogin: TRUE``, each worker accepting only the account's POSIX user:
     the cell runs as that user on every worker, and nothing of that user is left after."""
-    with SshTestHosts(2, users=[POSIX_USER] * 2) as hosts, TpuApiDouble({(PROJECT, ZONE, "os-login"): {
-            **tpu_node(hosts.addresses, accelerator_type="v4-16"), "metadata": {"enable-oslogin": "TRUE"}}}) as api:
+    with SshTestHosts(2, users=[POSIX_USER] * 2) as hosts, answering_as_google(
+            monkeypatch, {(PROJECT, ZONE, "os-login"): {**tpu_node(hosts.addresses, accelerator_type="v4-16"),
+                                                        "metadata": {"enable-oslogin": "TRUE"}}},
+            client_key=hosts.client_key, known_hosts=str(tmp_path / "google_compute_known_hosts"),
+            project=PROJECT) as api:
         api.posix_user = POSIX_USER
-        monkeypatch.setenv(tpu_vm.API_ENDPOINT_ENV, api.url)
-        credentials = google.oauth2.credentials.Credentials(token="test-token")
-        monkeypatch.setattr(google.auth, "default", lambda scopes=None: (credentials, PROJECT))
-        monkeypatch.setattr(tpu_vm, "GCLOUD_KEY", hosts.client_key)
-        monkeypatch.setattr(tpu_vm, "GCLOUD_KNOWN_HOSTS", str(tmp_path / "google_compute_known_hosts"))
         options = {"storage": gcs_root, "framework": "none", "quiet": True, "backend": "tpu-vm",
                    "backend_options": {"tpu": "os-login", "zone": ZONE, "ssh_config": hosts.config,
                                        "ssh_python": "venv/bin/python"}}

@@ -9,14 +9,9 @@ a process holding the chips (a file standing in for them, held open).
 
 from __future__ import annotations
 
-import contextlib
 import os
-import subprocess
 import sys
-import time
 
-import google.auth
-import google.oauth2.credentials
 import psutil
 import pytest
 
@@ -29,7 +24,7 @@ from kinetic_nb.backends.ssh.tpu_vm import TpuVmBackend
 
 from ..ssh_hosts import NOBODY
 from .conftest import ssh_options
-from .tpu_api_double import TpuApiDouble, tpu_node
+from .tpu_api_double import answering_as_google, chips_held, tpu_node
 
 PROJECT, ZONE = "ml-team", "us-west4-a"
 NOTEBOOK_PYTHON = f"{sys.version_info[0]}.{sys.version_info[1]}"
@@ -43,24 +38,6 @@ def rows(report: DoctorReport) -> dict[str, tuple[str, str, str]]:
 def on_ssh(test_hosts, hosts: int = 4, **changed: str) -> SshBackend:
     """``-b ssh`` on the first ``hosts`` test hosts, with ``changed`` options."""
     return SshBackend.from_options(**{**ssh_options(test_hosts, hosts), **changed})
-
-
-@contextlib.contextmanager
-def chips_held(monkeypatch, tmp_path):
-    """A process holding the hosts' TPU (a file standing in for its chips, opened); it is killed after."""
-    chip = tmp_path / "accel0"
-    chip.write_bytes(b"")
-    monkeypatch.setattr(tpu_vm, "TPU_DEVICES", (str(chip),))
-    holder = subprocess.Popen([sys.executable, "-c", f"import time\nchip = open({str(chip)!r})\ntime.sleep(120)"])
-    try:
-        deadline = time.monotonic() + 30
-        while str(chip) not in [os.readlink(f"/proc/{holder.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{holder.pid}/fd")]:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        yield holder
-    finally:
-        holder.kill()
-        holder.wait()
 
 
 @pytest.fixture
@@ -213,12 +190,8 @@ def tpu_api(ssh_hosts, monkeypatch, tmp_path):
     nodes = {(PROJECT, ZONE, "slice-16"): tpu_node(ssh_hosts.addresses),
              (PROJECT, ZONE, "os-login"): {**tpu_node(ssh_hosts.addresses), "metadata": {"enable-oslogin": "TRUE"}},
              (PROJECT, ZONE, "stopped"): tpu_node(ssh_hosts.addresses, state="STOPPED")}
-    with TpuApiDouble(nodes) as double:
-        monkeypatch.setenv(tpu_vm.API_ENDPOINT_ENV, double.url)
-        credentials = google.oauth2.credentials.Credentials(token="test-token")
-        monkeypatch.setattr(google.auth, "default", lambda scopes=None: (credentials, PROJECT))
-        monkeypatch.setattr(tpu_vm, "GCLOUD_KEY", ssh_hosts.client_key)
-        monkeypatch.setattr(tpu_vm, "GCLOUD_KNOWN_HOSTS", str(tmp_path / "google_compute_known_hosts"))
+    with answering_as_google(monkeypatch, nodes, client_key=ssh_hosts.client_key, project=PROJECT,
+                             known_hosts=str(tmp_path / "google_compute_known_hosts")) as double:
         yield double
     close_pools()
 

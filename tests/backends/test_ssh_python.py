@@ -213,22 +213,13 @@ def test_a_python_that_cannot_be_installed_is_one_line_naming_the_host_and_the_w
 def test_a_tpu_vms_workers_on_the_images_python_get_the_notebooks_and_run_the_cell(lacking, monkeypatch, tmp_path):
     """A TPU VM image's Python is 3.10: the slice's workers (two of the hosts lacking the notebook's Python, as a
     v4-16's) are probed for busy chips, and run the cell, with the Python installed for them."""
-    import google.auth
-    import google.oauth2.credentials
-
-    from kinetic_nb.backends.ssh import tpu_vm
-
-    from .tpu_api_double import TpuApiDouble, tpu_node
+    from .tpu_api_double import answering_as_google, tpu_node
 
     monkeypatch.delenv("KINETIC_SSH_PYTHON", raising=False)
     close_pools()
     nodes = {("ml-team", "us-central2-b", "v4-16"): tpu_node(lacking.addresses[:2], accelerator_type="v4-16")}
-    with TpuApiDouble(nodes) as double:
-        monkeypatch.setenv(tpu_vm.API_ENDPOINT_ENV, double.url)
-        credentials = google.oauth2.credentials.Credentials(token="test-token")
-        monkeypatch.setattr(google.auth, "default", lambda scopes=None: (credentials, "ml-team"))
-        monkeypatch.setattr(tpu_vm, "GCLOUD_KEY", lacking.client_key)
-        monkeypatch.setattr(tpu_vm, "GCLOUD_KNOWN_HOSTS", str(tmp_path / "google_compute_known_hosts"))
+    with answering_as_google(monkeypatch, nodes, client_key=lacking.client_key, project="ml-team",
+                             known_hosts=str(tmp_path / "google_compute_known_hosts")):
         options = {"backend": "tpu-vm", "framework": "none", "quiet": True,
                    "backend_options": {"tpu": "v4-16", "zone": "us-central2-b", "ssh_config": lacking.config}}
         try:

@@ -5,15 +5,10 @@ addresses with the key and known-hosts file gcloud would use (here the run's own
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pathlib
-import subprocess
 import sys
-import time
 
-import google.auth
-import google.oauth2.credentials
 import pytest
 
 import kinetic_nb
@@ -22,7 +17,7 @@ from kinetic_nb.backends.ssh.pool import close_pools
 from kinetic_nb.backends.ssh.tpu_vm import TpuNode, choose_addresses
 from kinetic_nb.errors import KineticError, SshHostError
 
-from .tpu_api_double import TpuApiDouble, tpu_node
+from .tpu_api_double import answering_as_google, chips_held, tpu_node
 
 PROJECT, ZONE = "ml-team", "us-west4-a"
 
@@ -56,13 +51,10 @@ def tpu_api(ssh_hosts, monkeypatch, tmp_path):
              (PROJECT, ZONE, "v4-32"): tpu_node(ssh_hosts.addresses, accelerator_type="v4-32"),
              (PROJECT, ZONE, "by-topology"): tpu_node(ssh_hosts.addresses, accelerator_type=None,
                                                       accelerator_config={"type": "V5P", "topology": "2x2x4"})}
-    with TpuApiDouble(nodes, denied={"not-yours", "unreadable-project"}) as double:
+    with answering_as_google(monkeypatch, nodes, client_key=ssh_hosts.client_key, project=PROJECT,
+                             known_hosts=str(tmp_path / "google_compute_known_hosts"),
+                             denied={"not-yours", "unreadable-project"}) as double:
         double.os_login_projects.add("os-login-project")
-        monkeypatch.setenv(tpu_vm.API_ENDPOINT_ENV, double.url)
-        credentials = google.oauth2.credentials.Credentials(token="test-token")
-        monkeypatch.setattr(google.auth, "default", lambda scopes=None: (credentials, PROJECT))
-        monkeypatch.setattr(tpu_vm, "GCLOUD_KEY", ssh_hosts.client_key)
-        monkeypatch.setattr(tpu_vm, "GCLOUD_KNOWN_HOSTS", str(tmp_path / "google_compute_known_hosts"))
         yield double
     close_pools()  # the next test's known-hosts file is another
 
@@ -114,26 +106,6 @@ def test_a_key_gcloud_has_not_pushed_is_one_line_with_gclouds_fix(ssh_hosts, tpu
     assert text.startswith(f"host 0 ({ssh_hosts.addresses[0]}): the key was refused") and "\n" not in text
     assert text.endswith(f"run `gcloud compute tpus tpu-vm ssh slice-16 --zone {ZONE} --project {PROJECT} "
                          "--worker=all --command=true` once")
-
-
-@contextlib.contextmanager
-def chips_held(monkeypatch, tmp_path, *command_tail: str):
-    """A process holding the worker's TPU (a file standing in for its chips, opened), ``command_tail`` after its
-    own command line; it is killed after."""
-    chip = tmp_path / "accel0"
-    chip.write_bytes(b"")
-    monkeypatch.setattr(tpu_vm, "TPU_DEVICES", (str(chip),))  # the chips a worker's processes would hold
-    holder = subprocess.Popen([sys.executable, "-c", f"import time\nchip = open({str(chip)!r})\ntime.sleep(120)",
-                               *command_tail])
-    try:
-        deadline = time.monotonic() + 30
-        while str(chip) not in [os.readlink(f"/proc/{holder.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{holder.pid}/fd")]:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        yield holder
-    finally:
-        holder.kill()
-        holder.wait()
 
 
 def test_a_worker_whose_tpu_another_process_holds_is_refused_naming_it(ssh_hosts, tpu_api, monkeypatch, tmp_path):
@@ -212,12 +184,9 @@ def test_a_workers_changed_host_key_names_the_alias_gcloud_keeps_it_under(monkey
     environment = {"PYTHONPATH": sysconfig.get_paths()["purelib"], "XDG_CACHE_HOME": str(tmp_path / "cache")}
     known_hosts = tmp_path / "google_compute_known_hosts"
     with SshTestHosts(1, environment) as rebuilt, \
-            TpuApiDouble({(PROJECT, ZONE, "one"): tpu_node(rebuilt.addresses, accelerator_type="v5litepod-4")}) as api:
-        monkeypatch.setenv(tpu_vm.API_ENDPOINT_ENV, api.url)
-        credentials = google.oauth2.credentials.Credentials(token="test-token")
-        monkeypatch.setattr(google.auth, "default", lambda scopes=None: (credentials, PROJECT))
-        monkeypatch.setattr(tpu_vm, "GCLOUD_KEY", rebuilt.client_key)
-        monkeypatch.setattr(tpu_vm, "GCLOUD_KNOWN_HOSTS", str(known_hosts))
+            answering_as_google(monkeypatch, {(PROJECT, ZONE, "one"): tpu_node(rebuilt.addresses,
+                                                                              accelerator_type="v5litepod-4")},
+                                client_key=rebuilt.client_key, known_hosts=str(known_hosts), project=PROJECT):
         options = {"backend": "tpu-vm", "backend_options": {"tpu": "one", "zone": ZONE, "ssh_config": rebuilt.config,
                                                             "ssh_python": python_of_the_hosts()}}
         try:

@@ -14,10 +14,16 @@ request is not tested here (docs/ssh.md says so).
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
+import os
 import re
+import subprocess
+import sys
 import threading
+import time
+from collections.abc import Iterator
 
 _NODE = re.compile(r"^/v2/projects/([^/]+)/locations/([^/]+)/nodes/([^/?]+)$")
 
@@ -115,3 +121,45 @@ def tpu_node(addresses: list[str], *, accelerator_type: str | None = "v5litepod-
             "networkEndpoints": [{"ipAddress": address, "port": 8470,
                                   **({"accessConfig": {"externalIp": outside}} if outside else {})}
                                  for address, outside in zip(addresses, external, strict=True)]}
+
+
+@contextlib.contextmanager
+def answering_as_google(monkeypatch, nodes: dict[tuple[str, str, str], dict], *, client_key: str, known_hosts: str,
+                        project: str, denied: set[str] = frozenset()) -> Iterator[TpuApiDouble]:
+    """The double answering for ``nodes`` (``denied``: 403), reached as ``-b tpu-vm`` reaches the Cloud TPU API;
+    the notebook's credentials a token of the test's, in ``project``; gcloud's key ``client_key`` (the one the test
+    hosts accept) and its known-hosts file ``known_hosts``."""
+    import google.auth
+    import google.oauth2.credentials
+
+    from kinetic_nb.backends.ssh import tpu_vm
+
+    with TpuApiDouble(nodes, denied=denied) as double:
+        monkeypatch.setenv(tpu_vm.API_ENDPOINT_ENV, double.url)
+        credentials = google.oauth2.credentials.Credentials(token="test-token")
+        monkeypatch.setattr(google.auth, "default", lambda scopes=None: (credentials, project))
+        monkeypatch.setattr(tpu_vm, "GCLOUD_KEY", client_key)
+        monkeypatch.setattr(tpu_vm, "GCLOUD_KNOWN_HOSTS", known_hosts)
+        yield double
+
+
+@contextlib.contextmanager
+def chips_held(monkeypatch, tmp_path, *command_tail: str) -> Iterator[subprocess.Popen]:
+    """A process holding a TPU worker's chips (a file standing in for them, opened), ``command_tail`` after its
+    own command line; it is killed after."""
+    from kinetic_nb.backends.ssh import tpu_vm
+
+    chip = tmp_path / "accel0"
+    chip.write_bytes(b"")
+    monkeypatch.setattr(tpu_vm, "TPU_DEVICES", (str(chip),))  # the chips a worker's processes would hold
+    holder = subprocess.Popen([sys.executable, "-c", f"import time\nchip = open({str(chip)!r})\ntime.sleep(120)",
+                               *command_tail])
+    try:
+        deadline = time.monotonic() + 30
+        while str(chip) not in [os.readlink(f"/proc/{holder.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{holder.pid}/fd")]:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        yield holder
+    finally:
+        holder.kill()
+        holder.wait()
