@@ -138,30 +138,34 @@ class CellMarkers:
 
 def meet(storage: Storage, key: bytes, *, leader: bool, hosts: int, timeout: float, sighting: Sighting,
          what: str, sleep: Callable[[float], None] = time.sleep, max_pause: float = MAX_POLL_S,
-         on_go: Callable[[], None] | None = None, channel: Callable[[], bool] | None = None) -> LeaderReady:
+         first_pause: float = FIRST_POLL_S,
+         on_verdict: Callable[[], None] | None = None, channel: Callable[[], bool] | None = None) -> LeaderReady:
     """The barrier: return the leader's verdict once it says go; ``HostStoppedError`` when a host failed first
     (the leader tells the workers so), ``KineticTimeoutError`` when hosts never get ready (the leader tells
     them too).
 
     ``storage`` holds the verdict (the job's, or the cell's directory), sealed under ``key``; ``what`` names the
-    barrier in errors; ``sleep`` pauses between looks (a session host's may be woken); ``on_go`` runs once the
-    leader has said go (it wakes the workers); ``channel()``, asked by the leader as it says go, is whether the
+    barrier in errors; ``sleep`` pauses between looks, from ``first_pause`` growing to ``max_pause`` (a session host's
+    may be woken by what it waits for, and then pauses long from the first); ``on_verdict`` runs once the
+    leader has written its verdict, go or abort (it wakes the workers, which may then sleep long); ``channel()``, asked by the leader as it says go, is whether the
     hosts' cells travel through the session's channel (the verdict says so to every host).
     """
     deadline = time.monotonic() + timeout + (0.0 if leader else WORKER_SLACK_S)
-    pause = FIRST_POLL_S
+    pause = min(first_pause, max_pause)
     while time.monotonic() < deadline:
         if leader:
             sighting.look()
             failure = sighting.first_failure()
             if failure is not None:
                 write_verdict(storage, key, LeaderReady(False, *failure))
+                if on_verdict is not None:
+                    on_verdict()
                 raise HostStoppedError(protocol.stopped_message(*failure))
             if len(sighting.ready()) == hosts:
                 verdict = LeaderReady(True, channel=bool(channel is not None and channel()))
                 write_verdict(storage, key, verdict)
-                if on_go is not None:
-                    on_go()
+                if on_verdict is not None:
+                    on_verdict()
                 return verdict
         else:
             failed_in = sighting.leader_failed()  # looked at before the verdict: see CellMarkers.leader_failed
@@ -176,6 +180,8 @@ def meet(storage: Storage, key: bytes, *, leader: bool, hosts: int, timeout: flo
         raise KineticTimeoutError(f"{what}: no word from the leader after {timeout + WORKER_SLACK_S:g} s")
     missing = sorted(set(range(hosts)) - sighting.ready())
     write_verdict(storage, key, LeaderReady(False, missing[0], Phase.STARTUP.value))
+    if on_verdict is not None:
+        on_verdict()
     raise KineticTimeoutError(f"{what}: hosts {', '.join(map(str, missing))} were not ready after {timeout:g} s")
 
 

@@ -423,6 +423,8 @@ class CellGroup:
             stopped = isinstance(error, HostStoppedError) or (
                 self.kept and isinstance(error, KeyboardInterrupt) and self.interrupted(seq))
             failure = self._report(error, stopped=stopped)
+            if self.kept:  # its peers may be at the cell's barrier, waiting for what this host now failed to do
+                self._wake_peers()
             if self.kept and not stopped:
                 self._tell_the_agent(seq, error)
         if not self.kept:
@@ -514,6 +516,8 @@ class CellGroup:
 
     def _note_interrupt(self, signum: int, frame: Any) -> None:
         self._interrupt_pending = True
+        if self.wakeup is not None:  # a host asleep at a cell's barrier looks at once
+            wake(self.wakeup.path)
 
     def interrupted(self, seq: int) -> bool:
         """Whether the notebook (or the agent, at the cell's timeout) asked to interrupt cell ``seq``: a record
@@ -559,15 +563,25 @@ class CellGroup:
         if not run.is_leader and self.wakeup is not None:
             wake(wakeup_path(self.plan.job_id, protocol.LEADER_INDEX))
 
-        def wake_workers() -> None:
-            if self.wakeup is not None:
-                for index in range(1, self.plan.world_size):
-                    wake(wakeup_path(self.plan.job_id, index))
-
+        # Woken through its socket by whatever it waits for (a worker's ready, the leader's verdict, a peer's failure,
+        # an interrupt), a host looks again only as a safety net: a look every few milliseconds while its peers get
+        # ready would cost each host more the more hosts there are.
+        pauses = {"first_pause": IDLE_LOOK_LOCAL_S, "max_pause": IDLE_LOOK_LOCAL_S} if self.wakeup is not None \
+            else {"max_pause": self._max_look}
         meet(cell_storage, run.outcome_key, leader=run.is_leader, hosts=self.plan.world_size,
              timeout=min(self.plan.barrier_timeout_s, CELL_BARRIER_TIMEOUT_S),
-             sighting=CellMarkers(cell_storage, self.plan.world_size), what="cell barrier",
-             sleep=self._sleep, max_pause=self._max_look, on_go=wake_workers)
+             sighting=CellMarkers(cell_storage, self.plan.world_size), what="cell barrier", sleep=self._sleep,
+             on_verdict=self._wake_peers, **pauses)
+
+    def _wake_peers(self) -> None:
+        """Wake the other hosts at the cell's barrier: the leader's verdict, or a host's failure, is there to read."""
+        if self.wakeup is None:
+            return
+        if self.run.is_leader:
+            for index in range(1, self.plan.world_size):
+                wake(wakeup_path(self.plan.job_id, index))
+        else:
+            wake(wakeup_path(self.plan.job_id, protocol.LEADER_INDEX))
 
     def _tell_the_agent(self, seq: int, error: BaseException) -> None:
         """The first failure of a cell: the agent then checks that every host comes back to idle."""

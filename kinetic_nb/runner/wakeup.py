@@ -12,6 +12,7 @@ path, a remote host), the host simply keeps looking at storage. Host-safe.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import os
@@ -65,8 +66,16 @@ def remove_session_sockets(session_id: str) -> None:
     shutil.rmtree(session_socket_directory(session_id), ignore_errors=True)
 
 
-#: This process's one socket for sending wakeups (unbound: it only sends), made at the first.
+#: This process's one socket for sending wakeups (unbound: it only sends), made at the first, closed at exit.
 _sender: socket.socket | None = None
+
+
+def _close_sender() -> None:
+    if _sender is not None:
+        _sender.close()
+
+
+atexit.register(_close_sender)
 
 
 def wake(path: str) -> None:

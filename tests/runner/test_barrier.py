@@ -27,10 +27,10 @@ def verdict(storage) -> LeaderReady:
     return LeaderReady.from_json(read_record(storage, KEY, protocol.LEADER_READY))
 
 
-def meet_cell(storage, *, leader, timeout=5.0):
-    woken = []
+def meet_cell(storage, *, leader, timeout=5.0, woken=None):
+    woken = [] if woken is None else woken
     meet(storage, KEY, leader=leader, hosts=3, timeout=timeout, sighting=CellMarkers(storage, 3),
-         what="cell barrier", on_go=lambda: woken.append(True))
+         what="cell barrier", on_verdict=lambda: woken.append(True))
     return woken
 
 
@@ -45,8 +45,10 @@ def test_the_leader_says_go_once_every_host_is_ready(cell):
 def test_a_host_that_could_not_load_the_cell_stops_every_host(cell):
     cell.write_bytes(protocol.cell_ready(0), b"")
     cell.write_bytes(protocol.worker_result(2), b"its failure")
+    woken = []
     with pytest.raises(HostStoppedError, match="host 2 failed in phase payload load"):
-        meet_cell(cell, leader=True)
+        meet_cell(cell, leader=True, woken=woken)
+    assert woken == [True]  # the workers are woken for an abort too: they may be sleeping long
     assert (verdict(cell).go, verdict(cell).failed_host) == (False, 2)
     with pytest.raises(HostStoppedError, match="host 2 failed in phase payload load"):
         meet_cell(cell, leader=False)  # the abort reaches the workers
