@@ -13,14 +13,6 @@ Children (a job below the root, a cell below a session) share their parent's
 anchor. Links in the path the user names as the root are followed (that path
 is the user's own setting); nothing below it is.
 
-The anchor also holds the directories below it that were walked last (at
-most :data:`HELD_DIRECTORIES`): a session's cell touches a handful of objects
-in a few directories, each of which would otherwise cost a walk of every
-component from the anchor (an open and a close each). A held directory is
-used while it is still linked (one ``fstat``: a removed directory has no
-links), so a tree removed and made again is walked again; one renamed away is
-followed as the anchor itself is, which only this user can do below it.
-
 Shared roots: a root this user does not own, or one others may write, holds
 this user's objects in ``{root}/uid-{uid}/``, a 0700 directory this user owns;
 one owned by anyone else is refused in one line. The fixed names below it
@@ -35,8 +27,6 @@ import os
 import shutil
 import stat
 import threading
-import weakref
-from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
@@ -60,8 +50,6 @@ _DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 #: Every object read: a link is refused, and a FIFO put in an object's place cannot block the open.
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-#: How many walked directories an anchor holds open at most (see the module's docstring).
-HELD_DIRECTORIES = 32
 #: Errors of ``copy_file_range`` that mean "not between these two files": copy through user space instead.
 _NO_KERNEL_COPY = {errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EPERM}
 
@@ -138,9 +126,6 @@ class _Anchor:
         #: Whether :attr:`path` can be given to code that opens paths (see :func:`_nobody_else_can_rename`).
         self.stable = True
         self._lock = threading.Lock()
-        #: Directories below the anchor walked last, by their parts, oldest first.
-        self._held: OrderedDict[tuple[str, ...], _Held] = OrderedDict()
-        _ANCHORS.add(self)
 
     def open(self, create: bool) -> int | None:
         """The held descriptor; None while the directory does not exist and ``create`` is false."""
@@ -178,85 +163,10 @@ class _Anchor:
             raise
         self.fd = fd
 
-    def borrow(self, parts: tuple[str, ...]) -> _Held | None:
-        """The held descriptor of the directory ``parts`` below the anchor, while it is still linked; None if
-        none is held. Give it back with :meth:`give_back`."""
-        with self._lock:
-            held = self._held.get(parts)
-            if held is None:
-                return None
-            held.users += 1
-            self._held.move_to_end(parts)
-        try:
-            linked = os.fstat(held.fd).st_nlink > 0
-        except OSError:
-            linked = False
-        if not linked:  # removed since: walked again, and this one closed once nobody uses it
-            self.give_back(held, retire=True)
-            return None
-        return held
-
-    def hold(self, parts: tuple[str, ...], fd: int) -> _Held:
-        """Hold ``fd``, just walked to ``parts``, borrowed by the caller; an idle one held longest goes when
-        more than HELD_DIRECTORIES are held."""
-        held = _Held(parts, fd)
-        with self._lock:
-            replaced = self._held.pop(parts, None)
-            self._held[parts] = held
-            if replaced is not None:
-                self._retire(replaced)
-            for old in [h for h in self._held.values() if h.users == 0][:max(0, len(self._held) - HELD_DIRECTORIES)]:
-                del self._held[old.parts]
-                self._retire(old)
-        return held
-
-    def give_back(self, held: _Held, *, retire: bool = False) -> None:
-        with self._lock:
-            held.users -= 1
-            if retire and self._held.get(held.parts) is held:
-                del self._held[held.parts]
-                self._retire(held)
-            elif held.retired and held.users == 0:
-                os.close(held.fd)
-
-    @staticmethod
-    def _retire(held: _Held) -> None:
-        """No longer handed out; closed now if nobody uses it, else by its last user's give_back."""
-        held.retired = True
-        if held.users == 0:
-            os.close(held.fd)
-
-    def _after_fork(self) -> None:
-        # A lock some other thread of the parent held stays held in the child: the child gets fresh ones. What
-        # the parent held is the child's too (a fork shares descriptors), and no other thread uses it here.
-        self._lock = threading.Lock()
-        for held in self._held.values():
-            held.users = 0
-
     def __del__(self) -> None:
-        for held in getattr(self, "_held", {}).values():
-            with contextlib.suppress(OSError):
-                os.close(held.fd)
         if self.fd is not None:
             with contextlib.suppress(OSError):
                 os.close(self.fd)
-
-
-class _Held:
-    """A directory below an anchor, held open: its parts, descriptor, and how many callers use it now."""
-
-    __slots__ = ("fd", "parts", "retired", "users")
-
-    def __init__(self, parts: tuple[str, ...], fd: int):
-        self.parts = parts
-        self.fd = fd
-        self.users = 1
-        self.retired = False
-
-
-#: Every anchor of this process, for their locks after a fork.
-_ANCHORS: weakref.WeakSet[_Anchor] = weakref.WeakSet()
-os.register_at_fork(after_in_child=lambda: [anchor._after_fork() for anchor in list(_ANCHORS)])
 
 
 def _open_user_directory(shared: int, name: str, path: str, create: bool) -> int | None:
@@ -359,32 +269,19 @@ class LocalStorage(Storage):
     def _directory(self, parts: tuple[str, ...], create: bool) -> Iterator[int | None]:
         """A descriptor of the directory ``parts`` below the anchor, walked without following a link."""
         anchor = self._anchor.open(create)
-        if anchor is None or not parts:
-            yield anchor
-            return
-        held = self._anchor.borrow(parts)
-        if held is None:
-            current = anchor
-            try:
-                for part in parts:
-                    following = _open_directory(current, part, create)
-                    if current != anchor:
-                        os.close(current)
-                    current = following
-                    if current is None:
-                        break
-            except BaseException:
-                if current is not None and current != anchor:
-                    os.close(current)
-                raise
-            if current is None:
-                yield None
-                return
-            held = self._anchor.hold(parts, current)
+        current = anchor
         try:
-            yield held.fd
+            for part in parts:
+                if current is None:
+                    break
+                following = _open_directory(current, part, create)
+                if current != anchor:
+                    os.close(current)
+                current = following
+            yield current
         finally:
-            self._anchor.give_back(held)
+            if current is not None and current != anchor:
+                os.close(current)
 
     @contextlib.contextmanager
     def _errors(self, op: str, name: str) -> Iterator[None]:

@@ -7,8 +7,6 @@ No test here asserts a time tighter than a hang guard: the figures are in
 from __future__ import annotations
 
 import os
-import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -184,13 +182,9 @@ def test_a_storage_error_mid_job_is_named(tmp_path):
     os.rename(hosts_dir, hosts_dir + ".moved")
     with open(hosts_dir, "w"):  # every write below hosts/ now fails with ENOTDIR
         pass
-    # The storage keeps using a directory it holds while it is linked (a rename is followed): removed, it is
-    # walked again, and meets the file. A write caught in between finds its directory gone (ENOENT).
-    while os.path.exists(hosts_dir + ".moved"):
-        shutil.rmtree(hosts_dir + ".moved", ignore_errors=True)
     with pytest.raises(JobFailedError) as info:
         job.result(timeout=HANG_GUARD_S)
-    assert re.search(r"storage error: (ENOTDIR|ENOENT)", str(info.value)), str(info.value)
+    assert "storage error: ENOTDIR" in str(info.value)
 
 
 def test_a_worker_stuck_after_the_leader_succeeded_is_shown_quiet_with_its_stack():

@@ -2,14 +2,12 @@
 
 import io
 import os
-import shutil
 import stat
-import threading
 
 import pytest
 
 from kinetic_nb.errors import ObjectExistsError, StorageError
-from kinetic_nb.storage import LocalStorage, default_root, local, open_storage
+from kinetic_nb.storage import LocalStorage, default_root, open_storage
 
 
 @pytest.fixture
@@ -165,49 +163,3 @@ def test_a_user_directory_others_may_write_is_refused_in_one_line(tmp_path):
     mine.chmod(0o777)
     with pytest.raises(StorageError, match=rf"^{mine} may be written by other users \(mode 777\): run chmod 700"):
         LocalStorage(str(shared)).write_bytes("x", b"1")
-
-
-def test_a_directory_removed_and_made_again_is_walked_again(storage, tmp_path):
-    cell = storage.child("cells/000001")
-    cell.write_bytes("ready-0", b"")  # its directory is held from here on
-    cell.remove_tree()
-    cell.write_bytes("ready-1", b"")  # a new directory: the held one was removed
-    assert os.listdir(storage.local_path("cells/000001")) == ["ready-1"]
-    shutil.rmtree(storage.local_path("cells"))
-    os.makedirs(storage.local_path("cells/000001"))  # made again by another process
-    with open(storage.local_path("cells/000001/payload.pkl"), "wb") as file:
-        file.write(b"theirs")
-    assert cell.read_bytes("payload.pkl") == b"theirs"
-    assert [info.name for info in cell.list()] == ["payload.pkl"]
-
-
-def test_walked_directories_held_are_bounded(storage):
-    open_descriptors = lambda: len(os.listdir("/proc/self/fd"))  # noqa: E731
-    storage.write_bytes("first/a", b"1")
-    before = open_descriptors()
-    for index in range(3 * local.HELD_DIRECTORIES):
-        storage.write_bytes(f"cells/{index:06d}/a", b"1")
-        assert storage.read_bytes(f"cells/{index:06d}/a") == b"1"
-    assert open_descriptors() - before <= local.HELD_DIRECTORIES
-
-
-def test_held_directories_shared_by_threads_are_never_closed_under_one(storage, monkeypatch):
-    monkeypatch.setattr(local, "HELD_DIRECTORIES", 2)  # every few operations, one held directory goes
-    failures = []
-
-    def work(thread):
-        try:
-            for round_ in range(150):
-                name = f"d{(thread + round_) % 7}/t{thread}"
-                storage.write_bytes(name, str(round_).encode())
-                assert storage.read_bytes(name) == str(round_).encode()
-                storage.list(f"d{round_ % 7}/")
-        except Exception as error:  # reported below, with the thread
-            failures.append((thread, error))
-
-    threads = [threading.Thread(target=work, args=(thread,)) for thread in range(6)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert failures == []
