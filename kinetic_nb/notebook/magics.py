@@ -398,10 +398,10 @@ class KineticMagics(_BackendSettings):
             %kinetic stacks JOB_ID [--host RANK]     every running process's Python stacks (a hang's where)
             %kinetic gc --older-than 7d              remove old jobs that have ended; prune the kinetic_nb
                                                      cache of the ssh / TPU VM hosts they ran on
-            %kinetic doctor [-a NAME]                is the cluster (-b kubernetes) ready, and the bucket?
-                                                     -b ssh / -b tpu-vm: the hosts, their Python, the
-                                                     storage, host 0's port, free chips; each failure
-                                                     with the command that fixes it
+            %kinetic doctor [-b B] [-a NAME]         are the hosts ready (-b kubernetes: the cluster; -b ssh
+                                                     / tpu-vm: reached, their Python, host 0's port, free
+                                                     chips), and the storage? each failure with the command
+                                                     that fixes it
             %kinetic accelerators                    every -a name: hosts x chips, topology, machine type,
                                                      and keras-kinetic's spelling of the same slice
 
