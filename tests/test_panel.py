@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
+import json
 
+import comm
 import pytest
+from comm import DummyComm
 from IPython.display import DisplayHandle
 
 from kinetic_nb import views
+from kinetic_nb.notebook.display.grid import MAX_DIFFERING, differing_hosts, slowest_hosts
+from kinetic_nb.notebook.display.grouping import group_lines, grouped_lines
 from kinetic_nb.notebook.display.panel import (
     GRID_ABOVE,
     HostPanel,
@@ -16,6 +22,7 @@ from kinetic_nb.notebook.display.panel import (
     failure_lines,
     host_ranges,
     html_summary,
+    redraw_interval,
     text_summary,
     watch_in_background,
 )
@@ -84,9 +91,10 @@ def test_64_hosts_with_identical_tracebacks_are_grouped():
     assert panel.compact
     assert failure_lines(snapshot) == ["hosts 1-63: the same ValueError at In[3], line 12"]
     assert "hosts 1-63: the same ValueError at In[3], line 12" in panel.failures.value
-    assert panel.grid.value.count("<span") == 64
-    assert "hosts 1-63" in panel.problems.value and "hosts 0" in panel.problems.value
-    assert len(panel.details.children) == 32  # the first hosts that are not fine, not all 64
+    assert squares(panel) == 64
+    assert "hosts that differ: 63 failed, 1 stopped" in panel.differing.value
+    assert "… and 52 more: failed hosts 13-63, stopped hosts 0" in panel.differing.value
+    assert len(panel.details.children) == 32  # the first hosts that differ, not all 64
     assert "ValueError: bad shard" in panel.details.children[1].value
 
 
@@ -96,11 +104,17 @@ def test_256_hosts_draw_as_a_grid():
     panel = HostPanel(256)
     panel.update(job(hosts))
     assert panel.compact and not hasattr(panel, "rows")
-    assert panel.grid.value.count("<span") == 256
-    assert panel.grid.value.count("#e53935") == 1  # one red cell
-    assert "hosts 77" in panel.problems.value
+    assert squares(panel) == 256 and len(panel.grid.children) == 4  # rows of 64
+    assert "".join(row.value for row in panel.grid.children).count("class=kn-failed") == 1  # one red square
+    assert ".kn-grid i.kn-failed{background:#e53935}" in panel.grid_style.value
+    assert "title='host 77 · failed · in the cell'" in panel.grid.children[1].value
+    assert "hosts that differ: 1 failed" in panel.differing.value
     assert panel.details.titles == ("host 77 · failed · in the cell",)
     assert "128 running, 127 succeeded, 1 failed" in panel.header.value
+
+
+def squares(panel: HostPanel) -> int:
+    return sum(row.value.count("<i class=") for row in panel.grid.children)
 
 
 def test_updates_change_only_what_changed():
@@ -136,7 +150,7 @@ def test_text_and_html_twins():
     page = html_summary(snapshot)
     assert "<table>" in page and "host 1: ValueError at In[3], line 12" in page
     big = text_summary(job([host(i) for i in range(GRID_ABOVE)] + [failed(GRID_ABOVE)] * 1))
-    assert "32 running, 1 failed" in big and big.count("\n") < 10
+    assert "32 running, 1 failed" in big and big.count("\n") < 25
 
 
 def test_text_status_writes_a_line_per_change_when_not_a_terminal():
@@ -320,3 +334,159 @@ def test_a_panel_left_with_hosts_being_stopped_is_redrawn_once_they_have_ended(m
     assert view.settle(ended, lambda: pytest.fail("nothing was being stopped")) is None
     assert TextStatus(io.StringIO()).settle(returned, lambda: ended) is None
 
+
+
+# -- 64 to 1,024 hosts ---------------------------------------------------------------------------------------------
+
+
+def test_identical_lines_are_grouped_with_the_hosts_that_printed_them():
+    lines = dict.fromkeys(range(64), "step 10 loss 0.53") | {64: "step 9 loss 0.61", 65: "", 66: "step 10 loss 0.53"}
+    assert group_lines(lines) == [([*range(64), 66], "step 10 loss 0.53"), ([64], "step 9 loss 0.61")]
+    assert grouped_lines(lines, lambda index: f"host {index}") == ["hosts 0-63, 66: step 10 loss 0.53",
+                                                                   "host 64: step 9 loss 0.61"]
+    assert grouped_lines({2: "a", 3: "a"}, str, many="ranks") == ["ranks 2-3: a"]
+
+
+def test_many_differing_lines_are_bounded_keeping_the_biggest_groups():
+    lines = dict.fromkeys(range(0, 1024, 2), "done") | {index: f"host {index} says {index}"
+                                                              for index in range(1, 1024, 2)}
+    shown = grouped_lines(lines, lambda index: f"host {index}", limit=4)
+    assert len(shown) == 4
+    assert shown[0].startswith("hosts 0, 2, 4, 6,") and shown[0].endswith("… (500 more): done")
+    assert shown[1:3] == ["host 1: host 1 says 1", "host 3: host 3 says 3"]
+    assert shown[3].startswith("… 510 more hosts with lines of their own: 5, 7, 9,") and "(498 more)" in shown[3]
+
+
+def quiet(index) -> HostSnapshot:
+    return host(index, "quiet", stacks='  File "<kinetic In[3]>", line 4, in <module>\n    time.sleep(60)\n')
+
+
+def scale_job(succeeded=200) -> JobSnapshot:
+    """256 hosts: ``succeeded`` done, host 77 failed, host 78 lost, hosts 100-102 quiet, the rest still running."""
+    hosts = [host(i, "succeeded", last_line="step 10 loss 0.53", exit=ExitSummary(i, 0, ended_at=T0 + 2))
+             for i in range(256)]
+    for index in range(succeeded, 256):
+        hosts[index] = host(index, last_line="step 9 loss 0.61")
+    hosts[77] = failed(77)
+    hosts[78] = host(78, "lost")
+    for index in (100, 101, 102):
+        hosts[index] = quiet(index)
+    return job(hosts)
+
+
+def test_the_hosts_that_differ_are_failed_lost_quiet_then_the_slowest():
+    snapshot = scale_job()
+    differing = differing_hosts(snapshot.hosts)
+    assert [h.index for h in differing[:5]] == [77, 78, 100, 101, 102]
+    assert [h.index for h in differing[5:]] == list(range(200, 256))  # still running while 195 of 256 ended
+    assert [h.index for h in slowest_hosts(snapshot.hosts)] == list(range(200, 256))
+    panel = HostPanel(256)
+    panel.update(snapshot)
+    assert "hosts that differ: 1 failed, 1 lost, 3 quiet, 56 still running after 197 of 256 ended" in \
+        panel.differing.value
+    assert panel.differing.value.count("font-size:12px;white-space:nowrap") == MAX_DIFFERING  # a row each
+    assert "… and 49 more: running hosts 207-255" in panel.differing.value
+    assert panel.details.titles[:3] == ("host 77 · failed · in the cell", "host 78 · lost · in the cell",
+                                        "host 100 · quiet · in the cell")
+    # Before most hosts ended, the ones still running are the many: not listed.
+    early = scale_job(succeeded=100)
+    assert [h.index for h in differing_hosts(early.hosts)] == [77, 78, 100, 101, 102]
+
+
+def test_a_big_panel_and_its_text_twin_group_the_hosts_lines():
+    snapshot = scale_job()
+    panel = HostPanel(256)
+    panel.update(snapshot)
+    assert "hosts 0-76, 79-99, 103-199: step 10 loss 0.53" in panel.lines.value
+    assert "hosts 200-255: step 9 loss 0.61" in panel.lines.value
+    assert "host 77: step 7 on host 77" in panel.lines.value  # a line that differs: its host's own
+    text = text_summary(snapshot)
+    lines = text.splitlines()
+    assert lines[1] == "56 running, 195 succeeded, 1 failed, 1 lost, 3 quiet"
+    assert lines[2] == "hosts that differ: 1 failed, 1 lost, 3 quiet, 56 still running after 197 of 256 ended"
+    assert "  hosts 0-76, 79-99, 103-199: step 10 loss 0.53" in lines
+    assert lines.index("last lines:") < lines.index("  hosts 200-255: step 9 loss 0.61")
+    assert "… and 49 more: running hosts 207-255" in lines
+    assert "host 100 is quiet: no output and no phase change since another host ended" in text
+    assert "hosts 0-76, 79-99, 103-199: step 10 loss 0.53" in html_summary(snapshot)
+
+
+def test_the_text_twin_of_1024_hosts_is_as_short_as_of_64():
+    hosts = [quiet(i) if i % 2 else failed(i) for i in range(1024)]
+    hosts = [dataclasses.replace(h, last_line=f"step {h.index}", traceback=TRACEBACK.replace("shard", str(h.index)))
+             for h in hosts]
+    text = text_summary(job(hosts))
+    assert len(text.splitlines()) < 4 * (MAX_DIFFERING + 1) + 10 + 5, text  # rows, failures, quiet, lines
+    assert "… and 500 more failed or lost with failures of their own: 24, 26," in text
+    assert "… and 500 more quiet: 25, 27," in text
+    assert "… 1015 more hosts with lines of their own: 9-1023" in text
+
+
+class CountingComm(DummyComm):
+    """A widget's comm that keeps what each update message would send to the browser."""
+
+    sent: list[tuple[str, int]] = []  # noqa: RUF012 - one list for every widget of a test
+
+    def publish_msg(self, msg_type, data=None, metadata=None, buffers=None, **keys) -> None:
+        if msg_type == "comm_msg":
+            CountingComm.sent.append((self.comm_id, len(json.dumps(data, ensure_ascii=False).encode())))
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    monkeypatch.setattr(comm, "create_comm", CountingComm)
+    CountingComm.sent = []
+    return CountingComm.sent
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_a_big_panel_resends_only_what_changed(counted):
+    clock = Clock()
+    hosts = [host(i) for i in range(1024)]
+    panel = HostPanel(1024, clock=clock)
+    panel.update(job(hosts))
+    first = sum(size for _, size in counted)
+    assert first > 1024 * 40  # every square, once
+    counted.clear()
+    clock.now += panel.interval
+    panel.update(job(hosts))
+    assert counted == []  # nothing changed: nothing sent, not even an equal value
+    hosts[700] = failed(700)
+    clock.now += panel.interval
+    panel.update(job(hosts))
+    rows = [row.model_id for row in panel.grid.children]
+    assert [rows.index(model) for model, _ in counted if model in rows] == [700 // 64]  # that host's row alone
+    assert sum(size for _, size in counted) < first / 4
+
+
+def test_a_big_panel_draws_at_most_once_per_interval_and_always_its_last(counted):
+    clock = Clock()
+    panel = HostPanel(1024, clock=clock)
+    assert panel.interval == redraw_interval(1024) == 2.0 and redraw_interval(16) == redraw_interval(128) == 0.25
+    hosts = [host(i) for i in range(1024)]
+    panel.update(job(hosts))
+    hosts[5] = failed(5)
+    clock.now = 1.0
+    panel.update(job(hosts))
+    assert "failed" not in panel.header.value  # too soon: skipped
+    clock.now = 2.0
+    panel.update(job(hosts))
+    assert "1 failed" in panel.header.value
+    hosts[6] = failed(6)
+    clock.now = 2.1
+    panel.update(job(hosts, JobStatus.FAILED))  # the cell ended: drawn at once
+    assert "2 failed" in panel.header.value
+    hosts[7] = failed(7)
+    panel.update(job(hosts), final=True)
+    assert "3 failed" in panel.header.value
+    small = HostPanel(16, clock=clock)
+    small.update(job([host(i) for i in range(16)]))
+    small.update(job([failed(0)] + [host(i) for i in range(1, 16)]))
+    assert "1 failed" in small.header.value  # rows are never skipped

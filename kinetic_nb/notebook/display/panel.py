@@ -5,8 +5,12 @@ accelerator, elapsed time, state) over a progress bar whose style says how the
 job went (danger on failure, success at the end), a row per host (index,
 leader mark, state, phase, elapsed time, last log line) and a drill-down per
 host (its log tail and, when it failed, its remote traceback). Above
-``GRID_ABOVE`` hosts the rows become a compact grid of coloured cells plus a
-list of the hosts that are not fine. Hosts with identical tracebacks are
+``GRID_ABOVE`` hosts the rows become a compact grid of coloured squares
+(``grid.py``), a short list of the hosts that differ (failed, lost, quiet,
+the slowest), the hosts' last lines grouped (``grouping.py``: identical lines
+once, with the hosts that printed them), and drill-downs for the hosts that
+differ; such a panel draws at most once per ``redraw_interval`` and resends
+only the rows of squares that changed. Hosts with identical tracebacks are
 grouped into one line.
 
 Outside a widget frontend the same snapshots are drawn as text
@@ -27,6 +31,18 @@ import time
 from collections.abc import Callable, Iterable
 from typing import IO, Any
 
+from kinetic_nb.notebook.display.grid import (
+    GRID_ROW,
+    MAX_DIFFERING,
+    differing_counts,
+    differing_hosts,
+    grid_row,
+    grid_style,
+    last_lines,
+    square,
+    square_key,
+)
+from kinetic_nb.notebook.display.grouping import MAX_RANGES, grouped_lines, host_ranges
 from kinetic_nb.notebook.display.memory import memory_detail, memory_flags, memory_line
 from kinetic_nb.runner.frame_locals import NOTE_NAMES, FrameLocals
 from kinetic_nb.runner.protocol import process_label
@@ -52,6 +68,12 @@ DETAIL_LINES = 40
 BRIEF_QUIET_S = 1.0
 #: A row's last log line is cut to this many characters.
 LAST_LINE_CHARS = 120
+#: A grid panel draws at most once per this many seconds per host (and never more often than the poller looks,
+#: ``SNAPSHOT_INTERVAL_S``): every 0.5 s at 256 hosts, every 2 s at 1,024. A draw may resend every square (about
+#: 60 bytes each, when hosts end in a scattered order), and its CPU grows with the hosts: this keeps a big panel's
+#: kernel CPU and bytes sent per second at or under a 16-host panel's at four draws a second
+#: (``benchmarks/panel.py`` measures both). A cell's last draw is never skipped.
+REDRAW_S_PER_HOST = 1 / 512
 
 STATE_COLORS = {
     HostState.PENDING: "#9e9e9e",
@@ -75,17 +97,10 @@ logger = logging.getLogger(__name__)
 _CELL_LINE = re.compile(r'File "<kinetic (?P<cell>[^"]*)>", line (?P<line>\d+)')
 
 
-def host_ranges(indices: Iterable[int]) -> str:
-    """``[1, 2, 3, 5]`` -> ``"1-3, 5"``."""
-    ordered = sorted(indices)
-    parts, start = [], None
-    for position, index in enumerate(ordered):
-        if start is None:
-            start = index
-        if position + 1 == len(ordered) or ordered[position + 1] != index + 1:
-            parts.append(str(start) if start == index else f"{start}-{index}")
-            start = None
-    return ", ".join(parts)
+def redraw_interval(hosts: int) -> float:
+    """Seconds between two draws of a grid panel of ``hosts`` (``REDRAW_S_PER_HOST``): the poller's interval up
+    to 128 hosts, 2 s at 1,024."""
+    return max(SNAPSHOT_INTERVAL_S, REDRAW_S_PER_HOST * hosts)
 
 
 def _failure_label(traceback: str, message: str) -> str:
@@ -114,26 +129,35 @@ def failure_groups(hosts: Iterable[HostSnapshot]) -> list[tuple[list[int], str, 
 
 def failure_lines(snapshot: JobSnapshot) -> list[str]:
     """``"hosts 1-63: the same ValueError at In[3], line 12"`` (``ranks`` where hosts run several processes), one
-    line per group."""
+    line per group; above ``GRID_ABOVE`` hosts, the first ``MAX_DIFFERING`` groups and a line counting the rest."""
     lines = []
     many = "ranks" if snapshot.procs_per_host > 1 else "hosts"
-    for indices, label, traceback in failure_groups(snapshot.hosts):
+    groups = failure_groups(snapshot.hosts)
+    limit = MAX_DIFFERING if len(snapshot.hosts) > GRID_ABOVE else None
+    for indices, label, traceback in groups[:limit]:
         if len(indices) == 1:
             lines.append(f"{snapshot.name_of(indices[0])}: {label}")
         else:
-            lines.append(f"{many} {host_ranges(indices)}: {'the same ' if traceback else ''}{label}")
+            lines.append(f"{many} {host_ranges(indices, limit=MAX_RANGES)}: {'the same ' if traceback else ''}{label}")
+    rest = [index for indices, _, _ in groups[len(lines):] for index in indices]
+    if rest:
+        lines.append(f"… and {len(rest)} more failed or lost with failures of their own: "
+                     f"{host_ranges(rest, limit=MAX_RANGES)}")
     return lines
 
 
-def quiet_lines(snapshot: JobSnapshot) -> list[str]:
-    """One line per quiet host: where its cell is (the user's frame and its source line) and what it waits in."""
+def quiet_lines(snapshot: JobSnapshot, limit: int | None = None) -> list[str]:
+    """One line per quiet host, the first ``limit`` of them (the rest counted on one more line): where its cell
+    is (the user's frame and its source line) and what it waits in."""
     lines = []
-    for host in snapshot.hosts:
-        if host.state != HostState.QUIET:
-            continue
+    quiet = [host for host in snapshot.hosts if host.state == HostState.QUIET]
+    for host in quiet[:limit]:
         where = where_the_cell_is(host.stacks)
         text = f"{snapshot.name_of(host.index)} is quiet: no output and no phase change since another host ended"
         lines.append(text + (f"; at {where}" if where else ""))
+    if limit is not None and len(quiet) > limit:
+        lines.append(f"… and {len(quiet) - limit} more quiet: "
+                     f"{host_ranges([host.index for host in quiet[limit:]], limit=MAX_RANGES)}")
     return lines
 
 
@@ -232,9 +256,11 @@ def _locals_html(frame: FrameLocals) -> str:
 
 
 def locals_lines(snapshot: JobSnapshot) -> list[str]:
-    """The text twin's: the first few variables of each failed host's failing frames."""
-    return [f"{snapshot.name_of(host.index)} variables {frame.text(NOTE_NAMES)}"
-            for host in snapshot.hosts if host.state == HostState.FAILED for frame in host.frame_locals if frame.names]
+    """The text twin's: the first few variables of each failed host's failing frames (of the first
+    ``MAX_DIFFERING`` such frames above ``GRID_ABOVE`` hosts)."""
+    lines = [f"{snapshot.name_of(host.index)} variables {frame.text(NOTE_NAMES)}"
+             for host in snapshot.hosts if host.state == HostState.FAILED for frame in host.frame_locals if frame.names]
+    return lines[:MAX_DIFFERING] if len(snapshot.hosts) > GRID_ABOVE else lines
 
 
 def _title(host: HostSnapshot, name: str | None = None) -> str:
@@ -254,24 +280,55 @@ def _processes_html(snapshot: JobSnapshot, processes: tuple[HostSnapshot, ...]) 
 
 
 def _grid_html(snapshot: JobSnapshot) -> str:
+    """The grid in a static summary (a saved notebook's): a style on each square, as a sanitized page keeps it."""
     cells = "".join(
-        f'<span title="{_title(host, snapshot.name_of(host.index))}" style="display:inline-block;width:10px;height:10px;margin:1px;'
-        f'background:{STATE_COLORS.get(host.state, "#999")}"></span>'
+        f'<span title="{html.escape(_title(host, snapshot.name_of(host.index)))}" style="display:inline-block;'
+        f'width:10px;height:10px;margin:1px;background:{STATE_COLORS.get(host.state, "#999")}"></span>'
         for host in snapshot.hosts
     )
-    return f'<div style="line-height:0;max-width:48em">{cells}</div>'
+    return f'<div style="line-height:0;max-width:{GRID_ROW * 12}px">{cells}</div>'
 
 
-def _problems_html(snapshot: JobSnapshot) -> str:
-    bad = [host for host in snapshot.hosts if not host.fine]
-    if not bad:
-        return ""
+def _many(snapshot: JobSnapshot) -> str:
+    return "ranks" if snapshot.procs_per_host > 1 else "hosts"
+
+
+def _left_out_line(snapshot: JobSnapshot, left_out: list[HostSnapshot]) -> str:
+    """``"… and 40 more: failed hosts 80-99, stopped hosts 3, 5"``: the hosts that differ past the list's end."""
     by_state: dict[str, list[int]] = {}
-    for host in bad:
+    for host in left_out:
         by_state.setdefault(host.state, []).append(host.index)
-    many = "ranks" if snapshot.procs_per_host > 1 else "hosts"
-    items = "".join(f"<li>{_badge(state)} {many} {host_ranges(indices)}</li>" for state, indices in by_state.items())
-    return f"<ul style='margin:2px 0'>{items}</ul>"
+    return f"… and {len(left_out)} more: " + ", ".join(
+        f"{state} {_many(snapshot)} {host_ranges(indices, limit=MAX_RANGES)}" for state, indices in by_state.items())
+
+
+def _differing_html(snapshot: JobSnapshot, differing: list[HostSnapshot]) -> str:
+    """Under the grid: what differs in a line, then a row for each of the first ``MAX_DIFFERING`` such hosts."""
+    if not differing:
+        return ""
+    rows = "".join(_row_html(host, snapshot.taken_at, _label(host, snapshot.procs_per_host))
+                   for host in differing[:MAX_DIFFERING])
+    more = differing[MAX_DIFFERING:]
+    tail = f'<div style="font-family:monospace;font-size:12px">{html.escape(_left_out_line(snapshot, more))}</div>' \
+        if more else ""
+    return (f'<div style="font-family:monospace;font-size:12px;margin-top:4px">{_many(snapshot)} that differ: '
+            f"{html.escape(differing_counts(snapshot.hosts))}</div>{rows}{tail}")
+
+
+def _grouped_lines(snapshot: JobSnapshot) -> list[str]:
+    """Each host's last line, identical ones once with the hosts that printed them."""
+    lines = {index: line[:LAST_LINE_CHARS] for index, line in last_lines(snapshot.hosts).items()}
+    return grouped_lines(lines, snapshot.name_of, many=_many(snapshot))
+
+
+def _lines_html(snapshot: JobSnapshot) -> str:
+    grouped = _grouped_lines(snapshot)
+    if not grouped:
+        return ""
+    lines = "".join(f"<div style='white-space:pre;overflow:hidden;text-overflow:ellipsis'>{html.escape(line)}</div>"
+                    for line in grouped)
+    return (f'<div style="font-family:monospace;font-size:12px;margin-top:4px"><div style="color:#555">last lines:'
+            f"</div>{lines}</div>")
 
 
 def _memory_lines(snapshot: JobSnapshot) -> tuple[list[str], list[str]]:
@@ -304,9 +361,22 @@ def _per_host(snapshot: JobSnapshot) -> list[HostSnapshot]:
 
 
 class HostPanel:
-    """The live panel: stock ipywidgets, changed only by assigning traits."""
+    """The live panel: stock ipywidgets, changed only by assigning traits.
 
-    def __init__(self, hosts: int, *, brief: bool = False, procs_per_host: int = 1):
+    Parameters
+    ----------
+    hosts : int
+        Processes in all.
+    brief : bool
+        A session's cell: once it succeeded, only the header stays.
+    procs_per_host : int
+        Processes on each host.
+    clock : callable
+        Seconds, for the grid's ``redraw_interval`` (``time.monotonic``).
+    """
+
+    def __init__(self, hosts: int, *, brief: bool = False, procs_per_host: int = 1,
+                 clock: Callable[[], float] = time.monotonic):
         import ipywidgets as widgets
 
         #: A session's cell: once it succeeded, only the header stays (its output and value follow it).
@@ -319,12 +389,23 @@ class HostPanel:
         self.progress = widgets.IntProgress(min=0, max=hosts, value=0, layout=widgets.Layout(width="100%"),
                                             style={"description_width": "initial"})
         self.failures = widgets.HTML()
+        self.interval = redraw_interval(hosts) if self.compact else 0.0
+        self._clock = clock
+        self._drawn_at: float | None = None
         if self.compact:
-            self.grid = widgets.HTML()
-            self.problems = widgets.HTML()
+            self.grid_style = widgets.HTML(grid_style(STATE_COLORS))  # sent once, with the panel
+            square_row = widgets.Layout(margin="0", height="12px")
+            self.grid = widgets.VBox([widgets.HTML(layout=square_row) for _ in range(-(-hosts // GRID_ROW))],
+                                     layout=widgets.Layout(margin="2px 0"))
+            #: Each host's square and what it showed: a square is made again only when its host's state changed.
+            self._squares = [""] * hosts
+            self._square_keys: list[tuple[str, str] | None] = [None] * hosts
+            self.differing = widgets.HTML()
+            self.lines = widgets.HTML()
             self.details = widgets.Accordion()
-            body = [self.grid, self.problems]
-            self._detail_hosts: list[int] = []
+            body = [self.grid_style, self.grid, self.differing, self.lines]
+            #: The drill-downs' widgets, made once: the hosts that differ come and go, their widgets stay.
+            self._detail_pool = [widgets.HTML() for _ in range(min(MAX_DETAILS, hosts))]
         else:
             tight = widgets.Layout(margin="0", height="22px")  # rows read as one table
             self.rows = [widgets.HTML(layout=tight) for _ in range(hosts // procs_per_host)]
@@ -333,10 +414,15 @@ class HostPanel:
         self.body = widgets.VBox([self.progress, *body, self.failures, self.details], layout=widgets.Layout(
             margin="0"))
         self.widget = widgets.VBox([self.header, self.body])
-        self._widgets = widgets
 
-    def update(self, snapshot: JobSnapshot) -> None:
-        """Draw ``snapshot``; each widget sends at most one message."""
+    def update(self, snapshot: JobSnapshot, *, final: bool = False) -> None:
+        """Draw ``snapshot``; each widget sends at most one message, and only for a value that changed. A grid
+        panel draws at most once per ``interval``: a snapshot that comes sooner is skipped, unless the cell
+        ended or it is the ``final`` one."""
+        now = self._clock()
+        if not (final or snapshot.status.done or self._drawn_at is None or now - self._drawn_at >= self.interval):
+            return
+        self._drawn_at = now
         done = sum(1 for host in snapshot.hosts if host.ended)
         with contextlib.ExitStack() as stack:
             stack.enter_context(self.progress.hold_sync())
@@ -375,30 +461,48 @@ class HostPanel:
             self.details.titles = titles
 
     def _update_grid(self, snapshot: JobSnapshot) -> None:
-        self.grid.value = _grid_html(snapshot)
-        self.problems.value = _problems_html(snapshot)
-        shown = [host for host in snapshot.hosts if not host.fine][:MAX_DETAILS]
-        indices = [host.index for host in shown]
-        if indices != self._detail_hosts:
-            self._detail_hosts = indices
-            self.details.children = [self._widgets.HTML() for _ in shown]
+        """The rows of squares whose hosts changed, the hosts that differ, the grouped lines, the drill-downs."""
+        def title(host: HostSnapshot) -> str:
+            return _title(host, snapshot.name_of(host.index))
+
+        changed_rows = set()
+        for position, host in enumerate(snapshot.hosts):
+            key = square_key(host)
+            if key != self._square_keys[position]:
+                self._square_keys[position] = key
+                self._squares[position] = square(host, title(host))
+                changed_rows.add(position // GRID_ROW)
+        for row in sorted(changed_rows):  # a row's value is not even made when none of its squares changed
+            self.grid.children[row].value = grid_row(self._squares[row * GRID_ROW:(row + 1) * GRID_ROW])
+        differing = differing_hosts(snapshot.hosts)
+        self.differing.value = _differing_html(snapshot, differing)
+        self.lines.value = _lines_html(snapshot)
+        shown = differing[:MAX_DETAILS]
+        if len(self.details.children) != len(shown):
+            self.details.children = self._detail_pool[:len(shown)]
         for host, detail in zip(shown, self.details.children, strict=True):
             detail.value = _detail_html(host)
-        titles = tuple(_title(host, snapshot.name_of(host.index)) for host in shown)
+        titles = tuple(title(host) for host in shown)
         if tuple(self.details.titles) != titles:
             self.details.titles = titles
 
 
 def text_summary(snapshot: JobSnapshot, *, brief: bool = False) -> str:
-    """The job and every host, as plain text (hosts that are fine are summed up above GRID_ABOVE);
-    ``brief``: a session's cell that succeeded is its header alone."""
+    """The job and every host, as plain text; above GRID_ABOVE hosts, as the grid view: the counts, the hosts
+    that differ, and the hosts' last lines grouped. ``brief``: a session's cell that succeeded is its header
+    alone."""
     lines = [_header_text(snapshot)]
     if brief and snapshot.status is JobStatus.SUCCEEDED:
         return f"{lines[0]} · {_counts_text(snapshot)}"
-    hosts = snapshot.hosts
-    if len(hosts) > GRID_ABOVE:
+    hosts: tuple[HostSnapshot, ...] | list[HostSnapshot] = snapshot.hosts
+    big = len(hosts) > GRID_ABOVE
+    left_out: list[HostSnapshot] = []
+    if big:
         lines.append(_counts_text(snapshot))
-        hosts = tuple(host for host in hosts if not host.fine)[:MAX_DETAILS]
+        differing = differing_hosts(snapshot.hosts)
+        hosts, left_out = differing[:MAX_DIFFERING], differing[MAX_DIFFERING:]
+        if differing:
+            lines.append(f"{_many(snapshot)} that differ: {differing_counts(snapshot.hosts)}")
     per = snapshot.procs_per_host
     if hosts:
         lines.append(f"{'host' if per == 1 else 'h.proc':>6}  {'state':<9}  {'phase':<20}  {'time':>7}  "
@@ -410,12 +514,18 @@ def text_summary(snapshot: JobSnapshot, *, brief: bool = False) -> str:
             host.row_line[:LAST_LINE_CHARS]
         lines.append(f"{_label(host, per):>5}{leader}  {host.state:<9}  {phase_words(host.phase):<20}  "
                      f"{_seconds(host.elapsed(snapshot.taken_at)):>7}  {tail}")
+    if left_out:
+        lines.append(_left_out_line(snapshot, left_out))
     memory, flags = _memory_lines(snapshot)
     lines.extend(memory)
     lines.extend(failure_lines(snapshot))
     lines.extend(locals_lines(snapshot))
     lines.extend(flags)
-    lines.extend(quiet_lines(snapshot))
+    lines.extend(quiet_lines(snapshot, MAX_DIFFERING if big else None))
+    grouped = _grouped_lines(snapshot) if big else []
+    if grouped:
+        lines.append("last lines:")
+        lines.extend(f"  {line}" for line in grouped)
     return "\n".join(lines)
 
 
@@ -423,17 +533,18 @@ def html_summary(snapshot: JobSnapshot, *, brief: bool = False) -> str:
     """A static HTML snapshot: what a saved notebook shows without the widget (``brief``: as ``text_summary``)."""
     if brief and snapshot.status is JobStatus.SUCCEEDED:
         return f"<div><b>{html.escape(_header_text(snapshot))}</b> {_counts_text(snapshot)}</div>"
-    hosts = snapshot.hosts if len(snapshot.hosts) <= GRID_ABOVE else [h for h in snapshot.hosts if not h.fine]
+    big = len(snapshot.hosts) > GRID_ABOVE
+    hosts = differing_hosts(snapshot.hosts)[:MAX_DIFFERING] if big else snapshot.hosts
     rows = "".join(
         f"<tr><td>{_label(host, snapshot.procs_per_host)}{' ★' if host.is_leader else ''}</td><td>{_badge(host.state)}</td>"
         f"<td>{html.escape(phase_words(host.phase))}</td><td>{_seconds(host.elapsed(snapshot.taken_at))}</td>"
         f"<td><code>{html.escape(host.row_line[:LAST_LINE_CHARS])}</code></td></tr>"
-        for host in hosts[:MAX_DETAILS if len(snapshot.hosts) > GRID_ABOVE else None]
+        for host in hosts
     )
-    grid = _grid_html(snapshot) if len(snapshot.hosts) > GRID_ABOVE else ""
+    grid, lines = (_grid_html(snapshot), _lines_html(snapshot)) if big else ("", "")
     return (f"<div><b>{html.escape(_header_text(snapshot))}</b> {_counts_text(snapshot)}{grid}"
             f"<table><tr><th>host</th><th>state</th><th>phase</th><th>time</th><th>last line</th></tr>{rows}"
-            f"</table>{_failures_html(snapshot)}</div>")
+            f"</table>{_failures_html(snapshot)}{lines}</div>")
 
 
 class TextStatus:
@@ -506,7 +617,7 @@ class WidgetView:
 
     def close(self, snapshot: JobSnapshot) -> None:
         """The final update, made before the cell returns so the saved notebook keeps it."""
-        self.panel.update(snapshot)
+        self.panel.update(snapshot, final=True)
         self._display.update(self._bundle(snapshot), raw=True)
 
     def settle(self, final: JobSnapshot, settled: Callable[[], JobSnapshot | None]) -> threading.Thread | None:
