@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         os.write(ready, b"1")
         os.close(ready)
     if args.all_hosts:
-        problem = processes.host_count_problem(plan.world_size)
+        problem = processes.host_count_problem(plan.world_size, plan.framework)
         if problem:
             print(f"kinetic agent: {problem}", file=sys.stderr)
             return 2

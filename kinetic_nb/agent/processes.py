@@ -23,6 +23,15 @@ THREADS_PER_HOST = 64
 MIN_HOST_MEMORY_BYTES = 64 * 1024 * 1024
 #: The most hosts the local backend starts: past this, one machine is not a slice.
 MAX_LOCAL_HOSTS = 512
+#: For tests and benchmarks only: with this set to 1, hosts with no framework count as light (the forked host
+#: alone, about 7 MiB of its own) and up to MAX_LIGHT_HOSTS of them start, so that the real protocol, barrier,
+#: hub, storage and panel run at a large slice's size on one machine. Nobody trains on such a slice.
+LIGHT_HOSTS_ENV = "KINETIC_LIGHT_HOSTS"
+#: The most light hosts: the largest slice a test or benchmark plays.
+MAX_LIGHT_HOSTS = 1024
+#: Memory a light host needs at the least: a forked host that runs no framework (measured: 6.6 MiB of its own
+#: at 64 and 256 hosts), with room for what a test's cell holds.
+MIN_LIGHT_HOST_MEMORY_BYTES = 16 * 1024 * 1024
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -114,15 +123,24 @@ def _available_memory() -> int | None:
     return None
 
 
-def host_count_problem(hosts: int) -> str | None:
-    """Why this machine cannot run ``hosts`` local hosts, in one line; None when it can.
+def light_hosts(framework: str) -> bool:
+    """Whether hosts of ``framework`` run as light hosts (:data:`LIGHT_HOSTS_ENV`: tests and benchmarks only)."""
+    return framework == "none" and os.environ.get(LIGHT_HOSTS_ENV) == "1"
+
+
+def host_count_problem(hosts: int, framework: str = "") -> str | None:
+    """Why this machine cannot run ``hosts`` local hosts of ``framework``, in one line; None when it can.
 
     Checked before anything starts: the open files the agent would need (its
     hard limit, which it raises its soft limit to), the user's process limit,
-    the memory available, and :data:`MAX_LOCAL_HOSTS`.
+    the memory available, and :data:`MAX_LOCAL_HOSTS` (:data:`MAX_LIGHT_HOSTS`
+    for light hosts, :func:`light_hosts`).
     """
-    if hosts > MAX_LOCAL_HOSTS:
-        return (f"{hosts} host processes are more than the local backend runs (at most {MAX_LOCAL_HOSTS}): "
+    light = light_hosts(framework)
+    most_hosts = MAX_LIGHT_HOSTS if light else MAX_LOCAL_HOSTS
+    floor = MIN_LIGHT_HOST_MEMORY_BYTES if light else MIN_HOST_MEMORY_BYTES
+    if hosts > most_hosts:
+        return (f"{hosts} host processes are more than the local backend runs (at most {most_hosts}): "
                 "one machine is not a slice; use a cluster backend")
     _, hard_files = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard_files != resource.RLIM_INFINITY and hosts * FDS_PER_HOST + FDS_RESERVED > hard_files:
@@ -134,7 +152,7 @@ def host_count_problem(hosts: int) -> str | None:
         return (f"{hosts} local hosts may need {hosts * THREADS_PER_HOST} processes and threads, and this user "
                 f"may run {soft_procs} (ulimit -u): at most {soft_procs // THREADS_PER_HOST} hosts here")
     memory = _available_memory()
-    if memory is not None and hosts * MIN_HOST_MEMORY_BYTES > memory:
-        return (f"{hosts} local hosts need at least {hosts * MIN_HOST_MEMORY_BYTES >> 20} MiB of memory and "
-                f"{memory >> 20} MiB is available: at most {memory // MIN_HOST_MEMORY_BYTES} hosts here")
+    if memory is not None and hosts * floor > memory:
+        return (f"{hosts} local hosts need at least {hosts * floor >> 20} MiB of memory and "
+                f"{memory >> 20} MiB is available: at most {memory // floor} hosts here")
     return None

@@ -139,7 +139,7 @@ class LocalBackend(Backend):
         return self.simulate or acc.kind != "gpu" or not visible_gpus(os.environ)
 
     def preflight(self, plan: JobPlan) -> None:
-        problem = platform_problem(sys.platform) or host_count_problem(plan.world_size)
+        problem = platform_problem(sys.platform) or host_count_problem(plan.world_size, plan.framework)
         if not problem and on_real_gpus(plan):
             problem = gpu_shortfall(plan, _named(visible_gpus(os.environ), machine_gpus()))
         if problem:

@@ -16,6 +16,7 @@ import time
 import pytest
 
 import kinetic_nb
+from kinetic_nb.agent import processes
 from kinetic_nb.agent.local_state import AgentState
 from kinetic_nb.backends.local import agent_files
 from kinetic_nb.client.keys import load_key
@@ -199,3 +200,16 @@ def test_a_worker_stuck_after_the_leader_succeeded_is_shown_quiet_with_its_stack
     assert job.leader_result() == "the leader is done"  # never lost, whatever the workers do
     job.cancel()
     assert job.leader_result() == "the leader is done"
+
+
+def test_light_hosts_lift_the_local_limit_for_tests_and_benchmarks_only(monkeypatch):
+    """``KINETIC_LIGHT_HOSTS=1`` lets hosts with no framework go past ``MAX_LOCAL_HOSTS``, up to
+    ``MAX_LIGHT_HOSTS``; a framework's hosts, or a user without the setting, keep the limit."""
+    hosts = processes.MAX_LOCAL_HOSTS + 1
+    too_many = f"{hosts} host processes are more than the local backend runs"
+    monkeypatch.delenv(processes.LIGHT_HOSTS_ENV, raising=False)
+    assert too_many in (processes.host_count_problem(hosts, "none") or "")
+    monkeypatch.setenv(processes.LIGHT_HOSTS_ENV, "1")
+    assert too_many in (processes.host_count_problem(hosts, "jax") or "")
+    assert too_many not in (processes.host_count_problem(hosts, "none") or "")
+    assert "more than the local backend runs (at most 1024)" in processes.host_count_problem(1025, "none")
