@@ -14,13 +14,17 @@ only what the backend and the doctor use, as the API server documents it:
 - deleting one Job (``200`` with a Status; ``404`` when absent), and
   collections by label selector;
 - reading a Secret, a ServiceAccount (:meth:`add`) or a namespace; listing pods
-  (by label selector), Events, nodes;
+  (by label selector; :attr:`pods`, or what :attr:`pod_source` returns, as a
+  kubelet double reports them), Events, nodes;
 - discovery of an API group/version, ``/version``, and
   ``SelfSubjectAccessReview`` (``201``, allowed unless :attr:`denied` names the
   verb and resource).
 
 ``fail`` forces an answer for a request (``(verb, path prefix) -> (code,
-reason, message)``), e.g. a 403 for creating Services. No process is started:
+reason, message)``), e.g. a 403 for creating Services. ``on_delete`` listeners
+hear ``(kind, name)`` of every object deleted by name (a kubelet double's pods
+go with their owner, as the garbage collector would take them), and
+:meth:`counts` tells the requests by kind (verb and path). No process is started:
 the server runs in a thread and stops with :meth:`close`.
 """
 
@@ -33,6 +37,7 @@ import json
 import re
 import threading
 import uuid
+from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -80,6 +85,9 @@ class RecordingApiServer:
         self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}  # (kind, namespace, name)
         self.fail: dict[tuple[str, str], tuple[int, str, str]] = {}
         self.pods: list[dict[str, Any]] = []
+        #: What a pod listing answers from (a kubelet double's ``pod_json``): :attr:`pods` unless replaced.
+        self.pod_source: Any = lambda: self.pods
+        self.on_delete: list[Any] = []
         self.events: list[dict[str, Any]] = []
         self.nodes: list[dict[str, Any]] = []
         #: (verb, resource) pairs a SelfSubjectAccessReview answers "not allowed" for.
@@ -141,6 +149,16 @@ class RecordingApiServer:
     def sent(self, verb: str | None = None) -> list[Request]:
         return [request for request in self.requests if verb is None or request.verb == verb]
 
+    def counts(self, start: int = 0, end: int | None = None) -> Counter[tuple[str, str]]:
+        """The requests ``start`` to ``end`` (positions in :attr:`requests`) by kind: ``(verb, path)``, query left
+        out, so one listing of 64 pods is one ``("GET", ".../pods")`` and a read of each pod is 64 kinds."""
+        return Counter((request.verb, request.path) for request in self.requests[start:end])
+
+    def secret_value(self, name: str, key: str) -> str:
+        """What a ``secretKeyRef`` resolves to, for a kubelet double (``KeyError`` for a missing Secret or key)."""
+        [secret] = [body for (kind, _, stored), body in self.objects.items() if kind == "Secret" and stored == name]
+        return secret["stringData"][key]
+
     # -- answers ----------------------------------------------------------------------------
 
     def answer(self, request: Request) -> tuple[int, Any]:
@@ -170,7 +188,7 @@ class RecordingApiServer:
         if group_version.startswith(f"apis/{km.LWS_GROUP}/") and not self.lws_installed:
             return 404, status(404, "NotFound", "the server could not find the requested resource")
         if plural == "pods" and request.verb == "GET":
-            return 200, self._list(request, "PodList", [pod for pod in self.pods
+            return 200, self._list(request, "PodList", [pod for pod in self.pod_source()
                                                         if pod["metadata"]["namespace"] == namespace])
         if plural == "events" and request.verb == "GET":
             return 200, self._list(request, "EventList", [event for event in self.events
@@ -237,6 +255,8 @@ class RecordingApiServer:
         if (kind, namespace, name) not in self.objects:
             return 404, status(404, "NotFound", f'{plural} "{name}" not found', {"name": name, "kind": plural})
         del self.objects[kind, namespace, name]
+        for listener in self.on_delete:
+            listener(kind, name)
         return 200, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
                      "details": {"name": name, "kind": plural}}
 

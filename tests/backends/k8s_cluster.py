@@ -47,6 +47,7 @@ from __future__ import annotations
 import base64
 import copy
 import datetime
+import hashlib
 import json
 import os
 import re
@@ -646,9 +647,12 @@ class FakeKubelet:
         process = self.processes.get(index)
         status: dict[str, Any] = {"phase": "Pending", "conditions": [
             {"type": "PodScheduled", "status": "True", "lastTransitionTime": self.created_at}]}
-        container = {"name": km.CONTAINER_NAME, "image": pod["spec"]["containers"][0]["image"], "ready": False,
+        image = pod["spec"]["containers"][0]["image"]
+        # imageID is always sent (the official client's models require it): empty until the image is pulled.
+        container = {"name": km.CONTAINER_NAME, "image": image, "imageID": "", "ready": False,
                      "restartCount": max(0, self.runs.get(index, 0) - 1), "state": {}, "lastState": {}}
         if process is not None:
+            container["imageID"] = f"{image.rsplit(':', 1)[0]}@sha256:{hashlib.sha256(image.encode()).hexdigest()}"
             first = self.first_exit.get(index)
             terminated = None
             if first is not None:

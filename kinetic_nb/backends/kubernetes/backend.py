@@ -393,10 +393,7 @@ class KubernetesBackend(Backend):
         exits = {index: summary for index, summary in summaries.items() if index not in recorded}
         waiting: dict[int, str] = {}
         if len(summaries) < plan.world_size:
-            try:
-                states = self.host_states(plan)  # cached with the pod listing: no extra request
-            except Exception:  # noqa: BLE001 - a reason is a nicety; polling goes on
-                states = {}
+            states = host_states(self._listed_pods(plan))  # this look's listing: a look lists the pods once
             verdicts = self._verdicts.get(plan.job_id, {})
             waiting = {rank: verdicts[host].waiting if host in verdicts else state.reason
                        for host, state in states.items() for rank in plan.ranks_of(host) if rank not in summaries}
@@ -437,6 +434,14 @@ class KubernetesBackend(Backend):
         with self._lock:
             self._pods[plan.job_id] = (now, pods)
         return pods
+
+    def _listed_pods(self, plan: JobPlan) -> list[dict[str, Any]]:
+        """The job's pods as last listed (none before the first listing), without asking the API server again:
+        a look that takes longer than ``pod_list_interval_s`` (64 hosts' records on a busy machine) must not
+        list them a second time."""
+        with self._lock:
+            cached = self._pods.get(plan.job_id)
+        return cached[1] if cached is not None else []
 
     def host_states(self, plan: JobPlan) -> dict[int, PodHostState]:
         """Each host's pod state and reason, for the panel (Pending: Unschedulable, ImagePullBackOff, ...)."""
