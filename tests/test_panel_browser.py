@@ -3,7 +3,8 @@
 The tests start their own JupyterLab server on a free port. One opens a
 notebook whose 4-host cell sleeps in steps and then fails on host 3, and
 watches the panel go from running to failed; the other starts a session and
-reads what its cells' panels end as. Screenshots land in build/test-output/.
+reads what its cells' panels end as. Screenshots land in build/test-output/
+(and, for the 256-host grid, in docs/images/scale/).
 """
 
 from __future__ import annotations
@@ -75,6 +76,42 @@ ENDINGS = {
 }
 
 
+#: A cell whose hosts print a line a second for 6 s, all the same but host 5's: the browser's cost of drawing
+#: its panel is measured at 16 and 256 hosts, and its last lines are grouped.
+STEPS_CELL = """%%kinetic -n {hosts} --framework none
+import os, time
+host = int(os.environ['KINETIC_HOST_INDEX'])
+for step in range(6):
+    print(f'step {{step}} loss {{0.61 if host == 5 else 0.53}}', flush=True)
+    time.sleep(1)"""
+#: 256 hosts: 252 end at once, hosts 100-102 sleep without a word (quiet, 3 s after the others ended), and host
+#: 77 keeps printing (the slowest) and then raises.
+SCALE_CELL = """%%kinetic -n 256 --framework none --grace 3
+import os, time
+host = int(os.environ['KINETIC_HOST_INDEX'])
+if host in (100, 101, 102):
+    time.sleep(120)
+elif host == 77:
+    for step in range(40):
+        print(f'step {step} loss 0.53', flush=True)
+        time.sleep(0.5)
+    raise ValueError('host 77 lost its shard')
+print('step 10 loss 0.53', flush=True)"""
+#: 256 hosts on this machine: light ones (test only), as benchmarks/scale.py starts them.
+LIGHT_HOSTS = "import os\nos.environ['KINETIC_LIGHT_HOSTS'] = '1'"
+SCALE_IMAGES = pathlib.Path(__file__).resolve().parent.parent / "docs" / "images" / "scale"
+#: What the page counts while the cells run: each output area's changes (a MutationObserver's batches).
+COUNT_UPDATES = """() => {
+    window.knUpdates = new Map();
+    new MutationObserver(batch => {
+        for (const change of batch) {
+            const area = change.target.parentElement && change.target.parentElement.closest('.jp-CodeCell');
+            if (area) { window.knUpdates.set(area, (window.knUpdates.get(area) || 0) + 1); break; }
+        }
+    }).observe(document.body, {subtree: true, childList: true, characterData: true, attributes: true});
+}"""
+
+
 def endings_cells() -> tuple[list[str], dict[tuple[str, str], int]]:
     """The endings notebook's cells after ``%load_ext``, and where each ending's kinetic cell is."""
     cells: list[str] = []
@@ -112,7 +149,9 @@ def _free_port() -> int:
 def jupyterlab(tmp_path_factory):
     root = tmp_path_factory.mktemp("lab")
     for name, cells in (("panel.ipynb", [CELL]), ("session.ipynb", SESSION_CELLS), ("memory.ipynb", [MEMORY_CELL]),
-                        ("endings.ipynb", endings_cells()[0])):
+                        ("endings.ipynb", endings_cells()[0]),
+                        ("scale.ipynb", [LIGHT_HOSTS, STEPS_CELL.format(hosts=16), STEPS_CELL.format(hosts=256),
+                                         SCALE_CELL])):
         # A cell tagged raises-exception fails without stopping "Run All Cells" (the session is stopped after).
         notebook = new_notebook(cells=[new_code_cell("%load_ext kinetic_nb"), *(
             new_code_cell(cell, metadata={"tags": ["raises-exception"]} if "%%kinetic" in cell or "raise" in cell
@@ -297,3 +336,79 @@ def test_every_way_a_cell_ends_is_drawn_as_it_ended(jupyterlab):
         for left in kinetic_nb.sessions():  # a session the notebook did not get to stop
             if left["state"] == "up":
                 kinetic_nb.attach_session(left["session_id"], echo=False).stop()
+
+
+def _browser_ms(cdp) -> float:
+    """The page's main-thread time so far (Chromium's own accounting: scripts, style, layout, paint), in ms."""
+    metrics = {metric["name"]: metric["value"] for metric in cdp.send("Performance.getMetrics")["metrics"]}
+    return metrics["TaskDuration"] * 1000
+
+
+def _wait_for_header(output, word: str, timeout_s: float) -> str:
+    header, deadline = "", time.monotonic() + timeout_s
+    while word not in header and time.monotonic() < deadline:
+        header = output.inner_text().strip().split("\n", 1)[0] if output.count() else ""
+        time.sleep(0.05)
+    assert word in header, header
+    return header
+
+
+def test_a_256_host_cell_draws_a_grid_the_hosts_that_differ_and_grouped_lines(jupyterlab):
+    """16 and 256 hosts printing the same lines (the browser's cost of each panel is measured and printed), then
+    256 hosts with one failed and three quiet: the grid, the hosts that differ and the grouped lines, looked at
+    in docs/images/scale/."""
+    SCALE_IMAGES.mkdir(parents=True, exist_ok=True)
+    with notebook_run(jupyterlab("scale.ipynb"), "scale", 3000) as page:  # every cell in view, drawn
+        page.evaluate(COUNT_UPDATES)
+        cdp = page.context.new_cdp_session(page)
+        cdp.send("Performance.enable")
+        cells = page.locator(".jp-Notebook .jp-CodeCell")
+        costs = {}
+        for index, hosts in ((2, 16), (3, 256)):
+            output = cells.nth(index).locator(".jp-OutputArea")
+            _wait_for_header(output, "RUNNING", 120)
+            started, browser = time.monotonic(), _browser_ms(cdp)
+            _wait_for_header(output, "SUCCEEDED", 120)
+            seconds, browser = time.monotonic() - started, _browser_ms(cdp) - browser
+            updates = cells.nth(index).evaluate("cell => window.knUpdates.get(cell) || 0")
+            costs[hosts] = (browser / seconds, browser / max(updates, 1), updates)
+        for hosts, (per_second, per_update, updates) in costs.items():
+            print(f"browser main thread while a {hosts}-host cell ran: {per_second:.1f} ms/s, {updates} output "
+                  f"changes, {per_update:.2f} ms each; vs 16 hosts: {per_second / costs[16][0]:.2f}x")
+        assert all(updates > 0 for _, _, updates in costs.values())  # measured, never asserted on
+
+        grouped = cells.nth(3)
+        grouped.scroll_into_view_if_needed()
+        panel = grouped.locator(".widget-vbox").first
+        playwright_api.expect(panel.locator(".kn-grid i")).to_have_count(256, timeout=30_000)
+        lines = panel.get_by_text("last lines:").locator("..")
+        playwright_api.expect(lines).to_contain_text("hosts 0-4, 6-255: step 5 loss 0.53", timeout=30_000)
+        playwright_api.expect(lines).to_contain_text("host 5: step 5 loss 0.61")
+        grouped.screenshot(path=str(SCALE_IMAGES / "grouped-lines-256.png"))
+
+        scale = cells.nth(4)
+        output = scale.locator(".jp-OutputArea")
+        _wait_for_header(output, "RUNNING", 120)
+        scale.scroll_into_view_if_needed()
+        panel = scale.locator(".widget-vbox").first
+        playwright_api.expect(panel.locator(".kn-grid i.kn-quiet")).to_have_count(3, timeout=60_000)
+        differing = panel.get_by_text("hosts that differ:", exact=False).first
+        playwright_api.expect(differing).to_contain_text("3 quiet, 1 still running after 252 of 256 ended",
+                                                         timeout=10_000)
+        assert panel.locator(".kn-grid i").count() == 256
+        assert panel.locator(".kn-grid i.kn-succeeded").count() == 252
+        assert "hosts 0-76, 78-99, 103-255: step 10 loss 0.53" in panel.inner_text()
+        scale.screenshot(path=str(SCALE_IMAGES / "panel-256-quiet.png"))
+
+        _wait_for_header(output, "FAILED", 120)
+        playwright_api.expect(panel.locator(".kn-grid i.kn-failed")).to_have_count(1, timeout=30_000)
+        assert panel.locator(".kn-grid i.kn-failed").get_attribute("title") == "host 77 · failed · in the cell"
+        playwright_api.expect(panel.locator(".kn-grid i.kn-quiet")).to_have_count(0, timeout=30_000)
+        assert panel.locator(".kn-grid i").count() == 256
+        assert "host 77: ValueError at In[" in panel.inner_text()
+        news = page.get_by_role("button", name="No", exact=True)
+        if news.count():
+            news.first.click()
+            page.get_by_text("Would you like to get notified").wait_for(state="hidden", timeout=10_000)
+        scale.scroll_into_view_if_needed()
+        scale.screenshot(path=str(SCALE_IMAGES / "panel-256-failed.png"))

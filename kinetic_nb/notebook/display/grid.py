@@ -1,7 +1,7 @@
 """The compact view of a big slice: a grid of squares, the few hosts that differ, and the hosts' lines grouped.
 
-Pure functions of a ``JobSnapshot``'s hosts; the panel (``panel.py``) puts
-them in widgets, the text twin in lines. Cheap at 1,024 hosts: a square is a
+Pure functions of a ``JobSnapshot``; the panel (``panel.py``) puts them in
+widgets, the text twin in lines. Cheap at 1,024 hosts: a square is a
 class (one stylesheet gives each state its colour) and its tooltip, and the
 grid is cut into rows of ``GRID_ROW`` squares, each its own widget value, so a
 host's change resends its row alone.
@@ -12,7 +12,9 @@ from __future__ import annotations
 import html
 from collections.abc import Iterable, Mapping, Sequence
 
-from kinetic_nb.state import HostSnapshot, HostState
+from kinetic_nb.notebook.display.grouping import MAX_RANGES, grouped_lines, host_ranges
+from kinetic_nb.notebook.display.rows import LAST_LINE_CHARS, STATE_COLORS, host_title, rank_label, row_html
+from kinetic_nb.state import HostSnapshot, HostState, JobSnapshot
 
 #: Squares in one row of the grid, and in one widget value: a host's change resends 64 squares, not 1,024.
 GRID_ROW = 64
@@ -87,3 +89,57 @@ def differing_counts(hosts: Sequence[HostSnapshot]) -> str:
 def last_lines(hosts: Iterable[HostSnapshot]) -> dict[int, str]:
     """Each host's last printed line, by index (the lines the grid view groups)."""
     return {host.index: host.last_line for host in hosts if host.last_line}
+
+
+def static_grid_html(snapshot: JobSnapshot) -> str:
+    """The grid in a static summary (a saved notebook's): a style on each square, as a sanitized page keeps it."""
+    cells = "".join(
+        f'<span title="{html.escape(host_title(host, snapshot.name_of(host.index)))}" style="display:inline-block;'
+        f'width:10px;height:10px;margin:1px;background:{STATE_COLORS.get(host.state, "#999")}"></span>'
+        for host in snapshot.hosts
+    )
+    return f'<div style="line-height:0;max-width:{GRID_ROW * 12}px">{cells}</div>'
+
+
+def many_word(snapshot: JobSnapshot) -> str:
+    """What several of its hosts are called: ``hosts``, or ``ranks`` where hosts run several processes."""
+    return "ranks" if snapshot.procs_per_host > 1 else "hosts"
+
+
+def left_out_line(snapshot: JobSnapshot, left_out: list[HostSnapshot]) -> str:
+    """``"… and 40 more: failed hosts 80-99, stopped hosts 3, 5"``: the hosts that differ past the list's end."""
+    by_state: dict[str, list[int]] = {}
+    for host in left_out:
+        by_state.setdefault(host.state, []).append(host.index)
+    return f"… and {len(left_out)} more: " + ", ".join(
+        f"{state} {many_word(snapshot)} {host_ranges(indices, limit=MAX_RANGES)}" for state, indices in by_state.items())
+
+
+def differing_html(snapshot: JobSnapshot, differing: list[HostSnapshot]) -> str:
+    """Under the grid: what differs in a line, then a row for each of the first ``MAX_DIFFERING`` such hosts."""
+    if not differing:
+        return ""
+    rows = "".join(row_html(host, snapshot.taken_at, rank_label(host, snapshot.procs_per_host))
+                   for host in differing[:MAX_DIFFERING])
+    more = differing[MAX_DIFFERING:]
+    tail = f'<div style="font-family:monospace;font-size:12px">{html.escape(left_out_line(snapshot, more))}</div>' \
+        if more else ""
+    return (f'<div style="line-height:1.6"><div style="font-family:monospace;font-size:12px;margin-top:4px">'
+            f"{many_word(snapshot)} that differ: {html.escape(differing_counts(snapshot.hosts))}</div>{rows}{tail}</div>")
+
+
+def grouped_host_lines(snapshot: JobSnapshot) -> list[str]:
+    """Each host's last line, identical ones once with the hosts that printed them."""
+    lines = {index: line[:LAST_LINE_CHARS] for index, line in last_lines(snapshot.hosts).items()}
+    return grouped_lines(lines, snapshot.name_of, many=many_word(snapshot))
+
+
+def lines_html(snapshot: JobSnapshot) -> str:
+    """Under the hosts that differ: the hosts' last lines, grouped."""
+    grouped = grouped_host_lines(snapshot)
+    if not grouped:
+        return ""
+    lines = "".join(f"<div style='white-space:pre;overflow:hidden;text-overflow:ellipsis'>{html.escape(line)}</div>"
+                    for line in grouped)
+    return (f'<div style="font-family:monospace;font-size:12px;line-height:1.6;margin-top:4px">'
+            f'<div style="color:#555">last lines:</div>{lines}</div>')

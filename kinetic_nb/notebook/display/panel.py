@@ -36,16 +36,29 @@ from kinetic_nb.notebook.display.grid import (
     MAX_DIFFERING,
     differing_counts,
     differing_hosts,
+    differing_html,
     grid_row,
     grid_style,
-    last_lines,
+    grouped_host_lines,
+    left_out_line,
+    lines_html,
+    many_word,
     square,
     square_key,
+    static_grid_html,
 )
-from kinetic_nb.notebook.display.grouping import MAX_RANGES, grouped_lines, host_ranges
+from kinetic_nb.notebook.display.grouping import MAX_RANGES, host_ranges
 from kinetic_nb.notebook.display.memory import memory_detail, memory_flags, memory_line
+from kinetic_nb.notebook.display.rows import (
+    LAST_LINE_CHARS,
+    STATE_COLORS,
+    badge_html,
+    host_title,
+    rank_label,
+    row_html,
+    seconds_text,
+)
 from kinetic_nb.runner.frame_locals import NOTE_NAMES, FrameLocals
-from kinetic_nb.runner.protocol import process_label
 from kinetic_nb.runner.stacks import readable_stacks, where_the_cell_is
 from kinetic_nb.state import (
     SNAPSHOT_INTERVAL_S,
@@ -66,27 +79,12 @@ MAX_DETAILS = 32
 DETAIL_LINES = 40
 #: A brief view's text twin (a session's cell) says nothing until its cell has run this long.
 BRIEF_QUIET_S = 1.0
-#: A row's last log line is cut to this many characters.
-LAST_LINE_CHARS = 120
 #: A grid panel draws at most once per this many seconds per host (and never more often than the poller looks,
 #: ``SNAPSHOT_INTERVAL_S``): every 0.5 s at 256 hosts, every 2 s at 1,024. A draw may resend every square (about
 #: 60 bytes each, when hosts end in a scattered order), and its CPU grows with the hosts: this keeps a big panel's
 #: kernel CPU and bytes sent per second at or under a 16-host panel's at four draws a second
 #: (``benchmarks/panel.py`` measures both). A cell's last draw is never skipped.
 REDRAW_S_PER_HOST = 1 / 512
-
-STATE_COLORS = {
-    HostState.PENDING: "#9e9e9e",
-    HostState.IDLE: "#26a69a",
-    HostState.READY: "#64b5f6",
-    HostState.RUNNING: "#1e88e5",
-    HostState.SUCCEEDED: "#43a047",
-    HostState.FAILED: "#e53935",
-    HostState.STOPPED: "#78909c",  # grey, never red: kinetic_nb stopped it (asked to, or after another failed)
-    HostState.STOPPING: "#b0bec5",
-    HostState.LOST: "#6d4c41",
-    HostState.QUIET: "#8e24aa",
-}
 #: The progress bar's style for each job state (tqdm's meanings).
 BAR_STYLES = {JobStatus.PENDING: "", JobStatus.RUNNING: "info", JobStatus.SUCCEEDED: "success",
               JobStatus.FAILED: "danger", JobStatus.CANCELLED: "warning"}
@@ -161,21 +159,12 @@ def quiet_lines(snapshot: JobSnapshot, limit: int | None = None) -> list[str]:
     return lines
 
 
-def _seconds(value: float) -> str:
-    return f"{value:.1f} s" if value < 600 else f"{value / 60:.0f} min"
-
-
 def _header_text(snapshot: JobSnapshot) -> str:
     per = snapshot.procs_per_host
     shape = f"{len(snapshot.hosts)} hosts" if per == 1 else \
         f"{len(snapshot.hosts) // per} hosts x {per} processes"
     return (f"{snapshot.label or snapshot.job_id} · {snapshot.backend} · {snapshot.accelerator} · {shape} · "
-            f"{_seconds(snapshot.elapsed)} · {snapshot.status_word}")
-
-
-def _label(host: HostSnapshot, procs_per_host: int) -> str:
-    """A process's short name in a row: its host's index, or ``host.process`` where hosts run several."""
-    return process_label(host.index, procs_per_host)
+            f"{seconds_text(snapshot.elapsed)} · {snapshot.status_word}")
 
 
 #: A host's state in its row, where it runs several processes: the first of these its processes are in.
@@ -204,25 +193,6 @@ def host_summary(host: int, processes: tuple[HostSnapshot, ...]) -> HostSnapshot
 def _counts_text(snapshot: JobSnapshot) -> str:
     counts = snapshot.counts()
     return ", ".join(f"{counts[state]} {state}" for state in STATE_COLORS if counts[state])
-
-
-def _badge(state: str) -> str:
-    return (f'<span style="color:white;background:{STATE_COLORS.get(state, "#999")};border-radius:3px;'
-            f'padding:0 4px">{html.escape(state)}</span>')
-
-
-def _row_html(host: HostSnapshot, now: float, label: str | None = None) -> str:
-    leader = " ★" if host.is_leader else ""
-    last = html.escape(host.row_line[:LAST_LINE_CHARS])
-    label = str(host.index) if label is None else label
-    return (
-        '<div style="display:flex;gap:10px;font-family:monospace;font-size:12px;white-space:nowrap">'
-        f'<span style="width:4.5em" title="{"leader" if host.is_leader else "worker"}">{label}{leader}</span>'
-        f'<span style="width:6.5em">{_badge(host.state)}</span>'
-        f'<span style="width:13em">{html.escape(phase_words(host.phase))}</span>'
-        f'<span style="width:5em;text-align:right">{_seconds(host.elapsed(now))}</span>'
-        f'<span style="overflow:hidden;text-overflow:ellipsis;color:#555">{last}</span></div>'
-    )
 
 
 def _detail_html(host: HostSnapshot) -> str:
@@ -263,72 +233,14 @@ def locals_lines(snapshot: JobSnapshot) -> list[str]:
     return lines[:MAX_DIFFERING] if len(snapshot.hosts) > GRID_ABOVE else lines
 
 
-def _title(host: HostSnapshot, name: str | None = None) -> str:
-    name = f"host {host.index}" if name is None else name
-    phase = f" · {phase_words(host.phase)}" if host.phase else ""  # none: a withdrawn cell's, never started
-    return f"{name}{' (leader)' if host.is_leader else ''} · {host.state}{phase}"
-
-
 def _processes_html(snapshot: JobSnapshot, processes: tuple[HostSnapshot, ...]) -> str:
     """A host's drill-down where it runs several processes: a row per process, then each one's own drill-down
     (its traceback, its log tail) under its name."""
-    rows = "".join(_row_html(process, snapshot.taken_at, _label(process, snapshot.procs_per_host))
+    rows = "".join(row_html(process, snapshot.taken_at, rank_label(process, snapshot.procs_per_host))
                    for process in processes)
-    details = "".join(f"<div><b>{html.escape(_title(process, snapshot.name_of(process.index)))}</b></div>"
+    details = "".join(f"<div><b>{html.escape(host_title(process, snapshot.name_of(process.index)))}</b></div>"
                       f"{_detail_html(process)}" for process in processes)
     return rows + details
-
-
-def _grid_html(snapshot: JobSnapshot) -> str:
-    """The grid in a static summary (a saved notebook's): a style on each square, as a sanitized page keeps it."""
-    cells = "".join(
-        f'<span title="{html.escape(_title(host, snapshot.name_of(host.index)))}" style="display:inline-block;'
-        f'width:10px;height:10px;margin:1px;background:{STATE_COLORS.get(host.state, "#999")}"></span>'
-        for host in snapshot.hosts
-    )
-    return f'<div style="line-height:0;max-width:{GRID_ROW * 12}px">{cells}</div>'
-
-
-def _many(snapshot: JobSnapshot) -> str:
-    return "ranks" if snapshot.procs_per_host > 1 else "hosts"
-
-
-def _left_out_line(snapshot: JobSnapshot, left_out: list[HostSnapshot]) -> str:
-    """``"… and 40 more: failed hosts 80-99, stopped hosts 3, 5"``: the hosts that differ past the list's end."""
-    by_state: dict[str, list[int]] = {}
-    for host in left_out:
-        by_state.setdefault(host.state, []).append(host.index)
-    return f"… and {len(left_out)} more: " + ", ".join(
-        f"{state} {_many(snapshot)} {host_ranges(indices, limit=MAX_RANGES)}" for state, indices in by_state.items())
-
-
-def _differing_html(snapshot: JobSnapshot, differing: list[HostSnapshot]) -> str:
-    """Under the grid: what differs in a line, then a row for each of the first ``MAX_DIFFERING`` such hosts."""
-    if not differing:
-        return ""
-    rows = "".join(_row_html(host, snapshot.taken_at, _label(host, snapshot.procs_per_host))
-                   for host in differing[:MAX_DIFFERING])
-    more = differing[MAX_DIFFERING:]
-    tail = f'<div style="font-family:monospace;font-size:12px">{html.escape(_left_out_line(snapshot, more))}</div>' \
-        if more else ""
-    return (f'<div style="font-family:monospace;font-size:12px;margin-top:4px">{_many(snapshot)} that differ: '
-            f"{html.escape(differing_counts(snapshot.hosts))}</div>{rows}{tail}")
-
-
-def _grouped_lines(snapshot: JobSnapshot) -> list[str]:
-    """Each host's last line, identical ones once with the hosts that printed them."""
-    lines = {index: line[:LAST_LINE_CHARS] for index, line in last_lines(snapshot.hosts).items()}
-    return grouped_lines(lines, snapshot.name_of, many=_many(snapshot))
-
-
-def _lines_html(snapshot: JobSnapshot) -> str:
-    grouped = _grouped_lines(snapshot)
-    if not grouped:
-        return ""
-    lines = "".join(f"<div style='white-space:pre;overflow:hidden;text-overflow:ellipsis'>{html.escape(line)}</div>"
-                    for line in grouped)
-    return (f'<div style="font-family:monospace;font-size:12px;margin-top:4px"><div style="color:#555">last lines:'
-            f"</div>{lines}</div>")
 
 
 def _memory_lines(snapshot: JobSnapshot) -> tuple[list[str], list[str]]:
@@ -443,9 +355,9 @@ class HostPanel:
             self._update_host_rows(snapshot)
             return
         for host, row, detail in zip(snapshot.hosts, self.rows, self.details.children, strict=True):
-            row.value = _row_html(host, snapshot.taken_at)
+            row.value = row_html(host, snapshot.taken_at)
             detail.value = _detail_html(host)
-        titles = tuple(_title(host) for host in snapshot.hosts)
+        titles = tuple(host_title(host) for host in snapshot.hosts)
         if tuple(self.details.titles) != titles:
             self.details.titles = titles
 
@@ -454,16 +366,16 @@ class HostPanel:
         summaries = [host_summary(index, processes) for index, processes in snapshot.by_host()]
         for (_, processes), summary, row, detail in zip(snapshot.by_host(), summaries, self.rows,
                                                         self.details.children, strict=True):
-            row.value = _row_html(summary, snapshot.taken_at)
+            row.value = row_html(summary, snapshot.taken_at)
             detail.value = _processes_html(snapshot, processes)
-        titles = tuple(f"{_title(summary)} · {snapshot.procs_per_host} processes" for summary in summaries)
+        titles = tuple(f"{host_title(summary)} · {snapshot.procs_per_host} processes" for summary in summaries)
         if tuple(self.details.titles) != titles:
             self.details.titles = titles
 
     def _update_grid(self, snapshot: JobSnapshot) -> None:
         """The rows of squares whose hosts changed, the hosts that differ, the grouped lines, the drill-downs."""
         def title(host: HostSnapshot) -> str:
-            return _title(host, snapshot.name_of(host.index))
+            return host_title(host, snapshot.name_of(host.index))
 
         changed_rows = set()
         for position, host in enumerate(snapshot.hosts):
@@ -475,8 +387,8 @@ class HostPanel:
         for row in sorted(changed_rows):  # a row's value is not even made when none of its squares changed
             self.grid.children[row].value = grid_row(self._squares[row * GRID_ROW:(row + 1) * GRID_ROW])
         differing = differing_hosts(snapshot.hosts)
-        self.differing.value = _differing_html(snapshot, differing)
-        self.lines.value = _lines_html(snapshot)
+        self.differing.value = differing_html(snapshot, differing)
+        self.lines.value = lines_html(snapshot)
         shown = differing[:MAX_DETAILS]
         if len(self.details.children) != len(shown):
             self.details.children = self._detail_pool[:len(shown)]
@@ -502,7 +414,7 @@ def text_summary(snapshot: JobSnapshot, *, brief: bool = False) -> str:
         differing = differing_hosts(snapshot.hosts)
         hosts, left_out = differing[:MAX_DIFFERING], differing[MAX_DIFFERING:]
         if differing:
-            lines.append(f"{_many(snapshot)} that differ: {differing_counts(snapshot.hosts)}")
+            lines.append(f"{many_word(snapshot)} that differ: {differing_counts(snapshot.hosts)}")
     per = snapshot.procs_per_host
     if hosts:
         lines.append(f"{'host' if per == 1 else 'h.proc':>6}  {'state':<9}  {'phase':<20}  {'time':>7}  "
@@ -512,17 +424,17 @@ def text_summary(snapshot: JobSnapshot, *, brief: bool = False) -> str:
         # A host that ended badly: how; one kinetic_nb stopped (its state says so): its last line, as any other.
         tail = host.exit_summary if host.exit and not host.fine and host.state != HostState.STOPPED.value else \
             host.row_line[:LAST_LINE_CHARS]
-        lines.append(f"{_label(host, per):>5}{leader}  {host.state:<9}  {phase_words(host.phase):<20}  "
-                     f"{_seconds(host.elapsed(snapshot.taken_at)):>7}  {tail}")
+        lines.append(f"{rank_label(host, per):>5}{leader}  {host.state:<9}  {phase_words(host.phase):<20}  "
+                     f"{seconds_text(host.elapsed(snapshot.taken_at)):>7}  {tail}")
     if left_out:
-        lines.append(_left_out_line(snapshot, left_out))
+        lines.append(left_out_line(snapshot, left_out))
     memory, flags = _memory_lines(snapshot)
     lines.extend(memory)
     lines.extend(failure_lines(snapshot))
     lines.extend(locals_lines(snapshot))
     lines.extend(flags)
     lines.extend(quiet_lines(snapshot, MAX_DIFFERING if big else None))
-    grouped = _grouped_lines(snapshot) if big else []
+    grouped = grouped_host_lines(snapshot) if big else []
     if grouped:
         lines.append("last lines:")
         lines.extend(f"  {line}" for line in grouped)
@@ -536,12 +448,12 @@ def html_summary(snapshot: JobSnapshot, *, brief: bool = False) -> str:
     big = len(snapshot.hosts) > GRID_ABOVE
     hosts = differing_hosts(snapshot.hosts)[:MAX_DIFFERING] if big else snapshot.hosts
     rows = "".join(
-        f"<tr><td>{_label(host, snapshot.procs_per_host)}{' ★' if host.is_leader else ''}</td><td>{_badge(host.state)}</td>"
-        f"<td>{html.escape(phase_words(host.phase))}</td><td>{_seconds(host.elapsed(snapshot.taken_at))}</td>"
+        f"<tr><td>{rank_label(host, snapshot.procs_per_host)}{' ★' if host.is_leader else ''}</td><td>{badge_html(host.state)}</td>"
+        f"<td>{html.escape(phase_words(host.phase))}</td><td>{seconds_text(host.elapsed(snapshot.taken_at))}</td>"
         f"<td><code>{html.escape(host.row_line[:LAST_LINE_CHARS])}</code></td></tr>"
         for host in hosts
     )
-    grid, lines = (_grid_html(snapshot), _lines_html(snapshot)) if big else ("", "")
+    grid, lines = (static_grid_html(snapshot), lines_html(snapshot)) if big else ("", "")
     return (f"<div><b>{html.escape(_header_text(snapshot))}</b> {_counts_text(snapshot)}{grid}"
             f"<table><tr><th>host</th><th>state</th><th>phase</th><th>time</th><th>last line</th></tr>{rows}"
             f"</table>{_failures_html(snapshot)}{lines}</div>")
@@ -556,7 +468,7 @@ class TextStatus:
         self._last = ""
 
     def _line(self, snapshot: JobSnapshot) -> str:
-        return f"{snapshot.label or snapshot.job_id}: {_counts_text(snapshot)} · {_seconds(snapshot.elapsed)}"
+        return f"{snapshot.label or snapshot.job_id}: {_counts_text(snapshot)} · {seconds_text(snapshot.elapsed)}"
 
     def update(self, snapshot: JobSnapshot) -> None:
         if self.brief and snapshot.elapsed < BRIEF_QUIET_S:
