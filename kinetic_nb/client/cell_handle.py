@@ -577,7 +577,8 @@ class CellHandle:
 
         try:
             return wait_for(self.snapshot, ready, on_snapshot=on_snapshot, between=check, sleep=self.sleep,
-                            first_pause=WOKEN_FIRST_POLL_S if self._woken else FIRST_POLL_S)
+                            first_pause=WOKEN_FIRST_POLL_S if self._woken else FIRST_POLL_S,
+                            hosts=self.plan.world_size)
         except KeyboardInterrupt as interrupt:
             raise self._interrupted(interrupt) from None
 

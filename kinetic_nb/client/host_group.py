@@ -106,7 +106,8 @@ class HostGroup:
             if time.monotonic() > deadline:
                 raise KineticTimeoutError(f"the hosts of {self.job_id} had not all ended after {timeout:g} s")
 
-        return wait_for(self.snapshot, lambda snapshot: snapshot.status.done, between=check).status
+        return wait_for(self.snapshot, lambda snapshot: snapshot.status.done, between=check,
+                        hosts=self.plan.world_size).status
 
     def open_wakeup(self) -> None:
         """On a local disk, the socket through which the hosts wake this notebook: a session's hosts when they

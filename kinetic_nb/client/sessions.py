@@ -505,7 +505,7 @@ def _wait_until_idle(session: Session, timeout: float, on_snapshot: Callable[[Jo
             raise KineticTimeoutError(f"session {session.session_id}: hosts were not idle after {timeout:g} s")
 
     snapshot = wait_for(session.group.snapshot, lambda snap: all(host.state == HostState.IDLE.value for host in snap.hosts),
-                        on_snapshot=on_snapshot, between=check)
+                        on_snapshot=on_snapshot, between=check, hosts=session.plan.world_size)
     if on_snapshot is not None:
         on_snapshot(dataclasses.replace(snapshot, status=JobStatus.SUCCEEDED, label=f"session {session.session_id} (framework {session.plan.framework}) is up"))
 
