@@ -48,13 +48,15 @@ __all__ = [
     "phase_words",
 ]
 
-#: A host with no exit record whose heartbeat is older than this is lost: its
-#: process is gone or unreachable (a few heartbeats, with room for a busy host).
+#: A host with no exit record whose heartbeat is older than this is lost: its agent, which beats for each host
+#: process that exists (running or stopped, whatever its interpreter does: ``agent.liveness``), is gone or cut
+#: off (a few heartbeats, with room for a loaded machine). A host that exists but does nothing is quiet, not lost.
 LOST_AFTER_S = 5 * HEARTBEAT_INTERVAL_S
-#: The same in the framework's distributed init, which may hold the interpreter while it connects to its peers
-#: (on a loaded machine, longer than LOST_AFTER_S): the framework's own init timeout bounds that phase.
+#: The same in the framework's distributed init: a host's own thread beat once, and the framework held the
+#: interpreter while it connected to its peers; the agent beats now, so this only leaves room for an agent whose
+#: machine is loaded by every host's init at once. The framework's own init timeout bounds that phase.
 INIT_LOST_AFTER_S = 60.0
-#: An idle session host beats seldom (``runner.status.IDLE_HEARTBEAT_INTERVAL_S``): lost after four missed beats.
+#: An idle session host is beaten seldom (``runner.status.IDLE_HEARTBEAT_INTERVAL_S``): lost after four missed beats.
 IDLE_LOST_AFTER_S = 4 * IDLE_HEARTBEAT_INTERVAL_S
 #: A host found silent past its limit is called lost only if no new heartbeat arrives within this much more of
 #: the notebook's own time: a machine that paused as a whole (every process, and every clock, jumping ahead)
@@ -355,7 +357,7 @@ def host_state(status: HostStatus | None, summary: ExitSummary | None, heartbeat
     summary : ExitSummary or None
         How the host ended, once it did.
     heartbeat_at : float or None
-        When the host last rewrote its heartbeat.
+        When the host's agent last rewrote its heartbeat.
     now : float
         The time of the poll.
 
@@ -363,7 +365,7 @@ def host_state(status: HostStatus | None, summary: ExitSummary | None, heartbeat
     -------
     str
         A ``HostState`` value; a host without an exit record whose heartbeat
-        stopped is lost.
+        stopped is lost (its agent is gone: a stopped host is still beaten for).
     """
     if summary is not None:
         if summary.stopped:

@@ -16,7 +16,10 @@ pod). It
   before stopping them (SIGTERM, then SIGKILL: JAX traps SIGTERM);
 - stops its hosts when ``control/cancel.json`` appears, and writes it itself
   (reason ``timeout``) once the plan's timeout has passed;
-- answers ``control/stacks-{seq}.json`` with each live host's stacks;
+- answers ``control/stacks-{seq}.json`` with each live host's stacks (a stopped
+  process's record says it is stopped);
+- beats each host's ``hosts/{i}/heartbeat`` while its process exists, whatever
+  its interpreter does (``agent.liveness``);
 - publishes ``KINETIC_OUTPUT_DIR`` to ``outputs/`` when its last host ends.
 
 The agent's look at ``control/`` is one listing, whatever the number of hosts.
@@ -44,6 +47,7 @@ from collections.abc import Callable
 
 from kinetic_nb.agent import processes
 from kinetic_nb.agent.cells import CellWatch
+from kinetic_nb.agent.liveness import Liveness, not_running
 from kinetic_nb.errors import IntegrityError, ObjectExistsError, ObjectNotFoundError
 from kinetic_nb.runner import marks, protocol
 from kinetic_nb.runner.channel import CHANNEL_ENV, Address, Channel, Hub, Joining, agent_role
@@ -191,6 +195,9 @@ class Agent:
         self._listed_control: set[str] = set()
         self._passed_on: set[str] = set()
         self._handled_control: frozenset[str] = frozenset()
+        #: Each host's heartbeat, beaten from a thread of this agent's once every host is forked.
+        self.liveness = Liveness(lambda name: self.storage.write_bytes(name, b""), read_state=self._recorded_state,
+                                 remote=storage.local_path() is None)
         started = plan.created_at or time.time()
         self._deadline = started + plan.timeout_s if plan.timeout_s else None
 
@@ -224,6 +231,7 @@ class Agent:
         """The hosts' start verdict, through the hub: when it says they use the channel, so does this agent."""
         if name == protocol.LEADER_READY and hosts_agreed(self.hub.mirror, self.key):
             self._relay.attach(lambda name, data: self.hub.publish(name, data), self.hub.mirror)
+            self.liveness.beat_now()  # the notebooks read the hosts' heartbeats from the hub from now on
 
     def join_hub(self, address: Address) -> None:
         """Another host's agent: its records (its host's output, its end) go through the leader's hub too, once
@@ -237,6 +245,7 @@ class Agent:
         def then(channel: Channel | None, error: str) -> None:
             if channel is not None:
                 self._relay.attach(channel.send, channel.mirror)
+                self.liveness.beat_now()
             else:
                 print(f"kinetic agent: could not join the session's hub ({error}); the session's cells travel "
                       "through storage", file=sys.stderr, flush=True)
@@ -294,6 +303,8 @@ class Agent:
                 self.selector.register(host.pidfd, selectors.EVENT_READ, index)
             except (AttributeError, OSError):
                 pass  # no pidfds here: the loop's timeout bounds how late an end is seen
+            self.liveness.add(index, session=self.plan.session)
+        self.liveness.start()  # a thread: only once every host is forked
         if self.hub is not None:
             self._start_hub()
         elif self._hub_address is not None:
@@ -358,6 +369,7 @@ class Agent:
                 self._enforce_timeout()
                 self._stop_survivors_if_due()
         finally:
+            self.liveness.stop()
             if self.hub is not None:
                 self.hub.close()
             if self._relay is not None:
@@ -432,10 +444,12 @@ class Agent:
                 host.log.add_display(mark.body)
             elif mark.kind == marks.CELL_START:
                 host.log.start_cell(mark.body)
+                self.liveness.cell_started(host.index)
             elif mark.kind == marks.FRAMEWORK:
                 host.log.start_framework_teardown()
             else:
                 host.log.end_cell(mark.body)
+                self.liveness.cell_ended(host.index)
         for problem in host.frames.problems:
             line = f"kinetic agent: dropped {problem} from host {host.index}'s marks pipe\n"
             host.log.feed(line.encode(), protocol.STDERR)
@@ -449,6 +463,7 @@ class Agent:
             if pid == 0:
                 continue
             host.wait_status = wait_status
+            self.liveness.forget(host.index)
             if host.pidfd is not None:
                 self.selector.unregister(host.pidfd)
                 os.close(host.pidfd)
@@ -619,10 +634,17 @@ class Agent:
     # -- stacks ---------------------------------------------------------------------------
 
     def dump_stacks(self, seq: int) -> None:
-        """Ask every live host for its stacks at once, wait for the dumps to settle, store each (or "no answer")."""
+        """Ask every live host for its stacks at once, wait for the dumps to settle, store each (or "no answer",
+        at once for a stopped process, saying so)."""
         asked: dict[int, int] = {}
         for host in self.hosts.values():
             if not host.alive:
+                continue
+            stopped = not_running(host.pid)
+            if stopped:  # it runs no signal handler until it is continued: nothing to wait for
+                self.write_record(protocol.host_stacks(host.index, seq), (
+                    f"no answer: host {host.index} {stopped}: process {host.pid} runs nothing, its stacks' dump "
+                    "included, until it gets SIGCONT\n").encode())
                 continue
             try:
                 asked[host.index] = os.path.getsize(host.stacks_path) if os.path.exists(host.stacks_path) else 0

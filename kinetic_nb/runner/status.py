@@ -1,4 +1,10 @@
-"""A host's ``status.json`` (on every change) and ``heartbeat`` (while it lives)."""
+"""A host's ``status.json``: written on every change, or deferred so that a quick phase costs no write.
+
+A host does not beat its own ``heartbeat``: its agent does, for every host
+process it has not reaped (``kinetic_nb.agent.liveness``), so a framework that
+holds the interpreter's GIL, or a stopped process, is never taken for a host
+that is gone. The paces are here, where readers (``state``) find them.
+"""
 
 from __future__ import annotations
 
@@ -18,35 +24,35 @@ from kinetic_nb.storage import Storage
 
 logger = logging.getLogger(__name__)
 
-#: How often a live host rewrites its heartbeat; a reader that sees no new
-#: heartbeat for several intervals can suspect the host is gone.
+#: How often a live host's heartbeat is rewritten (by its agent); a reader that sees no new heartbeat for
+#: several intervals can suspect the host, or its agent, is gone.
 HEARTBEAT_INTERVAL_S = 2.0
 #: The states that end a cell on a host: its status then carries the host's memory.
 CELL_END_STATES = (HostState.IDLE, HostState.SUCCEEDED, HostState.FAILED, HostState.STOPPED)
-#: How often an idle session host does: nobody waits on it, and each beat is a request on a bucket (a reader
+#: How often an idle session host's is: nobody waits on it, and each beat is a request on a bucket (a reader
 #: gives an idle host several of these before it calls it lost: ``state.IDLE_LOST_AFTER_S``).
 IDLE_HEARTBEAT_INTERVAL_S = 60.0
 
 
 class StatusReporter:
-    """Keeps ``hosts/{i}/status.json`` current (sealed under ``key``), and beats ``hosts/{i}/heartbeat`` from a thread."""
+    """Keeps ``hosts/{i}/status.json`` current (sealed under ``key``); a deferred change is written from a thread
+    started for the first one, which sleeps until a change is due (the host's heartbeat is its agent's)."""
 
     def __init__(self, storage: Storage, host_index: int, key: bytes | None):
         self._storage = storage
         self._key = key
         self._status_name = protocol.host_status(host_index)
-        self._heartbeat_name = protocol.host_heartbeat(host_index)
         self._lock = threading.Lock()
-        #: Held through a status write, so two writes (the main thread's, a deferred one from the heartbeat
+        #: Held through a status write, so two writes (the main thread's, a deferred one from the writer
         #: thread) land in the order they were taken: a slow older write never overwrites a newer one.
         self._write_lock = threading.Lock()
         self._stop = threading.Event()
-        #: Set when the heartbeat thread has something new to wait for: a deferred write, or the stop.
+        #: Set when the writer thread has something new to wait for: a deferred write, or the stop.
         self._changed = threading.Event()
         #: When a deferred change is due to be written (monotonic), or None when none waits.
         self._due_at: float | None = None
-        #: When the last heartbeat was written (monotonic).
-        self._beat_at = time.monotonic()
+        #: The thread that writes deferred changes, once one was deferred.
+        self._writer: threading.Thread | None = None
         now = time.time()
         history = [[Phase.STARTUP.value, now]]
         install = installed_environment()
@@ -65,8 +71,6 @@ class StatusReporter:
 
     def start(self) -> None:
         self._write_status()
-        self._beat_once()
-        threading.Thread(target=self._beat, name="kinetic-heartbeat", daemon=True).start()
 
     def update(
         self, *, state: HostState | None = None, phase: Phase | None = None, message: str = "", traceback: str = "",
@@ -81,7 +85,6 @@ class StatusReporter:
         """
         with self._lock:
             now = time.time()
-            was_idle = self._status.state == HostState.IDLE.value
             history = self._status.history
             if session.get("cell", self._status.cell) != self._status.cell:
                 history = []  # a session's timeline is its current cell's
@@ -100,14 +103,15 @@ class StatusReporter:
                 history=history,
                 **session,
             )
-        if was_idle and state is not None and state != HostState.IDLE:
-            self._changed.set()  # a cell begins: the heartbeat thread beats at its busy pace again
         if record:  # False: remembered, and written with the next change
             self._write_status()
         elif defer_s is not None:
             with self._lock:
                 armed, self._due_at = self._due_at is None, self._due_at or time.monotonic() + defer_s
-            if armed:  # the heartbeat thread learns of a new due time; a later change rides on this one
+                if armed and self._writer is None:
+                    self._writer = threading.Thread(target=self._write_deferred, name="kinetic-status", daemon=True)
+                    self._writer.start()
+            if armed:  # the writer thread learns of a new due time; a later change rides on this one
                 self._changed.set()
 
     def stop(self) -> None:
@@ -120,35 +124,19 @@ class StatusReporter:
             return self._status.to_json()
 
     def beat(self) -> None:
-        """A heartbeat now, out of turn (a host that just joined its session's channel)."""
-        self._beat_once()
+        """Nothing: the host's agent beats its heartbeat (``kinetic_nb.agent.liveness``), and beats every host at
+        once when its session's channel comes up. Kept for callers from before."""
 
-    def _interval(self) -> float:
-        return IDLE_HEARTBEAT_INTERVAL_S if self._status.state == HostState.IDLE.value else HEARTBEAT_INTERVAL_S
-
-    def _beat(self) -> None:
-        """Beat every HEARTBEAT_INTERVAL_S (IDLE_HEARTBEAT_INTERVAL_S while idle, and at once on leaving idle),
-        and write a deferred change when it is due."""
-        next_beat = time.monotonic() + HEARTBEAT_INTERVAL_S
+    def _write_deferred(self) -> None:
+        """Write a deferred change when it is due; with none due, sleep until one is deferred (or the stop)."""
         while not self._stop.is_set():
             with self._lock:
                 due_at = self._due_at
-                if self._status.state != HostState.IDLE.value:
-                    next_beat = min(next_beat, self._beat_at + HEARTBEAT_INTERVAL_S)
-            wake_at = next_beat if due_at is None else min(next_beat, due_at)
-            if self._changed.wait(max(0.0, wake_at - time.monotonic())):
+            wait = None if due_at is None else max(0.0, due_at - time.monotonic())
+            if self._changed.wait(wait):
                 self._changed.clear()
                 continue  # something new to wait for (or the stop): look again
-            now = time.monotonic()
-            if due_at is not None and now >= due_at:
-                self._write_status(only_if_due=True)
-            if now >= next_beat:
-                self._beat_once()
-                next_beat = now + self._interval()
-
-    def _beat_once(self) -> None:
-        self._beat_at = time.monotonic()
-        self._write(self._heartbeat_name, b"")
+            self._write_status(only_if_due=True)
 
     def _write_status(self, only_if_due: bool = False) -> None:
         with self._write_lock:
@@ -158,13 +146,7 @@ class StatusReporter:
                 self._due_at = None
                 self._status = dataclasses.replace(self._status, revision=self._status.revision + 1)
                 data = self._status.to_json()
-            self._write(self._status_name, data)
-
-    def _write(self, name: str, data: bytes) -> None:
-        try:
-            if data:
-                write_record(self._storage, self._key, name, data)
-            else:  # the heartbeat: empty, read by its time alone
-                self._storage.write_bytes(name, data)
-        except Exception:  # a record must never take the host down
-            logger.warning("could not write %s", name, exc_info=True)
+            try:
+                write_record(self._storage, self._key, self._status_name, data)
+            except Exception:  # a record must never take the host down
+                logger.warning("could not write %s", self._status_name, exc_info=True)
