@@ -120,11 +120,13 @@ class CellHandle:
         Whether the cell runs under its framework's profiler on every host (``profile()`` merges the traces).
     name : str, optional
         The cell as the notebook knows it (``In[4]``), for the panel's header.
+    stored_after : float, optional
+        A session cell just submitted: when (``time.time()``) before it was stored (see ``JobPoller``).
     """
 
     def __init__(self, group: HostGroup, *, session: Session | None = None, seq: int = ONLY_CELL,
                  timeout: float | None = None, echo: Callable[[str, str], None] | None = None,
-                 name: str | None = None, profiled: bool = False):
+                 name: str | None = None, profiled: bool = False, stored_after: float | None = None):
         self.group = group
         #: Whether the cell was asked to run under its framework's profiler on every host (``profile()``).
         self.profiled = profiled
@@ -146,7 +148,7 @@ class CellHandle:
             self.storage = session.records.child(protocol.cell_dir(seq))
             self.key = cell_key(group.key, seq)
             self.poller = JobPoller(session.records, dataclasses.replace(self.plan, job_id=self.job_id), group.backend,
-                                    key=group.key, on_leader_output=echo, cell=seq,
+                                    key=group.key, on_leader_output=echo, cell=seq, stored_after=stored_after,
                                     label=f"{name or f'cell {seq}'} · session {session.session_id}")
         #: A session cell's outcome objects being deleted on a bucket, in the background, once it was decided.
         self.cleanup: concurrent.futures.Future | None = None

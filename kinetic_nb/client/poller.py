@@ -54,6 +54,9 @@ __all__ = ["LOG_TAIL_LINES", "JobPoller"]
 
 #: Lines of each host's log the poller keeps for the panel's drill-down.
 LOG_TAIL_LINES = 200
+#: How much older than a cell's submission a record on a local disk must be to be known as an earlier cell's:
+#: the disk's clock for file times runs up to a few milliseconds behind (the kernel's coarse clock).
+STORED_BEFORE_SLACK_S = 0.05
 #: Records read at once on a remote store.
 READERS = 16
 #: A cell on a local disk: how often a look also looks at every host's own records (status, heartbeat, exit) and
@@ -127,7 +130,7 @@ class JobPoller:
     def __init__(self, storage: Storage, plan: JobPlan, backend: Backend, *, key: bytes | None,
                  submitted_at: float | None = None,
                  on_leader_output: Callable[[str, str], None] | None = None,
-                 cell: int | None = None, label: str = ""):
+                 cell: int | None = None, label: str = "", stored_after: float | None = None):
         self.storage = storage
         self.plan = plan
         self.key = key
@@ -143,6 +146,11 @@ class JobPoller:
         self.requests = collections.Counter()  # "list" and "read": what polling has cost
         #: A session's cell this poller reads (None: a whole job).
         self.cell = cell
+        #: A cell this notebook just stored on a local disk: when, before it was stored. A host's status stored
+        #: before then is its earlier cell's (the host is pending for this one), and is not read: a cell reads
+        #: each host's end of it, and a status only where a host moved while it ran. (A bucket's times are its
+        #: own clock's, not this machine's: there every changed status is read.)
+        self.stored_after = stored_after if storage.local_path() is not None else None
         #: What the panel's header calls it (a session's cell: ``In[4] · session ks-...``).
         self.label = label
         #: A cell's poller on a local disk: per host, the next of the cell's log chunks to look for.
@@ -366,7 +374,8 @@ class JobPoller:
                 if info.updated != records.heartbeat_at:
                     records.heartbeat_at, records.silent_since = info.updated, None
                     records.revision += 1
-            elif kind == "stacks" or self._versions.get(info.name) == info.version or (kind == "status" and index in done):
+            elif kind == "stacks" or self._versions.get(info.name) == info.version or (kind == "status" and (
+                    index in done or self._before_the_cell(info))):
                 continue  # stacks are read on request (``stacks()``); an unchanged record is not read again
             elif kind == "exit":
                 ended.append((index, kind, info))  # taken after this listing's log chunks: output precedes an end
@@ -377,6 +386,11 @@ class JobPoller:
         changed += ended
         for (index, kind, info), data in zip(changed, self._read_all([info for _, _, info in changed]), strict=True):
             self._absorb_record(index, kind, info, data)
+
+    def _before_the_cell(self, info: ObjectInfo) -> bool:
+        """Whether ``info`` was stored before this cell was (with room for a disk's coarse clock)."""
+        return self.stored_after is not None and info.updated is not None \
+            and info.updated < self.stored_after - STORED_BEFORE_SLACK_S
 
     def _read_all(self, infos: list[ObjectInfo]) -> list[bytes | IntegrityError | None]:
         """The records listed, in order (as :meth:`_fetch`): read together on a remote store, where each read is a

@@ -336,12 +336,13 @@ class Session:
             return profiled
         payload = prepare_cell(source, namespace or {}, filename=f"<{cell_name}>", out=out, held=held, extra=extra)
         self.group.open_wakeup()  # before the cell is stored: its hosts wake this notebook when they are done
+        stored_after = time.time()
         seq = self._submit(payload.data, timeout)
         printer = print_to_stdout if echo is True else (echo or self.echo)
         # The panel names the cell as the notebook does (In[4]); a cell from the API by its number.
         name = cell_name.removeprefix("kinetic ") if cell_name != "kinetic cell" else None
         self._last_cell = CellHandle(self.group, session=self, seq=seq, timeout=timeout, echo=printer, name=name,
-                                     profiled=profile)
+                                     profiled=profile, stored_after=stored_after)
         return self._last_cell
 
     def cell(self, seq: int) -> CellHandle:
