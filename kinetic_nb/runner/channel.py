@@ -33,6 +33,7 @@ import dataclasses
 import logging
 import os
 import queue
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -58,6 +59,9 @@ __all__ = ["CHANNEL_ENV", "MAX_FRAME_BYTES", "Address", "Channel", "Hub", "Joini
 
 #: How a session's host is told where its hub listens (``host:port``, or ``unix:/path`` on this machine).
 CHANNEL_ENV = "KINETIC_CHANNEL"
+#: A host's own word on a session's cell: ready at its barrier, its end of the cell, its failure payload.
+_ONE_HOSTS_WORD_ON_A_CELL = re.compile(
+    rf"^{protocol.CELLS_DIR}/\d+/(ready-\d+|{protocol.CELL_DONE_PREFIX}\d+|result-worker-\d+\.pkl)$")
 #: Pause between two tries to join a hub that does not answer (yet).
 JOIN_RETRY_S = 0.2
 NOTEBOOK = "notebook"
@@ -274,12 +278,16 @@ class Hub:
 
     def _wants(self, link: Link, name: str) -> bool:
         """Notebooks read everything; hosts and agents what hosts read (no host's records, no cell's output), and
-        an agent its own host's processes' statuses."""
+        an agent its own host's processes' statuses. A host's own word on a cell (ready at its barrier, its end
+        of it, its failure) goes to the leader alone, who decides the barrier: passed to every host, each cell
+        would cost the hub the square of the hosts."""
         if link.role == NOTEBOOK:
             return True
         host = protocol.parse_host_object(name)
         if host is not None:
             return host[1] == "status" and link.role == agent_role(host[0] // self._procs_per_host)
+        if _ONE_HOSTS_WORD_ON_A_CELL.match(name):
+            return link.role == host_role(protocol.LEADER_INDEX)
         return protocol.parse_cell_log_chunk(name) is None
 
     def publish(self, name: str, data: bytes | Stored, *, at: float | None = None, origin: Link | None = None) -> None:

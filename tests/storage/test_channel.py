@@ -143,6 +143,29 @@ def test_a_newcomer_gets_what_the_hub_holds_and_hosts_get_no_hosts_records(hub_a
     host.close()
 
 
+def test_a_hosts_word_on_a_cell_goes_to_the_leader_and_the_notebook_alone(hub_and_key):
+    """Ready markers, ends of a cell and failure payloads are the leader's to read (it decides the barrier) and the
+    notebook's: sent to every host, a cell of N hosts would cost the hub N x N messages."""
+    hub, key = hub_and_key
+    leader, worker = Channel.open(hub.address, key, "host-0"), Channel.open(hub.address, key, "host-1")
+    other, notebook = Channel.open(hub.address, key, "host-2"), Channel.open(hub.address, key, "notebook")
+    words = [f"cells/000004/{protocol.cell_ready(1)}", protocol.cell_done(4, 1),
+             f"cells/000004/{protocol.worker_result(1)}"]
+    for name in words:
+        worker.send(name, b"word")
+    worker.send(f"cells/000004/{protocol.LEADER_READY}", b"go")  # the last sent: every word before it has arrived
+    for reader in (leader, notebook):
+        wait_until(lambda reader=reader: reader.mirror.get(f"cells/000004/{protocol.LEADER_READY}") == b"go",
+                   "the verdict passed on")
+        assert all(reader.mirror.get(name) == b"word" for name in words)
+    leader.send(f"cells/000005/{protocol.LEADER_READY}", b"go")
+    wait_until(lambda: other.mirror.get(f"cells/000005/{protocol.LEADER_READY}") == b"go", "another host heard it")
+    assert other.mirror.get(f"cells/000004/{protocol.LEADER_READY}") == b"go"  # what all hosts read, it heard
+    assert [name for name in words if other.mirror.get(name) is not None] == []
+    for channel in (leader, worker, other, notebook):
+        channel.close()
+
+
 # -- a session on a bucket -------------------------------------------------------------------------------------
 
 
