@@ -266,6 +266,8 @@ class JobPoller:
             hosts: range | list[int] = range(self.plan.world_size)
             for index in hosts:
                 found += self._host_records_by_name(index)
+        elif self._looked_at_every_end:  # the cell's outcome waits for its last output: every host's may come
+            hosts = range(self.plan.world_size)
         else:
             hosts = sorted({protocol.LEADER_INDEX} | {index for index in self._cell_ended
                                                        if self._failed_in_cell(index)})
