@@ -2,9 +2,10 @@
 
 For each N of ``--hosts`` (8, 16, 32, 64 and 128 by default), a local
 session of N hosts (``kinetic_nb.start(hosts=N, framework="none")``) and N
-ipyparallel engines on loopback (started once and grown as N grows, each
-engine given minutes to register and the controller a lenient heartbeat, so
-that 128 of them come up on a small machine); for each N of ``--light``
+ipyparallel engines on loopback (started once, grown as N grows, stopped
+before the light hosts; each engine given minutes to register and the
+controller a lenient heartbeat, so that 128 of them come up on a small
+machine); for each N of ``--light``
 (256 and 1,024 by default) the session alone, with ``KINETIC_LIGHT_HOSTS=1``
 (a session of more than 512 local hosts needs it). Per N:
 
@@ -507,8 +508,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.cells < 1:
         parser.error("--cells must be at least 1")
-    plan = [(hosts, False) for hosts in args.hosts] + [(hosts, True) for hosts in args.light]
-    on_gcs = set() if args.no_gcs else set(args.gcs_hosts or [hosts for hosts, _ in plan if hosts <= FIT_FROM])
+    on_gcs = set() if args.no_gcs else set(args.gcs_hosts or [n for n in args.hosts + args.light if n <= FIT_FROM])
     if not args.no_ipyparallel:
         try:
             import ipyparallel
@@ -527,12 +527,15 @@ def main() -> None:
     try:
         with contextlib.ExitStack() as stack:
             stack.callback(shutil.rmtree, workdir, ignore_errors=True)
-            engines = None if args.no_ipyparallel or not args.hosts else Engines(stack, workdir)
             store = Store(stack, workdir) if on_gcs else None
-            for hosts, light in plan:
-                row = measure_row(hosts, light, args.cells, engines, store if hosts in on_gcs else None)
-                rows.append(row)
-                say_row(row)
+            with contextlib.ExitStack() as engine_stack:  # stopped before the light hosts, which need the memory
+                engines = None if args.no_ipyparallel or not args.hosts else Engines(engine_stack, workdir)
+                for hosts in args.hosts:
+                    rows.append(measure_row(hosts, False, args.cells, engines, store if hosts in on_gcs else None))
+                    say_row(rows[-1])
+            for hosts in args.light:
+                rows.append(measure_row(hosts, True, args.cells, None, store if hosts in on_gcs else None))
+                say_row(rows[-1])
     except KeyboardInterrupt:
         print("scale.py: stopped" + ("; what was measured so far:" if rows else ""), file=sys.stderr)
     finally:
