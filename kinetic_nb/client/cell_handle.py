@@ -624,8 +624,9 @@ class CellHandle:
         that its output precedes the value; a failed host's (its last line is its failure's), so that its
         drill-down ends with it. A host stopped, or still running (being stopped), is not waited for: a worker
         that printed nothing more stores no end of its output."""
+        every_host = self.storage.local_path() is not None  # each host's agent marks its output stored there
         wanted = [host.index for host in snapshot.hosts if host.exit is None and host.ended and (
-            host.index == protocol.LEADER_INDEX or host.state == HostState.FAILED.value)]
+            every_host or host.index == protocol.LEADER_INDEX or host.state == HostState.FAILED.value)]
         deadline = time.monotonic() + OUTPUT_WAIT_S
         while not self.poller.output_complete.issuperset(wanted) and time.monotonic() < deadline:
             self.session.sleep(0.002)  # the agent wakes it once the chunk is stored

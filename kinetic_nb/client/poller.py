@@ -256,7 +256,7 @@ class JobPoller:
         records and output every ``EVERY_HOST_LOOK_S``, when a host ended, and once all are done with the cell.
         As cheap after a thousand cells as after one, and a look's cost follows what changed, not the slice."""
         self.requests["list"] += 1
-        found = self._ends_listed()
+        found, stored = self._ends_listed()
         ending = self._cell_ended | {protocol.parse_cell_done(info.name)[1] for info in found}
         last = len(ending) == self.plan.world_size and not self._looked_at_every_end
         if last or self._every_host_look_due():
@@ -271,10 +271,11 @@ class JobPoller:
         else:
             hosts = sorted({protocol.LEADER_INDEX} | {index for index in self._cell_ended
                                                        if self._failed_in_cell(index)})
-        for index in hosts:
+        for index in sorted(set(hosts) | stored):  # a host whose output is all stored: looked for to the end
             if index not in self.output_complete:
                 found += self._chunks_by_name(index)
         self._absorb(found)
+        self.output_complete |= stored
 
     def _every_host_look_due(self) -> bool:
         if time.monotonic() >= self._every_host_look_at:
@@ -290,15 +291,23 @@ class JobPoller:
         self._first_failure_seen = version
         return True
 
-    def _ends_listed(self) -> list[ObjectInfo]:
-        """The hosts' ends of this cell not read yet, from one listing of the cell's folder."""
+    def _ends_listed(self) -> tuple[list[ObjectInfo], set[int]]:
+        """The hosts' ends of this cell not read yet, and the hosts whose output of it is newly all stored (their
+        agent's marker), from one listing of the cell's folder."""
         found: list[ObjectInfo] = []
+        stored: set[int] = set()
         try:
             entries = os.scandir(self.storage.local_path(protocol.cell_dir(self.cell)))
         except OSError:
-            return found
+            return found, stored
         with entries:
             for entry in entries:
+                if entry.name.startswith(protocol.CELL_OUTPUT_STORED_PREFIX):
+                    index = entry.name[len(protocol.CELL_OUTPUT_STORED_PREFIX):]
+                    if index.isdigit() and int(index) < self.plan.world_size \
+                            and int(index) not in self.output_complete:
+                        stored.add(int(index))
+                    continue
                 if not entry.name.startswith(protocol.CELL_DONE_PREFIX):
                     continue
                 index = entry.name[len(protocol.CELL_DONE_PREFIX):]
@@ -310,7 +319,7 @@ class JobPoller:
                     continue
                 found.append(ObjectInfo(protocol.cell_done(self.cell, int(index)), stat.st_size,
                                         f"{stat.st_mtime_ns}:{stat.st_size}", stat.st_mtime))
-        return found
+        return found, stored
 
     def _failed_in_cell(self, index: int) -> bool:
         status = self.records[index].status

@@ -210,6 +210,20 @@ class LogChunkWriter:
     def due(self) -> bool:
         return bool(self._segments) and time.monotonic() - self._last_flush >= FLUSH_INTERVAL_S
 
+    def _mark_output_stored(self) -> None:
+        """On a local disk, say that this host's output of the cell is all stored (an empty marker in the cell's
+        folder, which the notebook lists anyway): the cell's panel ends with every host's last line. The leader's
+        last chunk says so itself. On a bucket it would be a request per host per cell: not made."""
+        if self._host_index == protocol.LEADER_INDEX or self._storage.local_path() is None:
+            return
+        name = protocol.cell_output_stored(self.cell, self._host_index)
+        try:
+            self._storage.write_bytes(name, b"")
+        except Exception as error:
+            logger.warning("could not write %s", name, exc_info=True)
+            if self._on_error is not None:
+                self._on_error(name, error)
+
     def flush(self, final: bool = False, *, cell_end: bool = False) -> None:
         """Write what is buffered as the next chunk (``final``: the host has ended; ``cell_end``: a
         session's cell has, and its last chunk is written even when empty)."""
@@ -233,10 +247,12 @@ class LogChunkWriter:
                 text, self._held[stream] = (self._redactor.text(text), "") if final else self._redactor.split_safe(text)
             segments.append((stream, self._screens[stream].rewrite(text)))
         segments = [(stream, text) for stream, text in segments if text]
+        in_cell = self.cell > 0  # a session's cell: its output lives with the cell
         # A cell's end is written even when empty for the leader, whose output a cell waits for.
         if not segments and not (cell_end and self._host_index == protocol.LEADER_INDEX):
+            if cell_end and in_cell:
+                self._mark_output_stored()
             return
-        in_cell = self.cell > 0  # a session's cell: its output lives with the cell
         name = (protocol.cell_log_chunk(self.cell, self._host_index, self._cell_seq) if in_cell
                 else protocol.host_log_chunk(self._host_index, self._seq))
         try:
@@ -245,6 +261,8 @@ class LogChunkWriter:
                 self._cell_seq += 1
             else:
                 self._seq += 1
+            if cell_end and in_cell:
+                self._mark_output_stored()
             if cell_end and self._on_cell_end is not None:
                 self._on_cell_end()
         except Exception as error:

@@ -134,6 +134,35 @@ def test_a_cells_output_is_cut_by_the_marks_pipes_boundaries(tmp_path):
     assert stored.segments == [(protocol.STDOUT, "in cell 5\nstill cell 5\n")]
 
 
+class _Bucketlike(LocalStorage):
+    """Local storage that says it is not on this machine's disk, as a bucket does."""
+
+    def local_path(self, name: str = "") -> None:
+        return None
+
+
+def test_a_workers_output_of_a_cell_is_marked_stored_after_its_last_chunk_on_a_local_disk(tmp_path):
+    """A worker's agent marks its cell's output stored once the last chunk is, printed or not (a worker that
+    printed nothing stores no chunk): the notebook then shows every host's last line as it is. The leader's last
+    chunk says so itself; on a bucket the marker would be a request per host per cell."""
+    storage = LocalStorage(str(tmp_path))
+    printed, silent, leader = (LogChunkWriter(storage, index, KEY) for index in (1, 2, 0))
+    for writer in (printed, silent, leader):
+        writer.start_cell(3)
+    printed.feed(b"step 10 loss 0.53\n")
+    for writer in (printed, silent, leader):
+        writer.end_cell(3)
+    names = {info.name for info in storage.list(protocol.cell_dir(3) + "/")}
+    assert {protocol.cell_output_stored(3, 1), protocol.cell_output_stored(3, 2)} <= names
+    assert protocol.cell_output_stored(3, 0) not in names and protocol.cell_log_chunk(3, 0, 0) in names
+    assert protocol.cell_log_chunk(3, 1, 0) in names and protocol.cell_log_chunk(3, 2, 0) not in names
+    bucket = _Bucketlike(str(tmp_path / "bucket"))
+    remote = LogChunkWriter(bucket, 1, KEY)
+    remote.start_cell(3)
+    remote.end_cell(3)
+    assert bucket.list() == []
+
+
 def test_a_host_that_prints_fast_makes_chunks_its_readers_take(tmp_path, monkeypatch):
     """However little time passed, a chunk is written once MAX_CHUNK_CHARS wait: no chunk a host writes is over
     the limit a reader allows a log chunk (which it would refuse as unverified)."""

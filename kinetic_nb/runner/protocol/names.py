@@ -156,6 +156,17 @@ def parse_cell_done(name: str) -> tuple[int, int] | None:
     return (int(match.group(1)), int(match.group(2))) if match else None
 
 
+#: What the name of a host's "output stored" marker begins with, inside a cell's directory.
+CELL_OUTPUT_STORED_PREFIX = "output-"
+
+
+def cell_output_stored(seq: int, host_index: int) -> str:
+    """Host ``host_index``'s output of cell ``seq`` is all stored (an empty marker its agent writes on a local
+    disk once it has stored the cell's last chunk, or found nothing more to store): a notebook shows each host's
+    last line as it is, not as far as the agent got."""
+    return f"{cell_dir(seq)}/{CELL_OUTPUT_STORED_PREFIX}{host_index}"
+
+
 def cell_log_chunk(seq: int, host_index: int, chunk: int) -> str:
     """Host ``host_index``'s output during cell ``seq``, numbered from 0 in each cell: a cell's feed lists
     (or looks up) its own chunks only, however many cells came before it."""

@@ -1,0 +1,48 @@
+"""A slice of 1,024 light hosts (``KINETIC_LIGHT_HOSTS=1``: hosts with no framework, forked from the lean agent)
+runs the real protocol on this machine: the start barrier, each cell's barrier and its outcome by the seed's rules,
+the notebook's looks, the panel's text twin. Every host is a real process; none survives the test."""
+
+from __future__ import annotations
+
+import io
+import time
+
+import pytest
+
+import kinetic_nb
+from kinetic_nb.agent import processes
+from kinetic_nb.notebook.display.panel import text_summary
+
+HOSTS = processes.MAX_LIGHT_HOSTS
+
+
+@pytest.fixture
+def light_hosts(monkeypatch):
+    monkeypatch.setenv(processes.LIGHT_HOSTS_ENV, "1")
+    problem = processes.host_count_problem(HOSTS, "none")
+    assert problem is None, problem  # this machine runs them (2 cores, 24 GiB); it is said in one line if not
+
+
+def test_a_session_of_1024_light_hosts_runs_cells_by_the_seeds_rules(light_hosts):
+    started_at = time.monotonic()
+    session = kinetic_nb.start(hosts=HOSTS, framework="none", idle_timeout=600, echo=False)
+    try:
+        start_s = time.monotonic() - started_at
+        assert session.run("import os\nint(os.environ['KINETIC_HOST_INDEX'])").result() == 0  # the leader's value
+        printed = io.StringIO()
+        handle = session.run("import os\nprint('step 10 loss 0.53' if os.environ['KINETIC_HOST_INDEX'] != '7' "
+                             "else 'step 10 loss 9.99', flush=True)", echo=lambda text, stream: printed.write(text))
+        handle.result()
+        assert printed.getvalue() == "step 10 loss 0.53\n"  # the leader's output only, as ever
+        summary = text_summary(handle.final)
+        assert "hosts 0-6, 8-1023: step 10 loss 0.53" in summary and "host 7: step 10 loss 9.99" in summary
+        failing = session.run("import os\nif os.environ['KINETIC_HOST_INDEX'] == '1000':\n"
+                              "    raise ValueError('host 1000 lost its shard')")
+        with pytest.raises(ValueError, match="host 1000 lost its shard") as info:
+            failing.result()
+        assert "Reported by host 1000" in "\n".join(getattr(info.value, "__notes__", []))
+        assert [host.state for host in failing.final.hosts].count("failed") == 1
+        assert session.run("x = 41\nx + 1").result() == 42  # the slice stayed up: every host back to idle
+        print(f"1,024 light hosts: session up in {start_s:.1f} s")
+    finally:
+        session.stop()
