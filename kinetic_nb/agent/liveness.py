@@ -156,7 +156,7 @@ class Liveness:
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
-            self._thread.join(timeout=5)
+            self._thread.join(timeout=1)  # a round's write in flight on a slow bucket: not worth a longer wait
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
 

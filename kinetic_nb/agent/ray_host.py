@@ -6,7 +6,8 @@ where it landed, picks the coordinator's port on host 0's node, and starts
 ``python -m kinetic_nb.agent --job URI`` as its child with the host's
 environment, the job's key and the ``-e`` values among them (handed over in
 a method call, never in a ``runtime_env``). The agent, the same as on every
-backend, runs and supervises the runner. The agent is tied to the actor's
+backend, runs and supervises the runner and beats its heartbeat (so a host
+whose framework holds its GIL is never lost). The agent is tied to the actor's
 life (it gets SIGKILL when the actor's process dies), and the runner to the
 agent's, so a killed actor or a lost node takes its host with it; the
 backend then records that host's end as Ray reports it.
