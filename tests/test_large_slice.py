@@ -30,18 +30,19 @@ def test_a_session_of_1024_light_hosts_runs_cells_by_the_seeds_rules(light_hosts
         start_s = time.monotonic() - started_at
         assert session.run("import os\nint(os.environ['KINETIC_HOST_INDEX'])").result() == 0  # the leader's value
         printed = io.StringIO()
-        handle = session.run("import os\nprint('step 10 loss 0.53' if os.environ['KINETIC_HOST_INDEX'] != '7' "
-                             "else 'step 10 loss 9.99', flush=True)", echo=lambda text, stream: printed.write(text))
-        handle.result()
-        assert printed.getvalue() == "step 10 loss 0.53\n"  # the leader's output only, as ever
-        summary = text_summary(handle.final)
-        assert "hosts 0-6, 8-1023: step 10 loss 0.53" in summary and "host 7: step 10 loss 9.99" in summary
-        failing = session.run("import os\nif os.environ['KINETIC_HOST_INDEX'] == '1000':\n"
-                              "    raise ValueError('host 1000 lost its shard')")
+        failing = session.run("import os\nhost = int(os.environ['KINETIC_HOST_INDEX'])\n"
+                              "print('step 10 loss 9.99' if host == 7 else 'step 10 loss 0.53', flush=True)\n"
+                              "if host == 1000:\n    raise ValueError('host 1000 lost its shard')",
+                              echo=lambda text, stream: printed.write(text))
         with pytest.raises(ValueError, match="host 1000 lost its shard") as info:
             failing.result()
+        assert printed.getvalue() == "step 10 loss 0.53\n"  # the leader's output only, as ever
         assert "Reported by host 1000" in "\n".join(getattr(info.value, "__notes__", []))
         assert [host.state for host in failing.final.hosts].count("failed") == 1
+        # The panel's rows show every host's last line as it is: identical ones once, with their hosts.
+        summary = text_summary(failing.final)
+        assert "host 7: step 10 loss 9.99" in summary, summary
+        assert "hosts 0-6, 8-999, 1001-1023: step 10 loss 0.53" in summary, summary
         assert session.run("x = 41\nx + 1").result() == 42  # the slice stayed up: every host back to idle
         print(f"1,024 light hosts: session up in {start_s:.1f} s")
     finally:

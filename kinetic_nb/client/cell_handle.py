@@ -622,9 +622,12 @@ class CellHandle:
     def _output_in(self, snapshot: JobSnapshot) -> JobSnapshot:
         """Wait (a moment at most) for the cell's last output from each host done with it: the leader's, so
         that its output precedes the value; a failed host's (its last line is its failure's), so that its
-        drill-down ends with it. A host stopped, or still running (being stopped), is not waited for: a worker
+        drill-down ends with it; where a host did not succeed, so that the panel's rows (which a session cell
+        that succeeded does not show) end with every host's last line, on a local disk, where each host's agent
+        marks its output stored. A host stopped, or still running (being stopped), is not waited for: a worker
         that printed nothing more stores no end of its output."""
-        every_host = self.storage.local_path() is not None  # each host's agent marks its output stored there
+        every_host = self.storage.local_path() is not None and any(
+            host.state != HostState.SUCCEEDED.value for host in snapshot.hosts)
         wanted = [host.index for host in snapshot.hosts if host.exit is None and host.ended and (
             every_host or host.index == protocol.LEADER_INDEX or host.state == HostState.FAILED.value)]
         deadline = time.monotonic() + OUTPUT_WAIT_S
