@@ -219,7 +219,6 @@ class CellGroup:
             with contextlib.suppress(ChannelClosed):
                 self.channel.send(protocol.LEADER_READY, envelope.seal(self.run.key, protocol.LEADER_READY,
                                                                        verdict.to_json()))
-        self.run.status.beat()
 
     def serve(self) -> int:
         """Run the group's cells; return the host's exit code."""
@@ -434,15 +433,16 @@ class CellGroup:
         marks.cell_ended(seq)  # the agent stores the cell's output now (what was printed before included)
         # Back to idle in the phase the cell ended in (nothing is torn down), with its failure as it was shown.
         failed = failure is not None
+        # The cell's end by its own name, at once (through the channel status.json is stored at most once a second,
+        # and the names the leader holds after a cell are read from it: ``Session.held_names``), and before
+        # status.json: a notebook that sees this host idle sees its end of the cell in the same look.
         run.status.update(state=HostState.IDLE, cell=seq, cell_failed=failed, cell_stopped=failed and stopped,
                           names=held_names(self.namespace),
                           message=run.failure_line if failed else "",
                           traceback=run.failure_traceback if failed else "",
-                          frame_locals=run.failure_locals if failed else [])
-        # The cell's end by its own name, at once: through the channel status.json is stored at most once a second,
-        # and the names the leader holds after a cell are read from it (``Session.held_names``).
-        with contextlib.suppress(Exception):
-            write_record(self.storage, run.key, protocol.cell_done(seq, run.host_index), run.status.current())
+                          frame_locals=run.failure_locals if failed else [],
+                          first=lambda data: write_record(self.storage, run.key, protocol.cell_done(seq, run.host_index),
+                                                          data))
         if self.wakeup is not None:  # the notebooks waiting on this cell look now
             wake_clients(self.plan.job_id)
         return failure

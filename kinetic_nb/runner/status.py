@@ -13,6 +13,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from kinetic_nb.runner import protocol
@@ -74,14 +75,17 @@ class StatusReporter:
 
     def update(
         self, *, state: HostState | None = None, phase: Phase | None = None, message: str = "", traceback: str = "",
-        record: bool = True, defer_s: float | None = None, **session: Any,
+        record: bool = True, defer_s: float | None = None, first: Callable[[bytes], None] | None = None,
+        **session: Any,
     ) -> None:
         """Record a change of state or phase; ``session`` sets a session host's ``cell``, ``cell_failed``, ``names``.
 
         ``record=False`` keeps the change for the next write; with ``defer_s`` as
         well, it is written after that many seconds unless a write came first
         (a session's quick cell writes its status once, when it is done; a long
-        one still shows that it runs).
+        one still shows that it runs). ``first`` stores the same record under
+        another name before ``status.json`` is written (a cell's end: a reader
+        that sees the host idle sees that record too).
         """
         with self._lock:
             now = time.time()
@@ -104,7 +108,7 @@ class StatusReporter:
                 **session,
             )
         if record:  # False: remembered, and written with the next change
-            self._write_status()
+            self._write_status(first=first)
         elif defer_s is not None:
             with self._lock:
                 armed, self._due_at = self._due_at is None, self._due_at or time.monotonic() + defer_s
@@ -123,10 +127,6 @@ class StatusReporter:
         with self._lock:
             return self._status.to_json()
 
-    def beat(self) -> None:
-        """Nothing: the host's agent beats its heartbeat (``kinetic_nb.agent.liveness``), and beats every host at
-        once when its session's channel comes up. Kept for callers from before."""
-
     def _write_deferred(self) -> None:
         """Write a deferred change when it is due; with none due, sleep until one is deferred (or the stop)."""
         while not self._stop.is_set():
@@ -138,7 +138,7 @@ class StatusReporter:
                 continue  # something new to wait for (or the stop): look again
             self._write_status(only_if_due=True)
 
-    def _write_status(self, only_if_due: bool = False) -> None:
+    def _write_status(self, only_if_due: bool = False, first: Callable[[bytes], None] | None = None) -> None:
         with self._write_lock:
             with self._lock:
                 if only_if_due and self._due_at is None:
@@ -146,6 +146,11 @@ class StatusReporter:
                 self._due_at = None
                 self._status = dataclasses.replace(self._status, revision=self._status.revision + 1)
                 data = self._status.to_json()
+            if first is not None:
+                try:
+                    first(data)
+                except Exception:  # a record must never take the host down
+                    logger.warning("could not write %s's record before it", self._status_name, exc_info=True)
             try:
                 write_record(self._storage, self._key, self._status_name, data)
             except Exception:  # a record must never take the host down
