@@ -35,8 +35,8 @@ FIRST_LOOK_S = 1.0
 MAX_LOOK_S = 15.0
 #: A host that started but has not beaten its heartbeat for this long has ended
 #: without a record (a pod OOMKilled as a whole, a node gone): waiting longer
-#: would hold the slice until the deadline. Far above the hosts' own 2 s beat,
-#: so a busy or briefly partitioned host is never taken for gone.
+#: would hold the slice until the deadline. Far above the 2 s beat each host's
+#: agent keeps for it, so a busy or briefly partitioned host is never taken for gone.
 SILENT_HOST_S = 300.0
 
 

@@ -12,7 +12,9 @@ A job lives under ``{storage root}/{job_id}/``::
     payload.pkl                  client, once
     (every object but the empty heartbeat and ready markers carries an HMAC under the job's key: runner.envelope)
     hosts/{i}/status.json        host i, whenever its state or phase changes
-    hosts/{i}/heartbeat          host i, rewritten (empty) every few seconds while it lives
+    hosts/{i}/heartbeat          host i's agent, rewritten (empty) every few seconds while host i's process exists
+    cells/{seq}/done-{i}         session host i: its status as cell seq left it (before status.json)
+    cells/{seq}/output-{i}       session host i > 0's agent on a local disk: its output of cell seq is all stored
     hosts/{i}/log/{seq:06d}.json host i's stdout and stderr, append-only chunks of [stream, text] segments
     hosts/{i}/exit.json          host i's agent (or the backend, for what only the platform sees), when it ends
     hosts/{i}/stacks/{seq}.txt   host i's agent: every thread's Python stack, on request
