@@ -334,14 +334,15 @@ def test_the_api_checks_a_shape_in_one_place_and_names_the_parameter(call, expec
 def test_a_one_shot_jobs_agent_wakes_the_waiting_notebook_when_a_host_ends_and_leaves_no_socket(tmp_path):
     import select
 
-    from kinetic_nb.runner.wakeup import session_socket_directory
+    from kinetic_nb.runner.wakeup import CLIENTS_FOLDER, session_socket_directory
 
     go = tmp_path / "go"
     handle = kinetic_nb.submit(f"import os, time\ndeadline = time.time() + 60\nwhile not os.path.exists({str(go)!r})"
                                " and time.time() < deadline:\n    time.sleep(0.01)\n'done'", hosts=2)
     handle.group.sleep(0)  # the notebook's first wait makes its socket
     socket_directory = session_socket_directory(handle.job_id)
-    assert [name.startswith("client-") for name in os.listdir(socket_directory)] == [True]
+    assert os.listdir(socket_directory) == [CLIENTS_FOLDER]  # the notebooks' sockets, apart from any host's
+    assert [name.startswith("client-") for name in os.listdir(socket_directory / CLIENTS_FOLDER)] == [True]
     go.touch()
     # No look at storage in between: the agent's datagram is what makes the socket readable.
     readable, _, _ = select.select([handle.group._wakeup._socket], [], [], 60)

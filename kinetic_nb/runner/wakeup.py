@@ -41,9 +41,14 @@ def wakeup_path(session_id: str, host_index: int) -> str:
            f"/host-{host_index}.sock"
 
 
+#: The folder, inside a session's, of the notebooks' sockets: a host that wakes them lists it, not the hosts'
+#: sockets beside them (a look at 1,024 names by each of 1,024 hosts, every cell).
+CLIENTS_FOLDER = "clients"
+
+
 def client_wakeup_path(session_id: str) -> str:
     """A notebook's own socket for a session: its hosts wake it when they are back to idle."""
-    return str(session_socket_directory(session_id) / f"client-{os.getpid()}.sock")
+    return str(session_socket_directory(session_id) / CLIENTS_FOLDER / f"client-{os.getpid()}.sock")
 
 
 def agent_wakeup_path(session_id: str) -> str:
@@ -54,7 +59,7 @@ def agent_wakeup_path(session_id: str) -> str:
 
 def wake_clients(session_id: str) -> None:
     """Wake every notebook waiting on a cell of ``session_id`` (one look at the session's socket directory)."""
-    directory = session_socket_directory(session_id)
+    directory = session_socket_directory(session_id) / CLIENTS_FOLDER
     with contextlib.suppress(OSError):
         for name in os.listdir(directory):
             if name.startswith("client-"):
@@ -94,9 +99,15 @@ class Wakeup:
 
     def __init__(self, path: str):
         self.path = path
-        user_directory("agents")  # 0700: only this user reaches the socket
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(os.path.dirname(path), 0o700)
+        agents = user_directory("agents")  # 0700: only this user reaches the socket
+        folders = []  # the socket's folder and those above it, up to the agents' own
+        folder = os.path.dirname(path)
+        while folder.startswith(f"{agents}{os.sep}") and not os.path.isdir(folder):
+            folders.append(folder)
+            folder = os.path.dirname(folder)
+        for folder in reversed(folders or [os.path.dirname(path)]):
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(folder, 0o700)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)  # left by a host that was killed
         self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
