@@ -105,6 +105,8 @@ class RayHost:
     def __init__(self) -> None:
         self.agent: subprocess.Popen | None = None
         self.agent_log = ""
+        #: Set once :meth:`start` has started the agent, or failed to: :meth:`agent_exit` waits for it.
+        self._start_over = threading.Event()
         #: Host 0's actor: connections to the session's hub that a notebook off the cluster's network makes
         #: through it (``pipe_*``), by number.
         self._pipes: dict[int, _Pipe] = {}
@@ -165,6 +167,13 @@ class RayHost:
         StorageNotSharedError
             The job's ``file://`` storage is not on this node's filesystem.
         """
+        try:
+            return self._start(job_uri, plan_json, bundle_index, coordinator, secrets, channel)
+        finally:
+            self._start_over.set()
+
+    def _start(self, job_uri: str, plan_json: bytes, bundle_index: int, coordinator: str,
+               secrets: dict[str, str], channel: str) -> dict[str, object]:
         path = open_storage(job_uri).local_path(protocol.PLAN)
         where = self.where()
         if path is not None and not os.path.exists(path):
@@ -197,11 +206,14 @@ class RayHost:
                          name="kinetic-agent-watch", daemon=True).start()
         return {"index": index, "node_id": where["node_id"]}
 
-    def agent_ended(self) -> tuple[int | None, list[str]]:
-        """The agent's exit code (None while it runs) and the last lines of its own output."""
-        if self.agent is None or self.agent.poll() is None:
+    def agent_exit(self) -> tuple[int | None, list[str]]:
+        """Wait until this host's agent has ended; its exit code and the last lines of its own output ((None, [])
+        where it never started: the start's own error says why). The client calls it once per host, as the host
+        starts, and learns each host's end by one ``ray.wait`` over all of them: nothing per host per look."""
+        self._start_over.wait()
+        if self.agent is None:
             return None, []
-        return self.agent.returncode, self._agent_tail()
+        return self.agent.wait(), self._agent_tail()
 
     def stop(self) -> None:
         """SIGTERM to the agent: it stops its host and records it as stopped."""

@@ -136,7 +136,8 @@ class _Job:
     launched_at: float
     #: Bundle index -> host index, once the host's agent started.
     started: dict[int, int] = dataclasses.field(default_factory=dict)
-    pings: dict[int, Any] = dataclasses.field(default_factory=dict)
+    #: Bundle index -> each host's one call that answers when its agent ends (``RayHost.agent_exit``).
+    ends: dict[int, Any] = dataclasses.field(default_factory=dict)
     nodes: dict[int, str] = dataclasses.field(default_factory=dict)
     placed: bool = False
     looked_at: float = 0.0
@@ -263,8 +264,10 @@ class RayBackend(Backend):
             actors.append(actor)
             starts.append(actor.start.remote(storage.uri, plan_json, index, coordinator, environment,
                                              "" if channel is None else channel))
+        ends = {bundle: actor.agent_exit.remote() for bundle, actor in enumerate(actors)}
         with self._lock:
-            self._jobs[plan.job_id] = _Job(storage, group, bundles, self.strategy, actors, starts, time.time())
+            self._jobs[plan.job_id] = _Job(storage, group, bundles, self.strategy, actors, starts, time.time(),
+                                           ends=ends)
 
     def cancel(self, storage: Storage, plan: JobPlan, reason: str, key: bytes | None) -> None:
         """Record ``cancel.json`` (the agents stop their hosts); hosts never started are recorded as stopped."""
@@ -382,7 +385,8 @@ class RayBackend(Backend):
         except ValueError:
             group = None
         job = _Job(storage, group, [], self.strategy, actors, [], time.time(), placed=True,
-                   started={index: index for index in range(len(actors))})
+                   started={index: index for index in range(len(actors))},
+                   ends={index: actor.agent_exit.remote() for index, actor in enumerate(actors)})
         with self._lock:
             return self._jobs.setdefault(plan.job_id, job)
 
@@ -403,19 +407,14 @@ class RayBackend(Backend):
         exits: dict[int, ExitSummary] = dict(job.view.exits)
         waiting: dict[int, str] = {}
         pending = [bundle for bundle in range(len(job.starts)) if bundle not in job.started]
-        if pending:
-            ready, _ = ray.wait([job.starts[bundle] for bundle in pending], num_returns=len(pending), timeout=0)
-            for bundle in pending:
-                if job.starts[bundle] not in ready:
-                    continue
-                try:
-                    started = ray.get(job.starts[bundle])
-                    job.started[bundle] = started["index"]
-                    job.nodes[started["index"]] = started["node_id"]
-                    job.placed = True
-                except Exception as error:  # noqa: BLE001 - the actor's own failure is the host's end
-                    _host_ended(exits, storage, key, plan, self._death(ray, job, bundle, error))
-                    job.started[bundle] = bundle
+        for bundle, started in self._answered(ray, {bundle: job.starts[bundle] for bundle in pending}).items():
+            if isinstance(started, BaseException):  # the actor's own failure is the host's end
+                _host_ended(exits, storage, key, plan, self._death(ray, job, bundle, started))
+                job.started[bundle] = bundle
+                continue
+            job.started[bundle] = started["index"]
+            job.nodes[started["index"]] = started["node_id"]
+            job.placed = True
         if not job.placed and job.group is not None:
             reason = self._placement_waits(ray, job)
             if reason:
@@ -427,29 +426,44 @@ class RayBackend(Backend):
                     self._remove(plan.job_id)
                 else:
                     waiting = dict.fromkeys(range(plan.world_size), reason)
-        for bundle, index in job.started.items():
-            if plan.ranks_of(index)[0] in exits:
-                continue
-            ping = job.pings.get(bundle)
-            if ping is None:
-                job.pings[bundle] = job.actors[bundle].agent_ended.remote()
-                continue
-            if not ray.wait([ping], timeout=0)[0]:
-                continue
-            del job.pings[bundle]
-            try:
-                code, tail = ray.get(ping)
-            except ray.exceptions.ActorUnavailableError:
-                continue  # not a death: a blip, or a node not yet declared lost (then ActorDiedError): ask again
-            except Exception as error:  # noqa: BLE001 - the actor died: its host with it
-                _host_ended(exits, storage, key, plan, self._death(ray, job, index, error))
-                continue
-            if code is not None:
+        watched = {bundle: job.ends[bundle] for bundle, index in job.started.items()
+                   if bundle in job.ends and plan.ranks_of(index)[0] not in exits}
+        for bundle, answer in self._answered(ray, watched).items():
+            index = job.started[bundle]
+            del job.ends[bundle]
+            if isinstance(answer, ray.exceptions.ActorUnavailableError):
+                job.ends[bundle] = job.actors[bundle].agent_exit.remote()  # a blip, or a node not yet declared lost
+            elif isinstance(answer, BaseException):  # the actor died: its host with it
+                _host_ended(exits, storage, key, plan, self._death(ray, job, index, answer))
+            elif answer[0] is not None:
+                code, tail = answer
                 _host_ended(exits, storage, key, plan, ExitSummary(
                     index, None, ended_at=time.time(), stderr_tail=tuple(tail),
                     reason=f"the host's agent exited with code {code} without recording it"),
                     unless_recorded=True)
         return PlatformView(exits=exits, waiting=waiting)
+
+    @staticmethod
+    def _answered(ray: Any, calls: dict[int, Any]) -> dict[int, Any]:
+        """Of ``calls`` (by bundle), those answered now, each with its value or the error it raised: one
+        ``ray.wait`` and one ``ray.get`` for all of them (one ``ray.get`` each only where one of them failed)."""
+        if not calls:
+            return {}
+        ready, _ = ray.wait(list(calls.values()), num_returns=len(calls), timeout=0)
+        if not ready:
+            return {}
+        answered = set(ready)
+        done = {bundle: call for bundle, call in calls.items() if call in answered}
+        try:
+            return dict(zip(done, ray.get(list(done.values())), strict=True))
+        except Exception:  # noqa: BLE001 - one failed: each one's own answer
+            answers: dict[int, Any] = {}
+            for bundle, call in done.items():
+                try:
+                    answers[bundle] = ray.get(call)
+                except Exception as error:  # noqa: BLE001 - the actor's own failure, or its death
+                    answers[bundle] = error
+            return answers
 
     def _placement_waits(self, ray: Any, job: _Job) -> str:
         """Why the group is not placed yet, or "" once it is."""
