@@ -20,21 +20,13 @@ from kinetic_nb.runner.status import HEARTBEAT_INTERVAL_S, StatusReporter
 from kinetic_nb.state import LOST_AFTER_S, LOST_CONFIRM_S
 from kinetic_nb.storage import LocalStorage
 
+from ..faults.helpers import wait_for
+
 HOST = "import os\nhost = int(os.environ['KINETIC_HOST_INDEX'])\n"
 #: Only catches a hang, never a slow machine.
 HANG_GUARD_S = 60.0
 #: Longer than a notebook waits before it calls a silent host lost, with room to spare.
 PAST_THE_LOST_LIMIT_S = LOST_AFTER_S + LOST_CONFIRM_S + 2
-
-
-def wait_for(predicate, what: str, guard: float = HANG_GUARD_S):
-    deadline = time.monotonic() + guard
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"{what} did not happen within {guard:g} s")
 
 
 class Beats:

@@ -66,3 +66,15 @@ def newest_job(storage_root: str, since: float, wait_s: float = 30.0, *, running
                 return handle
         time.sleep(0.1)
     raise AssertionError(f"no job with {running_hosts} running hosts appeared in {open_storage(storage_root).uri}")
+
+
+def wait_for(predicate, what: str, guard: float = 60.0):
+    """``predicate()``'s first true value, looked for every 50 ms; an ``AssertionError`` naming ``what`` after
+    ``guard`` seconds (generous: a bound that only catches a hang, never a slow machine)."""
+    deadline = time.monotonic() + guard
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"{what} did not happen within {guard:g} s")

@@ -28,19 +28,11 @@ from kinetic_nb.runner.protocol import CancelRequest, ExitSummary, FirstFailure
 from kinetic_nb.runner.records import read_exit, read_host_status, read_record
 from kinetic_nb.storage import Storage, open_storage
 
+from .helpers import wait_for
+
 HOST = "import os\nhost = int(os.environ['KINETIC_HOST_INDEX'])\n"
 #: Generous: a bound that only catches a hang, never a slow machine.
 HANG_GUARD_S = 60.0
-
-
-def wait_for(predicate, what: str, guard: float = HANG_GUARD_S):
-    deadline = time.monotonic() + guard
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"{what} did not happen within {guard:g} s")
 
 
 def stored_exits(storage: Storage, hosts: int, key: bytes) -> dict[int, ExitSummary] | None:
