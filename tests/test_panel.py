@@ -22,6 +22,7 @@ from kinetic_nb.notebook.display.panel import (
     failure_lines,
     host_ranges,
     html_summary,
+    quiet_lines,
     redraw_interval,
     text_summary,
     watch_in_background,
@@ -490,3 +491,14 @@ def test_a_big_panel_draws_at_most_once_per_interval_and_always_its_last(counted
     small.update(job([host(i) for i in range(16)]))
     small.update(job([failed(0)] + [host(i) for i in range(1, 16)]))
     assert "1 failed" in small.header.value  # rows are never skipped
+
+
+def test_a_quiet_host_stopped_by_a_signal_says_so_in_the_text_twin():
+    """A host whose process is stopped (SIGSTOP) cannot dump its stacks: its agent says why, and the quiet line
+    says it rather than where the cell is."""
+    stopped = host(2, "quiet", stacks="no answer: host 2 is stopped by a signal (SIGSTOP or SIGTSTP): process 77 "
+                                      "runs nothing, its stacks' dump included, until it gets SIGCONT\n")
+    [line] = quiet_lines(job([host(0), host(1), stopped]))
+    assert line == ("host 2 is quiet: no output and no phase change since another host ended; host 2 is stopped by a "
+                    "signal (SIGSTOP or SIGTSTP): process 77 runs nothing, its stacks' dump included, until it gets "
+                    "SIGCONT")

@@ -91,6 +91,9 @@ BAR_STYLES = {JobStatus.PENDING: "", JobStatus.RUNNING: "info", JobStatus.SUCCEE
 
 logger = logging.getLogger(__name__)
 
+#: How a host's stacks begin where it gave none (stopped by a signal, or it did not answer in time).
+NO_ANSWER = "no answer: "
+
 #: A frame of the cell in a host's traceback: ``<kinetic In[3]>`` (the notebook's name), or ``<kinetic cell>``.
 _CELL_LINE = re.compile(r'File "<kinetic (?P<cell>[^"]*)>", line (?P<line>\d+)')
 
@@ -152,6 +155,10 @@ def quiet_lines(snapshot: JobSnapshot, limit: int | None = None) -> list[str]:
     for host in quiet[:limit]:
         where = where_the_cell_is(host.stacks)
         text = f"{snapshot.name_of(host.index)} is quiet: no output and no phase change since another host ended"
+        if not where and host.stacks.startswith(NO_ANSWER):  # why it cannot say where: stopped by a signal, ...
+            where = host.stacks.splitlines()[0].removeprefix(NO_ANSWER)
+            lines.append(f"{text}; {where}")
+            continue
         lines.append(text + (f"; at {where}" if where else ""))
     if limit is not None and len(quiet) > limit:
         lines.append(f"… and {len(quiet) - limit} more quiet: "
