@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.channel import CHANNEL_ENV
@@ -47,6 +48,9 @@ NODE_ID_ENV = "KINETIC_RAY_NODE_ID"
 AGENT_LOG_LINES = 8
 
 
+#: How long an actor outlives its agent before it ends itself: the client's one call per host (``agent_exit``)
+#: is answered as the agent ends, and an actor that ended first would turn that answer into "actor died".
+ANSWER_GRACE_S = 2.0
 #: Host 0's actor serves a notebook's pipe to the hub beside its other calls: a receive waits up to a few
 #: seconds for the hub, a send must not wait behind it.
 ACTOR_CONCURRENCY = 8
@@ -233,6 +237,7 @@ class RayHost:
         import ray
 
         code = self.agent.wait()
+        time.sleep(ANSWER_GRACE_S)
         if code == 0 and os.path.exists(self.agent_log) and os.path.getsize(self.agent_log) == 0:
             os.unlink(self.agent_log)
         storage = open_storage(job_uri)

@@ -433,8 +433,9 @@ class RayBackend(Backend):
             del job.ends[bundle]
             if isinstance(answer, ray.exceptions.ActorUnavailableError):
                 job.ends[bundle] = job.actors[bundle].agent_exit.remote()  # a blip, or a node not yet declared lost
-            elif isinstance(answer, BaseException):  # the actor died: its host with it
-                _host_ended(exits, storage, key, plan, self._death(ray, job, index, answer))
+            elif isinstance(answer, BaseException):  # the actor died: its host with it, unless it recorded its end
+                if not all(storage.exists(protocol.host_exit(rank)) for rank in plan.ranks_of(index)):
+                    _host_ended(exits, storage, key, plan, self._death(ray, job, index, answer))
             elif answer[0] is not None:
                 code, tail = answer
                 _host_ended(exits, storage, key, plan, ExitSummary(
