@@ -123,6 +123,11 @@ def failing(call: Callable[[], object]) -> Callable[[], None]:
     return expect_failure
 
 
+#: Pause before each measured call (``--settle``): with it, each side's cell starts once the other's has left
+#: the machine (the engines' messages after their answer, the agent's storing after ours), not in the middle.
+settle_s = 0.0
+
+
 def paired_medians(runs: int, calls: dict[str, Callable[[], object]]) -> dict[str, float]:
     """The median wall time of each of ``calls``, called in turn ``runs`` times each (after one unmeasured call
     of each), so that all meet the same load on the machine rather than one before the other."""
@@ -131,6 +136,7 @@ def paired_medians(runs: int, calls: dict[str, Callable[[], object]]) -> dict[st
     samples: dict[str, list[float]] = {name: [] for name in calls}
     for _ in range(runs):
         for name, call in calls.items():
+            time.sleep(settle_s)
             started = time.perf_counter()
             call()
             samples[name].append(time.perf_counter() - started)
@@ -505,9 +511,15 @@ def main() -> None:
     parser.add_argument("--cells", type=int, default=7, help="cells per median, of each kind")
     parser.add_argument("--no-ipyparallel", action="store_true", help="the sessions alone")
     parser.add_argument("--no-gcs", action="store_true", help="no gs:// figures (no emulator)")
+    parser.add_argument("--settle", type=float, default=0.0, metavar="SECONDS",
+                        help="pause before each measured call, so that neither side's cell meets the other's tail")
     args = parser.parse_args()
     if args.cells < 1:
         parser.error("--cells must be at least 1")
+    if not args.settle >= 0:
+        parser.error(f"--settle must be a number of seconds, 0 or more, got {args.settle}")
+    global settle_s
+    settle_s = args.settle
     on_gcs = set() if args.no_gcs else set(args.gcs_hosts or [n for n in args.hosts + args.light if n <= FIT_FROM])
     if not args.no_ipyparallel:
         try:
