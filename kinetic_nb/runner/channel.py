@@ -33,7 +33,6 @@ import dataclasses
 import logging
 import os
 import queue
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -59,12 +58,18 @@ __all__ = ["CHANNEL_ENV", "MAX_FRAME_BYTES", "Address", "Channel", "Hub", "Joini
 
 #: How a session's host is told where its hub listens (``host:port``, or ``unix:/path`` on this machine).
 CHANNEL_ENV = "KINETIC_CHANNEL"
-#: A host's own word on a session's cell: ready at its barrier, its end of the cell, its failure payload.
-_ONE_HOSTS_WORD_ON_A_CELL = re.compile(
-    rf"^{protocol.CELLS_DIR}/\d+/(ready-\d+|{protocol.CELL_DONE_PREFIX}\d+|result-worker-\d+\.pkl)$")
 #: Pause between two tries to join a hub that does not answer (yet).
 JOIN_RETRY_S = 0.2
 NOTEBOOK = "notebook"
+
+
+def _one_hosts_word_on_a_cell(name: str) -> bool:
+    """A host's own word on a session's cell: ready at its barrier, its end of the cell, its failure payload."""
+    if protocol.cell_of(name) is None or not name.startswith(f"{protocol.CELLS_DIR}/"):
+        return False
+    leaf = name.rsplit("/", 1)[1]
+    return (protocol.parse_cell_done(name) is not None or protocol.parse_worker_result(leaf) is not None
+            or (protocol.is_cell_marker(name) and leaf != protocol.LEADER_READY))
 
 
 def host_role(index: int) -> str:
@@ -286,7 +291,7 @@ class Hub:
         host = protocol.parse_host_object(name)
         if host is not None:
             return host[1] == "status" and link.role == agent_role(host[0] // self._procs_per_host)
-        if _ONE_HOSTS_WORD_ON_A_CELL.match(name):
+        if _one_hosts_word_on_a_cell(name):
             return link.role == host_role(protocol.LEADER_INDEX)
         return protocol.parse_cell_log_chunk(name) is None
 
