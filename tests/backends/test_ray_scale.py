@@ -5,16 +5,17 @@ hundredth of a CPU each): the same actors, agents and records as one host per no
 look is what the client's poller asks the backend at every poll (``Backend.observe``); the test counts,
 during each look, the calls into Ray: ``ray.wait``, ``ray.get``, ``ray.nodes``, the placement group's
 table, and each actor method called (``.remote()``, one request to that host's actor). What a look asks
-must not grow with the hosts: the most of each kind one look made stays within the same small bound at 8
-hosts as at 64, and no look calls an actor.
+must not grow with the hosts: the most of each kind one look made at 64 hosts stays within a small bound that
+names no number of hosts, and no look calls an actor.
 
 Each host's actor is asked once, as the job launches, to answer when its agent ends (``RayHost.agent_exit``);
 a look then makes one ``ray.wait`` over the starts not yet answered and one over those ends, and one
 ``ray.get`` for what was answered: before, it asked every started host's actor again at every other look (an
 actor call, a ``ray.wait`` and a ``ray.get`` per host: 33 actor calls in one look at 64 hosts, 6 at 8).
 
-Cost here (2 cores, shared): the 64-host job about 3 minutes (Ray starts one worker process at a time per
-node), the 8-host one about 30 s.
+Cost here (2 cores, shared): the 64-host job about a minute (Ray starts one worker process at a time per
+node). The bound is absolute, so a smaller job beside it would prove nothing more (an 8-host job made the same
+calls per look and cost the suite half a minute).
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ import pytest
 import kinetic_nb
 from kinetic_nb.backends.ray.backend import RayBackend, connect
 
-SMALL = 8
 #: The slice the issue asks for: a v5e-256's 64 hosts, 16 to a node of the test cluster.
 LARGE = 64
 JOB_TIMEOUT_S = 600.0
@@ -121,9 +121,8 @@ def run_job(backend: LookCountingBackend, tmp_path, hosts: int) -> dict[str, int
     return most_per_look(backend.looks)
 
 
-def test_a_jobs_looks_make_the_same_calls_into_ray_at_8_and_64_hosts(counted_ray, tmp_path):
-    small = run_job(counted_ray(), tmp_path / "small", SMALL)
-    large = run_job(counted_ray(), tmp_path / "large", LARGE)
-    for looks in (small, large):  # whatever the hosts: no call to an actor, at most a wait and a get of each kind
-        assert all(count <= CALLS_PER_LOOK.get(kind, 0) for kind, count in looks.items()), \
-            f"most calls per look at {SMALL} hosts {small}, at {LARGE} {large}"
+def test_a_64_host_jobs_looks_make_a_bounded_number_of_calls_into_ray(counted_ray, tmp_path):
+    looks = run_job(counted_ray(), tmp_path, LARGE)
+    # whatever the hosts: no call to an actor, at most a wait and a get of each kind
+    assert all(count <= CALLS_PER_LOOK.get(kind, 0) for kind, count in looks.items()), \
+        f"most calls per look at {LARGE} hosts: {looks}"
