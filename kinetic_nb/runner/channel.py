@@ -29,10 +29,13 @@ handshake deadline (``runner.hub_door``). Host-safe: the standard library and
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
 import queue
+import selectors
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -47,6 +50,7 @@ from kinetic_nb.runner.channel_link import (
     channel_key,
     connect,
     format_address,
+    frame_body,
     parse_address,
 )
 from kinetic_nb.runner.hub_door import Door
@@ -160,6 +164,10 @@ def _message(name: str, data: bytes | Stored, at: float) -> tuple[dict, bytes | 
     return {"name": name, "at": at, **({"stored": True} if stored else {})}, None if stored else data
 
 
+#: A record every peer reads (hosts and agents as well as notebooks): see :meth:`Hub._audience`.
+EVERYONE = "*"
+
+
 def _record(header: dict, data: bytes) -> tuple[str, bytes | Stored, float]:
     name = header.get("name")
     if not isinstance(name, str) or not name or name.startswith("/") or ".." in name.split("/"):
@@ -167,28 +175,119 @@ def _record(header: dict, data: bytes) -> tuple[str, bytes | Stored, float]:
     return name, STORED if header.get("stored") else data, float(header.get("at") or time.time())
 
 
+#: How often the hub's writer looks at the peers it waits on even if nothing happens (those that went).
+WRITER_WAKE_S = 0.5
+
+
 class _Outbox:
-    """What the hub sends one peer, in order, from a thread of its own: a slow peer (a notebook far away)
-    never holds up the others."""
+    """What the hub sends one peer, in order, without a thread of its own and without ever waiting on it: each
+    frame is sealed as it is put (from :func:`frame_body`'s plaintext, built once for every peer a record goes
+    to) and written at once if the peer's socket takes it; what it does not take yet waits here, in order, for
+    the hub's :class:`_Writer`. A slow peer (a notebook far away) never holds up the others, and a fan-out to N
+    peers wakes no thread: N threads woken per record cost the hub more than the records (futexes and the
+    interpreter's lock passed between thousands of threads, at 1,024 hosts)."""
 
-    def __init__(self, link: Link):
+    def __init__(self, link: Link, writer: _Writer):
         self.link = link
-        self._queue: queue.SimpleQueue[tuple[dict, bytes | None] | None] = queue.SimpleQueue()
-        threading.Thread(target=self._send_loop, name=f"kinetic-hub-to-{link.role}", daemon=True).start()
+        self._writer = writer
+        self._lock = threading.Lock()
+        self._pending = bytearray()
 
-    def put(self, header: dict, data: bytes | None = b"") -> None:
-        self._queue.put((header, data))
-
-    def _send_loop(self) -> None:
-        while (item := self._queue.get()) is not None:
-            try:
-                self.link.send(*item)
-            except ChannelClosed:
+    def put(self, body: bytes) -> None:
+        with self._lock:
+            if self.link.closed:
                 return
+            sealed = self.link.seal([body])
+            if self._pending:  # behind what waits already: the writer sends it in turn
+                self._pending += sealed
+                return
+            sent = self._write(sealed)
+            if sent < len(sealed):
+                self._pending += sealed[sent:]
+                self._writer.watch(self)
+
+    def _write(self, data: bytes | bytearray) -> int:
+        """Write what the socket takes now; how much (all of it for a peer gone: it is closed, its reader ends)."""
+        try:
+            return self.link.sock.send(data, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return 0
+        except OSError:
+            self.link.close()
+            return len(data)
+
+    def flush(self) -> bool:
+        """Write what waits, as far as the socket takes it; whether nothing waits any more (or the peer went)."""
+        with self._lock:
+            if self._pending and not self.link.closed:
+                del self._pending[:self._write(self._pending)]
+            if self.link.closed:
+                self._pending.clear()
+            return not self._pending
 
     def close(self) -> None:
         self.link.close()
-        self._queue.put(None)
+        with self._lock:
+            self._pending.clear()
+
+
+class _Writer:
+    """The hub's one thread that writes what peers' sockets could not take at once, to each as it drains."""
+
+    def __init__(self) -> None:
+        self._selector = selectors.DefaultSelector()
+        self._wake_in, self._wake_out = socket.socketpair()
+        for end in (self._wake_in, self._wake_out):
+            end.setblocking(False)
+        self._selector.register(self._wake_in, selectors.EVENT_READ)
+        self._waiting: queue.SimpleQueue[_Outbox] = queue.SimpleQueue()
+        self._closed = False
+
+    def start(self) -> None:
+        threading.Thread(target=self._loop, name="kinetic-hub-writer", daemon=True).start()
+
+    def watch(self, outbox: _Outbox) -> None:
+        """``outbox`` has frames its socket did not take: write them as it drains."""
+        self._waiting.put(outbox)
+        with contextlib.suppress(OSError):  # a full wakeup socket already wakes the loop
+            self._wake_out.send(b"\0")
+
+    def _loop(self) -> None:
+        try:
+            while not self._closed:
+                for key, _ in self._selector.select(WRITER_WAKE_S):
+                    if key.data is None:
+                        with contextlib.suppress(OSError):
+                            self._wake_in.recv(4096)
+                    elif key.data.flush():
+                        self._forget(key.fileobj)
+                while not self._waiting.empty():
+                    self._watch(self._waiting.get())
+                for key in list(self._selector.get_map().values()):
+                    if key.data is not None and key.data.link.closed:
+                        self._forget(key.fileobj)
+        finally:
+            self._selector.close()
+            self._wake_in.close()
+            self._wake_out.close()
+
+    def _watch(self, outbox: _Outbox) -> None:
+        sock = outbox.link.sock
+        with contextlib.suppress(KeyError):
+            if self._selector.get_key(sock).data is outbox:
+                return
+            self._forget(sock)  # a peer gone whose descriptor's number this one's has taken
+        with contextlib.suppress(ValueError, OSError):  # a socket closed meanwhile: nothing to write
+            self._selector.register(sock, selectors.EVENT_WRITE, outbox)
+
+    def _forget(self, sock) -> None:
+        with contextlib.suppress(KeyError, ValueError, OSError):
+            self._selector.unregister(sock)
+
+    def close(self) -> None:
+        self._closed = True
+        with contextlib.suppress(OSError):
+            self._wake_out.send(b"\0")
 
 
 class Hub:
@@ -221,9 +320,13 @@ class Hub:
         self._procs_per_host = procs_per_host
         self._on_lost = on_lost
         self._peers: list[_Outbox] = []
+        #: The same peers by role (several where a role joined twice, notebooks): a record one peer reads costs
+        #: the hub that peer, not a look at every peer.
+        self._by_role: dict[str, list[_Outbox]] = {}
         self._joined: set[str] = set()
         self._lock = threading.Lock()
         self._closed = False
+        self._writer = _Writer()
         self._door = Door(address, self._secret, self._admit)
         #: Where it listens (the first of its sockets; a Unix socket's path).
         self.address: Address = self._door.address
@@ -232,6 +335,7 @@ class Hub:
 
     def start(self) -> None:
         """Start accepting (after any fork: the threads are this process's alone)."""
+        self._writer.start()
         self._door.start()
 
     @property
@@ -240,9 +344,9 @@ class Hub:
         return dict(self._door.refusals.total)
 
     def _admit(self, link: Link) -> None:
-        """A proven peer: its sender, and a thread that hears it (a thread that will not start raises: the door
+        """A proven peer: its outbox, and a thread that hears it (a thread that will not start raises: the door
         then refuses that peer alone)."""
-        peer = _Outbox(link)
+        peer = _Outbox(link, self._writer)
         try:
             threading.Thread(target=self._serve, args=(peer,), name=f"kinetic-hub-from-{link.role}",
                              daemon=True).start()
@@ -256,15 +360,17 @@ class Hub:
             for name, _, _, at in self.mirror.entries():
                 data = self.mirror.get(name)
                 if data is not None and self._wants(link, name):
-                    peer.put(*_message(name, data, at))
-            peer.put({"caught_up": True})
+                    peer.put(frame_body(*_message(name, data, at)))
+            peer.put(frame_body({"caught_up": True}))
             self._peers.append(peer)
+            self._by_role.setdefault(link.role, []).append(peer)
             if link.role in self._expected:
                 self._joined.add(link.role)
-                if self._joined == self._expected:  # every host is here: they may agree to use the channel
+                if len(self._joined) == len(self._expected):  # every host is here: they may use the channel
+                    complete = frame_body({"complete": True})
                     for other in self._peers:
                         if other.link.role in self._host_roles:
-                            other.put({"complete": True})
+                            other.put(complete)
         try:
             while True:
                 header, data = link.receive()
@@ -278,31 +384,49 @@ class Hub:
             with self._lock:
                 if peer in self._peers:
                     self._peers.remove(peer)
+                    self._by_role[link.role].remove(peer)
+                    if not self._by_role[link.role]:
+                        del self._by_role[link.role]
             if self._on_lost is not None and link.role != NOTEBOOK and not self._closed:
                 self._on_lost(link.role)
 
-    def _wants(self, link: Link, name: str) -> bool:
-        """Notebooks read everything; hosts and agents what hosts read (no host's records, no cell's output), and
-        an agent its own host's processes' statuses. A host's own word on a cell (ready at its barrier, its end
-        of it, its failure) goes to the leader alone, who decides the barrier: passed to every host, each cell
-        would cost the hub the square of the hosts."""
-        if link.role == NOTEBOOK:
-            return True
+    def _audience(self, name: str) -> str | None:
+        """Who reads ``name`` besides the notebooks, who read everything: :data:`EVERYONE` (hosts and agents read
+        it), one role, or None (notebooks alone). Hosts and agents read what hosts read (no host's records, no
+        cell's output), and an agent its own host's processes' statuses. A host's own word on a cell (ready at
+        its barrier, its end of it, its failure) goes to the leader alone, who decides the barrier: passed to
+        every host, each cell would cost the hub the square of the hosts."""
         host = protocol.parse_host_object(name)
         if host is not None:
-            return host[1] == "status" and link.role == agent_role(host[0] // self._procs_per_host)
+            return agent_role(host[0] // self._procs_per_host) if host[1] == "status" else None
         if _one_hosts_word_on_a_cell(name):
-            return link.role == host_role(protocol.LEADER_INDEX)
-        return protocol.parse_cell_log_chunk(name) is None
+            return host_role(protocol.LEADER_INDEX)
+        return EVERYONE if protocol.parse_cell_log_chunk(name) is None else None
+
+    def _wants(self, link: Link, name: str) -> bool:
+        """Whether the peer at ``link`` reads ``name`` (see :meth:`_audience`)."""
+        if link.role == NOTEBOOK:
+            return True
+        audience = self._audience(name)
+        return audience == EVERYONE or audience == link.role
+
+    def _readers(self, audience: str | None) -> list[_Outbox]:
+        """The peers joined now that read a record for ``audience``: every one, or the notebooks and that role."""
+        if audience == EVERYONE:
+            return self._peers
+        return self._by_role.get(NOTEBOOK, []) + (self._by_role.get(audience, []) if audience else [])
 
     def publish(self, name: str, data: bytes | Stored, *, at: float | None = None, origin: Link | None = None) -> None:
-        """Keep ``name`` and pass it to every other peer that reads such records."""
+        """Keep ``name`` and pass it to every other peer that reads such records: its audience is decided once
+        and its frame's plaintext built once, whatever the peers (each link seals it under its own key)."""
         at = at or time.time()
+        audience = self._audience(name)
+        body = frame_body(*_message(name, data, at))
         with self._lock:
             self.mirror.put(name, data, at)
-            for peer in self._peers:
-                if peer.link is not origin and self._wants(peer.link, name):
-                    peer.put(*_message(name, data, at))
+            for peer in self._readers(audience):
+                if peer.link is not origin:
+                    peer.put(body)
         if origin is not None and self._on_record is not None:
             self._on_record(name, data)
 
@@ -310,9 +434,16 @@ class Hub:
         with self._lock:
             return [peer.link.role for peer in self._peers]
 
+    def sent(self) -> tuple[int, int]:
+        """Frames and bytes the hub has sent its peers still joined (``benchmarks/hub.py`` reads it)."""
+        with self._lock:
+            links = [peer.link for peer in self._peers]
+        return sum(link.sent_frames for link in links), sum(link.sent_bytes for link in links)
+
     def close(self) -> None:
         self._closed = True
         self._door.close()
+        self._writer.close()
         with self._lock:
             for peer in self._peers:
                 peer.close()

@@ -32,7 +32,7 @@ from kinetic_nb.errors import ChannelClosed, IntegrityError
 from kinetic_nb.runner.job_keys import derived_key
 
 __all__ = ["HANDSHAKE_TIMEOUT_S", "MAX_FRAME_BYTES", "Address", "Arrival", "Link", "connect", "format_address",
-           "open_socket", "parse_address"]
+           "frame_body", "open_socket", "parse_address"]
 
 #: Where a hub listens: ``(host, port)`` on TCP, or the path of a Unix socket (a session on this machine).
 Address = tuple[str, int] | str
@@ -117,6 +117,13 @@ def _receive_exactly(sock: socket.socket, count: int, deadline: float | None = N
     return bytes(data)
 
 
+def frame_body(header: dict, data: bytes | None = b"") -> bytes:
+    """A frame's plaintext: its header's length, the header (JSON) and the data. The same for every link a record
+    goes to: only its sealing (:meth:`Link.send_bodies`) is the connection's."""
+    head = json.dumps(header, separators=(",", ":")).encode()
+    return b"".join((struct.pack(">I", len(head)), head, data or b""))
+
+
 class Link:
     """One proven connection, either end: frames out and in, each encrypted under the connection's key, its
     nonce the frame's direction and number."""
@@ -128,21 +135,43 @@ class Link:
         self._out, self._in = (_FROM_HUB, _FROM_PEER) if hub_side else (_FROM_PEER, _FROM_HUB)
         self._sent = 0
         self._received = 0
-        self._send_lock = threading.Lock()
+        self._send_lock = threading.RLock()
         self.closed = False
+        #: Bytes this end has sent, frames' lengths and tags included (its frames sent are ``sent_frames``).
+        self.sent_bytes = 0
 
     def send(self, header: dict, data: bytes | None = b"") -> None:
-        head = json.dumps(header, separators=(",", ":")).encode()
-        body = struct.pack(">I", len(head)) + head + (data or b"")
+        self.send_bodies([frame_body(header, data)])
+
+    def send_bodies(self, bodies: list[bytes]) -> None:
+        """Send frames whose plaintext :func:`frame_body` built (once, however many links it goes to), sealed
+        here and written in one go."""
         with self._send_lock:
-            length = struct.pack(">I", len(body) + _TAG_BYTES)
-            sealed = self._cipher.encrypt(self._out + struct.pack(">Q", self._sent), body, length)
-            self._sent += 1
+            out = self.seal(bodies)
             try:
-                self.sock.sendall(length + sealed)
+                self.sock.sendall(out)
             except OSError as error:
                 self.close()
                 raise ChannelClosed(f"the channel broke: {error}") from None
+
+    def seal(self, bodies: list[bytes]) -> bytes:
+        """The frames of ``bodies`` as they go on the wire: each encrypted under this connection's key, its nonce
+        this direction and the frame's number. Frames must be written in the order they were sealed: a caller
+        that writes them itself (the hub, without blocking) keeps that order."""
+        with self._send_lock:
+            out = bytearray()
+            for body in bodies:
+                length = struct.pack(">I", len(body) + _TAG_BYTES)
+                out += length
+                out += self._cipher.encrypt(self._out + struct.pack(">Q", self._sent), body, length)
+                self._sent += 1
+            self.sent_bytes += len(out)
+            return bytes(out)
+
+    @property
+    def sent_frames(self) -> int:
+        """Frames this end has sent."""
+        return self._sent
 
     def receive(self) -> tuple[dict, bytes]:
         """The next frame's header and data; ``IntegrityError`` (and the connection closed) for one that is not

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import socket
+import threading
 import time
 
 import pytest
@@ -164,6 +165,76 @@ def test_a_hosts_word_on_a_cell_goes_to_the_leader_and_the_notebook_alone(hub_an
     assert [name for name in words if other.mirror.get(name) is not None] == []
     for channel in (leader, worker, other, notebook):
         channel.close()
+
+
+def test_a_record_one_peer_reads_costs_the_hub_a_look_at_its_name_not_at_every_peer(hub_and_key, monkeypatch):
+    """A host's word on a cell goes to the leader and the notebook: the hub decides who reads it once, from its
+    name, rather than asking of each of its N peers whether it reads it (N x N looks at names per cell, since
+    each of N hosts says ready and done)."""
+    hub, key = hub_and_key
+    hosts = [Channel.open(hub.address, key, f"host-{index}") for index in range(24)]
+    notebook = Channel.open(hub.address, key, "notebook")
+    wait_until(lambda: len(hub.peers()) == 25, "every peer joined")
+    looks = []
+    parse = protocol.parse_host_object
+    here = threading.current_thread()  # the peers' mirrors, in this process too, look at what they receive
+
+    def counted(name):
+        if threading.current_thread() is here:
+            looks.append(name)
+        return parse(name)
+
+    monkeypatch.setattr(protocol, "parse_host_object", counted)
+    hub.publish(protocol.cell_done(7, 5), b"done")
+    hub.publish(protocol.host_status(5), b"status")
+    assert len(looks) <= 2 * 2, f"{len(looks)} looks at 2 names with 25 peers joined"  # the hub's, the mirror's
+    wait_until(lambda: notebook.mirror.get(protocol.host_status(5)) == b"status", "the notebook heard the status")
+    assert hosts[0].mirror.get(protocol.cell_done(7, 5)) == b"done"
+    assert [index for index, host in enumerate(hosts[1:], 1) if host.mirror.get(protocol.cell_done(7, 5))] == []
+    for channel in (*hosts, notebook):
+        channel.close()
+
+
+def _threads_for(roles: list[str]) -> int:
+    """The threads of this process named for one of ``roles`` (a hub's threads for a peer bear its role)."""
+    return sum(thread.name.rsplit("-", 2)[-2:] in [role.split("-") for role in roles]
+               for thread in threading.enumerate())
+
+
+def test_a_peer_costs_the_hub_one_thread_and_a_fan_out_wakes_none_to_send(hub_and_key):
+    """The hub writes a record to each peer from the thread that publishes it, without waiting (what a socket
+    does not take waits for its one writer): a peer costs it the thread that hears it, not a sender beside it
+    that each record it reads wakes (at 1,024 hosts the hub's work was mostly threads woken and put to sleep)."""
+    hub, key = hub_and_key
+    roles = [f"host-{index}" for index in range(100, 120)]  # no other test's
+    hosts = [Channel.open(hub.address, key, role) for role in roles]
+    wait_until(lambda: len(hub.peers()) == 20, "every peer joined")
+    assert _threads_for(roles) - len(roles) == 20  # the peers' own (their channels'), and one each in the hub
+    hub.publish("cells/000002/payload.pkl", b"payload")
+    wait_until(lambda: all(host.mirror.get("cells/000002/payload.pkl") == b"payload" for host in hosts),
+               "every host heard the payload")
+    for channel in hosts:
+        channel.close()
+
+
+def test_a_peer_that_reads_nothing_holds_up_no_other_and_gets_every_record_in_order_once_it_reads(hub_and_key):
+    hub, key = hub_and_key
+    stalled = connect(hub.address, key, "host-1")  # joined, reading nothing: its socket fills
+    host = Channel.open(hub.address, key, "host-0")
+    wait_until(lambda: len(hub.peers()) == 2, "both joined")
+    record = bytes(64 << 10)
+    for seq in range(1, 201):  # 12.5 MiB: far more than a socket holds
+        hub.publish(f"control/cell-{seq:06d}-submitted.json", b"%d" % seq + record)
+    wait_until(lambda: host.mirror.get("control/cell-000200-submitted.json") is not None, "the other host heard all")
+    names = []
+    while len(names) < 200:  # every record, in order
+        header, data = stalled.receive()
+        if "name" in header:
+            names.append(header["name"])
+            assert data.startswith(b"%d" % len(names)) and len(data) > len(record)
+    assert names == [f"control/cell-{seq:06d}-submitted.json" for seq in range(1, 201)]
+    stalled.close()
+    host.close()
 
 
 # -- a session on a bucket -------------------------------------------------------------------------------------
