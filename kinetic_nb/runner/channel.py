@@ -23,7 +23,11 @@ that connection, its nonce the frame's direction and number in the stream
 (``runner.channel_link``), so a frame altered, replayed, reordered or moved to
 another connection is refused and the connection closed. A connection that has
 not proven itself costs the hub a socket and no thread, for at most one
-handshake deadline (``runner.hub_door``). Host-safe: the standard library and
+handshake deadline (``runner.hub_door``); a proven one costs no thread either:
+one thread hears every peer and passes each record on from there, written to
+each reader without waiting, and one more writes what a slow reader's socket
+did not take, as it drains (so a record to 1,024 hosts wakes no thread, and
+a slow peer holds up no other). Host-safe: the standard library and
 ``cryptography``.
 """
 
@@ -38,7 +42,7 @@ import selectors
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from kinetic_nb.errors import ChannelClosed, IntegrityError
 from kinetic_nb.runner import protocol
@@ -175,23 +179,27 @@ def _record(header: dict, data: bytes) -> tuple[str, bytes | Stored, float]:
     return name, STORED if header.get("stored") else data, float(header.get("at") or time.time())
 
 
-#: How often the hub's writer looks at the peers it waits on even if nothing happens (those that went).
-WRITER_WAKE_S = 0.5
+#: How often the hub's watching threads look at their peers even if nothing happens (for those that went).
+WATCH_WAKE_S = 0.5
+#: The most one read from a peer takes before the hub hears the others.
+READ_BYTES = 1 << 16
 
 
-class _Outbox:
-    """What the hub sends one peer, in order, without a thread of its own and without ever waiting on it: each
-    frame is sealed as it is put (from :func:`frame_body`'s plaintext, built once for every peer a record goes
-    to) and written at once if the peer's socket takes it; what it does not take yet waits here, in order, for
-    the hub's :class:`_Writer`. A slow peer (a notebook far away) never holds up the others, and a fan-out to N
-    peers wakes no thread: N threads woken per record cost the hub more than the records (futexes and the
-    interpreter's lock passed between thousands of threads, at 1,024 hosts)."""
+class _Peer:
+    """A proven peer as the hub holds it: no thread of its own. What the hub sends it goes in order and never
+    waits on it: each frame is sealed as it is put (from :func:`frame_body`'s plaintext, built once for every
+    peer a record goes to) and written at once if the peer's socket takes it; what it does not take yet waits
+    here, in order, for the hub's writer (:class:`_Watch`). What it sends gathers here until whole frames have
+    come, opened in order under the connection's key. A slow peer (a notebook far away) holds up no other, and
+    a record to N peers wakes no thread: a thread per peer, woken for each record it sent or was sent, cost the
+    hub more than the records (futexes and the interpreter's lock passed between thousands of threads)."""
 
-    def __init__(self, link: Link, writer: _Writer):
+    def __init__(self, link: Link, writer: _Watch):
         self.link = link
         self._writer = writer
         self._lock = threading.Lock()
         self._pending = bytearray()
+        self._incoming = bytearray()
 
     def put(self, body: bytes) -> None:
         with self._lock:
@@ -207,7 +215,7 @@ class _Outbox:
                 self._writer.watch(self)
 
     def _write(self, data: bytes | bytearray) -> int:
-        """Write what the socket takes now; how much (all of it for a peer gone: it is closed, its reader ends)."""
+        """Write what the socket takes now; how much (all of it for a peer gone: it is closed, and so heard)."""
         try:
             return self.link.sock.send(data, socket.MSG_DONTWAIT)
         except BlockingIOError:
@@ -225,60 +233,98 @@ class _Outbox:
                 self._pending.clear()
             return not self._pending
 
+    def read(self) -> bytes | None:
+        """What the peer sent since the last read, without waiting: None when nothing came, b"" once it went."""
+        try:
+            return self.link.sock.recv(READ_BYTES, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return None
+        except OSError:
+            return b""
+
+    def frames(self, chunk: bytes) -> Iterator[tuple[dict, bytes]]:
+        """The frames ``chunk`` completes, each opened as it is reached (``IntegrityError``, ``ValueError`` for one
+        that is not this connection's next: the frames before it are given)."""
+        self._incoming += chunk
+        while len(self._incoming) >= 4:
+            length = bytes(self._incoming[:4])
+            size = self.link.frame_size(length)
+            if len(self._incoming) < 4 + size:
+                return
+            sealed = bytes(self._incoming[4:4 + size])
+            del self._incoming[:4 + size]
+            yield self.link.open_frame(length, sealed)
+
     def close(self) -> None:
         self.link.close()
         with self._lock:
             self._pending.clear()
 
 
-class _Writer:
-    """The hub's one thread that writes what peers' sockets could not take at once, to each as it drains."""
+class _Watch:
+    """One thread of the hub that watches many peers' sockets for one event (readable, or writable), and calls
+    ``ready(peer)`` for each that is: True from it, or a peer whose link closed meanwhile (``gone(peer)`` is
+    called for it), and the peer is no longer watched."""
 
-    def __init__(self) -> None:
+    def __init__(self, name: str, event: int, ready: Callable[[_Peer], bool], gone: Callable[[_Peer], None]):
+        self._name = name
+        self._event = event
+        self._ready = ready
+        self._gone = gone
         self._selector = selectors.DefaultSelector()
         self._wake_in, self._wake_out = socket.socketpair()
         for end in (self._wake_in, self._wake_out):
             end.setblocking(False)
         self._selector.register(self._wake_in, selectors.EVENT_READ)
-        self._waiting: queue.SimpleQueue[_Outbox] = queue.SimpleQueue()
+        self._added: queue.SimpleQueue[_Peer] = queue.SimpleQueue()
         self._closed = False
 
     def start(self) -> None:
-        threading.Thread(target=self._loop, name="kinetic-hub-writer", daemon=True).start()
+        threading.Thread(target=self._loop, name=self._name, daemon=True).start()
 
-    def watch(self, outbox: _Outbox) -> None:
-        """``outbox`` has frames its socket did not take: write them as it drains."""
-        self._waiting.put(outbox)
+    def watch(self, peer: _Peer) -> None:
+        self._added.put(peer)
         with contextlib.suppress(OSError):  # a full wakeup socket already wakes the loop
             self._wake_out.send(b"\0")
 
     def _loop(self) -> None:
+        look_at = time.monotonic() + WATCH_WAKE_S
         try:
             while not self._closed:
-                for key, _ in self._selector.select(WRITER_WAKE_S):
+                for key, _ in self._selector.select(WATCH_WAKE_S):
                     if key.data is None:
                         with contextlib.suppress(OSError):
                             self._wake_in.recv(4096)
-                    elif key.data.flush():
+                    elif self._ready(key.data):
                         self._forget(key.fileobj)
-                while not self._waiting.empty():
-                    self._watch(self._waiting.get())
-                for key in list(self._selector.get_map().values()):
-                    if key.data is not None and key.data.link.closed:
-                        self._forget(key.fileobj)
+                while not self._added.empty():
+                    self._add(self._added.get())
+                if time.monotonic() >= look_at:  # every peer, at most every WATCH_WAKE_S: not at every event
+                    self._forget_the_closed()
+                    look_at = time.monotonic() + WATCH_WAKE_S
         finally:
             self._selector.close()
             self._wake_in.close()
             self._wake_out.close()
 
-    def _watch(self, outbox: _Outbox) -> None:
-        sock = outbox.link.sock
+    def _forget_the_closed(self) -> None:
+        """Peers whose links were closed elsewhere (a write that failed, the hub closing): a closed socket is no
+        longer watched by the system, so it says nothing more."""
+        for key in list(self._selector.get_map().values()):
+            if key.data is not None and key.data.link.closed:
+                self._forget(key.fileobj)
+                self._gone(key.data)
+
+    def _add(self, peer: _Peer) -> None:
+        sock = peer.link.sock
         with contextlib.suppress(KeyError):
-            if self._selector.get_key(sock).data is outbox:
+            old = self._selector.get_key(sock).data
+            if old is peer:
                 return
             self._forget(sock)  # a peer gone whose descriptor's number this one's has taken
-        with contextlib.suppress(ValueError, OSError):  # a socket closed meanwhile: nothing to write
-            self._selector.register(sock, selectors.EVENT_WRITE, outbox)
+            self._gone(old)
+        with contextlib.suppress(ValueError, OSError):  # a socket closed meanwhile: its peer is gone
+            self._selector.register(sock, self._event, peer)
 
     def _forget(self, sock) -> None:
         with contextlib.suppress(KeyError, ValueError, OSError):
@@ -319,14 +365,17 @@ class Hub:
         #: Processes per host: an agent (``agent_role(host)``) reads the statuses of its host's processes.
         self._procs_per_host = procs_per_host
         self._on_lost = on_lost
-        self._peers: list[_Outbox] = []
+        self._peers: list[_Peer] = []
         #: The same peers by role (several where a role joined twice, notebooks): a record one peer reads costs
         #: the hub that peer, not a look at every peer.
-        self._by_role: dict[str, list[_Outbox]] = {}
+        self._by_role: dict[str, list[_Peer]] = {}
         self._joined: set[str] = set()
         self._lock = threading.Lock()
         self._closed = False
-        self._writer = _Writer()
+        #: Its two threads beside the door's, whatever the peers: one hears them all, one writes to those whose
+        #: sockets did not take what was sent at once.
+        self._reader = _Watch("kinetic-hub-reader", selectors.EVENT_READ, self._hear, self._leave)
+        self._writer = _Watch("kinetic-hub-writer", selectors.EVENT_WRITE, _Peer.flush, lambda peer: None)
         self._door = Door(address, self._secret, self._admit)
         #: Where it listens (the first of its sockets; a Unix socket's path).
         self.address: Address = self._door.address
@@ -335,6 +384,7 @@ class Hub:
 
     def start(self) -> None:
         """Start accepting (after any fork: the threads are this process's alone)."""
+        self._reader.start()
         self._writer.start()
         self._door.start()
 
@@ -344,19 +394,10 @@ class Hub:
         return dict(self._door.refusals.total)
 
     def _admit(self, link: Link) -> None:
-        """A proven peer: its outbox, and a thread that hears it (a thread that will not start raises: the door
-        then refuses that peer alone)."""
-        peer = _Outbox(link, self._writer)
-        try:
-            threading.Thread(target=self._serve, args=(peer,), name=f"kinetic-hub-from-{link.role}",
-                             daemon=True).start()
-        except BaseException:
-            peer.close()
-            raise
-
-    def _serve(self, peer: _Outbox) -> None:
-        link = peer.link
-        with self._lock:  # what the hub holds, then everything after it: nothing is missed or doubled
+        """A proven peer: what the hub holds (then everything after it: nothing is missed or doubled), and the
+        reader hears it from now on."""
+        peer = _Peer(link, self._writer)
+        with self._lock:
             for name, _, _, at in self.mirror.entries():
                 data = self.mirror.get(name)
                 if data is not None and self._wants(link, name):
@@ -371,24 +412,40 @@ class Hub:
                     for other in self._peers:
                         if other.link.role in self._host_roles:
                             other.put(complete)
+        self._reader.watch(peer)
+
+    def _hear(self, peer: _Peer) -> bool:
+        """Read what ``peer`` sent and pass on each whole frame; True once it has gone (or sent a frame that is not
+        its next: it is then closed)."""
+        chunk = peer.read()
+        if chunk is None:
+            return False
+        if not chunk:
+            self._leave(peer)
+            return True
         try:
-            while True:
-                header, data = link.receive()
+            for header, data in peer.frames(chunk):
                 name, record, at = _record(header, data)
-                self.publish(name, record, at=at, origin=link)
-        except (ChannelClosed, IntegrityError, ValueError) as error:
-            if isinstance(error, IntegrityError | ValueError):
-                logger.warning("channel: %s from %s", error, link.role)
-        finally:
-            peer.close()
-            with self._lock:
-                if peer in self._peers:
-                    self._peers.remove(peer)
-                    self._by_role[link.role].remove(peer)
-                    if not self._by_role[link.role]:
-                        del self._by_role[link.role]
-            if self._on_lost is not None and link.role != NOTEBOOK and not self._closed:
-                self._on_lost(link.role)
+                self.publish(name, record, at=at, origin=peer.link)
+        except (IntegrityError, ValueError) as error:
+            logger.warning("channel: %s from %s", error, peer.link.role)
+            self._leave(peer)
+            return True
+        return False
+
+    def _leave(self, peer: _Peer) -> None:
+        """``peer`` went (or is sent away): it is closed, and once only, the hub hears it (``on_lost``)."""
+        peer.close()
+        role = peer.link.role
+        with self._lock:
+            if peer not in self._peers:
+                return
+            self._peers.remove(peer)
+            self._by_role[role].remove(peer)
+            if not self._by_role[role]:
+                del self._by_role[role]
+        if self._on_lost is not None and role != NOTEBOOK and not self._closed:
+            self._on_lost(role)
 
     def _audience(self, name: str) -> str | None:
         """Who reads ``name`` besides the notebooks, who read everything: :data:`EVERYONE` (hosts and agents read
@@ -410,7 +467,7 @@ class Hub:
         audience = self._audience(name)
         return audience == EVERYONE or audience == link.role
 
-    def _readers(self, audience: str | None) -> list[_Outbox]:
+    def _readers(self, audience: str | None) -> list[_Peer]:
         """The peers joined now that read a record for ``audience``: every one, or the notebooks and that role."""
         if audience == EVERYONE:
             return self._peers
@@ -443,6 +500,7 @@ class Hub:
     def close(self) -> None:
         self._closed = True
         self._door.close()
+        self._reader.close()
         self._writer.close()
         with self._lock:
             for peer in self._peers:

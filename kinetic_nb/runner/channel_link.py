@@ -178,14 +178,24 @@ class Link:
         this connection's next."""
         try:
             length = _receive_exactly(self.sock, 4)
-            (size,) = struct.unpack(">I", length)
-            if size > MAX_FRAME_BYTES or size < _TAG_BYTES + 4:
-                self.close()
-                raise IntegrityError(f"a channel frame of {size} bytes, outside the limits")
-            sealed = _receive_exactly(self.sock, size)
+            sealed = _receive_exactly(self.sock, self.frame_size(length))
         except OSError as error:
             self.close()
             raise ChannelClosed(f"the channel broke: {error}") from None
+        return self.open_frame(length, sealed)
+
+    def frame_size(self, length: bytes) -> int:
+        """The size of the sealed frame whose 4-byte ``length`` came first; ``IntegrityError`` (and the connection
+        closed) for one outside the limits."""
+        (size,) = struct.unpack(">I", length)
+        if size > MAX_FRAME_BYTES or size < _TAG_BYTES + 4:
+            self.close()
+            raise IntegrityError(f"a channel frame of {size} bytes, outside the limits")
+        return size
+
+    def open_frame(self, length: bytes, sealed: bytes) -> tuple[dict, bytes]:
+        """The header and data of the frame ``length + sealed``, which must be this connection's next: one that
+        does not verify raises ``IntegrityError`` and closes the connection."""
         try:
             body = self._cipher.decrypt(self._in + struct.pack(">Q", self._received), sealed, length)
         except cipher_classes()[1]:
