@@ -291,21 +291,38 @@ class _Watch:
         look_at = time.monotonic() + WATCH_WAKE_S
         try:
             while not self._closed:
-                for key, _ in self._selector.select(WATCH_WAKE_S):
-                    if key.data is None:
-                        with contextlib.suppress(OSError):
-                            self._wake_in.recv(4096)
-                    elif self._ready(key.data):
-                        self._forget(key.fileobj)
-                while not self._added.empty():
-                    self._add(self._added.get())
-                if time.monotonic() >= look_at:  # every peer, at most every WATCH_WAKE_S: not at every event
-                    self._forget_the_closed()
-                    look_at = time.monotonic() + WATCH_WAKE_S
+                try:
+                    for key, _ in self._selector.select(WATCH_WAKE_S):
+                        if key.data is None:
+                            with contextlib.suppress(OSError):
+                                self._wake_in.recv(4096)
+                        else:
+                            self._turn_of(key.data)
+                    while not self._added.empty():
+                        self._add(self._added.get())
+                    if time.monotonic() >= look_at:  # every peer, at most every WATCH_WAKE_S: not at every event
+                        self._forget_the_closed()
+                        look_at = time.monotonic() + WATCH_WAKE_S
+                except Exception:  # the hub's peers stay heard: logged, a pause, and on
+                    logger.exception("channel: the hub's %s", self._name)
+                    time.sleep(WATCH_WAKE_S / 5)
         finally:
             self._selector.close()
             self._wake_in.close()
             self._wake_out.close()
+
+    def _turn_of(self, peer: _Peer) -> None:
+        """``ready(peer)``; a peer whose turn fails (a callback's error) is closed and gone, the others stay."""
+        try:
+            done = self._ready(peer)
+        except Exception:  # that peer's alone
+            logger.exception("channel: the hub's %s, for %s", self._name, peer.link.role)
+            peer.close()
+            self._forget(peer.link.sock)
+            self._gone(peer)
+            return
+        if done:
+            self._forget(peer.link.sock)
 
     def _forget_the_closed(self) -> None:
         """Peers whose links were closed elsewhere (a write that failed, the hub closing): a closed socket is no

@@ -237,6 +237,29 @@ def test_a_peer_that_reads_nothing_holds_up_no_other_and_gets_every_record_in_or
     host.close()
 
 
+def test_a_record_the_hub_fails_to_hear_loses_the_peer_that_sent_it_alone():
+    """One thread hears every peer: an error while it passes on one peer's record (the agent's callback) sends
+    that peer away, and the others are still heard."""
+    key = new_key()
+
+    def on_record(name, data):
+        if name == "control/bad.json":
+            raise RuntimeError("the agent's own error")
+
+    hub = Hub(key, hosts=2, on_record=on_record)
+    hub.start()
+    try:
+        bad, good = Channel.open(hub.address, key, "host-0"), Channel.open(hub.address, key, "host-1")
+        bad.send("control/bad.json", b"x")
+        wait_until(lambda: bad.broken is not None, "the peer whose record failed was let go")
+        good.send("control/good.json", b"y")
+        wait_until(lambda: hub.mirror.get("control/good.json") == b"y", "the other peer is still heard")
+        assert hub.peers() == ["host-1"]
+        good.close()
+    finally:
+        hub.close()
+
+
 # -- a session on a bucket -------------------------------------------------------------------------------------
 
 
