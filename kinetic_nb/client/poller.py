@@ -1,9 +1,14 @@
 """The one poller: a job's stored records, read incrementally, become snapshots.
 
-Each poll is one listing of the job's objects. The listing's versions say which
-objects changed; only those are read: a status that changed, an exit record
-once, a log chunk once (chunks are append-only). When nothing changed, a poll
-costs the listing alone, whatever the number of hosts. Every record is
+On a bucket each poll is one listing of the job's objects. The listing's
+versions say which objects changed; only those are read: a status that changed,
+an exit record once, a log chunk once (chunks are append-only). When nothing
+changed, a poll costs the listing alone. On a local disk a poll looks by name
+at what may have changed, a one-shot job and a session's cell by the same
+rules: the few records that decide the outcome and the leader's output at every
+poll, a host's records once it ended or failed, every host's at a slower pace
+and once all have ended; its cost follows what changed, not the number of
+hosts. Every record is
 verified under the job's key before it is parsed or shown (``runner.records``),
 and read only up to its kind's limit (``runner.protocol.limits``; one listed
 over it is not read at all): one that fails either is never rendered, and the
@@ -15,6 +20,7 @@ and the backend.
 from __future__ import annotations
 
 import collections
+import collections.abc
 import concurrent.futures
 import dataclasses
 import json
@@ -32,7 +38,7 @@ from kinetic_nb.runner import protocol
 from kinetic_nb.runner.envelope import read_limited
 from kinetic_nb.runner.frame_locals import FrameLocals
 from kinetic_nb.runner.logs import LogScreen
-from kinetic_nb.runner.protocol import CancelRequest, ExitSummary, HostStatus, JobPlan, Phase
+from kinetic_nb.runner.protocol import CancelRequest, ExitSummary, FirstFailure, HostStatus, JobPlan, Phase
 from kinetic_nb.runner.records import open_log_chunk, open_record, unverified_line
 from kinetic_nb.state import (
     LOST_CONFIRM_S,
@@ -67,6 +73,8 @@ EVERY_HOST_LOOK_S = 0.5
 #: ... plus this much per host: a large slice's cell lasts longer, and its looks at every host must not grow
 #: with it, or a cell's reads would grow as the square of the hosts (a look reads each status that changed).
 EVERY_HOST_LOOK_PER_HOST_S = 0.001
+#: A one-shot job's records in its own folder that a look on a local disk lists (with the failing workers' payloads).
+_JOB_FOLDER_RECORDS = (protocol.PLAN, protocol.PAYLOAD, protocol.LEADER_READY, protocol.RESULT, protocol.HANDLE)
 
 
 class _HostRecords:
@@ -118,7 +126,7 @@ class _HostRecords:
 
 
 class JobPoller:
-    """Reads a job's records incrementally: one listing per poll (on a local disk, a cell's few records by name).
+    """Reads a job's records incrementally: one listing per poll (on a local disk, the few that changed by name).
 
     With ``cell=None`` it reads a whole job: its hosts' states are their own
     records'. With ``cell=seq`` it reads one cell of a session: a host's state
@@ -139,7 +147,7 @@ class JobPoller:
         self.on_leader_output = on_leader_output
         self._echo = LeaderEcho(on_leader_output) if on_leader_output is not None else None
         self.records = [_HostRecords() for _ in range(plan.world_size)]
-        self.listing: list[ObjectInfo] = []
+        self._listing: list[ObjectInfo] = []
         self.platform = PlatformView()
         #: Stacks fetched for hosts that turned quiet, by host index.
         self.stacks: dict[int, str] = {}
@@ -163,6 +171,14 @@ class JobPoller:
         self._cell_ended: set[int] = set()
         self._first_failure_seen: str | None = None
         self._looked_at_every_end = False
+        #: A one-shot job on a local disk: every host below this one has ended (its exit record is found), and the
+        #: host that failed first (its agent's first-failure record), looked at every look until its end is read.
+        self._ended_below = 0
+        self._failed_first: int | None = None
+        #: ... and the hosts whose records and output were looked at once their end was: nothing of them changes.
+        self._read_to_the_end: set[int] = set()
+        #: ... and its records below its own folder as last looked at by name (with the folder: ``listing``).
+        self._looked_at: dict[str, ObjectInfo] = {}
         #: A cell's host snapshots as last built, with the revision of the records each was built from.
         self._built: dict[int, tuple[int, HostSnapshot]] = {}
         #: A cell the notebook interrupted: once every host is back, it ended as cancelled.
@@ -176,6 +192,12 @@ class JobPoller:
         #: handle.json's highest revision read so far: an older one replayed is ignored.
         self._handle_revision = 0
         self._lock = threading.Lock()  # a background watcher and the caller may poll at once
+
+    @property
+    def listing(self) -> list[ObjectInfo]:
+        """The job's objects as last looked at: a bucket's last listing; on a local disk, a one-shot job's own
+        folder as its last look listed it and its hosts' records as last looked at by name."""
+        return [*self._listing, *self._looked_at.values()] if self._looked_at else self._listing
 
     @property
     def exits(self) -> dict[int, ExitSummary]:
@@ -200,7 +222,7 @@ class JobPoller:
             return error
 
     def poll(self) -> JobSnapshot:
-        """Read what changed (one listing, or a cell's records by name on a local disk); the job as it is now."""
+        """Read what changed (one listing on a bucket, records by name on a local disk); the job as it is now."""
         with self._lock:
             if self.cell is not None:
                 if self.storage.local_path() is not None:
@@ -216,9 +238,12 @@ class JobPoller:
                 self._status = snapshot.status
                 return snapshot
             if not self._status.done:
-                self.requests["list"] += 1
-                self.listing = self.storage.list()
-                self._absorb(self.listing)
+                if self.storage.local_path() is not None and not self.plan.session:  # a session's hosts: listed
+                    self._look_at_job_by_name()
+                else:
+                    self.requests["list"] += 1
+                    self._listing = self.storage.list()
+                    self._absorb(self._listing)
                 self._observe_platform()
                 self._close_echo_when_done()
                 if self._cleaned_up_status() is not None:
@@ -236,7 +261,7 @@ class JobPoller:
 
     def _cleaned_up_status(self) -> JobStatus | None:
         """A job cleaned up after its outcome keeps only handle.json, which records that outcome."""
-        listed = {info.name: info for info in self.listing}
+        listed = {info.name: info for info in self._listing}
         if protocol.PLAN in listed or protocol.HANDLE not in listed:
             return None
         data = self._read(listed[protocol.HANDLE])
@@ -260,8 +285,7 @@ class JobPoller:
         ending = self._cell_ended | {protocol.parse_cell_done(info.name)[1] for info in found}
         last = len(ending) == self.plan.world_size and not self._looked_at_every_end
         if last or self._every_host_look_due():
-            self._every_host_look_at = time.monotonic() + EVERY_HOST_LOOK_S \
-                + EVERY_HOST_LOOK_PER_HOST_S * self.plan.world_size
+            self._every_host_look_done()
             self._looked_at_every_end = self._looked_at_every_end or last
             hosts: range | list[int] = range(self.plan.world_size)
             for index in hosts:
@@ -277,19 +301,117 @@ class JobPoller:
         self._absorb(found)
         self.output_complete |= stored
 
-    def _every_host_look_due(self) -> bool:
-        if time.monotonic() >= self._every_host_look_at:
-            return True
-        self.requests["stat"] += 1
-        try:  # a host that ended (its agent records the first failure before its exit) is looked at now
-            stat = os.stat(self.storage.local_path(protocol.FAILED))
+    def _look_at_job_by_name(self) -> None:
+        """A one-shot job on a local disk, by a session cell's rules (``_look_by_name``): one listing of the job's
+        own folder (the leader's payload and each failing worker's: what the outcome rules read), its cancel and
+        first-failure records, the hosts' exit records in order up to the first host still running, the leader's
+        output, and every record of a host whose payload is stored, or that failed first, until its end is read;
+        every host's records and output every ``EVERY_HOST_LOOK_S``, when a host failed, and once all have ended
+        (a host's once more after its end was read, and then no more). A look's cost follows what changed, not
+        the slice."""
+        self.requests["list"] += 1
+        folder = self._job_folder_listed()
+        found = [info for info in [self._stat_by_name(protocol.CANCEL)] if info is not None]
+        failed_first = self._first_failure_moved()
+        if failed_first is not None:
+            self._follow_first_failure(failed_first)
+        ended = self._ends_in_order()
+        last = self._ended_below == self.plan.world_size and not self._looked_at_every_end
+        if last or failed_first is not None or time.monotonic() >= self._every_host_look_at:
+            self._every_host_look_done()
+            self._looked_at_every_end = self._looked_at_every_end or last
+            hosts = [index for index in range(self.plan.world_size) if index not in self._read_to_the_end]
+        else:
+            hosts = sorted(ended | self._hosts_ending(folder))
+        for index in hosts:  # its records before its output: a host's output is all stored before its end
+            found += self._host_records_by_name(index)
+        for index in sorted({protocol.LEADER_INDEX, *hosts} - self._read_to_the_end):
+            found += self._chunks_by_name(index)
+        self._looked_at.update((info.name, info) for info in found)
+        self._listing = folder
+        self._absorb(found)
+        self._read_to_the_end.update(index for index in hosts if self.records[index].exit is not None)
+
+    def _job_folder_listed(self) -> list[ObjectInfo]:
+        """The job's records in its own folder (not below it): its plan, payload, handle, the leader's go and the
+        payloads, a few objects however many hosts (a worker stores a payload only when it fails)."""
+        found: list[ObjectInfo] = []
+        try:
+            entries = os.scandir(self.storage.local_path())
         except OSError:
-            return False
-        version = f"{stat.st_mtime_ns}:{stat.st_size}"
-        if version == self._first_failure_seen:
-            return False
-        self._first_failure_seen = version
-        return True
+            return found
+        with entries:
+            for entry in entries:
+                if entry.name not in _JOB_FOLDER_RECORDS and protocol.parse_worker_result(entry.name) is None:
+                    continue
+                try:
+                    stat = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                found.append(ObjectInfo(entry.name, stat.st_size, f"{stat.st_mtime_ns}:{stat.st_size}",
+                                        stat.st_mtime))
+        return sorted(found, key=lambda info: info.name)
+
+    def _follow_first_failure(self, info: ObjectInfo) -> None:
+        """Read the first failure's record for its host, which is looked at every look until its end is read."""
+        data = self._read(info)
+        if data is None:
+            return
+        try:
+            record = FirstFailure.from_json(self._verified(protocol.FAILED, data))
+        except (IntegrityError, ValueError, TypeError, AttributeError) as error:  # the hosts' agents ignore it too
+            logger.warning("ignored the first failure's record: %s", error)
+            return
+        if isinstance(record.host_index, int):
+            self._failed_first = record.host_index
+
+    def _ends_in_order(self) -> set[int]:
+        """The hosts found ended since the last look, from the lowest one still running upward to the next one
+        still running, by their exit records: one stat per look, plus one per host that ended."""
+        ended: set[int] = set()
+        while self._ended_below < self.plan.world_size:
+            index = self._ended_below
+            if self.records[index].exit is None:
+                if self._stat_by_name(protocol.host_exit(index)) is None:
+                    break
+                ended.add(index)
+            self._ended_below += 1
+        return ended
+
+    def _hosts_ending(self, folder: list[ObjectInfo]) -> set[int]:
+        """The hosts whose every record is looked at each look until their end is read: the leader once its payload
+        is in the job's ``folder``, a worker once its failure payload is, the host that failed first."""
+        listed = {protocol.LEADER_INDEX if info.name == protocol.RESULT else protocol.parse_worker_result(info.name)
+                  for info in folder if info.name == protocol.RESULT or protocol.parse_worker_result(info.name)
+                  is not None}
+        if self._failed_first is not None:
+            listed.add(self._failed_first)
+        return {index for index in listed if index < self.plan.world_size and self.records[index].exit is None}
+
+    def _every_host_look_due(self) -> bool:
+        # A host that ended (its agent records the first failure before its exit) is looked at now.
+        return time.monotonic() >= self._every_host_look_at or self._first_failure_moved() is not None
+
+    def _every_host_look_done(self) -> None:
+        self._every_host_look_at = time.monotonic() + EVERY_HOST_LOOK_S \
+            + EVERY_HOST_LOOK_PER_HOST_S * self.plan.world_size
+
+    def _first_failure_moved(self) -> ObjectInfo | None:
+        """The first failure's record (``protocol.FAILED``) when it is new since the last look (a stat), else None."""
+        info = self._stat_by_name(protocol.FAILED)
+        if info is None or info.version == self._first_failure_seen:
+            return None
+        self._first_failure_seen = info.version
+        return info
+
+    def _stat_by_name(self, name: str) -> ObjectInfo | None:
+        """Object ``name`` as it is now on the local disk (one stat), or None when it is not there."""
+        self.requests["stat"] += 1
+        try:
+            stat = os.stat(self.storage.local_path(name))
+        except OSError:
+            return None
+        return ObjectInfo(name, stat.st_size, f"{stat.st_mtime_ns}:{stat.st_size}", stat.st_mtime)
 
     def _ends_listed(self) -> tuple[list[ObjectInfo], set[int]]:
         """The hosts' ends of this cell not read yet, and the hosts whose output of it is newly all stored (their
@@ -327,23 +449,17 @@ class JobPoller:
 
     def _host_records_by_name(self, index: int) -> list[ObjectInfo]:
         """Host ``index``'s heartbeat, status and exit as they are (a stat each)."""
-        found: list[ObjectInfo] = []
-        for name in (protocol.host_heartbeat(index), protocol.host_status(index), protocol.host_exit(index)):
-            self.requests["stat"] += 1
-            try:
-                stat = os.stat(self.storage.local_path(name))
-            except OSError:
-                continue
-            found.append(ObjectInfo(name, stat.st_size, f"{stat.st_mtime_ns}:{stat.st_size}", stat.st_mtime))
-        return found
+        names = (protocol.host_heartbeat(index), protocol.host_status(index), protocol.host_exit(index))
+        return [info for name in names if (info := self._stat_by_name(name)) is not None]
 
     def _chunks_by_name(self, index: int) -> list[ObjectInfo]:
-        """Host ``index``'s output chunks of this cell written since the last look: numbered in order, never
-        rewritten."""
+        """Host ``index``'s output chunks (of this cell, or of the job) written since the last look: numbered in
+        order, never rewritten."""
         found: list[ObjectInfo] = []
         chunk = self.next_chunk[index]
         while True:
-            name = protocol.cell_log_chunk(self.cell, index, chunk)
+            name = protocol.host_log_chunk(index, chunk) if self.cell is None \
+                else protocol.cell_log_chunk(self.cell, index, chunk)
             self.requests["stat"] += 1
             try:
                 stat = os.stat(self.storage.local_path(name))
@@ -351,6 +467,11 @@ class JobPoller:
                 return found
             found.append(ObjectInfo(name, stat.st_size, "", stat.st_mtime))
             chunk += 1
+
+    def _chunk_number(self, name: str) -> int:
+        """The number of the log chunk ``name`` (a cell's or the job's)."""
+        parsed = protocol.parse_host_object(name) if self.cell is None else protocol.parse_cell_log_chunk(name)
+        return parsed[2]
 
     def _absorb(self, listing: list[ObjectInfo]) -> None:
         changed: list[tuple[int, str, ObjectInfo]] = []
@@ -457,11 +578,9 @@ class JobPoller:
                 return
             else:
                 chunk = open_log_chunk(self.key, info.name, data, where=f"{self.storage.uri}/{info.name}")
-                if self.cell is not None:
-                    self.next_chunk[index] = max(self.next_chunk[index],
-                                                 protocol.parse_cell_log_chunk(info.name)[2] + 1)
-                    if chunk.end:
-                        self.output_complete.add(index)
+                self.next_chunk[index] = max(self.next_chunk[index], self._chunk_number(info.name) + 1)
+                if self.cell is not None and chunk.end:
+                    self.output_complete.add(index)
                 for stream, text in chunk.segments:
                     records.add_log(stream, text)
                     if index == protocol.LEADER_INDEX and self._echo is not None:
@@ -472,8 +591,11 @@ class JobPoller:
         records.active_at = max(records.active_at or 0.0, info.updated or time.time())
 
     def _observe_platform(self) -> None:
-        """What only the platform sees: a pod evicted, an agent that died (the backend keeps its own pace)."""
-        self.platform = self.backend.observe(self.storage, self.plan, self.listing, self.exits, self.key)
+        """What only the platform sees: a pod evicted, an agent that died (the backend keeps its own pace). On a
+        local disk, where a look lists only the job's own folder, the backend gets the job's whole listing, made
+        if it reads it (Kubernetes on a shared disk does; the local, ssh and Ray backends never do)."""
+        listing = self._listing if self.storage.local_path() is None or self.plan.session else _ListedOnUse(self)
+        self.platform = self.backend.observe(self.storage, self.plan, listing, self.exits, self.key)
         for index, summary in self.platform.exits.items():
             if index < self.plan.world_size and self.records[index].exit is None:
                 self.records[index].exit = summary
@@ -573,6 +695,26 @@ class JobPoller:
                     max(filter(None, (self.records[host.index].active_at, host.updated_at)), default=None),
                     first_end, self.plan.grace_s, now)
                 else host for host in hosts]
+
+
+class _ListedOnUse(collections.abc.Sequence):
+    """A job's whole listing (one ``storage.list()``), made the first time it is read, and then once only."""
+
+    def __init__(self, poller: JobPoller):
+        self._poller = poller
+        self._listing: list[ObjectInfo] | None = None
+
+    def _listed(self) -> list[ObjectInfo]:
+        if self._listing is None:
+            self._poller.requests["list"] += 1
+            self._listing = self._poller.storage.list()
+        return self._listing
+
+    def __getitem__(self, index: int | slice) -> ObjectInfo | list[ObjectInfo]:
+        return self._listed()[index]
+
+    def __len__(self) -> int:
+        return len(self._listed())
 
 
 def _frame_locals(records: object) -> tuple[FrameLocals, ...]:

@@ -34,8 +34,12 @@ PLANTED_BYTES = 256 * 1024 * 1024
 POLL_MEMORY_BYTES = 16 * 1024 * 1024
 #: How long one side waits for the other.
 STEP_TIMEOUT_S = 120.0
-#: Host 1's records the attacker replaces or adds: its status, a log chunk, its exit record.
-PLANTED = (protocol.host_status(1), protocol.host_log_chunk(1, 500), protocol.host_exit(1))
+#: Host 1's records the attacker replaces or adds: its status, its next log chunk (a look on a local disk looks for
+#: a host's chunks by number, in order: one further on is never read at all), its exit record.
+PLANTED = (protocol.host_status(1), protocol.host_log_chunk(1, 0), protocol.host_exit(1))
+#: How long the victim polls for every planted record to be refused: a look on a local disk looks at a worker's
+#: records only every ``EVERY_HOST_LOOK_S`` or so.
+REFUSED_WITHIN_S = 10.0
 
 
 def _peak() -> int:
@@ -63,7 +67,8 @@ def _victim_polls(root: str, home: str) -> tuple[int, list[str], list[str]]:
         Path(home, "job").write_text(handle.storage.uri)
         _wait_for(Path(home, "planted"))
         before = _peak()
-        for _ in range(3):
+        deadline = time.monotonic() + REFUSED_WITHIN_S
+        while len(handle.poller.records[1].unverified) < len(PLANTED) and time.monotonic() < deadline:
             handle.poller.poll()
             time.sleep(0.2)
         added = _peak() - before
