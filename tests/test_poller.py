@@ -7,7 +7,7 @@ import os
 import time
 
 import kinetic_nb
-from kinetic_nb.client import poller
+from kinetic_nb.client import local_looks, poller
 from kinetic_nb.runner.protocol import HostState
 from kinetic_nb.runner.status import HEARTBEAT_INTERVAL_S
 
@@ -78,7 +78,7 @@ def test_a_host_in_distributed_init_is_lost_only_after_the_longer_limit():
 
 
 class _CountingOs:
-    """The poller's ``os``, counting the looks at storage it makes (a stat, a listing of a folder)."""
+    """The looks' ``os`` (``client.local_looks``), counting the looks at storage it makes (a stat, a listing of a folder)."""
 
     def __init__(self, real, counts):
         self._real, self._counts = real, counts
@@ -104,6 +104,7 @@ def _looks_per_host_per_cell(hosts: int, counts: collections.Counter) -> float:
         for _ in range(cells):
             assert started.run("x = 1\nx").result() == 1
         assert counts["read"] >= cells * hosts  # each host's end of each cell was read: the count is real
+        assert counts["stat"] >= cells and counts["list"] >= cells  # and the looks' own are counted
         return sum(counts.values()) / cells / hosts
     finally:
         started.stop()
@@ -117,8 +118,8 @@ def test_a_cells_looks_at_storage_grow_no_faster_than_the_hosts(monkeypatch):
     Looking at every host at every look gave 44.7 and 66.7 per host here (x1.49): a cell lasts longer on more
     hosts, and so has more looks."""
     counts: collections.Counter = collections.Counter()
-    monkeypatch.setattr(poller, "os", _CountingOs(os, counts))
-    monkeypatch.setattr(poller, "EVERY_HOST_LOOK_S", 600.0)
+    monkeypatch.setattr(local_looks, "os", _CountingOs(os, counts))
+    monkeypatch.setattr(local_looks, "EVERY_HOST_LOOK_S", 600.0)
     fetch = poller.JobPoller._fetch
 
     def counted_fetch(self, info):
@@ -177,6 +178,7 @@ def _requests_per_host_per_job(hosts: int, counts: collections.Counter, storage:
         pass
     assert handle.result() == "value"
     assert counts["read"] >= 2 * hosts  # each host's status and exit at least: the count is real
+    assert counts["stat"] >= hosts  # and the looks' stats are counted (each host's exit, once at least)
     total = sum(counts.values())
     final = handle.final
     assert [host.state for host in final.hosts] == [HostState.SUCCEEDED] * hosts
@@ -197,8 +199,8 @@ def test_a_one_shot_jobs_looks_at_storage_grow_no_faster_than_the_hosts(monkeypa
 
     monkeypatch.setenv(processes.LIGHT_HOSTS_ENV, "1")
     counts: collections.Counter = collections.Counter()
-    monkeypatch.setattr(poller, "os", _CountingStorageOs(os, counts))
-    monkeypatch.setattr(poller, "EVERY_HOST_LOOK_S", 600.0)
+    monkeypatch.setattr(local_looks, "os", _CountingStorageOs(os, counts))
+    monkeypatch.setattr(local_looks, "EVERY_HOST_LOOK_S", 600.0)
     monkeypatch.setattr(poller, "LOST_CONFIRM_S", 600.0)
     listed = local.LocalStorage.list
     opened = local.LocalStorage.open_read
