@@ -38,6 +38,7 @@ import dataclasses
 import logging
 import os
 import queue
+import random
 import selectors
 import socket
 import threading
@@ -66,8 +67,11 @@ __all__ = ["CHANNEL_ENV", "MAX_FRAME_BYTES", "Address", "Channel", "Hub", "Joini
 
 #: How a session's host is told where its hub listens (``host:port``, or ``unix:/path`` on this machine).
 CHANNEL_ENV = "KINETIC_CHANNEL"
-#: Pause between two tries to join a hub that does not answer (yet).
+#: Pause between two tries to join a hub that is not listening yet. After a try the hub did not answer in time
+#: (busy), the pause grows by half up to JOIN_RETRY_MAX_S, with up to a half of it at random: a thousand hosts
+#: that found the hub busy do not all come back together, each time, to a hub still busy with their last tries.
 JOIN_RETRY_S = 0.2
+JOIN_RETRY_MAX_S = 3.0
 NOTEBOOK = "notebook"
 
 
@@ -334,14 +338,19 @@ class _Watch:
 
     def _add(self, peer: _Peer) -> None:
         sock = peer.link.sock
+        if peer.link.closed:  # it went before it was watched (a peer that gave up on a busy hub as it joined)
+            self._gone(peer)
+            return
         with contextlib.suppress(KeyError):
             old = self._selector.get_key(sock).data
             if old is peer:
                 return
             self._forget(sock)  # a peer gone whose descriptor's number this one's has taken
             self._gone(old)
-        with contextlib.suppress(ValueError, OSError):  # a socket closed meanwhile: its peer is gone
+        try:
             self._selector.register(sock, self._event, peer)
+        except (ValueError, OSError):  # its socket closed meanwhile: the peer is gone
+            self._gone(peer)
 
     def _forget(self, sock) -> None:
         with contextlib.suppress(KeyError, ValueError, OSError):
@@ -366,7 +375,9 @@ class Hub:
     ``runner.hub_door``, which also bounds what connections that have not proven themselves may cost.
 
     ``on_record(name, data)`` hears each record a peer sends (the agent learns the hosts' start verdict);
-    ``on_lost(role)`` each host or agent that goes (everyone then goes back to storage: see the agent).
+    ``on_lost(role)`` each host or agent that goes once every one has joined (everyone then goes back to
+    storage: see the agent); one that goes before, as a host whose try to join timed out on a busy hub, may
+    join again: until every one is here no one uses the channel, so no one has lost it.
     """
 
     def __init__(self, key: bytes, address: Address = ("127.0.0.1", 0), *, hosts: int, agents: int = 0,
@@ -387,6 +398,8 @@ class Hub:
         #: the hub that peer, not a look at every peer.
         self._by_role: dict[str, list[_Peer]] = {}
         self._joined: set[str] = set()
+        #: Whether the hub has said ``complete`` (every host and agent joined): a peer that goes after it is lost.
+        self._complete = False
         self._lock = threading.Lock()
         self._closed = False
         #: Its two threads beside the door's, whatever the peers: one hears them all, one writes to those whose
@@ -425,6 +438,7 @@ class Hub:
             if link.role in self._expected:
                 self._joined.add(link.role)
                 if len(self._joined) == len(self._expected):  # every host is here: they may use the channel
+                    self._complete = True
                     complete = frame_body({"complete": True})
                     for other in self._peers:
                         if other.link.role in self._host_roles:
@@ -461,6 +475,12 @@ class Hub:
             self._by_role[role].remove(peer)
             if not self._by_role[role]:
                 del self._by_role[role]
+            joining = not self._complete and role in self._expected
+            if joining and role not in self._by_role:
+                self._joined.discard(role)
+        if joining:  # not everyone was here yet: nobody used the channel, and this one may join again
+            logger.info("channel: %s went before every host had joined; it may join again", role)
+            return
         if self._on_lost is not None and role != NOTEBOOK and not self._closed:
             self._on_lost(role)
 
@@ -613,6 +633,7 @@ class Joining:
 
     def _keep_trying(self, address, key, role, on_broken, give_up_after_s, then) -> None:
         deadline = None if give_up_after_s is None else time.monotonic() + give_up_after_s
+        pause = JOIN_RETRY_S / 1.5
         while not self._stop.is_set():
             try:
                 self.channel = Channel.open(address, key, role, on_broken=on_broken)
@@ -627,7 +648,9 @@ class Joining:
                 self.error = f"{format_address(address)}: {error}"
                 if deadline is not None and time.monotonic() > deadline:
                     break
-                self._stop.wait(JOIN_RETRY_S)
+                not_there_yet = isinstance(error, ConnectionRefusedError | FileNotFoundError)
+                pause = JOIN_RETRY_S if not_there_yet else min(pause * 1.5, JOIN_RETRY_MAX_S)
+                self._stop.wait(pause * random.uniform(1.0, 1.5))
         self._done.set()
         if then is not None and not self._stop.is_set():
             then(self.channel, self.error)

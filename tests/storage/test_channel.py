@@ -408,6 +408,32 @@ def test_the_hub_says_complete_only_once_every_host_has_joined(hub_and_key):
         channel.close()
 
 
+def test_a_host_that_goes_before_every_host_joined_may_join_again_and_one_that_goes_after_is_lost():
+    """A host whose try to join timed out on a busy hub (it was let in, then gave up and tries again) goes before
+    every host is here: nobody uses the channel yet, so it is no loss (the hub used to close, and every host of a
+    256-host session went to storage); it joins again and the hub says complete. Once it has, a host that goes is
+    lost (everyone then goes back to storage)."""
+    key = new_key()
+    lost: list[str] = []
+    hub = Hub(key, hosts=3, on_lost=lost.append)
+    hub.start()
+    try:
+        leader = Channel.open(hub.address, key, "host-0")
+        Channel.open(hub.address, key, "host-1").close()  # let in, then gone: its try timed out
+        wait_until(lambda: hub.peers() == ["host-0"], "the host that went was let go")
+        last = Channel.open(hub.address, key, "host-2")
+        assert not leader.complete.wait(0.3)  # host 1 is missing: nobody may use the channel
+        again = Channel.open(hub.address, key, "host-1")
+        assert all(channel.complete.wait(5) for channel in (leader, last, again))
+        assert lost == [] and hub.peers() == ["host-0", "host-2", "host-1"]
+        again.close()
+        wait_until(lambda: lost == ["host-1"], "a host that went after every host joined was lost")
+        for channel in (leader, last):
+            channel.close()
+    finally:
+        hub.close()
+
+
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
