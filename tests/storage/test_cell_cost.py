@@ -2,7 +2,7 @@
 
 The notebook's storage requests of a trivial 4-host cell on ``gs://`` (the
 emulator), counted as HTTP requests through the notebook's own client, are the
-same at cell 5 as at cell 205. The notebook has no route to the session's
+same at cell 5 as at cell 105. The notebook has no route to the session's
 channel here (``storage_only``): this is the storage path's cost. Timing is taken out of the count: the cell is
 submitted, its hosts are seen idle while nothing is counted (and not through
 its handle), and only then is its outcome asked for, so each count holds
@@ -70,15 +70,15 @@ def _wait_until_idle_on(session, seq: int) -> None:
     raise AssertionError(f"the hosts were not idle after cell {seq} within {HANG_GUARD_S} s")
 
 
-def test_a_trivial_cells_requests_are_the_same_at_cell_5_and_cell_205(gcs_root, monkeypatch, storage_only):
+def test_a_trivial_cells_requests_are_the_same_at_cell_5_and_cell_105(gcs_root, monkeypatch, storage_only):
     session = kinetic_nb.start(hosts=HOSTS, framework="none", storage=gcs_root, idle_timeout=600, echo=False)
     try:
-        # Pages of 100 names, not the API's 1000: a listing that grows with the session's age shows by cell 205.
-        monkeypatch.setattr(kinetic_gcs, "LIST_PAGE_SIZE", 100)
+        # Pages of 50 names, not the API's 1000: a listing that grows with the session's age shows by cell 105.
+        monkeypatch.setattr(kinetic_gcs, "LIST_PAGE_SIZE", 50)
         count = RequestCount(kinetic_gcs._client(), monkeypatch)
         counts = {}
         seq = 0
-        for measured in (5, 205):
+        for measured in (5, 105):
             while seq < measured - 1:
                 seq += 1
                 earlier = session.run(f"{seq}")
@@ -95,7 +95,7 @@ def test_a_trivial_cells_requests_are_the_same_at_cell_5_and_cell_205(gcs_root, 
             cell.cleanup.result()  # its outcome's deletes, in the background on a bucket
             count.on = False
             counts[measured] = dict(count.kinds)
-        assert counts[5] == counts[205], counts
+        assert counts[5] == counts[105], counts
         # google-cloud-storage 3.17 would look the bucket up after each 404 (the stop request), from a thread of
         # its own: the notebook's client goes without that.
         assert "GET bucket" not in counts[5], counts
