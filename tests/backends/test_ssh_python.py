@@ -12,12 +12,16 @@ take only a managed one.
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import hashlib
 import json
 import os
 import pathlib
 import platform
 import re
+import shutil
+import subprocess
 import sys
 import tarfile
 import threading
@@ -35,17 +39,38 @@ from kinetic_nb.errors import SshHostError
 from ..conftest import ssh_warm_agents
 from ..ssh_hosts import SshTestHosts
 
-#: The hosts' default ``python3``: another minor version than the notebook's.
-OTHER_PYENV_VERSION = "3.10.13"
-OTHER_PYTHON = f"/root/.pyenv/versions/{OTHER_PYENV_VERSION}/bin/python3.10"
+
+def _other_python() -> tuple[str, str]:
+    """A CPython 3.10 of this machine and its full version (``("", "")`` when there is none): pyenv's, uv's, or
+    one on the PATH, whichever answers first."""
+    candidates = sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.10.*/bin/python3.10")), reverse=True)
+    uv = shutil.which("uv")
+    if uv is not None:
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            found = subprocess.run([uv, "python", "find", "--no-project", "3.10"], capture_output=True, text=True,
+                                   timeout=20, check=False).stdout.strip()
+            candidates += [found] if found else []
+    candidates += [path for path in [shutil.which("python3.10")] if path]
+    for path in candidates:
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            version = subprocess.run([path, "-c", "import platform; print(platform.python_version())"],
+                                     capture_output=True, text=True, timeout=20, check=False).stdout.strip()
+            if version.startswith("3.10."):
+                return path, version
+    return "", ""
+
+
+#: The hosts' default ``python3``: another minor version than the notebook's (and its full version).
+OTHER_PYTHON, OTHER_PYENV_VERSION = _other_python()
 NOTEBOOK = f"{sys.version_info[0]}.{sys.version_info[1]}"
 #: What a cell says of the Python it runs on.
 WHICH_PYTHON = "import sys\n(sys.base_prefix, sys.executable, tuple(sys.version_info[:2]))"
 #: Left out of the stand-in archive: big, and nothing a host's cell needs (pip comes with the hosts' packages).
 _LEFT_OUT = {"site-packages", "test", "idlelib", "tkinter", "turtledemo", "lib2to3", "__pycache__"}
 
-pytestmark = pytest.mark.skipif(not os.access(OTHER_PYTHON, os.X_OK) or sys.version_info[:2] == (3, 10),
-                                reason=f"needs {OTHER_PYTHON}, another minor version than the test's")
+pytestmark = pytest.mark.skipif(not OTHER_PYTHON or sys.version_info[:2] == (3, 10),
+                                reason="needs a CPython 3.10 on this machine (pyenv's, uv's or on the PATH: "
+                                       "`uv python install 3.10`), another minor version than the test's")
 
 
 def standalone_archive(folder: pathlib.Path) -> pathlib.Path:
