@@ -22,7 +22,7 @@ import sys
 import time
 from typing import Any, Protocol
 
-from kinetic_nb.errors import IntegrityError, ObjectNotFoundError
+from kinetic_nb.errors import IntegrityError, StorageError
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.protocol import CancelRequest, HostState, HostStatus, JobPlan
 from kinetic_nb.runner.records import read_host_status, read_record
@@ -88,7 +88,7 @@ class CellWatch:
             record = json.loads(read_record(self.agent.storage, self.agent.key, name))
             timeout = record.get("timeout")
             return float(timeout) if timeout else None
-        except (OSError, ValueError, TypeError, AttributeError, ObjectNotFoundError, IntegrityError):
+        except (OSError, ValueError, TypeError, AttributeError, StorageError, IntegrityError):
             return None
 
     def _check_timeouts(self, statuses: dict[int, HostStatus | None]) -> None:
@@ -128,7 +128,7 @@ class CellWatch:
         for index in self.agent.hosts:
             try:
                 statuses[index] = read_host_status(self.agent.storage, self.agent.key, index)
-            except OSError:
+            except (OSError, StorageError):  # unreadable, or a storage that does not answer: not known
                 statuses[index] = None
         return statuses
 

@@ -33,6 +33,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from kinetic_nb.errors import StorageError
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.protocol import HostState
 from kinetic_nb.runner.status import HEARTBEAT_INTERVAL_S, IDLE_HEARTBEAT_INTERVAL_S
@@ -218,9 +219,9 @@ class Liveness:
         name = protocol.host_heartbeat(index)
         try:
             self._write(name)
-        except Exception:  # a heartbeat must never take the agent down; said once per outage
+        except Exception as error:  # a heartbeat must never take the agent down; said once per outage
             if not self._failing:
-                logger.warning("could not write %s", name, exc_info=True)
+                logger.warning("could not write %s: %s", name, error, exc_info=not isinstance(error, StorageError))
             self._failing = True
             return
         self._failing = False

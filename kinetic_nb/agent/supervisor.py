@@ -48,7 +48,7 @@ from collections.abc import Callable
 from kinetic_nb.agent import processes
 from kinetic_nb.agent.cells import CellWatch
 from kinetic_nb.agent.liveness import Liveness, not_running
-from kinetic_nb.errors import IntegrityError, ObjectExistsError, ObjectNotFoundError
+from kinetic_nb.errors import IntegrityError, ObjectExistsError, ObjectNotFoundError, StorageError
 from kinetic_nb.runner import marks, protocol
 from kinetic_nb.runner.channel import CHANNEL_ENV, Address, Channel, Hub, Joining, agent_role
 from kinetic_nb.runner.envelope import read_limited
@@ -95,6 +95,8 @@ STACKS_WAIT_S = 1.5
 STACKS_SETTLED_S = 0.05
 #: stderr lines kept per host for its exit record.
 STDERR_TAIL_LINES = 20
+#: An agent's storage errors are said on its log at most once per this many seconds (with a count of the rest).
+STORAGE_ERROR_LINE_S = 60.0
 #: Loop timeout: how late, at worst, a due action (grace, timeout) is taken.
 TICK_S = 0.1
 #: What hosts create (outputs, checkpoints, scratch files) is this user's only, whatever the kernel's umask.
@@ -179,6 +181,8 @@ class Agent:
         #: Why this agent stopped its hosts, as their rows say it (``stop_all``'s first reason).
         self.stop_reason = ""
         self.storage_error = ""
+        self._next_storage_error_line = 0.0
+        self._unsaid_storage_errors = 0
         self.scratch_outputs: str | None = None
         self.scratch = tempfile.mkdtemp(prefix=f"kinetic-{plan.job_id}-agent-")
         self._answered_stacks = -1
@@ -536,9 +540,8 @@ class Agent:
             self._next_control_look = now + self._control_look_s()
             try:
                 self._listed_control = {info.name for info in self.storage.list(protocol.CONTROL_DIR + "/")}
-            except Exception as error:  # noqa: BLE001 - the hosts are still supervised
-                self._storage_failed(protocol.CONTROL_DIR, error)
-                return
+            except Exception as error:  # noqa: BLE001 - the hosts are still supervised, on what was last listed
+                self._storage_failed(protocol.CONTROL_DIR, error)  # (a session's idle timeout still runs)
             if self.hub is not None and up:
                 self._pass_on(self._listed_control - carried)
         elif carried <= self._handled_control:
@@ -703,8 +706,17 @@ class Agent:
             return False
 
     def _storage_failed(self, name: str, error: BaseException) -> None:
+        """Say a storage error on this agent's stderr (its log), at most once per ``STORAGE_ERROR_LINE_S`` with a
+        count of those not said: a bucket that stops answering fails every request, hundreds a minute."""
         text = describe_storage_error(name, error)
-        print(f"kinetic agent: storage error: {text}", file=sys.stderr, flush=True)
+        now = time.monotonic()
+        if now >= self._next_storage_error_line:
+            unsaid = f" (and {self._unsaid_storage_errors} more since the last said)" \
+                if self._unsaid_storage_errors else ""
+            print(f"kinetic agent: storage error: {text}{unsaid}", file=sys.stderr, flush=True)
+            self._next_storage_error_line, self._unsaid_storage_errors = now + STORAGE_ERROR_LINE_S, 0
+        else:
+            self._unsaid_storage_errors += 1
         if not self.storage_error:
             self.storage_error = text
             if self.on_storage_error is not None:
@@ -732,7 +744,7 @@ class Agent:
         """The state host ``index`` last recorded in its (verified) status, or None."""
         try:
             status = read_host_status(self.storage, self.key, index)
-        except OSError:
+        except (OSError, StorageError):  # unreadable, or a storage that does not answer: not known
             return None
         return status.state if status is not None else None
 

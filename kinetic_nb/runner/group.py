@@ -38,7 +38,14 @@ import time
 from collections.abc import Callable, Iterator
 from typing import IO, Any, Protocol
 
-from kinetic_nb.errors import ChannelClosed, HostStoppedError, IntegrityError, ObjectNotFoundError, ObjectTooLargeError
+from kinetic_nb.errors import (
+    ChannelClosed,
+    HostStoppedError,
+    IntegrityError,
+    ObjectNotFoundError,
+    ObjectTooLargeError,
+    StorageError,
+)
 from kinetic_nb.runner import envelope, frameworks, job_keys, marks, protocol
 from kinetic_nb.runner.barrier import CellMarkers, meet, start_barrier
 from kinetic_nb.runner.cell import execute_cell, load_notebook_values
@@ -147,6 +154,8 @@ class CellGroup:
         #: entered the cell): the cell checks, on entering, whether the interrupt was meant for it.
         self._interrupt_pending = False
         self._max_look = MAX_LOOK_LOCAL_S if self.storage.local_path() else MAX_LOOK_REMOTE_S
+        #: Storage did not answer this host's last look for the next cell (said once, until it answers).
+        self._storage_failing = False
         self._helper: concurrent.futures.ThreadPoolExecutor | None = None
         #: On a local disk the notebook (and the cell's leader) wake a session's host at once through a socket.
         self.wakeup = open_wakeup(self.plan.job_id, run.host_index) \
@@ -284,15 +293,16 @@ class CellGroup:
         busy_look = BUSY_LOOK_S if self.storage.local_path() else BUSY_LOOK_REMOTE_S
         next_cancel_look = 0.0
         while True:
-            with contextlib.suppress(ObjectNotFoundError):
-                return self.storage.open_read(payload)
-            now = time.monotonic()
-            if woken or now >= next_cancel_look:  # on a bucket each look is a request
-                self._answer_post_mortem()
-            if now >= next_cancel_look:  # the agent also stops its hosts itself: a slower look will do
-                if self.storage.exists(protocol.CANCEL):
-                    return None
-                next_cancel_look = now + CANCEL_LOOK_S
+            with self._storage_may_fail():
+                with contextlib.suppress(ObjectNotFoundError):
+                    return self.storage.open_read(payload)
+                now = time.monotonic()
+                if woken or now >= next_cancel_look:  # on a bucket each look is a request
+                    self._answer_post_mortem()
+                if now >= next_cancel_look:  # the agent also stops its hosts itself: a slower look will do
+                    if self.storage.exists(protocol.CANCEL):
+                        return None
+                    next_cancel_look = now + CANCEL_LOOK_S
             self._sleep(pause)
             cap = busy_look if time.monotonic() < busy_until else idle_look
             pause = min(pause * 1.5, cap)
@@ -307,19 +317,35 @@ class CellGroup:
         pause = BUSY_LOOK_REMOTE_S
         next_look = time.monotonic() + pause
         while self._channel_up:
-            with contextlib.suppress(ObjectNotFoundError):
-                return self.storage.open_read(payload)
-            self._answer_post_mortem()
+            with self._storage_may_fail():
+                with contextlib.suppress(ObjectNotFoundError):
+                    return self.storage.open_read(payload)
+                self._answer_post_mortem()
             now = time.monotonic()
             if self.run.is_leader and now >= next_look:
-                try:
-                    return self._share(payload)
-                except ObjectNotFoundError:
-                    pass
+                with self._storage_may_fail():
+                    try:
+                        return self._share(payload)
+                    except ObjectNotFoundError:
+                        pass
                 pause = min(pause * 1.5, IDLE_LOOK_CHANNEL_S)
                 next_look = now + pause
             self._sleep(max(0.0, next_look - time.monotonic()) if self.run.is_leader else IDLE_LOOK_CHANNEL_S)
         return False
+
+    @contextlib.contextmanager
+    def _storage_may_fail(self) -> Iterator[None]:
+        """A look for the next cell that storage could not answer is a look that found nothing: an idle host
+        waits on (its agent ends the session at its idle timeout, or when told); said once per outage."""
+        try:
+            yield
+        except StorageError as error:
+            if not self._storage_failing:
+                print(f"kinetic host {self.run.host_index}: storage does not answer ({error}); waiting for the "
+                      "next cell", file=sys.stderr, flush=True)
+            self._storage_failing = True
+        else:
+            self._storage_failing = False
 
     def _share(self, name: str) -> IO[bytes]:
         """A cell found in storage, passed on to the other hosts through the channel (or the news that it is

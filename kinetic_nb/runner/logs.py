@@ -23,7 +23,7 @@ import re
 import time
 from collections.abc import Callable
 
-from kinetic_nb.errors import IntegrityError, ObjectNotFoundError
+from kinetic_nb.errors import IntegrityError, ObjectNotFoundError, StorageError
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.records import read_log_chunk, unverified_line, write_record
 from kinetic_nb.runner.redact import Redactor
@@ -220,9 +220,10 @@ class LogChunkWriter:
         try:
             self._storage.write_bytes(name, b"")
         except Exception as error:
-            logger.warning("could not write %s", name, exc_info=True)
-            if self._on_error is not None:
+            if self._on_error is not None:  # the agent says it, once a minute at most
                 self._on_error(name, error)
+            else:
+                logger.warning("could not write %s: %s", name, error, exc_info=not isinstance(error, StorageError))
 
     def flush(self, final: bool = False, *, cell_end: bool = False) -> None:
         """Write what is buffered as the next chunk (``final``: the host has ended; ``cell_end``: a
@@ -266,9 +267,10 @@ class LogChunkWriter:
             if cell_end and self._on_cell_end is not None:
                 self._on_cell_end()
         except Exception as error:
-            logger.warning("could not write %s", name, exc_info=True)
-            if self._on_error is not None:
+            if self._on_error is not None:  # the agent says it, once a minute at most
                 self._on_error(name, error)
+            else:
+                logger.warning("could not write %s: %s", name, error, exc_info=not isinstance(error, StorageError))
 
 
 def read_log_segments(storage: Storage, host_index: int, key: bytes, *, session: bool = False

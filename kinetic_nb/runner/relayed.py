@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import IO
 
-from kinetic_nb.errors import ChannelClosed, IntegrityError, ObjectExistsError, ObjectNotFoundError
+from kinetic_nb.errors import ChannelClosed, IntegrityError, ObjectExistsError, ObjectNotFoundError, StorageError
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.channel import STORED, Mirror, Stored
 from kinetic_nb.runner.envelope import unseal
@@ -107,9 +107,11 @@ class WriteBehind:
             except ObjectExistsError:
                 pass  # stored already (an exclusive record is written once)
             except Exception as error:  # the channel carried it; the next write of the name stores it again
-                logger.warning("could not store %s", name, exc_info=True)
                 if self._on_error is not None:
                     self._on_error(name, error)
+                else:
+                    logger.warning("could not store %s: %s", name, error,
+                                   exc_info=not isinstance(error, StorageError))
             finally:
                 with self._changed:
                     self._stored_at[name] = time.monotonic()
@@ -239,6 +241,9 @@ class RelayedStorage(Storage):
     def plain(self) -> Storage:
         """The same place without the channel."""
         return self._plain
+
+    def unreachable_for(self) -> float:
+        return self._plain.unreachable_for()
 
     def write_bytes(self, name: str, data: bytes, *, exclusive: bool = False) -> None:
         if len(data) > CARRY_MAX_BYTES or not self.relay.write(self._full(name), bytes(data), exclusive):

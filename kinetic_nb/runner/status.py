@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from kinetic_nb.errors import StorageError
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.environment_install import installed_environment
 from kinetic_nb.runner.memory import measure
@@ -149,9 +150,11 @@ class StatusReporter:
             if first is not None:
                 try:
                     first(data)
-                except Exception:  # a record must never take the host down
-                    logger.warning("could not write %s's record before it", self._status_name, exc_info=True)
+                except Exception as error:  # a record must never take the host down
+                    logger.warning("could not write %s's record before it: %s", self._status_name, error,
+                                   exc_info=not isinstance(error, StorageError))
             try:
                 write_record(self._storage, self._key, self._status_name, data)
-            except Exception:  # a record must never take the host down
-                logger.warning("could not write %s", self._status_name, exc_info=True)
+            except Exception as error:  # a record must never take the host down
+                logger.warning("could not write %s: %s", self._status_name, error,
+                               exc_info=not isinstance(error, StorageError))

@@ -124,6 +124,10 @@ class Storage(abc.ABC):
             raise object_too_large(self, name, max_bytes)
         return data
 
+    def unreachable_for(self) -> float:
+        """Seconds this storage has failed without answering; 0 while it answers (a local disk always does)."""
+        return 0.0
+
     def local_path(self, name: str = "") -> str | None:
         """A local filesystem path for ``name``, when the storage has one."""
         return None

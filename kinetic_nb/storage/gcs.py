@@ -6,9 +6,13 @@ storage is first opened. ``STORAGE_EMULATOR_HOST`` points the client at an
 emulator (fake-gcs-server), with anonymous credentials.
 
 Every request retries transient errors (429, 408, 5xx, refused or dropped
-connections) with exponential backoff for up to ``RETRY_DEADLINE_S``, long
-enough to ride out a restarted server; a permanent error (403, a missing
-bucket) is one line naming the bucket and the object. Single-writer objects
+connections) with exponential backoff, long enough to ride out a restarted
+server: for up to ``RETRY_DEADLINE_S`` counted from the first failure since
+the storage last answered; once a request has given up, every request is tried
+once until one succeeds (an agent's loop, its idle timeout and its last
+records are not held up a minute per request by a bucket that is gone); a
+permanent error (403, a missing bucket) is one line naming the bucket and the
+object. Single-writer objects
 are created with ``if_generation_match=0``. Large values move in
 ``TRANSFER_CHUNK_BYTES`` pieces (resumable uploads, ranged reads), so a
 transfer never holds a second whole copy in memory.
@@ -20,6 +24,7 @@ import collections
 import datetime
 import io
 import logging
+import math
 import os
 import random
 import threading
@@ -41,6 +46,9 @@ EMULATOR_PROJECT = "kinetic-emulator"
 #: Give up on transient errors after this long: a restarted server, a brief
 #: outage or throttling is ridden out; a dead endpoint fails within a minute.
 RETRY_DEADLINE_S = 60.0
+#: Seconds to ride out an outage instead of ``RETRY_DEADLINE_S``, for every
+#: process that inherits it (a notebook's agents and hosts).
+RETRY_DEADLINE_ENV = "KINETIC_GCS_RETRY_S"
 #: First pause between attempts; it doubles (with jitter) up to the maximum.
 FIRST_BACKOFF_S = 0.1
 MAX_BACKOFF_S = 4.0
@@ -164,18 +172,50 @@ def parse_gs_uri(uri: str) -> tuple[str, str]:
     return bucket, f"{prefix}/" if prefix else ""
 
 
+def _retry_deadline() -> float:
+    text = os.environ.get(RETRY_DEADLINE_ENV, "").strip()
+    if not text:
+        return RETRY_DEADLINE_S
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds >= 0):
+        raise StorageError(f"{RETRY_DEADLINE_ENV} must be a number of seconds (0 or more), got {text!r}")
+    return seconds
+
+
 class _Shared:
-    """What a storage and its children share: the bucket's state and request counts."""
+    """What a storage and its children share: the bucket's state, request counts, and how long it has failed."""
 
     def __init__(self) -> None:
         self.bucket_seen = False
         #: Requests made, by kind ("list", "read", "write", "delete", "metadata"), retries included.
         self.requests: collections.Counter[str] = collections.Counter()
         self.lock = threading.Lock()
+        #: The first failed attempt since the storage last answered, and the latest (monotonic), or None.
+        self.failing_since: float | None = None
+        self.failed_at = 0.0
+        #: A request gave up in this outage: the others try once until the storage answers.
+        self.gave_up = False
 
     def count(self, kind: str) -> None:
         with self.lock:
             self.requests[kind] += 1
+
+    def answered(self) -> None:
+        self.failing_since, self.gave_up = None, False
+
+    def failed(self, deadline_s: float) -> float:
+        """Note a failed attempt; returns when the outage it belongs to began. Attempts that fail with no
+        attempt between them for longer than ``deadline_s`` are separate outages (nobody knows what came
+        between)."""
+        now = time.monotonic()
+        with self.lock:
+            if self.failing_since is None or now - self.failed_at > deadline_s:
+                self.failing_since, self.gave_up = now, False
+            self.failed_at = now
+            return self.failing_since
 
 
 class GcsStorage(Storage):
@@ -185,14 +225,15 @@ class GcsStorage(Storage):
     ----------
     uri : str
         ``gs://BUCKET`` or ``gs://BUCKET/PREFIX``.
-    retry_deadline_s : float
-        How long transient errors are retried before a ``StorageError``.
+    retry_deadline_s : float, optional
+        How long an outage is ridden out (transient errors retried) before a ``StorageError``: by default
+        ``$KINETIC_GCS_RETRY_S``, else ``RETRY_DEADLINE_S``.
     """
 
-    def __init__(self, uri: str, *, retry_deadline_s: float = RETRY_DEADLINE_S, _shared: _Shared | None = None):
+    def __init__(self, uri: str, *, retry_deadline_s: float | None = None, _shared: _Shared | None = None):
         self.bucket_name, self.prefix = parse_gs_uri(uri)
         self.uri = f"gs://{self.bucket_name}/{self.prefix}".rstrip("/")
-        self.retry_deadline_s = retry_deadline_s
+        self.retry_deadline_s = _retry_deadline() if retry_deadline_s is None else retry_deadline_s
         self._shared = _shared or _Shared()
         _google()  # fail now, with the extra's name, if the client is missing
 
@@ -225,32 +266,48 @@ class GcsStorage(Storage):
 
     # -- retries and errors ------------------------------------------------------------
 
+    def unreachable_for(self) -> float:
+        """Seconds this storage has failed without answering (0 while it answers)."""
+        since = self._shared.failing_since
+        return 0.0 if since is None else time.monotonic() - since
+
     def _call(self, kind: str, op: str, name: str, action: Callable[[int], T]) -> T:
-        """``action(attempt)``, retried on transient errors; permanent ones become storage errors."""
-        deadline = time.monotonic() + self.retry_deadline_s
+        """``action(attempt)``, retried on transient errors until ``retry_deadline_s`` after the outage began
+        (see the module's docstring); permanent ones become storage errors."""
         pause = FIRST_BACKOFF_S
         attempt = 0
         while True:
             attempt += 1
             self._shared.count(kind)
             try:
-                return action(attempt)
+                result = action(attempt)
             except StorageError:
                 raise
             except Exception as error:
                 if not is_transient(error):
                     mapped = self._permanent(op, name, error)
+                    if isinstance(mapped, (ObjectNotFoundError, ObjectExistsError)):
+                        self._shared.answered()  # a routine answer: the storage is there
+                    elif isinstance(mapped, StorageError):
+                        self._shared.failed(self.retry_deadline_s)  # a missing bucket, a denial: it fails
                     if mapped is error:
                         raise
                     raise mapped from error
-                if time.monotonic() + pause > deadline:
+                began = self._shared.failed(self.retry_deadline_s)
+                if self._shared.gave_up or time.monotonic() + pause > began + self.retry_deadline_s:
+                    self._shared.gave_up = True
                     raise StorageError(
-                        f"cannot {op} {self._target(name)}: still failing after {attempt} attempts over "
-                        f"{self.retry_deadline_s:g} s: {_first_line(error)}"
+                        f"cannot {op} {self._target(name)}: still failing after {attempt} "
+                        f"attempt{'s' if attempt > 1 else ''}; its storage has not answered for "
+                        f"{time.monotonic() - began:.1f} s (an outage is ridden out for {self.retry_deadline_s:g} s): "
+                        f"{_first_line(error)}"
                     ) from error
                 logger.info("retrying %s of %s (attempt %d): %s", op, self._target(name), attempt, _first_line(error))
                 time.sleep(pause * random.uniform(0.5, 1.0))
                 pause = min(pause * 2, MAX_BACKOFF_S)
+            else:
+                self._shared.answered()
+                return result
 
     def _permanent(self, op: str, name: str, error: Exception) -> Exception:
         """The storage error a permanent failure means (``error`` itself when it is no HTTP error)."""

@@ -121,10 +121,67 @@ def test_a_missing_bucket_is_a_clear_error_naming_it(gcs_emulator, monkeypatch):
 def test_a_dead_endpoint_fails_within_the_retry_deadline(monkeypatch):
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{free_port()}")  # nothing listens there
     storage = GcsStorage(f"gs://{TEST_BUCKET}/dead", retry_deadline_s=1.0)
-    with pytest.raises(StorageError, match=r"cannot read gs://kinetic-tests/dead/plan.json: still failing after \d+ "
-                                           r"attempts over 1 s"):
+    with pytest.raises(StorageError, match=r"^cannot read gs://kinetic-tests/dead/plan.json: still failing after \d+ "
+                                           r"attempts; its storage has not answered for [\d.]+ s \(an outage is "
+                                           r"ridden out for 1 s\): "):
         storage.read_bytes("plan.json")
     assert storage.requests["read"] > 1
+
+
+def test_an_outage_past_the_retry_deadline_is_tried_once_per_request_until_the_storage_answers(tmp_path,
+                                                                                               monkeypatch):
+    """The deadline counts from the outage's first failure, not from each request's start: an agent whose
+    bucket is gone makes one attempt per request from then on (its loop, its idle timeout and its last records
+    go on), and the first answer ends the outage, so the next one is ridden out in full again."""
+    with GcsEmulator(tmp_path / "emulator") as emulator:
+        emulator.create_bucket(TEST_BUCKET)
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", emulator.url)
+        storage = GcsStorage(f"gs://{TEST_BUCKET}/outage", retry_deadline_s=1.0)
+        child = storage.child("cells")  # one storage family: one outage
+        storage.write_bytes("before", b"kept")
+        assert storage.unreachable_for() == 0.0
+        emulator.stop()
+        with pytest.raises(StorageError, match=r"still failing after \d+ attempts"):
+            storage.read_bytes("before")
+        ridden_out = storage.requests["read"] - 1
+        assert ridden_out > 1
+        for action in (lambda: child.read_bytes("payload"), lambda: child.write_bytes("status", b"{}"),
+                       child.list, lambda: storage.exists("before")):
+            made = sum(storage.requests.values())
+            with pytest.raises(StorageError, match=r"still failing after 1 attempt; its storage has not "
+                                                   r"answered for [\d.]+ s"):
+                action()
+            assert sum(storage.requests.values()) == made + 1
+        assert storage.unreachable_for() > 0.0
+        emulator.start()
+        assert storage.read_bytes("before") == b"kept"
+        assert storage.unreachable_for() == 0.0
+        emulator.stop()
+        reads = storage.requests["read"]
+        with pytest.raises(StorageError, match=r"still failing after \d+ attempts"):
+            storage.read_bytes("before")
+        assert storage.requests["read"] - reads > 1  # a new outage: ridden out again
+
+
+def test_a_missing_object_is_an_answer_and_a_missing_bucket_a_failure(gcs_emulator, gcs_root, monkeypatch):
+    storage = open_storage(gcs_root)
+    with pytest.raises(ObjectNotFoundError):
+        storage.read_bytes("not-yet")
+    assert storage.unreachable_for() == 0.0
+    gone = open_storage("gs://no-such-bucket/jobs")
+    with pytest.raises(StorageError, match="does not exist"):
+        gone.write_bytes("plan.json", b"{}")
+    assert gone.unreachable_for() > 0.0
+
+
+@pytest.mark.parametrize("value", ["soon", "-1", "nan"])
+def test_a_retry_deadline_that_is_no_number_of_seconds_is_one_line_naming_the_variable(value, monkeypatch):
+    monkeypatch.setenv("KINETIC_GCS_RETRY_S", value)
+    with pytest.raises(StorageError, match=rf"^KINETIC_GCS_RETRY_S must be a number of seconds \(0 or more\), "
+                                           rf"got '{value}'$"):
+        open_storage(f"gs://{TEST_BUCKET}/jobs")
+    monkeypatch.setenv("KINETIC_GCS_RETRY_S", "2.5")
+    assert open_storage(f"gs://{TEST_BUCKET}/jobs").retry_deadline_s == 2.5
 
 
 def test_a_restarted_emulator_is_ridden_out(tmp_path, monkeypatch):
