@@ -294,7 +294,8 @@ class GcsStorage(Storage):
                         raise
                     raise mapped from error
                 began = self._shared.failed(self.retry_deadline_s)
-                if self._shared.gave_up or time.monotonic() + pause > began + self.retry_deadline_s:
+                left = began + self.retry_deadline_s - time.monotonic()
+                if self._shared.gave_up or left <= 0:
                     self._shared.gave_up = True
                     raise StorageError(
                         f"cannot {op} {self._target(name)}: still failing after {attempt} "
@@ -303,7 +304,7 @@ class GcsStorage(Storage):
                         f"{_first_line(error)}"
                     ) from error
                 logger.info("retrying %s of %s (attempt %d): %s", op, self._target(name), attempt, _first_line(error))
-                time.sleep(pause * random.uniform(0.5, 1.0))
+                time.sleep(min(pause * random.uniform(0.5, 1.0), left))  # the last attempt at the deadline
                 pause = min(pause * 2, MAX_BACKOFF_S)
             else:
                 self._shared.answered()

@@ -8,6 +8,7 @@ stopped and restarted.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -118,14 +119,16 @@ def test_a_missing_bucket_is_a_clear_error_naming_it(gcs_emulator, monkeypatch):
     assert not storage.exists("plan.json")
 
 
-def test_a_dead_endpoint_fails_within_the_retry_deadline(monkeypatch):
+def test_a_dead_endpoint_fails_at_the_retry_deadline(monkeypatch):
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{free_port()}")  # nothing listens there
     storage = GcsStorage(f"gs://{TEST_BUCKET}/dead", retry_deadline_s=1.0)
     with pytest.raises(StorageError, match=r"^cannot read gs://kinetic-tests/dead/plan.json: still failing after \d+ "
-                                           r"attempts; its storage has not answered for [\d.]+ s \(an outage is "
-                                           r"ridden out for 1 s\): "):
+                                           r"attempts; its storage has not answered for ([\d.]+) s \(an outage is "
+                                           r"ridden out for 1 s\): ") as info:
         storage.read_bytes("plan.json")
     assert storage.requests["read"] > 1
+    # Its last attempt is made at the deadline, not when the next pause would have passed it.
+    assert float(re.search(r"has not answered for ([\d.]+) s", str(info.value)).group(1)) >= 1.0
 
 
 def test_an_outage_past_the_retry_deadline_is_tried_once_per_request_until_the_storage_answers(tmp_path,
