@@ -26,7 +26,7 @@ from kinetic_nb.errors import IntegrityError, StorageError
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.protocol import CancelRequest, HostState, HostStatus, JobPlan
 from kinetic_nb.runner.records import read_host_status, read_record
-from kinetic_nb.storage import Storage
+from kinetic_nb.storage import Storage, patiently
 
 
 class Agent(Protocol):
@@ -180,7 +180,8 @@ class CellWatch:
         print(f"kinetic agent: the session ended: {why}", file=sys.stderr, flush=True)
         self.agent.cancelled = True
         request = CancelRequest(reason=why, at=time.time())
-        self.agent.write_record(protocol.CANCEL, request.to_json(), exclusive=True)
+        with patiently():
+            self.agent.write_record(protocol.CANCEL, request.to_json(), exclusive=True)
         self.agent.stop_all(f"as the session ended ({why})")
 
 

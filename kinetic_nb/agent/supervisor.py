@@ -62,7 +62,7 @@ from kinetic_nb.runner.relayed import Relay, RelayedStorage, hosts_agreed
 from kinetic_nb.runner.stacks import STACKS_FILE_ENV, STACKS_SIGNAL
 from kinetic_nb.runner.wakeup import Wakeup, agent_wakeup_path, remove_session_sockets, wake_clients, wakeup_path
 from kinetic_nb.runner.workdir import SCRATCH_DIR_ENV
-from kinetic_nb.storage import LocalStorage, Storage
+from kinetic_nb.storage import LocalStorage, Storage, patiently
 
 logger = logging.getLogger(__name__)
 
@@ -513,7 +513,8 @@ class Agent:
         last = not any(other.alive for other in self.hosts.values())
         if last:
             self._publish_outputs()  # before the last exit record: the client is done once it lands
-        self.write_record(protocol.host_exit(host.index), summary.to_json())
+        with patiently():  # the record that decides the host's end: ridden out however long storage has failed
+            self.write_record(protocol.host_exit(host.index), summary.to_json())
         if self.storage.local_path() is not None:
             # The notebook waiting on a local disk looks now: a host's end decides its cell (a session's too).
             wake_clients(self.plan.job_id)
@@ -524,7 +525,8 @@ class Agent:
         if self.first_failure_at is None:
             self.first_failure_at = time.monotonic()
         record = FirstFailure(host_index=index, at=time.time(), description=summary.describe())
-        self.write_record(protocol.FAILED, record.to_json(), exclusive=True)
+        with patiently():
+            self.write_record(protocol.FAILED, record.to_json(), exclusive=True)
 
     # -- what steers the agent ----------------------------------------------------------
 
@@ -607,7 +609,8 @@ class Agent:
             return
         self.cancelled = True
         request = CancelRequest(reason=CancelRequest.TIMEOUT, at=time.time())
-        self.write_record(protocol.CANCEL, request.to_json(), exclusive=True)
+        with patiently():
+            self.write_record(protocol.CANCEL, request.to_json(), exclusive=True)
         print(f"kinetic agent: job {self.plan.job_id} ran past its timeout of {self.plan.timeout_s:g} s; "
               "stopping its hosts", file=sys.stderr, flush=True)
         self.stop_all(self._at_timeout())

@@ -34,7 +34,7 @@ from kinetic_nb.runner.relayed import Relay, RelayedStorage
 from kinetic_nb.runner.stacks import enable_stack_dumps
 from kinetic_nb.runner.status import StatusReporter
 from kinetic_nb.runner.workdir import enter_workdir
-from kinetic_nb.storage import Storage, open_storage
+from kinetic_nb.storage import Storage, open_storage, patiently
 
 logger = logging.getLogger(__name__)
 
@@ -238,7 +238,8 @@ class HostRun:
                 self._report_unpicklable(value, outputs, error)
                 raise
             self.enter(Phase.RESULT_UPLOAD)
-            self.outcome_storage.write_file(protocol.RESULT, sealing.stored(), exclusive=True)
+            with patiently():  # the cell's outcome: ridden out however long storage has failed
+                self.outcome_storage.write_file(protocol.RESULT, sealing.stored(), exclusive=True)
 
     def _report_unpicklable(self, value: Any, outputs: dict[str, Any], error: Exception) -> None:
         """Name what could not be pickled, and ship its repr instead."""
@@ -302,8 +303,9 @@ class HostRun:
         )
         try:
             name = protocol.result_object(self.host_index)
-            envelope.write_sealed(self.outcome_storage, name, self.outcome_key, cloudpickle.dumps(payload.to_dict()),
-                                  exclusive=True)
+            with patiently():
+                envelope.write_sealed(self.outcome_storage, name, self.outcome_key,
+                                      cloudpickle.dumps(payload.to_dict()), exclusive=True)
         except Exception:
             logger.exception("host %d could not write its failure payload", self.host_index)
         finally:

@@ -4,7 +4,7 @@ Host-safe: the standard library (and the Cloud Storage client, imported lazily
 when a ``gs://`` storage is opened).
 """
 
-from kinetic_nb.storage.base import ObjectInfo, Storage
+from kinetic_nb.storage.base import ObjectInfo, Storage, patiently
 from kinetic_nb.storage.defaults import default_root
 from kinetic_nb.storage.gcs import GcsStorage
 from kinetic_nb.storage.local import LocalStorage
@@ -23,4 +23,4 @@ def open_storage(uri: str) -> Storage:
     raise ValueError(f"unsupported storage URI {uri!r}: scheme {scheme}:// is not supported (use file:// or gs://)")
 
 
-__all__ = ["GcsStorage", "LocalStorage", "ObjectInfo", "Storage", "default_root", "open_storage"]
+__all__ = ["GcsStorage", "LocalStorage", "ObjectInfo", "Storage", "default_root", "open_storage", "patiently"]

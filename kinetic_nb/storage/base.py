@@ -8,13 +8,38 @@ directory, or the root that holds many jobs); object names are relative,
 from __future__ import annotations
 
 import abc
+import contextlib
+import contextvars
 import dataclasses
 import io
 import json
 import os
+from collections.abc import Iterator
 from typing import IO, Any
 
 from kinetic_nb.errors import ObjectTooLargeError
+
+#: Set while a record that decides a job's outcome is stored: see :func:`patiently`.
+_patient: contextvars.ContextVar[bool] = contextvars.ContextVar("kinetic_patient_storage", default=False)
+
+
+@contextlib.contextmanager
+def patiently() -> Iterator[None]:
+    """Requests made inside (in this thread) ride out an outage for their storage's whole retry deadline from
+    their own start, even after routine requests gave up on it: a record that decides a job's outcome (a host's
+    exit, its result) outlives an outage a little longer than the deadline, where a heartbeat or a log chunk is
+    tried once. The first such request that gives up ends that for the rest of the outage: a bucket that is gone
+    costs one deadline, not one per record."""
+    token = _patient.set(True)
+    try:
+        yield
+    finally:
+        _patient.reset(token)
+
+
+def is_patient() -> bool:
+    """Whether this thread's requests are made :func:`patiently` now."""
+    return _patient.get()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,7 +10,9 @@ connections) with exponential backoff, long enough to ride out a restarted
 server: for up to ``RETRY_DEADLINE_S`` counted from the first failure since
 the storage last answered; once a request has given up, every request is tried
 once until one succeeds (an agent's loop, its idle timeout and its last
-records are not held up a minute per request by a bucket that is gone); a
+records are not held up a minute per request by a bucket that is gone), but a
+record that decides a job's outcome, stored ``patiently()``, rides out the
+deadline from its own start until one such record has given up; a
 permanent error (403, a missing bucket) is one line naming the bucket and the
 object. Single-writer objects
 are created with ``if_generation_match=0``. Large values move in
@@ -33,7 +35,7 @@ from collections.abc import Callable
 from typing import IO, Any, TypeVar
 
 from kinetic_nb.errors import ObjectExistsError, ObjectNotFoundError, StorageError
-from kinetic_nb.storage.base import ObjectInfo, Storage, object_too_large
+from kinetic_nb.storage.base import ObjectInfo, Storage, is_patient, object_too_large
 
 logger = logging.getLogger(__name__)
 
@@ -196,15 +198,17 @@ class _Shared:
         #: The first failed attempt since the storage last answered, and the latest (monotonic), or None.
         self.failing_since: float | None = None
         self.failed_at = 0.0
-        #: A request gave up in this outage: the others try once until the storage answers.
+        #: A request gave up in this outage: the others try once until the storage answers (a patient one, see
+        #: ``base.patiently``, rides it out from its own start, until one of those too has given up).
         self.gave_up = False
+        self.patience_spent = False
 
     def count(self, kind: str) -> None:
         with self.lock:
             self.requests[kind] += 1
 
     def answered(self) -> None:
-        self.failing_since, self.gave_up = None, False
+        self.failing_since, self.gave_up, self.patience_spent = None, False, False
 
     def failed(self, deadline_s: float) -> float:
         """Note a failed attempt; returns when the outage it belongs to began. Attempts that fail with no
@@ -213,7 +217,7 @@ class _Shared:
         now = time.monotonic()
         with self.lock:
             if self.failing_since is None or now - self.failed_at > deadline_s:
-                self.failing_since, self.gave_up = now, False
+                self.failing_since, self.gave_up, self.patience_spent = now, False, False
             self.failed_at = now
             return self.failing_since
 
@@ -276,6 +280,7 @@ class GcsStorage(Storage):
         (see the module's docstring); permanent ones become storage errors."""
         pause = FIRST_BACKOFF_S
         attempt = 0
+        patient, started = is_patient(), time.monotonic()
         while True:
             attempt += 1
             self._shared.count(kind)
@@ -294,9 +299,14 @@ class GcsStorage(Storage):
                         raise
                     raise mapped from error
                 began = self._shared.failed(self.retry_deadline_s)
-                left = began + self.retry_deadline_s - time.monotonic()
-                if self._shared.gave_up or left <= 0:
-                    self._shared.gave_up = True
+                shared = self._shared
+                if patient:
+                    left = 0.0 if shared.patience_spent else started + self.retry_deadline_s - time.monotonic()
+                else:
+                    left = 0.0 if shared.gave_up else began + self.retry_deadline_s - time.monotonic()
+                if left <= 0:
+                    shared.gave_up = True
+                    shared.patience_spent = shared.patience_spent or patient
                     raise StorageError(
                         f"cannot {op} {self._target(name)}: still failing after {attempt} "
                         f"attempt{'s' if attempt > 1 else ''}; its storage has not answered for "

@@ -17,7 +17,7 @@ import time
 import pytest
 
 from kinetic_nb.errors import ObjectExistsError, ObjectNotFoundError, StorageError
-from kinetic_nb.storage import GcsStorage, open_storage
+from kinetic_nb.storage import GcsStorage, open_storage, patiently
 
 from ..fixtures_gcs import TEST_BUCKET
 from ..gcs_emulator import Fault, FaultProxy, GcsEmulator, free_port
@@ -164,6 +164,39 @@ def test_an_outage_past_the_retry_deadline_is_tried_once_per_request_until_the_s
         with pytest.raises(StorageError, match=r"still failing after \d+ attempts"):
             storage.read_bytes("before")
         assert storage.requests["read"] - reads > 1  # a new outage: ridden out again
+
+
+def test_a_record_stored_patiently_rides_out_the_deadline_from_its_own_start_until_one_gives_up(tmp_path,
+                                                                                               monkeypatch):
+    """A host's exit record or result, written after the routine requests gave up on an outage, is still tried
+    for the whole deadline (an outage a little longer than it loses no outcome); once one of them has given up,
+    the next is tried once (a bucket that is gone costs one deadline, not one per host)."""
+    with GcsEmulator(tmp_path / "emulator") as emulator:
+        emulator.create_bucket(TEST_BUCKET)
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", emulator.url)
+        storage = GcsStorage(f"gs://{TEST_BUCKET}/patient", retry_deadline_s=2.0)
+        storage.write_bytes("before", b"kept")
+        emulator.stop()
+        with pytest.raises(StorageError):
+            storage.read_bytes("before")  # a routine request gives up: the others are tried once
+        writes = storage.requests["write"]
+        restarter = threading.Timer(0.2, emulator.start)  # back well before a patient write's own deadline
+        restarter.start()
+        try:
+            with patiently():
+                storage.write_bytes("hosts/0/exit.json", b"{}")
+        finally:
+            restarter.join()
+        assert storage.requests["write"] - writes > 1 and storage.read_bytes("hosts/0/exit.json") == b"{}"
+        emulator.stop()
+        with pytest.raises(StorageError):
+            storage.read_bytes("before")  # a new outage, given up by a routine request
+        with patiently(), pytest.raises(StorageError):
+            storage.write_bytes("hosts/1/exit.json", b"{}")  # ridden out for the deadline, and given up
+        writes = storage.requests["write"]
+        with patiently(), pytest.raises(StorageError, match="still failing after 1 attempt;"):
+            storage.write_bytes("hosts/2/exit.json", b"{}")
+        assert storage.requests["write"] == writes + 1
 
 
 def test_a_missing_object_is_an_answer_and_a_missing_bucket_a_failure(gcs_emulator, gcs_root, monkeypatch):
