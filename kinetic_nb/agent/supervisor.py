@@ -23,6 +23,8 @@ pod). It
 - publishes ``KINETIC_OUTPUT_DIR`` to ``outputs/`` when its last host ends.
 
 The agent's look at ``control/`` is one listing, whatever the number of hosts.
+Its part in a session's channel is ``agent.hub_role``; how it stores and
+verifies its records, and says its storage errors, ``agent.record_keeping``.
 Host-safe: the standard library, the runner and storage only.
 """
 
@@ -33,7 +35,6 @@ import contextlib
 import dataclasses
 import errno
 import functools
-import json
 import logging
 import os
 import selectors
@@ -47,18 +48,18 @@ from collections.abc import Callable
 
 from kinetic_nb.agent import processes
 from kinetic_nb.agent.cells import CellWatch
+from kinetic_nb.agent.hub_role import HubRole
 from kinetic_nb.agent.liveness import Liveness, not_running
-from kinetic_nb.errors import IntegrityError, ObjectExistsError, ObjectNotFoundError, StorageError
+from kinetic_nb.agent.record_keeping import RecordKeeping
 from kinetic_nb.runner import marks, protocol
-from kinetic_nb.runner.channel import CHANNEL_ENV, Address, Channel, Hub, Joining, agent_role
+from kinetic_nb.runner.channel import CHANNEL_ENV, Hub
 from kinetic_nb.runner.envelope import read_limited
 from kinetic_nb.runner.execute import run_host  # imported once here, not in every forked host
-from kinetic_nb.runner.hub_door import local_hub_path
 from kinetic_nb.runner.logs import LogChunkWriter
 from kinetic_nb.runner.protocol import CancelRequest, ExitSummary, FirstFailure, HostState, JobPlan
-from kinetic_nb.runner.records import read_host_status, read_record, write_record
+from kinetic_nb.runner.records import read_record
 from kinetic_nb.runner.redact import Redactor
-from kinetic_nb.runner.relayed import Relay, RelayedStorage, hosts_agreed
+from kinetic_nb.runner.relayed import Relay
 from kinetic_nb.runner.stacks import STACKS_FILE_ENV, STACKS_SIGNAL
 from kinetic_nb.runner.wakeup import Wakeup, agent_wakeup_path, remove_session_sockets, wake_clients, wakeup_path
 from kinetic_nb.runner.workdir import SCRATCH_DIR_ENV
@@ -79,8 +80,6 @@ CONTROL_POLL_IDLE_CHANNEL_S = 10.0
 #: Another host's agent with the channel up: storage listed only as a safety net (the leader's agent passes on
 #: what it finds there).
 CONTROL_POLL_THROUGH_HUB_S = 60.0
-#: How long another host's agent keeps trying to join the leader's hub (it starts at about the same time).
-HUB_JOIN_S = 60.0
 #: How long to keep reading a finished host's pipes for its last output.
 DRAIN_S = 0.5
 #: The selector's mark for the agent's own wakeup socket (a host's pipes are marked by its index).
@@ -95,27 +94,10 @@ STACKS_WAIT_S = 1.5
 STACKS_SETTLED_S = 0.05
 #: stderr lines kept per host for its exit record.
 STDERR_TAIL_LINES = 20
-#: An agent's storage errors are said on its log at most once per this many seconds (with a count of the rest).
-STORAGE_ERROR_LINE_S = 60.0
 #: Loop timeout: how late, at worst, a due action (grace, timeout) is taken.
 TICK_S = 0.1
 #: What hosts create (outputs, checkpoints, scratch files) is this user's only, whatever the kernel's umask.
 HOST_UMASK = 0o077
-
-
-def describe_storage_error(name: str, error: BaseException) -> str:
-    """``"ENOSPC: No space left on device (hosts/1/log/000003.json)"``: a storage error as one line.
-
-    The operating system's error is named even when a storage raised it as the
-    cause of its own ``StorageError``.
-    """
-    cause: BaseException | None = error
-    while cause is not None and not (isinstance(cause, OSError) and cause.errno is not None):
-        cause = cause.__cause__
-    if cause is not None:
-        code = errno.errorcode.get(cause.errno, str(cause.errno))
-        return f"{code}: {cause.strerror} ({name})"
-    return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''} ({name})"
 
 
 @dataclasses.dataclass
@@ -149,7 +131,7 @@ class _Host:
         return tuple(tail[-STDERR_TAIL_LINES:])
 
 
-class Agent:
+class Agent(HubRole, RecordKeeping):
     """Supervises the processes ``indices`` (their ranks: every process of a local job, its host's on a pod or a
     Ray node) of the job ``plan`` stored in ``storage``; each is a "host" to the records, keyed by its rank.
 
@@ -206,64 +188,6 @@ class Agent:
         self._deadline = started + plan.timeout_s if plan.timeout_s else None
 
     # -- starting -------------------------------------------------------------------
-
-    def open_hub(self, address: Address | None = None, agents: int = 0) -> None:
-        """Listen for the session's channel before the hosts are forked (they are told where in their
-        environment); from here on this agent's records go through it too. ``address``: where the backend told
-        the hosts it is (host 0's); None for hosts on this machine, whose hub is a Unix socket in the session's
-        own 0700 directory, which no other user can open. ``agents``: how many other hosts' agents join it (a
-        backend with an agent per host). Where it cannot listen, it says why and the cells travel by storage."""
-        try:
-            self.hub = Hub(self.key, address or local_hub_path(self.plan.job_id, self.scratch),
-                           hosts=self.plan.world_size, agents=agents, procs_per_host=self.plan.procs_per_host,
-                           on_record=self._heard, on_lost=self._left_the_channel)
-        except OSError as error:
-            print(f"kinetic agent: the session's hub cannot listen ({error}); the session's cells travel through "
-                  "storage", file=sys.stderr, flush=True)
-            return
-        self._relay = Relay(self.storage, serves=lambda name: name.startswith((protocol.HOSTS_DIR + "/",
-                                                                             protocol.CELLS_DIR + "/")),
-                            on_error=self._storage_failed)
-        self.storage = RelayedStorage(self._relay)
-
-    def _start_hub(self) -> None:
-        """Accept the hosts and notebooks (threads: only once every host is forked), and say where."""
-        self.hub.start()
-        self.write_record(protocol.CHANNEL, json.dumps({"address": self.hub.announced}).encode())
-
-    def _heard(self, name: str, data: object) -> None:
-        """The hosts' start verdict, through the hub: when it says they use the channel, so does this agent."""
-        if name == protocol.LEADER_READY and hosts_agreed(self.hub.mirror, self.key):
-            self._relay.attach(lambda name, data: self.hub.publish(name, data), self.hub.mirror)
-            self.liveness.beat_now()  # the notebooks read the hosts' heartbeats from the hub from now on
-
-    def join_hub(self, address: Address) -> None:
-        """Another host's agent: its records (its host's output, its end) go through the leader's hub too, once
-        it has joined (tried in the background, once its host is forked, while the leader's agent starts;
-        storage until then). Its reads are storage's, or what the channel carried (its host's status)."""
-        self._relay = Relay(self.storage, serves=lambda name: False, on_error=self._storage_failed)
-        self.storage = RelayedStorage(self._relay)
-        self._hub_address = address
-
-    def _start_joining(self, address: Address) -> None:
-        def then(channel: Channel | None, error: str) -> None:
-            if channel is not None:
-                self._relay.attach(channel.send, channel.mirror)
-                self.liveness.beat_now()
-            else:
-                print(f"kinetic agent: could not join the session's hub ({error}); the session's cells travel "
-                      "through storage", file=sys.stderr, flush=True)
-
-        Joining(address, self.key, agent_role(self.plan.host_of(self.indices[0])), on_broken=self._relay.fall_back,
-                give_up_after_s=HUB_JOIN_S, then=then)
-
-    def _left_the_channel(self, role: str) -> None:
-        """A host or an agent left the channel (it ended, or its link broke): everyone goes back to storage,
-        together, so that no host waits on the channel for a record another one stored."""
-        if self.hub is not None:
-            self.hub.close()
-        if self._relay is not None:
-            self._relay.fall_back(f"{role} left the channel")
 
     def start_hosts(self) -> None:
         # Hosts write their files to a local directory: the job's own outputs/
@@ -680,76 +604,6 @@ class Agent:
             if not text.strip():
                 text = f"no answer: host {index} did not dump its stacks within {STACKS_WAIT_S:g} s\n"
             self.write_record(protocol.host_stacks(index, seq), text.encode())
-
-    # -- records ----------------------------------------------------------------------------
-
-    def write_record(self, name: str, data: bytes, *, exclusive: bool = False) -> bool:
-        """Store a record, sealed; False when it exists already (``exclusive``) or could not be stored."""
-        try:
-            write_record(self.storage, self.key, name, data, exclusive=exclusive)
-            return True
-        except ObjectExistsError:
-            return False
-        except Exception as error:  # noqa: BLE001 - the hosts must still be supervised; the error is recorded
-            self._storage_failed(name, error)
-            return False
-
-    def verified(self, name: str) -> bool:
-        """Whether the control record ``name`` was written by this job (a forged one is logged, never acted on)."""
-        try:
-            read_record(self.storage, self.key, name)
-            return True
-        except ObjectNotFoundError:
-            return False
-        except IntegrityError as error:
-            print(f"kinetic agent: ignored: {error}", file=sys.stderr, flush=True)
-            return False
-        except Exception as error:  # noqa: BLE001 - the hosts must still be supervised
-            self._storage_failed(name, error)
-            return False
-
-    def _storage_failed(self, name: str, error: BaseException) -> None:
-        """Say a storage error on this agent's stderr (its log), at most once per ``STORAGE_ERROR_LINE_S`` with a
-        count of those not said: a bucket that stops answering fails every request, hundreds a minute."""
-        text = describe_storage_error(name, error)
-        now = time.monotonic()
-        if now >= self._next_storage_error_line:
-            unsaid = f" (and {self._unsaid_storage_errors} more since the last said)" \
-                if self._unsaid_storage_errors else ""
-            print(f"kinetic agent: storage error: {text}{unsaid}", file=sys.stderr, flush=True)
-            self._next_storage_error_line, self._unsaid_storage_errors = now + STORAGE_ERROR_LINE_S, 0
-        else:
-            self._unsaid_storage_errors += 1
-        if not self.storage_error:
-            self.storage_error = text
-            if self.on_storage_error is not None:
-                self.on_storage_error(text)
-
-    def _publish_outputs(self) -> None:
-        """Upload the hosts' scratch outputs to the job's outputs/ (non-local storage only), then remove them."""
-        if self.scratch_outputs is None:
-            return
-        try:
-            for directory, _, files in os.walk(self.scratch_outputs):
-                for file_name in files:
-                    path = os.path.join(directory, file_name)
-                    relative = os.path.relpath(path, self.scratch_outputs).replace(os.sep, "/")
-                    name = f"{protocol.OUTPUTS_DIR}/{relative}"
-                    try:
-                        self.storage.write_file(name, path)
-                    except Exception as error:  # noqa: BLE001 - the other files still go
-                        self._storage_failed(name, error)
-        finally:
-            shutil.rmtree(self.scratch_outputs, ignore_errors=True)
-            self.scratch_outputs = None
-
-    def _recorded_state(self, index: int) -> str | None:
-        """The state host ``index`` last recorded in its (verified) status, or None."""
-        try:
-            status = read_host_status(self.storage, self.key, index)
-        except (OSError, StorageError):  # unreadable, or a storage that does not answer: not known
-            return None
-        return status.state if status is not None else None
 
     @staticmethod
     def _kill_group(host: _Host, signum: int) -> None:
