@@ -96,16 +96,20 @@ class _CountingOs:
 
 
 def _looks_per_host_per_cell(hosts: int, counts: collections.Counter) -> float:
+    """The fewer of two rounds of 4 cells: a round that met a busy moment of the machine has more looks."""
     started = kinetic_nb.start(hosts=hosts, framework="none", idle_timeout=600, echo=False)
     try:
         started.run("x = 1\nx").result()  # the hosts' first cell set aside
-        counts.clear()
-        cells = 4
-        for _ in range(cells):
-            assert started.run("x = 1\nx").result() == 1
-        assert counts["read"] >= cells * hosts  # each host's end of each cell was read: the count is real
-        assert counts["stat"] >= cells and counts["list"] >= cells  # and the looks' own are counted
-        return sum(counts.values()) / cells / hosts
+        rounds = []
+        for _ in range(2):
+            counts.clear()
+            cells = 4
+            for _ in range(cells):
+                assert started.run("x = 1\nx").result() == 1
+            assert counts["read"] >= cells * hosts  # each host's end of each cell was read: the count is real
+            assert counts["stat"] >= cells and counts["list"] >= cells  # and the looks' own are counted
+            rounds.append(sum(counts.values()) / cells / hosts)
+        return min(rounds)
     finally:
         started.stop()
 
