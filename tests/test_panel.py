@@ -234,6 +234,12 @@ def test_a_session_cell_ends_as_a_one_shot_job_does():
     assert "(no output yet)</pre>" in running.details.children[0].value
 
 
+def test_a_one_host_cell_says_one_host():
+    hosts = [host(0, "succeeded", "execute", updated_at=T0 + 1.5)]
+    text = text_summary(session_cell(hosts, JobStatus.SUCCEEDED), brief=True)
+    assert text == "In[4] · session ks-test · local · cpu · 1 host · 1.5 s · SUCCEEDED · 1 succeeded"
+
+
 def test_a_session_cell_that_succeeded_keeps_its_header_alone():
     hosts = [host(i, "succeeded", "execute", updated_at=T0 + 1.5) for i in range(2)]
     panel = HostPanel(2, brief=True)

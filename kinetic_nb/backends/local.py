@@ -229,11 +229,13 @@ class LocalBackend(Backend):
     def cancel(self, storage: Storage, plan: JobPlan, reason: str, key: bytes | None) -> None:
         """The cancel record, and to a session's agent on this machine a SIGTERM, which stops its hosts at once
         as on a pod's deletion (an idle session's agent lists its control records only every few seconds)."""
-        super().cancel(storage, plan, reason, key)
-        state = AgentState.read(agent_files(plan.job_id)[1]) if plan.session else None
-        if state is not None and _alive(state, plan.job_id):
-            with contextlib.suppress(OSError):
-                os.kill(state.pid, signal.SIGTERM)
+        try:
+            super().cancel(storage, plan, reason, key)
+        finally:  # a bucket that does not answer: the agent on this machine is stopped all the same
+            state = AgentState.read(agent_files(plan.job_id)[1]) if plan.session else None
+            if state is not None and _alive(state, plan.job_id):
+                with contextlib.suppress(OSError):
+                    os.kill(state.pid, signal.SIGTERM)
 
     def agent_gone(self, plan: JobPlan) -> bool | None:
         """Whether the job's agent process has ended (by its record's pid and start time)."""

@@ -223,12 +223,13 @@ class HostGroup:
                                f"%kinetic attach {self.job_id} to wait for it again")
         elif self.shutting_down is None:  # a script: the interrupt may end it, so cancel now
             self.cancel("interrupted")
-            interrupt.add_note(f"kinetic_nb: cancelled job {self.job_id} and stopped its {self.plan.hosts} hosts")
+            interrupt.add_note(f"kinetic_nb: cancelled job {self.job_id} and stopped its {self.plan.hosts} "
+                               f"host{'' if self.plan.hosts == 1 else 's'}")
         else:  # a kernel: control comes back at once; the cancel follows unless a shutdown does
             threading.Thread(target=self._cancel_unless_shutting_down, name=f"kinetic-cancel-{self.job_id}",
                              daemon=True).start()
-            interrupt.add_note(f"kinetic_nb: cancelling job {self.job_id} and its {self.plan.hosts} hosts "
-                               f"(a kernel restart leaves it running: %kinetic attach {self.job_id})")
+            interrupt.add_note(f"kinetic_nb: cancelling job {self.job_id} and its {self.plan.hosts} "
+                               f"host{'' if self.plan.hosts == 1 else 's'} (a kernel restart leaves it running: %kinetic attach {self.job_id})")
 
     def _cancel_unless_shutting_down(self) -> None:
         """Cancel after an interrupt, unless the kernel turns out to be restarting or shutting down.

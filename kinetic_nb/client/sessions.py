@@ -53,6 +53,7 @@ from kinetic_nb.errors import (
     KineticTimeoutError,
     ObjectExistsError,
     ObjectNotFoundError,
+    StorageError,
 )
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.channel import NOTEBOOK, STORED, Channel, parse_address
@@ -195,7 +196,7 @@ class Session:
         """Hosts, their states, uptime, cells run and the idle countdown, as text."""
         snapshot = self.group.snapshot()
         uptime = time.time() - self.plan.created_at
-        shape = f"{self.plan.hosts} hosts" + (f" x {self.plan.procs_per_host} processes"
+        shape = f"{self.plan.hosts} host{'' if self.plan.hosts == 1 else 's'}" + (f" x {self.plan.procs_per_host} processes"
                                                if self.plan.procs_per_host > 1 else "")
         lines = [f"session {self.session_id} · {snapshot.backend} · {self.plan.accelerator} · {shape} "
                  f"· framework {self.plan.framework} · up {uptime:.0f} s · {self._last_seq} cells"]
@@ -401,12 +402,12 @@ class Session:
         while for them; say what happened, in one line. The session's records stay (``gc`` removes them)."""
         try:
             read_record(self.storage, self.group.key, protocol.CANCEL)  # stopped already: its agents know
-        except (ObjectNotFoundError, IntegrityError):
-            self.group.backend.cancel(self.storage, self.plan, reason, self.group.key)
-            if self._channel_up:  # the agent hears it at once
-                with contextlib.suppress(ChannelClosed):
-                    self.channel.send(protocol.CANCEL, seal(self.group.key, protocol.CANCEL,
-                                                            CancelRequest(reason=reason, at=time.time()).to_json()))
+        except (ObjectNotFoundError, IntegrityError, StorageError):  # not stopped, or not known (no answer)
+            try:
+                self.group.backend.cancel(self.storage, self.plan, reason, self.group.key)
+            except StorageError as unreachable:  # its bucket does not answer: say what becomes of the session
+                return self._stopped_without_storage(unreachable, self._tell_the_agent_to_stop(reason))
+            self._tell_the_agent_to_stop(reason)  # the agent hears it at once
         deadline = time.monotonic() + STOP_WAIT_S
         while True:
             running = [index for index in range(self.plan.world_size) if read_exit(self.storage, self.group.key, index) is None]
@@ -424,6 +425,37 @@ class Session:
         if agent_gone is False:
             return f"session {self.session_id} stopped: {hosts} have ended; its agent had not after {STOP_WAIT_S:g} s"
         return f"session {self.session_id} stopped: {hosts} {'and its agent have' if agent_gone else 'have'} ended"
+
+    def _tell_the_agent_to_stop(self, reason: str) -> bool:
+        """The stop request through the direct channel, where it is up (the agent hears it at once); whether it
+        went."""
+        if not self._channel_up:
+            return False
+        try:
+            self.channel.send(protocol.CANCEL, seal(self.group.key, protocol.CANCEL,
+                                                    CancelRequest(reason=reason, at=time.time()).to_json()))
+        except ChannelClosed:
+            return False
+        return True
+
+    def _stopped_without_storage(self, error: StorageError, told: bool) -> str:
+        """The notebook lets the session go when its bucket does not answer, and says what becomes of it: its agent
+        asked to stop it (through the channel, where it is up; a local agent is signalled), and ended by it at its
+        idle timeout if it did not hear (the agent keeps that rule through an outage)."""
+        deadline = time.monotonic() + STOP_WAIT_S
+        while (gone := self.group.backend.agent_gone(self.plan)) is False and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.group.close_wakeup()
+        self.close_channel()
+        self.group.backend.release(self.plan)
+        if gone:
+            return f"session {self.session_id} stopped: its agent has ended, though its storage does not answer ({error})"
+        how = " through the session's channel" if told else ""
+        unheard = (f"it ends the session after {self.plan.idle_timeout_s:g} s idle (--idle-timeout) if it did not hear"
+                   if self.plan.idle_timeout_s else
+                   "if it did not hear, stop the session from a notebook that reaches its bucket (%kinetic sessions)")
+        return (f"session {self.session_id}: its storage does not answer ({error}); its agent was asked to stop "
+                f"it{how}, and {unheard}")
 
     def restart(self, *, on_snapshot: Callable[[JobSnapshot], None] | None = None) -> Session:
         """Stop this session and start a fresh one of the same shape (fresh state); ``on_snapshot`` sees its

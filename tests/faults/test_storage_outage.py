@@ -16,7 +16,6 @@ import pytest
 
 import kinetic_nb
 from kinetic_nb.backends.local import agent_files
-from kinetic_nb.errors import StorageError
 
 from ..conftest import job_processes
 from ..fixtures_gcs import TEST_BUCKET
@@ -61,8 +60,23 @@ def test_a_session_whose_bucket_stops_answering_ends_at_its_idle_timeout(dying_b
     assert f"the session ended: idle for {IDLE_TIMEOUT_S} s (--idle-timeout)" in log, log
     assert "storage error: " in log and "its storage has not answered for" in log, log
     assert "Traceback" not in log and log.count("kinetic agent: storage error: ") == 1, log  # once a minute at most
-    with pytest.raises(StorageError):  # the notebook is told, in one line, that the bucket does not answer
-        session.stop()
+    said = session.stop()  # the notebook lets it go, and says so in one line
+    assert said.startswith(f"session {session.session_id} stopped: its agent has ended, though its storage does "
+                           "not answer (cannot ") and "\n" not in said, said
+
+
+def test_a_session_stopped_while_its_bucket_does_not_answer_is_stopped_and_let_go(dying_bucket):
+    """``%kinetic stop`` with the bucket gone: the stop request cannot be stored, but the agent on this machine is
+    signalled (and the channel carries it where it is up); the notebook waits for it, and says what happened."""
+    emulator, root = dying_bucket
+    session = kinetic_nb.start(hosts=2, framework="none", storage=root, idle_timeout=600, echo=False)
+    assert session.run("1 + 1").result(timeout=60) == 2
+    emulator.stop()
+    said = session.stop()
+    assert said.startswith(f"session {session.session_id} stopped: its agent has ended, though its storage does "
+                           "not answer (cannot ") and "\n" not in said, said
+    left = _gone_within(RETRY_S + 10)
+    assert not left, f"the session outlived its stop: {[process.cmdline() for process in left]}"
 
 
 def test_a_job_stopped_while_its_bucket_does_not_answer_ends_at_once(dying_bucket):

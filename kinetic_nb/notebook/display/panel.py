@@ -168,8 +168,8 @@ def quiet_lines(snapshot: JobSnapshot, limit: int | None = None) -> list[str]:
 
 def _header_text(snapshot: JobSnapshot) -> str:
     per = snapshot.procs_per_host
-    shape = f"{len(snapshot.hosts)} hosts" if per == 1 else \
-        f"{len(snapshot.hosts) // per} hosts x {per} processes"
+    count = len(snapshot.hosts) // per
+    shape = f"{count} host{'' if count == 1 else 's'}" + (f" x {per} processes" if per > 1 else "")
     return (f"{snapshot.label or snapshot.job_id} · {snapshot.backend} · {snapshot.accelerator} · {shape} · "
             f"{seconds_text(snapshot.elapsed)} · {snapshot.status_word}")
 
