@@ -7,6 +7,7 @@ Time bounds here are hang guards; the figures are in benchmarks/session_roundtri
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 
@@ -360,3 +361,14 @@ def test_a_start_that_does_not_finish_leaves_no_session_up():
 
     with pytest.raises(DisplayBroke):
         kinetic_nb.start(hosts=2, framework="none", echo=False, on_snapshot=show)
+
+
+def test_a_one_host_session_and_its_cell_say_one_host():
+    session = kinetic_nb.start(hosts=1, framework="none", idle_timeout=600, echo=False)
+    try:
+        assert re.fullmatch(r"<Session ks-\S+ 1 host up>", repr(session)), repr(session)
+        cell = session.run("1")
+        assert cell.result(timeout=60) == 1 and " 1 host " in repr(cell)
+        assert " · 1 host · " in session.summary().splitlines()[0]
+    finally:
+        session.stop()

@@ -180,7 +180,8 @@ class CellHandle(CellStopping):
         return self.group.backend
 
     def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.job_id} {self.plan.hosts} hosts {self.status()}>"
+        hosts = f"{self.plan.hosts} host{'' if self.plan.hosts == 1 else 's'}"
+        return f"<{type(self).__name__} {self.job_id} {hosts} {self.status()}>"
 
     # -- reading -----------------------------------------------------------------------------
 

@@ -122,7 +122,7 @@ class Session:
         return self.group.storage
 
     def __repr__(self) -> str:
-        return f"<Session {self.session_id} {self.plan.hosts} hosts {self.state()}>"
+        return f"<Session {self.session_id} {self.plan.hosts} host{'' if self.plan.hosts == 1 else 's'} {self.state()}>"
 
     # -- state ---------------------------------------------------------------------------
 
