@@ -45,13 +45,18 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["MAX_ARRIVALS", "Door", "listen", "local_hub_path"]
 
-#: Connections still proving themselves that the hub holds at once; a newer one makes the oldest go.
+#: Connections still proving themselves that the hub holds at once; a newer one makes the oldest go (once that one
+#: has had ARRIVAL_GRACE_S to speak: until then the hub holds up to twice as many, then stops accepting a moment).
 MAX_ARRIVALS = 128
 #: Connections the kernel queues before the hub takes them: as many as it allows (a full queue drops a peer's
 #: connection attempt, which it then makes again only a second later).
 LISTEN_BACKLOG = socket.SOMAXCONN
 #: Pause of the accept loop when the process has no descriptor to spare and no arrival to let go for one.
 ACCEPT_BACKOFF_S = 0.1
+#: How long a new connection may take to say who it is before it may be let go for a newer one: a peer says so
+#: as it connects, but its thread may be descheduled between connect() and send() on a busy host; without this
+#: a flood let a peer go within the same turn it was accepted, before its first bytes could be read.
+ARRIVAL_GRACE_S = 0.02
 #: Connections accepted in one go before the loop looks at the others again.
 ACCEPTS_PER_TURN = 64
 #: The loop wakes at least this often (deadlines, the refusal log, a close).
@@ -228,10 +233,12 @@ class Door:
                     for key, _ in selector.select(self._wait(listening, resume_at)):
                         if key.data is not None:
                             self._step(key.data, selector)
-                        elif listening and not self._accept(key.fileobj, selector):
-                            for sock in self._listeners:  # nothing to spare: pause, then take them again
-                                selector.unregister(sock)
-                            listening, resume_at = False, time.monotonic() + ACCEPT_BACKOFF_S
+                        elif listening:
+                            pause = self._accept(key.fileobj, selector)
+                            if pause:  # nothing to spare yet: stop listening a moment, then take them again
+                                for sock in self._listeners:
+                                    selector.unregister(sock)
+                                listening, resume_at = False, time.monotonic() + pause
                     self._expire(selector)
                     self.refusals.say_if_due()
                 except Exception as error:  # noqa: BLE001 - the door stays open: logged, a pause, and on
@@ -254,27 +261,30 @@ class Door:
             wake = min(wake, resume_at)
         return max(0.0, wake - now)
 
-    def _accept(self, listener: socket.socket, selector: selectors.BaseSelector) -> bool:
-        """Take what waits on ``listener``; False when the process has nothing to spare for it (pause)."""
+    def _accept(self, listener: socket.socket, selector: selectors.BaseSelector) -> float:
+        """Take what waits on ``listener``; how long to stop listening (0: go on) when the process has nothing to
+        spare for it or every arrival is still within its grace."""
         for _ in range(ACCEPTS_PER_TURN):
+            if len(self._arrivals) >= self._max_arrivals:
+                pause = self._let_one_go(selector, f"let go unproven: {self._max_arrivals} connections were proving "
+                                                   "themselves")
+                if pause and len(self._arrivals) >= 2 * self._max_arrivals:
+                    return pause  # (within the grace the cap may be overrun, to twice the cap at most)
             try:
                 sock, _ = listener.accept()
             except BlockingIOError:
-                return True
+                return 0.0
             except OSError as error:
                 if error.errno in _OUT_OF_RESOURCES:
                     self.refusals.note(f"accept failed: {os.strerror(error.errno)}")
-                    if not self._arrivals:
-                        return False
-                    self._drop(self._to_let_go(), selector, "let go unproven to free a descriptor")
+                    pause = self._let_one_go(selector, "let go unproven to free a descriptor")
+                    if pause:
+                        return pause
                     continue
                 if error.errno in _ONE_CONNECTION:
                     self.refusals.note(f"accept failed: {os.strerror(error.errno)}")
                     continue
                 raise
-            if len(self._arrivals) >= self._max_arrivals:
-                self._drop(self._to_let_go(), selector,
-                           f"let go unproven: {self._max_arrivals} connections were proving themselves")
             try:
                 arrival = Arrival(sock, self._secret, time.monotonic() + channel_link.HANDSHAKE_TIMEOUT_S)
                 selector.register(sock, selectors.EVENT_READ, arrival)
@@ -284,15 +294,21 @@ class Door:
                 continue
             self._arrivals[sock] = arrival
             self._step(arrival, selector)  # a peer says who it is as it connects: answered at once
-        return True
+        return 0.0
 
-    def _to_let_go(self) -> Arrival:
-        """The arrival to let go for a new one: the oldest that has not even said who it is (a peer does so as it
-        connects, then proves itself within a round trip), else the oldest."""
-        for arrival in self._arrivals.values():
-            if not arrival.answered:
-                return arrival
-        return next(iter(self._arrivals.values()))
+    def _let_one_go(self, selector: selectors.BaseSelector, why: str) -> float:
+        """Let the arrival go that a new connection may take the place of: the oldest that has not even said who it
+        is (a peer does so as it connects, then proves itself within a round trip), else the oldest; never one
+        within ARRIVAL_GRACE_S of its accept. 0 when one went, else how long until one may (at least a moment)."""
+        if not self._arrivals:
+            return ACCEPT_BACKOFF_S  # nothing to let go: the process itself is out of descriptors
+        arrival = next((each for each in self._arrivals.values() if not each.answered),
+                       next(iter(self._arrivals.values())))  # accepted in order: the first is the oldest
+        wait = arrival.deadline - channel_link.HANDSHAKE_TIMEOUT_S + ARRIVAL_GRACE_S - time.monotonic()
+        if wait > 0:
+            return max(wait, 0.01)
+        self._drop(arrival, selector, why)
+        return 0.0
 
     def _step(self, arrival: Arrival, selector: selectors.BaseSelector) -> None:
         try:
