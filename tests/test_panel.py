@@ -316,6 +316,19 @@ def test_a_hosts_phase_is_shown_in_a_users_words_never_the_protocols(phase, word
     assert not any(phase in view for view in shown)
 
 
+def test_a_host_that_succeeded_shows_no_phase_one_that_failed_shows_where():
+    """A succeeded host's last phase ("shutting down") is true of its process but no news: its row, title and
+    both twins leave it out; a failed host's still says what it was doing."""
+    snapshot = job([host(0, "succeeded", phase="teardown"), failed(1)], JobStatus.FAILED)
+    panel = HostPanel(2)
+    panel.update(snapshot)
+    assert panel.details.titles[0] == "host 0 (leader) · succeeded"
+    assert panel.details.titles[1] == "host 1 · failed · in the cell"
+    for view in (panel.rows[0].value, text_summary(snapshot), html_summary(snapshot)):
+        assert "succeeded" in view and "shutting down" not in view
+    assert "in the cell" in panel.rows[1].value
+
+
 def test_a_failure_names_the_cell_as_the_notebook_does():
     api_cell = TRACEBACK.replace("<kinetic In[3]>", "<kinetic cell>")
     assert failure_lines(job([host(0), failed(1)], JobStatus.FAILED)) == ["host 1: ValueError at In[3], line 12"]

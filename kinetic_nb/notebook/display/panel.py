@@ -54,6 +54,7 @@ from kinetic_nb.notebook.display.rows import (
     STATE_COLORS,
     badge_html,
     host_title,
+    phase_text,
     rank_label,
     row_html,
     seconds_text,
@@ -68,7 +69,6 @@ from kinetic_nb.state import (
     JobStatus,
     SnapshotSource,
     is_chatter,
-    phase_words,
 )
 
 #: Above this many hosts, one row each no longer fits a cell's output.
@@ -431,7 +431,7 @@ def text_summary(snapshot: JobSnapshot, *, brief: bool = False) -> str:
         # A host that ended badly: how; one kinetic_nb stopped (its state says so): its last line, as any other.
         tail = host.exit_summary if host.exit and not host.fine and host.state != HostState.STOPPED.value else \
             host.row_line[:LAST_LINE_CHARS]
-        lines.append(f"{rank_label(host, per):>5}{leader}  {host.state:<9}  {phase_words(host.phase):<20}  "
+        lines.append(f"{rank_label(host, per):>5}{leader}  {host.state:<9}  {phase_text(host):<20}  "
                      f"{seconds_text(host.elapsed(snapshot.taken_at)):>7}  {tail}")
     if left_out:
         lines.append(left_out_line(snapshot, left_out))
@@ -456,7 +456,7 @@ def html_summary(snapshot: JobSnapshot, *, brief: bool = False) -> str:
     hosts = differing_hosts(snapshot.hosts)[:MAX_DIFFERING] if big else snapshot.hosts
     rows = "".join(
         f"<tr><td>{rank_label(host, snapshot.procs_per_host)}{' ★' if host.is_leader else ''}</td><td>{badge_html(host.state)}</td>"
-        f"<td>{html.escape(phase_words(host.phase))}</td><td>{seconds_text(host.elapsed(snapshot.taken_at))}</td>"
+        f"<td>{html.escape(phase_text(host))}</td><td>{seconds_text(host.elapsed(snapshot.taken_at))}</td>"
         f"<td><code>{html.escape(host.row_line[:LAST_LINE_CHARS])}</code></td></tr>"
         for host in hosts
     )

@@ -35,6 +35,12 @@ def rank_label(host: HostSnapshot, procs_per_host: int) -> str:
     return process_label(host.index, procs_per_host)
 
 
+def phase_text(host: HostSnapshot) -> str:
+    """What a host's row says it is doing: the words for its phase, none once it has succeeded (its last phase,
+    "shutting down", is true of its process but not news to the user)."""
+    return "" if host.state == HostState.SUCCEEDED.value else phase_words(host.phase)
+
+
 def badge_html(state: str) -> str:
     """A state as a small coloured label."""
     return (f'<span style="color:white;background:{STATE_COLORS.get(state, "#999")};border-radius:3px;'
@@ -50,7 +56,7 @@ def row_html(host: HostSnapshot, now: float, label: str | None = None) -> str:
         '<div style="display:flex;gap:10px;font-family:monospace;font-size:12px;white-space:nowrap">'
         f'<span style="width:4.5em" title="{"leader" if host.is_leader else "worker"}">{label}{leader}</span>'
         f'<span style="width:6.5em">{badge_html(host.state)}</span>'
-        f'<span style="width:13em">{html.escape(phase_words(host.phase))}</span>'
+        f'<span style="width:13em">{html.escape(phase_text(host))}</span>'
         f'<span style="width:5em;text-align:right">{seconds_text(host.elapsed(now))}</span>'
         f'<span style="overflow:hidden;text-overflow:ellipsis;color:#555">{last}</span></div>'
     )
@@ -59,5 +65,5 @@ def row_html(host: HostSnapshot, now: float, label: str | None = None) -> str:
 def host_title(host: HostSnapshot, name: str | None = None) -> str:
     """``host 5 (leader) · failed · in the cell``: a drill-down's title, a square's tooltip."""
     name = f"host {host.index}" if name is None else name
-    phase = f" · {phase_words(host.phase)}" if host.phase else ""  # none: a withdrawn cell's, never started
+    phase = f" · {phase_text(host)}" if phase_text(host) else ""  # none: succeeded, or withdrawn before it began
     return f"{name}{' (leader)' if host.is_leader else ''} · {host.state}{phase}"
