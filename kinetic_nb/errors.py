@@ -58,7 +58,22 @@ class UnpicklableValueError(CaptureError, TypeError):
 
 
 class StorageError(KineticError):
-    """A job object could not be read, written or listed."""
+    """A job object could not be read, written or listed.
+
+    Where a storage knows it, the error also says what it was asked (:meth:`asked`), so that the notebook can say
+    it in a user's words: the operation (``"write"``, ``"read"``, ``"list"``...), the object's ``name`` under the
+    storage's root ``where``, and ``reason``, the cause in one line. The message itself names the object, for logs.
+    """
+
+    op = ""
+    name = ""
+    where = ""
+    reason = ""
+
+    def asked(self, op: str, name: str, where: str, reason: str) -> StorageError:
+        """This error, saying what was asked of the storage at ``where`` and why it could not be done."""
+        self.op, self.name, self.where, self.reason = op, name, where, reason
+        return self
 
 
 class UnboundOutputError(CaptureError, NameError):

@@ -249,3 +249,18 @@ def test_the_default_backend_comes_from_config_then_the_environment(shell, capsy
     finally:
         run_cell(shell, "%config KineticMagics.backend = None")
     capsys.readouterr()
+
+
+def test_a_cell_whose_bucket_does_not_answer_is_one_line_in_the_users_words(shell, capsys, monkeypatch):
+    """No storage object's name in what the notebook shows (#39): what could not be stored, where, and why."""
+    from .gcs_emulator import free_port
+
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    monkeypatch.setenv("KINETIC_GCS_RETRY_S", "0.5")
+    result = run_cell(shell, "%%kinetic -n 2 --storage gs://kinetic-tests/gone\n1 + 1\n")
+    shown = capsys.readouterr().out.strip()
+    assert type(result.error_in_exec).__name__ == "StorageError"
+    assert re.fullmatch(r"StorageError: cannot store the cell's code in gs://kinetic-tests/gone/kn-[\w-]+: its "
+                        r"storage has not answered for [\d.]+ s \(an outage is ridden out for 0\.5 s\): Connection "
+                        r"refused", shown), shown
+    assert not re.search(r"\.(json|pkl)\b|HTTPConnectionPool|urllib3", shown)

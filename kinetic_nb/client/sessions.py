@@ -290,9 +290,22 @@ class Session:
         keeps it."""
         data = seal(key or self.group.key, sealed_as or name, body)
         self.storage.write_bytes(name, data, exclusive=exclusive)
+        self._pass_on(name, data)
+
+    def _pass_on(self, name: str, data: bytes) -> None:
         if self._channel_up:
             with contextlib.suppress(ChannelClosed):
                 self.channel.send(name, data if len(data) <= CARRY_MAX_BYTES else STORED)
+
+    def _keep(self, name: str, body: bytes) -> None:
+        """``share`` a small record off the cell's way, through the channel first (it carries it whole): a storage
+        that does not answer is a line in the log (the agent has the record; the cell says what an outage means)."""
+        data = seal(self.group.key, name, body)
+        self._pass_on(name, data)  # first: the agent has it at once, however long storage takes
+        try:
+            self.storage.write_bytes(name, data)
+        except StorageError as error:
+            logger.warning("session %s: %s", self.session_id, protocol.storage_error_words(error))
 
     def sleep(self, seconds: float) -> None:
         """Pause between two looks at a cell: less when the channel brings something."""
@@ -375,7 +388,7 @@ class Session:
         # channel the agent has it at once: storage keeps it in the background, off the cell's way.
         submitted = (protocol.cell_control(seq, "submitted"), json.dumps({"at": time.time(), "timeout": timeout}).encode())
         if self._channel_up:
-            threading.Thread(target=self.share, args=submitted, name=f"kinetic-submitted-{seq}").start()
+            threading.Thread(target=self._keep, args=submitted, name=f"kinetic-submitted-{seq}").start()
         else:
             self.share(*submitted)
         return seq
@@ -449,13 +462,14 @@ class Session:
         self.close_channel()
         self.group.backend.release(self.plan)
         if gone:
-            return f"session {self.session_id} stopped: its agent has ended, though its storage does not answer ({error})"
+            return (f"session {self.session_id} stopped: its agent has ended, though its storage does not answer "
+                    f"({protocol.storage_error_words(error)})")
         how = " through the session's channel" if told else ""
         unheard = (f"it ends the session after {self.plan.idle_timeout_s:g} s idle (--idle-timeout) if it did not hear"
                    if self.plan.idle_timeout_s else
                    "if it did not hear, stop the session from a notebook that reaches its bucket (%kinetic sessions)")
-        return (f"session {self.session_id}: its storage does not answer ({error}); its agent was asked to stop "
-                f"it{how}, and {unheard}")
+        return (f"session {self.session_id}: its storage does not answer ({protocol.storage_error_words(error)}); its "
+                f"agent was asked to stop it{how}, and {unheard}")
 
     def restart(self, *, on_snapshot: Callable[[JobSnapshot], None] | None = None) -> Session:
         """Stop this session and start a fresh one of the same shape (fresh state); ``on_snapshot`` sees its

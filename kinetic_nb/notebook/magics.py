@@ -39,6 +39,7 @@ from kinetic_nb.errors import (
     KineticError,
     ObjectNotFoundError,
     PostMortemError,
+    StorageError,
     UnknownAcceleratorError,
 )
 from kinetic_nb.notebook.display import live_view
@@ -51,6 +52,7 @@ from kinetic_nb.notebook.session_commands import (
     start_session,
     with_start_panel,
 )
+from kinetic_nb.runner import protocol
 from kinetic_nb.runner.redact import MASK, SecretValue
 from kinetic_nb.runner.stacks import readable_stacks
 
@@ -556,6 +558,8 @@ def show_kinetic_error(shell: Any, etype: type, value: BaseException, tb: Any, t
     sys.last_type, sys.last_value, sys.last_traceback = etype, value, tb  # what %tb shows
     if hasattr(value, "_render_traceback_"):
         lines = value._render_traceback_()
+    elif isinstance(value, StorageError):  # what could not be done, in words: never an object's name
+        lines = [f"{etype.__name__}: {protocol.storage_error_words(value)}", *getattr(value, "__notes__", ())]
     else:
         lines = [f"{etype.__name__}: {value}", *getattr(value, "__notes__", ())]
     shell._showtraceback(etype, value, lines)

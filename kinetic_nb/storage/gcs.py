@@ -29,6 +29,7 @@ import logging
 import math
 import os
 import random
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -163,6 +164,21 @@ def _first_line(error: BaseException) -> str:
     return line if len(line) <= 300 else line[:300] + "..."
 
 
+_ERRNO_TEXT = re.compile(r"\[Errno -?\d+\] ([^'\")\]]+)")
+
+
+def _cause(error: BaseException) -> str:
+    """What a transport error comes down to, in a few words ("Connection refused"), else its first line."""
+    cause: BaseException | None = error
+    while cause is not None:
+        if isinstance(cause, OSError) and cause.strerror:
+            return str(cause.strerror)
+        cause = cause.__cause__ or cause.__context__
+    line = _first_line(error)
+    match = _ERRNO_TEXT.search(line)
+    return match.group(1).strip() if match else line
+
+
 def parse_gs_uri(uri: str) -> tuple[str, str]:
     """``gs://bucket/some/prefix`` -> ``("bucket", "some/prefix/")`` (the prefix is empty or ends in ``/``)."""
     if not uri.startswith("gs://"):
@@ -290,7 +306,7 @@ class GcsStorage(Storage):
                 raise
             except Exception as error:
                 if not is_transient(error):
-                    mapped = self._permanent(op, name, error)
+                    mapped = self._permanent(kind, op, name, error)
                     if isinstance(mapped, (ObjectNotFoundError, ObjectExistsError)):
                         self._shared.answered()  # a routine answer: the storage is there
                     elif isinstance(mapped, StorageError):
@@ -307,12 +323,12 @@ class GcsStorage(Storage):
                 if left <= 0:
                     shared.gave_up = True
                     shared.patience_spent = shared.patience_spent or patient
+                    waited = (f"its storage has not answered for {time.monotonic() - began:.1f} s (an outage is "
+                              f"ridden out for {self.retry_deadline_s:g} s)")
                     raise StorageError(
                         f"cannot {op} {self._target(name)}: still failing after {attempt} "
-                        f"attempt{'s' if attempt > 1 else ''}; its storage has not answered for "
-                        f"{time.monotonic() - began:.1f} s (an outage is ridden out for {self.retry_deadline_s:g} s): "
-                        f"{_first_line(error)}"
-                    ) from error
+                        f"attempt{'s' if attempt > 1 else ''}; {waited}: {_first_line(error)}"
+                    ).asked(kind, name, self.uri, f"{waited}: {_cause(error)}") from error
                 logger.info("retrying %s of %s (attempt %d): %s", op, self._target(name), attempt, _first_line(error))
                 time.sleep(min(pause * random.uniform(0.5, 1.0), left))  # the last attempt at the deadline
                 pause = min(pause * 2, MAX_BACKOFF_S)
@@ -320,21 +336,24 @@ class GcsStorage(Storage):
                 self._shared.answered()
                 return result
 
-    def _permanent(self, op: str, name: str, error: Exception) -> Exception:
+    def _permanent(self, kind: str, op: str, name: str, error: Exception) -> Exception:
         """The storage error a permanent failure means (``error`` itself when it is no HTTP error)."""
         status = _status(error)
         target = self._target(name)
         if status == 404:
             if op in ("write", "list") or not self._bucket_exists():
-                return StorageError(f"bucket {self.bucket_name!r} does not exist (cannot {op} {target})")
+                return StorageError(f"bucket {self.bucket_name!r} does not exist (cannot {op} {target})").asked(
+                    kind, name, self.uri, f"its bucket {self.bucket_name!r} does not exist")
             return ObjectNotFoundError(f"{target} does not exist")
         if status == 412:
             return ObjectExistsError(f"{target} already exists")
         if status in (401, 403):
             return StorageError(f"permission denied: cannot {op} {target} in bucket {self.bucket_name!r} "
-                                f"(HTTP {status}: {_first_line(error)})")
+                                f"(HTTP {status}: {_first_line(error)})").asked(
+                kind, name, self.uri, f"permission denied (HTTP {status}: {_first_line(error)})")
         if status is not None:
-            return StorageError(f"cannot {op} {target}: HTTP {status}: {_first_line(error)}")
+            return StorageError(f"cannot {op} {target}: HTTP {status}: {_first_line(error)}").asked(
+                kind, name, self.uri, f"HTTP {status}: {_first_line(error)}")
         return error
 
     def _bucket_exists(self) -> bool:

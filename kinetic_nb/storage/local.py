@@ -293,8 +293,9 @@ class LocalStorage(Storage):
         except OSError as error:
             where = f" ({error.filename})" if error.filename else ""
             target = f"{self.uri}/{name}" if name else self.uri
-            raise StorageError(f"cannot {op} {target}: {error.strerror or error}{where}; use a --storage "
-                               f"(or $KINETIC_STORAGE) directory this user can write") from error
+            hint = "use a --storage (or $KINETIC_STORAGE) directory this user can write"
+            raise StorageError(f"cannot {op} {target}: {error.strerror or error}{where}; {hint}").asked(
+                op, name, self.uri, f"{error.strerror or error}{where}; {hint}") from error
 
     def local_path(self, name: str = "") -> str:
         """A path to ``name`` that no other user can redirect while this storage lives.

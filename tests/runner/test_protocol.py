@@ -1,6 +1,7 @@
 import dataclasses
 import json
 import pickle
+import re
 
 import pytest
 
@@ -72,3 +73,24 @@ def test_result_payloads_tolerate_unknown_and_missing_keys():
     assert ResultPayload.from_dict({}).success is False
     with pytest.raises(TypeError, match="a list, not a dict"):
         ResultPayload.from_dict([])
+
+
+def test_every_name_the_protocol_makes_has_words_a_user_reads():
+    """What the notebook says of a stored object names what it is, never its name (#39)."""
+    seq, host = 7, 3
+    names = [protocol.PLAN, protocol.PAYLOAD, protocol.RESULT, protocol.HANDLE, protocol.CHANNEL, protocol.LEADER_READY,
+             protocol.CANCEL, protocol.FAILED, protocol.ENVIRONMENT_INSTALL, protocol.WORKDIR,
+             protocol.worker_result(host), protocol.host_status(host), protocol.host_exit(host),
+             protocol.host_heartbeat(host), protocol.host_log_chunk(host, 2), protocol.host_log_prefix(host),
+             protocol.host_stacks(host, 1), protocol.stacks_request(1), f"{protocol.cell_dir(seq)}/{protocol.PAYLOAD}",
+             f"{protocol.cell_dir(seq)}/{protocol.RESULT}", f"{protocol.cell_dir(seq)}/{protocol.LEADER_READY}",
+             f"{protocol.cell_dir(seq)}/{protocol.cell_ready(host)}", protocol.cell_done(seq, host),
+             protocol.cell_output_stored(seq, host), protocol.cell_log_chunk(seq, host, 0),
+             protocol.cell_control(seq, "submitted"), protocol.cell_control(seq, "interrupt"),
+             protocol.post_mortem_request(seq, host, 1)]
+    words = {name: protocol.object_words(name) for name in names}
+    for name, said in words.items():
+        assert said != "the job's records" and not re.search(r"[./_]|\d{2}", said), (name, said)
+    assert words[protocol.host_exit(host)] == "host 3's end"
+    assert words[f"{protocol.cell_dir(seq)}/{protocol.PAYLOAD}"] == "the cell's code"
+    assert protocol.object_words("some/thing/new.bin") == "the job's records"

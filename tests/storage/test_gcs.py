@@ -17,6 +17,7 @@ import time
 import pytest
 
 from kinetic_nb.errors import ObjectExistsError, ObjectNotFoundError, StorageError
+from kinetic_nb.runner.protocol import storage_error_words
 from kinetic_nb.storage import GcsStorage, open_storage, patiently
 
 from ..fixtures_gcs import TEST_BUCKET
@@ -91,6 +92,9 @@ def test_permission_denied_is_one_line_naming_the_bucket_and_object(gcs_emulator
     message = str(info.value)
     assert message.startswith(f"permission denied: cannot read {gcs_root}/result.pkl in bucket '{TEST_BUCKET}'")
     assert "\n" not in message and not isinstance(info.value, ObjectNotFoundError)
+    # The notebook says it without the object's name.
+    assert storage_error_words(info.value).startswith(f"cannot read the cell's value in {gcs_root}: permission "
+                                                      "denied (HTTP 403: ")
     assert faults[0].seen == 1  # a permanent error is not retried
 
 
@@ -129,6 +133,10 @@ def test_a_dead_endpoint_fails_at_the_retry_deadline(monkeypatch):
     assert storage.requests["read"] > 1
     # Its last attempt is made at the deadline, not when the next pause would have passed it.
     assert float(re.search(r"has not answered for ([\d.]+) s", str(info.value)).group(1)) >= 1.0
+    # The notebook says what could not be read, where and why, in words: no object's name, no HTTP library's text.
+    assert re.fullmatch(r"cannot read the job's plan in gs://kinetic-tests/dead: its storage has not answered for "
+                        r"[\d.]+ s \(an outage is ridden out for 1 s\): Connection refused",
+                        storage_error_words(info.value)), storage_error_words(info.value)
 
 
 def test_an_outage_past_the_retry_deadline_is_tried_once_per_request_until_the_storage_answers(tmp_path,

@@ -125,6 +125,7 @@ from kinetic_nb.runner.protocol.names import (
     host_stacks,
     host_status,
     is_cell_marker,
+    object_words,
     parse_cell_control,
     parse_cell_done,
     parse_cell_log_chunk,
@@ -135,6 +136,7 @@ from kinetic_nb.runner.protocol.names import (
     post_mortem_request,
     result_object,
     stacks_request,
+    storage_error_words,
     worker_result,
 )
 
@@ -218,6 +220,7 @@ __all__ = [
     "host_stacks",
     "host_status",
     "is_cell_marker",
+    "object_words",
     "parse_cell_control",
     "parse_cell_done",
     "parse_cell_log_chunk",
@@ -231,5 +234,6 @@ __all__ = [
     "result_object",
     "stacks_request",
     "stopped_message",
+    "storage_error_words",
     "worker_result",
 ]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+from kinetic_nb.errors import StorageError
+
 PLAN = "plan.json"
 PAYLOAD = "payload.pkl"
 LEADER_READY = ".leader_ready"
@@ -219,3 +221,73 @@ PROFILE_MERGED = f"{PROFILE_DIR}/trace.json.gz"
 def host_profile(rank: int) -> str:
     """Process ``rank``'s profile of the cell (``runner.profiling``): gzipped JSON, sealed under the cell's key."""
     return f"{PROFILE_DIR}/host-{rank}.json.gz"
+
+
+# -- what a name is, in a user's words ------------------------------------------------------------------------
+
+_OBJECT_WORDS = {
+    PLAN: "the job's plan",
+    PAYLOAD: "the cell's code",
+    RESULT: "the cell's value",
+    HANDLE: "the job's record",
+    CHANNEL: "the session's channel address",
+    LEADER_READY: "the hosts' start verdict",
+    CANCEL: "the stop request",
+    FAILED: "the record of the first failure",
+    ENVIRONMENT_INSTALL: "the hosts' install list",
+    WORKDIR: "the notebook's folder",
+}
+_HOST_OBJECT_WORDS = {"status": "state", "exit": "end", "heartbeat": "heartbeat", "log": "output",
+                      "stacks": "stacks"}
+_FOLDER_WORDS = {CONTROL_DIR: "the job's requests", HOSTS_DIR: "the hosts' records", OUTPUTS_DIR: "the hosts' files",
+                 ENVIRONMENT_DIR: "the hosts' environment", PROFILE_DIR: "the profile", CELLS_DIR: "the session's cells"}
+_CELL_PREFIX_RE = re.compile(r"^cells/\d+/?")
+_HOST_FOLDER_RE = re.compile(r"^(?:hosts/(\d+)|log/(\d+))/")
+_NUMBERED_RE = re.compile(r"^(ready|done|output)-(\d+)$")
+
+
+def object_words(name: str) -> str:
+    """What a stored object (or folder) is, as a user would say it, for messages that must not name storage
+    objects: ``cells/000002/payload.pkl`` -> ``"the cell's code"``, ``hosts/3/exit.json`` -> ``"host 3's end"``."""
+    if _CELL_PREFIX_RE.match(name):
+        name = _CELL_PREFIX_RE.sub("", name)
+        if not name:
+            return "the cell's records"
+    if name in _OBJECT_WORDS:
+        return _OBJECT_WORDS[name]
+    worker = parse_worker_result(name)
+    if worker is not None:
+        return f"host {worker}'s failure"
+    host_object = parse_host_object(name)
+    if host_object is not None:
+        return f"host {host_object[0]}'s {_HOST_OBJECT_WORDS[host_object[1]]}"
+    numbered = _NUMBERED_RE.match(name)
+    if numbered:
+        what = {"ready": "arrival at the start", "done": "end of the cell", "output": "output"}[numbered.group(1)]
+        return f"host {numbered.group(2)}'s {what}"
+    host_folder = _HOST_FOLDER_RE.match(name)
+    if host_folder:
+        return f"host {host_folder.group(1) or host_folder.group(2)}'s output"
+    cell_control_record = parse_cell_control(name)
+    if cell_control_record is not None:
+        return {"submitted": "the cell's submission", "failed": "the cell's first failure",
+                "interrupt": "the interrupt request"}.get(cell_control_record[1], "the cell's requests")
+    if parse_stacks_request(name) is not None:
+        return "a request for the hosts' stacks"
+    if name.startswith("post-mortem/"):
+        return "a post-mortem question"
+    return _FOLDER_WORDS.get(name.split("/", 1)[0], "the job's records")
+
+
+_STORAGE_VERBS = {"write": "store", "create": "store", "metadata": "read", "read": "read", "list": "list",
+                  "delete": "delete"}
+
+
+def storage_error_words(error: StorageError) -> str:
+    """A storage error as the notebook says it: what could not be done to what, where, and why, never an object's
+    name (``cannot store the cell's code in gs://b/kinetic/sessions/ks-...: its storage has not answered ...``);
+    its message where the storage did not say what it was asked."""
+    if not error.op:
+        return str(error)
+    return (f"cannot {_STORAGE_VERBS.get(error.op, error.op)} {object_words(error.name)} in {error.where}: "
+            f"{error.reason}")
