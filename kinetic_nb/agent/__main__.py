@@ -71,12 +71,6 @@ def main(argv: list[str] | None = None) -> int:
     storage = open_storage(args.job)
     if args.watch:
         return wait_for_job_end(storage, key)
-    try:
-        plan = JobPlan.from_json(read_sealed(storage, protocol.PLAN, key))
-    except IntegrityError as error:  # a rewritten plan: no host starts, and the client hears why
-        print(f"kinetic agent: refusing the job: {error}", file=sys.stderr)
-        refuse(storage, key, error)
-        return 2
     ready = _detach() if args.detach else None
     state = AgentState(pid=os.getpid(), started_at=time.time(), process_start=processes.process_start(os.getpid()))
 
@@ -86,10 +80,17 @@ def main(argv: list[str] | None = None) -> int:
         if args.state:
             state.write(args.state)
 
-    keep_state()
+    keep_state()  # before anything can fail: the client then sees this agent end at once, not at a start timeout
     if ready is not None:  # the launcher may go: this agent's record names it
         os.write(ready, b"1")
         os.close(ready)
+    try:
+        plan = JobPlan.from_json(read_sealed(storage, protocol.PLAN, key))
+    except IntegrityError as error:  # a rewritten plan: no host starts, and the client hears why
+        print(f"kinetic agent: refusing the job: {error}", file=sys.stderr)
+        refuse(storage, key, error)
+        keep_state(finished=True)
+        return 2
     if args.all_hosts:
         problem = processes.host_count_problem(plan.world_size, plan.framework)
         if problem:
