@@ -14,7 +14,11 @@ import psutil
 import pytest
 
 from .fixtures_gcs import gcs_emulator, gcs_root, storage_only  # noqa: F401 - the fake-gcs-server fixtures, for every test
-from .fixtures_ray import ray_cluster  # noqa: F401 - the 4-node Ray cluster, for every test that asks
+from .fixtures_ray import (  # the 4-node Ray cluster, for every test that asks
+    gather_the_clusters_tests,
+    ray_cluster,  # noqa: F401
+    stop_after_the_clusters_last_test,
+)
 
 #: Every local job process carries one of these: the supervisor and the hosts
 #: it forks share its command line; anything a cell starts inherits the variable.
@@ -38,6 +42,17 @@ def pytest_configure(config: pytest.Config) -> None:
     cache = tempfile.mkdtemp(prefix="kinetic-test-cache-")
     config.stash[_CACHE_KEY] = (cache, os.environ.get("XDG_CACHE_HOME"))
     os.environ["XDG_CACHE_HOME"] = cache
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    gather_the_clusters_tests(items)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
+    torn_down = yield
+    stop_after_the_clusters_last_test(item, nextitem)
+    return torn_down
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -56,9 +56,11 @@ class RayCluster:
         self.env.pop("RAY_ADDRESS", None)
 
     def _ray(self, *arguments: str) -> None:
+        # No log monitor: kinetic_nb connects with log_to_driver=False, so nothing reads what it would push, and
+        # it took about half of an idle cluster's CPU here.
         command = [os.path.join(os.path.dirname(sys.executable), "ray"), "start", "--num-cpus", "1",
                    "--node-ip-address", NODE_ADDRESS, "--temp-dir", self.temp_dir, "--disable-usage-stats",
-                   *arguments]
+                   "--include-log-monitor", "false", *arguments]
         done = subprocess.run(command, env=self.env, capture_output=True, text=True, timeout=START_TIMEOUT_S,
                               check=False)
         if done.returncode:

@@ -171,7 +171,9 @@ class FakeHarness(LocalHarness):
                                  **options)
 
 
-@pytest.fixture(params=[LocalHarness, KubernetesHarness, RayHarness, SshHarness, FakeHarness],
+@pytest.fixture(params=[LocalHarness, KubernetesHarness,
+                        pytest.param(RayHarness, marks=pytest.mark.ray_cluster),  # run with the other tests on the cluster
+                        SshHarness, FakeHarness],
                 ids=lambda harness: harness.name)
 def harness(request, tmp_path, monkeypatch):
     if request.param is RayHarness:

@@ -91,6 +91,7 @@ def test_the_backend_builds_in_preflight_and_its_pods_use_the_built_image(tmp_pa
     requirements.write_bytes(b"jax[tpu]\n")
     double = RegistryAndCloudBuildDouble()
     monkeypatch.setattr(cloud_build, "authorized_session", lambda: double)
+    monkeypatch.setattr(cloud_build, "POLL_INTERVAL_S", 0.0)  # the double's build is done at its second look
     settings = KubernetesSettings(image_mode="build", requirements=str(requirements), registry=REGISTRY)
     backend = KubernetesBackend(settings)
     plan = job_plan("tpu-v5e-16")
