@@ -1,4 +1,5 @@
-"""A planted 256 MiB record in a job the victim polls is refused without being read (issue #38).
+"""A planted record far over its kind's limit (256 MiB for a log chunk) in a job the victim polls is refused
+without being read (issue #38).
 
 Whoever may write where a job's records are (a bucket's other writers, as
 ``tests/faults/test_listing_attacks.py`` explains) can put a gigabyte where a
@@ -24,12 +25,11 @@ import pytest
 
 import kinetic_nb
 from kinetic_nb.runner import protocol
+from kinetic_nb.runner.protocol.limits import record_limit
 from kinetic_nb.runner.records import unverified_line
 from kinetic_nb.storage import open_storage
 from tests.two_users import ATTACKER_UID, two_users  # noqa: F401
 
-#: What each planted object holds: far over every record's limit.
-PLANTED_BYTES = 256 * 1024 * 1024
 #: What polling a job with the planted objects may add to the victim's peak memory.
 POLL_MEMORY_BYTES = 16 * 1024 * 1024
 #: How long one side waits for the other.
@@ -40,6 +40,12 @@ PLANTED = (protocol.host_status(1), protocol.host_log_chunk(1, 0), protocol.host
 #: How long the victim polls for every planted record to be refused: a look on a local disk looks at a worker's
 #: records only every ``EVERY_HOST_LOOK_S`` or so.
 REFUSED_WITHIN_S = 10.0
+
+
+def _planted_bytes(name: str) -> int:
+    """What the planted ``name`` holds: twice its kind's limit, and at least 64 MiB (four times what polling may
+    add to the victim's peak): 256 MiB for a log chunk, 64 MiB for a status or an exit record."""
+    return max(2 * record_limit(name)[1], 4 * POLL_MEMORY_BYTES)
 
 
 def _peak() -> int:
@@ -79,11 +85,11 @@ def _victim_polls(root: str, home: str) -> tuple[int, list[str], list[str]]:
 
 def _plant_in_bucket(job_uri: str, home: str) -> None:
     """As the attacker, on a bucket: upload the planted objects (streamed from a sparse file of hers)."""
-    sparse = Path(home, "planted.bin")
-    with open(sparse, "wb") as file:
-        file.truncate(PLANTED_BYTES)
     job = open_storage(job_uri)
     for name in PLANTED:
+        sparse = Path(home, "planted.bin")
+        with open(sparse, "wb") as file:
+            file.truncate(_planted_bytes(name))
         job.write_file(name, str(sparse))
 
 
@@ -95,13 +101,13 @@ def _plant_in_directory(job_uri: str) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.unlink(missing_ok=True)
         with open(path, "wb") as file:
-            file.truncate(PLANTED_BYTES)
+            file.truncate(_planted_bytes(name))
         path.chmod(0o644)
         os.chown(path, ATTACKER_UID, ATTACKER_UID)
 
 
 @pytest.mark.parametrize("where", ["file", "gs"])
-def test_a_planted_256_mib_status_log_chunk_and_exit_are_refused_unread(two_users, where, request):
+def test_a_planted_status_log_chunk_and_exit_far_over_their_limits_are_refused_unread(two_users, where, request):
     root = request.getfixturevalue("gcs_root") if where == "gs" else f"file://{two_users.shared}"
     home = two_users.victim.home
     outcome: dict = {}
