@@ -8,7 +8,7 @@ venv=build/binder-venv
 rm -rf "$venv"
 python3 -m venv "$venv"
 "$venv/bin/python" -m pip install --quiet --upgrade pip
-"$venv/bin/python" -m pip install --quiet -r binder/requirements.txt
+"$venv/bin/python" -m pip install --quiet --no-compile -r binder/requirements.txt  # compiled as imported
 PATH="$venv/bin:$PATH" bash binder/postBuild >/dev/null
 KERAS_BACKEND=jax "$venv/bin/python" -c "
 import kinetic_nb, kinetic_nb.notebook.magics, jax, torch, keras, matplotlib, ipywidgets

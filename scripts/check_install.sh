@@ -17,7 +17,7 @@ rm -rf "$dist" "$venv"
 wheel=$(ls "$dist"/kinetic_nb-*.whl)
 python3 -m venv "$venv"
 "$venv/bin/python" -m pip install --quiet --upgrade pip
-"$venv/bin/python" -m pip install --quiet "kinetic_nb[jax] @ file://$wheel"
+"$venv/bin/python" -m pip install --quiet --no-compile "kinetic_nb[jax] @ file://$wheel"  # compiled as imported
 workdir=$(mktemp -d)
 trap 'rm -rf "$workdir"' EXIT
 cd "$workdir"
