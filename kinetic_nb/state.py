@@ -23,7 +23,15 @@ from typing import Protocol
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.environment_install import LOG_PREFIX as ENVIRONMENT_LOG_PREFIX
 from kinetic_nb.runner.frameworks import lost_a_peer
-from kinetic_nb.runner.protocol import ExitSummary, HostState, HostStatus, JobPlan, Phase, process_name
+from kinetic_nb.runner.protocol import (
+    ExitSummary,
+    HostState,
+    HostStatus,
+    JobPlan,
+    Phase,
+    phase_words,
+    process_name,
+)
 from kinetic_nb.runner.status import HEARTBEAT_INTERVAL_S, IDLE_HEARTBEAT_INTERVAL_S
 
 __all__ = [
@@ -87,21 +95,6 @@ FINE_STATES = frozenset({HostState.PENDING.value, HostState.READY.value, HostSta
 #: Host states a cell's host does not leave: it is done with the cell (a session's host stays up, idle).
 ENDED_STATES = frozenset({HostState.SUCCEEDED.value, HostState.FAILED.value, HostState.STOPPED.value,
                           HostState.LOST.value})
-#: What each phase is called where a user reads it (rows, titles, errors, the timeline): what the host was doing.
-#: The protocol's values stay as they are (hosts write them; records and golden files keep them); only the words shown
-#: change, here and nowhere else.
-PHASE_WORDS = {
-    Phase.ENVIRONMENT_INSTALL.value: "installing packages",
-    Phase.STARTUP.value: "starting",
-    Phase.PLAN_CHECK.value: "checking versions",
-    Phase.PAYLOAD_LOAD.value: "loading the cell",
-    Phase.START_BARRIER.value: "waiting for the others",
-    Phase.DISTRIBUTED_INIT.value: "connecting hosts",
-    Phase.EXECUTE.value: "in the cell",
-    Phase.RESULT_SERIALIZATION.value: "saving the result",
-    Phase.RESULT_UPLOAD.value: "sending the result",
-    Phase.TEARDOWN.value: "shutting down",
-}
 
 
 class JobStatus(str, enum.Enum):
@@ -173,20 +166,6 @@ def is_peer_loss(text: str) -> bool:
     return lost_a_peer(text) or text.split(":", 1)[0].endswith("HostStoppedError")
 
 
-def phase_words(phase: str) -> str:
-    """How a user reads a host's phase (``PHASE_WORDS``): ``"payload load"`` -> ``"loading the cell"``.
-
-    Parameters
-    ----------
-    phase : str
-        A ``Phase`` value, as a host wrote it (or "" before it wrote one).
-
-    Returns
-    -------
-    str
-        The words for it; a value this version does not know is shown as it is.
-    """
-    return PHASE_WORDS.get(phase, phase)
 
 
 def is_chatter(line: str) -> bool:

@@ -164,7 +164,7 @@ def test_rule_6_a_peer_loss_ranks_after_a_hosts_own_failure(storage):
 
 
 def test_a_stopped_leader_defers_to_the_failing_host(storage):
-    put(storage, "result.pkl", failure(0, HostStoppedError("stopped: host 2 failed in phase payload load"),
+    put(storage, "result.pkl", failure(0, HostStoppedError("stopped: host 2 failed while loading the cell"),
                                               stopped=True))
     put(storage, "result-worker-2.pkl", failure(2, ImportError("no module")))
     with pytest.raises(ImportError):

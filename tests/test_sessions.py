@@ -255,7 +255,7 @@ def test_a_failed_session_cell_is_drawn_as_a_one_shot_jobs_failure(session):
     assert (leader.state, failed.state) == ("succeeded", "failed")
     assert failed.phase == "execute" and "teardown" not in (leader.phase, failed.phase)
     assert "raise ValueError('bad shard')" in failed.traceback
-    assert failed.log_tail[-1] == "host 1 failed in phase execute: ValueError: bad shard"
+    assert failed.log_tail[-1] == "host 1 failed while in the cell: ValueError: bad shard"
     assert leader.ended and failed.ended and failed.ended_at == failed.updated_at
     assert session.run("'up'").result() == "up"  # the session goes on
 

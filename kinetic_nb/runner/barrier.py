@@ -6,8 +6,8 @@ failed, and writes its sealed verdict (``.leader_ready``: go, or abort naming
 the host and the phase); a worker waits for that verdict and also watches the
 leader, so a leader that fails before it gives one does not leave it waiting.
 A host that fails or dies before the barrier turns the verdict into "abort",
-so every host stops with "stopped: host k failed in phase P" instead of
-hanging in a collective.
+so every host stops with "stopped: host k failed while loading the cell"
+instead of hanging in a collective.
 
 Two ways of seeing the hosts, one protocol:
 

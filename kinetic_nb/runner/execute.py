@@ -28,7 +28,7 @@ from kinetic_nb.runner.frame_locals import frame_locals
 from kinetic_nb.runner.group import CellGroup
 from kinetic_nb.runner.host_variables import HOST_INDEX_VARIABLES, RANK_VARIABLE, resolve_rank
 from kinetic_nb.runner.job_keys import KEY_ENV, key_from_environment
-from kinetic_nb.runner.protocol import HostState, JobPlan, Phase, ResultPayload
+from kinetic_nb.runner.protocol import HostState, JobPlan, Phase, ResultPayload, phase_words
 from kinetic_nb.runner.redact import Redactor, host_secrets
 from kinetic_nb.runner.relayed import Relay, RelayedStorage
 from kinetic_nb.runner.stacks import enable_stack_dumps
@@ -281,7 +281,8 @@ class HostRun:
             # it, the cell's output and the host's row do not (its row shows its failure's own line).
             marks.framework_teardown_starts()
         if not (stopped and isinstance(error, KeyboardInterrupt)):  # an interrupt asked for: its row says it
-            print(f"{name} {'stopped' if stopped else 'failed'} in phase {self.phase}: {first_line}", file=sys.stderr)
+            print(f"{name} {'stopped' if stopped else 'failed'} while {phase_words(self.phase)}: {first_line}",
+                  file=sys.stderr)
         if stopped and not self.is_leader:
             return  # a stopped worker reports nothing: it did not fail on its own
         if self.key is None:

@@ -46,17 +46,17 @@ def test_a_host_that_could_not_load_the_cell_stops_every_host(cell):
     cell.write_bytes(protocol.cell_ready(0), b"")
     cell.write_bytes(protocol.worker_result(2), b"its failure")
     woken = []
-    with pytest.raises(HostStoppedError, match="host 2 failed in phase payload load"):
+    with pytest.raises(HostStoppedError, match="host 2 failed while loading the cell"):
         meet_cell(cell, leader=True, woken=woken)
     assert woken == [True]  # the workers are woken for an abort too: they may be sleeping long
     assert (verdict(cell).go, verdict(cell).failed_host) == (False, 2)
-    with pytest.raises(HostStoppedError, match="host 2 failed in phase payload load"):
+    with pytest.raises(HostStoppedError, match="host 2 failed while loading the cell"):
         meet_cell(cell, leader=False)  # the abort reaches the workers
 
 
 def test_a_leader_that_failed_before_its_verdict_stops_the_workers_but_a_quick_cell_after_go_does_not(cell):
     cell.write_bytes(protocol.RESULT, b"the leader's failure")
-    with pytest.raises(HostStoppedError, match="host 0 failed in phase payload load"):
+    with pytest.raises(HostStoppedError, match="host 0 failed while loading the cell"):
         meet_cell(cell, leader=False)
     write_record(cell, KEY, protocol.LEADER_READY, LeaderReady(True).to_json())
     meet_cell(cell, leader=False)  # the leader said go, then ran the cell: its outcome is no failure
@@ -82,7 +82,7 @@ def test_the_start_sees_the_hosts_through_their_signed_statuses(tmp_path):
 
     status(0, "ready")
     status(1, "failed", "payload load")
-    with pytest.raises(HostStoppedError, match="host 1 failed in phase payload load"):
+    with pytest.raises(HostStoppedError, match="host 1 failed while loading the cell"):
         meet(job, KEY, leader=True, hosts=2, timeout=5.0, sighting=HostStatuses(job, KEY), what="start barrier")
     status(1, "ready", revision=2)
     job.write_bytes(protocol.host_status(1), b"forged: not signed")  # unverified: never counted as ready

@@ -32,6 +32,39 @@ class Phase(str, enum.Enum):
         return self.value
 
 
+#: What each phase is called where a user reads it (rows, titles, errors, the timeline, a host's own line): what the
+#: host was doing. The protocol's values stay as they are (hosts write them; records and golden files keep them); only
+#: the words shown change, here and nowhere else.
+PHASE_WORDS = {
+    Phase.ENVIRONMENT_INSTALL.value: "installing packages",
+    Phase.STARTUP.value: "starting",
+    Phase.PLAN_CHECK.value: "checking versions",
+    Phase.PAYLOAD_LOAD.value: "loading the cell",
+    Phase.START_BARRIER.value: "waiting for the others",
+    Phase.DISTRIBUTED_INIT.value: "connecting hosts",
+    Phase.EXECUTE.value: "in the cell",
+    Phase.RESULT_SERIALIZATION.value: "saving the result",
+    Phase.RESULT_UPLOAD.value: "sending the result",
+    Phase.TEARDOWN.value: "shutting down",
+}
+
+
+def phase_words(phase: str) -> str:
+    """How a user reads a host's phase (``PHASE_WORDS``): ``"payload load"`` -> ``"loading the cell"``.
+
+    Parameters
+    ----------
+    phase : str
+        A ``Phase`` value, as a host wrote it (or "" before it wrote one).
+
+    Returns
+    -------
+    str
+        The words for it; a value this version does not know is shown as it is.
+    """
+    return PHASE_WORDS.get(phase, phase)
+
+
 class HostState(str, enum.Enum):
     """What the panel and ``CellHandle.hosts()`` say about a host."""
 
@@ -465,4 +498,4 @@ class PostMortemRequest:
 
 def stopped_message(host_index: int, phase: str) -> str:
     """The one line a host gives when it stops because ``host_index`` failed."""
-    return f"stopped: host {host_index} failed in phase {phase}"
+    return f"stopped: host {host_index} failed while {phase_words(phase)}"
