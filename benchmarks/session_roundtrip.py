@@ -100,7 +100,9 @@ from benchmarks.delay_proxy import DelayProxy, fit_k, most_writes_per_second
 from kinetic_nb.backends import Backend
 from kinetic_nb.backends.local import LocalBackend
 from kinetic_nb.errors import ObjectNotFoundError
-from kinetic_nb.runner.records import read_host_status
+from kinetic_nb.runner import protocol
+from kinetic_nb.runner.protocol import HostStatus
+from kinetic_nb.runner.records import read_host_status, read_record
 from kinetic_nb.storage import Storage
 from tests.gcs_emulator import GcsEmulator, free_port
 from tests.tcp_forward import TcpForward
@@ -310,7 +312,9 @@ def hot_path(session: kinetic_nb.Session, runs: int) -> None:
         decided = time.time()
         cell.result(timeout=HANG_S)
         returned = time.time()
-        statuses = [read_host_status(session.storage, session.group.key, i) for i in range(HOSTS)]
+        # Each host's end of the cell, as it stored it at once (its status.json follows a moment later).
+        statuses = [HostStatus.from_json(read_record(session.storage, session.group.key, protocol.cell_done(cell.seq, i)))
+                    for i in range(HOSTS)]
         phases = [dict(status.history) for status in statuses]
         idle = max(status.updated_at for status in statuses)
         stages["submit: the payload sealed and stored, the hosts woken"].append(submitted - started)

@@ -174,7 +174,12 @@ def test_post_mortem_on_a_session(session, tmp_path):
     marker = tmp_path / "freed-1"  # host 1's objects of its failing frame, let go
     with pytest.raises(Exception, match="Expecting property name"):
         session.run(FAILS_ON_1).result()
-    leader_before = read_host_status(session.records, session.group.key, 0)
+    # The leader's status.json as cell 2 left it (on a local disk it follows the cell's end a moment later).
+    deadline = time.monotonic() + 10
+    while ((leader_before := read_host_status(session.records, session.group.key, 0)).cell, leader_before.state) \
+            != (2, "idle"):
+        assert time.monotonic() < deadline, "the leader's status never reached cell 2"
+        time.sleep(0.01)
     assert session.post_mortem(1, "len(s), idx") == "(1, 0)"  # json's frame: %debug's innermost
     assert session.post_mortem(1, "batch * 2, grid.sum()", frame="cell") == "('{{', np.int64(15))"
     assert session.post_mortem(1, "grid", frame="cell") == "array([[0, 1, 2],\n       [3, 4, 5]])"

@@ -16,7 +16,8 @@ from IPython.core.interactiveshell import InteractiveShell
 
 import kinetic_nb
 from kinetic_nb.client.sessions import SessionEndedError
-from kinetic_nb.errors import HostExitError, JobFailedError, KineticTimeoutError
+from kinetic_nb.errors import HostExitError, JobFailedError, KineticTimeoutError, PostMortemError
+from kinetic_nb.runner.records import read_host_status
 
 from .faults.helpers import kernel
 from .faults.test_reattach import run
@@ -48,6 +49,24 @@ def test_state_lives_from_cell_to_cell_and_held_names_are_not_shipped(session):
     assert session.run("os.getpid() if 'os' in dir() else None").result() is None
     pids = session.run(HOST + "os.getpid()").result(), session.run("os.getpid()").result()
     assert pids[0] == pids[1]  # the same process serves every cell
+
+
+def test_a_hosts_status_right_after_a_cell_is_its_end_of_that_cell(session):
+    # Long enough that each host's status.json says RUNNING while the cell runs; on a local disk status.json
+    # follows the cell's end a moment later, and what a host is asked about (``%kinetic pm``) must not lag.
+    first = session.run("import time\ntime.sleep(0.3)")
+    first.result()
+    # Its status.json said RUNNING: it says idle again at once (only a quick cell's status.json, still idle, waits).
+    stored = read_host_status(session.records, session.group.key, 0)
+    assert (stored.state, stored.cell) == ("idle", first.seq)
+    cell = session.run(HOST + "time.sleep(0.3)\nif host == 1:\n    raise ValueError('bad shard')")
+    with pytest.raises(ValueError, match="bad shard"):
+        cell.result()
+    leader, failed = session.host_status(0), session.host_status(1)
+    assert (leader.state, leader.cell, leader.cell_failed) == ("idle", cell.seq, False)
+    assert (failed.state, failed.cell, failed.cell_failed) == ("idle", cell.seq, True)
+    with pytest.raises(PostMortemError, match=rf"host 0 of session .* did not fail in its last cell \({cell.seq}\)"):
+        session.post_mortem(0, "1")
 
 
 def test_out_copies_from_the_leaders_namespace(session):

@@ -160,6 +160,8 @@ class CellHandle(CellStopping):
         self.name = name or (f"job {self.job_id}" if session is None else f"cell {seq} of session {session.session_id}")
         #: The panel's last word, once the outcome is decided (``result()``): the outcome, each host as it ended.
         self.final: JobSnapshot | None = None
+        #: A session cell this kernel has just stored, not waited on yet: nothing of it can be there to read.
+        self._unread = stored_after is not None
 
     @property
     def one_shot(self) -> bool:
@@ -576,10 +578,13 @@ class CellHandle(CellStopping):
             if deadline is not None and now > deadline:
                 raise KineticTimeoutError(f"{self.name} has not finished after {timeout:g} s; it goes on")
 
+        # Woken by its hosts, a cell just stored is first looked at when they have news (a look before is a
+        # look at nothing, with the CPU its hosts need to load it).
+        sleep_first, self._unread = self._unread and self._woken, False
         try:
             return wait_for(self.snapshot, ready, on_snapshot=on_snapshot, between=check, sleep=self.sleep,
                             first_pause=WOKEN_FIRST_POLL_S if self._woken else FIRST_POLL_S,
-                            hosts=self.plan.world_size)
+                            hosts=self.plan.world_size, sleep_first=sleep_first)
         except KeyboardInterrupt as interrupt:
             raise self._interrupted(interrupt) from None
 

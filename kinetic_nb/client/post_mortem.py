@@ -17,7 +17,7 @@ from kinetic_nb.errors import IntegrityError, ObjectExistsError, ObjectNotFoundE
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.post_mortem import FRAMES, TIME_LIMIT_S
 from kinetic_nb.runner.protocol import HostState, PostMortemRequest, process_name
-from kinetic_nb.runner.records import read_host_status, read_record
+from kinetic_nb.runner.records import read_record
 from kinetic_nb.runner.wakeup import wake, wakeup_path
 
 if TYPE_CHECKING:
@@ -42,7 +42,7 @@ def ask(session: Session, rank: int, expression: str, *, frame: str = "raised",
         raise ValueError(f"frame must be one of {', '.join(FRAMES)}, not {frame!r}")
     if not expression.strip():
         raise ValueError("%kinetic pm needs an expression to evaluate, e.g. %kinetic pm 1 batch.shape")
-    status = read_host_status(session.records, session.group.key, rank)
+    status = session.host_status(rank)
     if status is None or status.state != HostState.IDLE.value or not status.cell_failed:
         where = "has not run a cell" if status is None or not status.cell else \
             f"is {status.state} on cell {status.cell}" if status.state != HostState.IDLE.value else \

@@ -176,19 +176,27 @@ class Session:
         last = self._last_cell
         status = last.poller.records[protocol.LEADER_INDEX].status \
             if last is not None and last.seq == self._last_seq else None
-        while (newer := self._leader_end(self._last_seq + 1)) is not None:
+        while (newer := self._end_of(self._last_seq + 1)) is not None:
             status, self._last_seq = newer, self._last_seq + 1
         if status is None and self._last_seq:  # a kernel that attached: the last cell's end, as its leader left it
-            status = self._leader_end(self._last_seq)
+            status = self._end_of(self._last_seq)
         if status is None:  # no cell has ended yet: the leader's status as stored
             status = read_host_status(self.storage, self.group.key, protocol.LEADER_INDEX)
         return list(status.names) if status is not None else []
 
-    def _leader_end(self, seq: int) -> HostStatus | None:
-        """The leader's status as cell ``seq`` left it (``cells/{seq}/done-0``), or None while it has not ended."""
-        name = protocol.cell_done(seq, protocol.LEADER_INDEX)
+    def host_status(self, rank: int) -> HostStatus | None:
+        """Rank ``rank``'s status as it is now: its ``status.json``, or its end of this kernel's last cell where
+        that is newer (on a local disk ``status.json`` follows a cell that succeeded a moment later)."""
+        status = read_host_status(self.records, self.group.key, rank)
+        end = self._end_of(self._last_seq, rank) if self._last_seq else None
+        return end if end is not None and (status is None or end.revision > status.revision) else status
+
+    def _end_of(self, seq: int, rank: int = protocol.LEADER_INDEX) -> HostStatus | None:
+        """Rank ``rank``'s status as cell ``seq`` left it (``cells/{seq}/done-{rank}``), or None while it has not
+        ended there (through the channel, as it carried it)."""
+        name = protocol.cell_done(seq, rank)
         try:
-            return HostStatus.from_json(read_record(self.storage, self.group.key, name))
+            return HostStatus.from_json(read_record(self.records, self.group.key, name))
         except (ObjectNotFoundError, IntegrityError, ValueError):
             return None
 

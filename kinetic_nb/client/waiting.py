@@ -38,7 +38,7 @@ def wait_for(look: Callable[[], Seen], ready: Callable[[Seen], bool], *,
              on_snapshot: Callable[[Seen], None] | None = None,
              between: Callable[[Seen], None] | None = None,
              sleep: Callable[[float], None] = time.sleep, max_pause: float = MAX_POLL_S,
-             first_pause: float = FIRST_POLL_S, hosts: int = 0) -> Seen:
+             first_pause: float = FIRST_POLL_S, hosts: int = 0, sleep_first: bool = False) -> Seen:
     """Look until ``ready(snapshot)``, and return that snapshot (the caller shows it: it may add to it first).
 
     ``on_snapshot`` sees the others at most every ``SNAPSHOT_INTERVAL_S``;
@@ -47,10 +47,14 @@ def wait_for(look: Callable[[], Seen], ready: Callable[[Seen], bool], *,
     wake the notebook); ``max_pause`` caps the pause (a record on a bucket
     needs no faster look than its writer's), raised to ``MAX_POLL_PER_HOST_S``
     per host of a slice of ``hosts``; ``first_pause`` is the first (longer
-    where ``sleep`` is woken by what it waits for).
+    where ``sleep`` is woken by what it waits for); ``sleep_first``: pause
+    before the first look too (what it waits for wakes it, and cannot be
+    ready at once: a cell just submitted).
     """
     max_pause = max(max_pause, hosts * MAX_POLL_PER_HOST_S)
     pause, shown_at = min(first_pause, max_pause), 0.0
+    if sleep_first:
+        sleep(pause)
     while True:
         snapshot = look()
         if ready(snapshot):

@@ -461,12 +461,18 @@ class CellGroup:
         failed = failure is not None
         # The cell's end by its own name, at once (through the channel status.json is stored at most once a second,
         # and the names the leader holds after a cell are read from it: ``Session.held_names``), and before
-        # status.json: a notebook that sees this host idle sees its end of the cell in the same look.
+        # status.json: a notebook that sees this host idle sees its end of the cell in the same look. After a quick
+        # cell that succeeded on a local disk (status.json still says idle: nothing of the cell was written), it
+        # follows a moment later, with the next cell's start if that comes first: a cell's readers read its end by
+        # name, and rewriting a file by rename makes the disk write it out (ext4 does, to keep a replaced file
+        # whole). A failure's status, or one that says the cell runs, is written at once.
+        later = self.wakeup is not None and not failed and run.status.stored_state() == HostState.IDLE.value
         run.status.update(state=HostState.IDLE, cell=seq, cell_failed=failed, cell_stopped=failed and stopped,
                           names=held_names(self.namespace),
                           message=run.failure_line if failed else "",
                           traceback=run.failure_traceback if failed else "",
                           frame_locals=run.failure_locals if failed else [],
+                          record=not later, defer_s=STATUS_DEFER_S if later else None,
                           first=lambda data: write_record(self.storage, run.key, protocol.cell_done(seq, run.host_index),
                                                           data))
         if self.wakeup is not None:  # the notebooks waiting on this cell look now

@@ -55,6 +55,8 @@ class StatusReporter:
         self._due_at: float | None = None
         #: The thread that writes deferred changes, once one was deferred.
         self._writer: threading.Thread | None = None
+        #: The state of the status last written.
+        self._stored_state: str | None = None
         now = time.time()
         history = [[Phase.STARTUP.value, now]]
         install = installed_environment()
@@ -86,7 +88,10 @@ class StatusReporter:
         (a session's quick cell writes its status once, when it is done; a long
         one still shows that it runs). ``first`` stores the same record under
         another name before ``status.json`` is written (a cell's end: a reader
-        that sees the host idle sees that record too).
+        that sees the host idle sees that record too); deferred, ``first`` is
+        stored at once and ``status.json`` follows when due (a cell's end that
+        its readers read by its own name, while a rewrite of ``status.json`` by
+        rename costs a disk most of a small write).
         """
         with self._lock:
             now = time.time()
@@ -111,6 +116,9 @@ class StatusReporter:
         if record:  # False: remembered, and written with the next change
             self._write_status(first=first)
         elif defer_s is not None:
+            if first is not None:
+                with self._write_lock:
+                    self._store_first(first, self._next_revision()[0])
             with self._lock:
                 armed, self._due_at = self._due_at is None, self._due_at or time.monotonic() + defer_s
                 if armed and self._writer is None:
@@ -118,6 +126,10 @@ class StatusReporter:
                     self._writer.start()
             if armed:  # the writer thread learns of a new due time; a later change rides on this one
                 self._changed.set()
+
+    def stored_state(self) -> str | None:
+        """The state the stored status says (None before the first write): a deferred change is not in it yet."""
+        return self._stored_state
 
     def stop(self) -> None:
         self._stop.set()
@@ -139,22 +151,32 @@ class StatusReporter:
                 continue  # something new to wait for (or the stop): look again
             self._write_status(only_if_due=True)
 
+    def _next_revision(self) -> tuple[bytes, str]:
+        """The status as it is now, as its next record (a revision up: a reader never goes back to an older one),
+        and its state."""
+        with self._lock:
+            self._status = dataclasses.replace(self._status, revision=self._status.revision + 1)
+            return self._status.to_json(), self._status.state
+
+    def _store_first(self, first: Callable[[bytes], None], data: bytes) -> None:
+        try:
+            first(data)
+        except Exception as error:  # a record must never take the host down
+            logger.warning("could not write %s's record before it: %s", self._status_name, error,
+                           exc_info=not isinstance(error, StorageError))
+
     def _write_status(self, only_if_due: bool = False, first: Callable[[bytes], None] | None = None) -> None:
         with self._write_lock:
             with self._lock:
                 if only_if_due and self._due_at is None:
                     return  # written meanwhile
                 self._due_at = None
-                self._status = dataclasses.replace(self._status, revision=self._status.revision + 1)
-                data = self._status.to_json()
+            data, state = self._next_revision()
             if first is not None:
-                try:
-                    first(data)
-                except Exception as error:  # a record must never take the host down
-                    logger.warning("could not write %s's record before it: %s", self._status_name, error,
-                                   exc_info=not isinstance(error, StorageError))
+                self._store_first(first, data)
             try:
                 write_record(self._storage, self._key, self._status_name, data)
+                self._stored_state = state
             except Exception as error:  # a record must never take the host down
                 logger.warning("could not write %s: %s", self._status_name, error,
                                exc_info=not isinstance(error, StorageError))

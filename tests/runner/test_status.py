@@ -83,3 +83,19 @@ def test_a_slow_deferred_write_never_lands_over_a_newer_status(tmp_path):
         assert read_host_status(storage, KEY, 0).state == HostState.IDLE.value
     finally:
         reporter.stop()
+
+
+def test_a_deferred_end_stores_its_own_record_at_once_and_the_status_when_due(reporting):
+    storage, reporter = reporting
+    ends: list[HostStatus] = []
+    reporter.update(state=HostState.RUNNING, phase=Phase.EXECUTE, cell=1, record=False, defer_s=0.5)
+    reporter.update(state=HostState.IDLE, cell=1, record=False, defer_s=0.3,
+                    first=lambda data: ends.append(HostStatus.from_json(data)))
+    assert [status.state for status in ends] == [HostState.IDLE.value]  # at once, before update returned
+    assert [status.state for status in storage.status_writes] == [HostState.PENDING.value]  # status.json: not yet
+    wait_for(lambda: len(storage.status_writes) == 2)
+    written = storage.status_writes[-1]
+    assert (written.state, written.cell) == (HostState.IDLE.value, 1)
+    assert written.revision > ends[0].revision  # a reader that has the end never goes back from it
+    time.sleep(0.6)  # the RUNNING change's due time has passed: it rode on the one write
+    assert len(storage.status_writes) == 2
