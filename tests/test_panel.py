@@ -20,14 +20,13 @@ from kinetic_nb.notebook.display.panel import (
     TextStatus,
     WidgetView,
     failure_lines,
-    host_ranges,
     html_summary,
     quiet_lines,
     redraw_interval,
     text_summary,
     watch_in_background,
 )
-from kinetic_nb.runner.protocol import ExitSummary, JobPlan
+from kinetic_nb.runner.protocol import ExitSummary, JobPlan, host_ranges, hosts_named
 from kinetic_nb.state import HostSnapshot, JobSnapshot, JobStatus
 
 T0 = 1_000_000.0
@@ -140,6 +139,14 @@ def test_success_is_styled_success():
 @pytest.mark.parametrize(("indices", "text"), [([1, 2, 3], "1-3"), ([1, 3, 4, 5, 9], "1, 3-5, 9"), ([7], "7")])
 def test_host_ranges(indices, text):
     assert host_ranges(indices) == text
+
+
+def test_a_message_names_a_thousand_hosts_in_one_short_line():
+    assert hosts_named([5]) == "host 5"
+    assert hosts_named(range(722, 1024)) == "hosts 722-1023"
+    assert hosts_named([1, 3, 2, 9]) == "hosts 1-3, 9"
+    scattered = hosts_named(range(0, 1024, 2))  # 512 hosts, no two in a row
+    assert scattered.startswith("hosts 0, 2, 4, ") and scattered.endswith(", … (500 more)") and len(scattered) < 80
 
 
 def test_text_and_html_twins():

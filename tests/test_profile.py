@@ -199,7 +199,7 @@ def test_kinetic_profile_profiles_the_sessions_next_cell_only(tmp_path, monkeypa
             assert shell.run_cell("%%kinetic --quiet\nsum(range(10))").result == 45
         assert "kinetic_nb: profile of In[1] with no framework trace, each host's barrier and cell span only: " in \
             said.getvalue()
-        assert "  hosts 0, 1: no framework profiler: the cell uses neither JAX nor torch" in said.getvalue()
+        assert "  hosts 0-1: no framework profiler: the cell uses neither JAX nor torch" in said.getvalue()
         session = shell.magics_manager.registry["KineticMagics"].session
         merged = session.cell(1).profile()
         assert merged.missing == {0: "no framework profiler: the cell uses neither JAX nor torch",

@@ -149,7 +149,7 @@ class CellWatch:
                 continue
             stuck = [index for index, status in alive.items() if not _back_from(seq, status)]
             if now >= due:
-                self.end_session(f"host{'s' if len(stuck) > 1 else ''} {', '.join(map(str, stuck))} did not come "
+                self.end_session(f"{protocol.hosts_named(stuck)} did not come "
                                  f"back from cell {seq} within {self.agent.plan.grace_s:g} s (blocked in a "
                                  "collective or in C code, where no interrupt reaches)")
                 return

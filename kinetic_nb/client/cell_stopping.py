@@ -89,7 +89,7 @@ class CellStopping:
 
     def _fate(self, stuck: list[int] | None = None) -> str:
         """The session's fate after this cell, in one line (``stuck``: hosts that did not come back)."""
-        ended = self.session.ended() or (stuck and f"hosts {', '.join(map(str, stuck))} did not come back")
+        ended = self.session.ended() or (stuck and f"{protocol.hosts_named(stuck)} did not come back")
         if not ended:
             return f"kinetic_nb: every host is back to idle and session {self.session.session_id} is up"
         return (f"kinetic_nb: session {self.session.session_id} ended: {ended}; %kinetic restart (or "

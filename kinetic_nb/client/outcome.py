@@ -221,7 +221,7 @@ def read_failure(storage: Storage, name: str, host_index: int, *, warn: bool, ke
 
 
 def _hosts_text(indices: list[int]) -> str:
-    return ", ".join(map(str, indices))
+    return protocol.host_ranges(indices, limit=protocol.MAX_RANGES)
 
 
 def _raise_host_failure(failure: HostFailure, job_id: str, others: list[int], extra: list[str] = (),
@@ -442,7 +442,7 @@ def _no_payload_error(
     if culprits:
         head += f"; {plan.name_of(culprits[0])} {describe_host(culprits[0]).splitlines()[0].split(';')[0]}"
         if len(culprits) > 1:
-            head += f" first, then {_many(plan)} {', '.join(map(str, culprits[1:]))} ended too"
+            head += f" first, then {_many(plan)} {_hosts_text(culprits[1:])} ended too"
     lines = [head + "."]
     for index in range(plan.world_size):
         lines.append(f"{plan.name_of(index)} {describe_host(index)}")

@@ -119,7 +119,7 @@ class MergedProfile:
         for why, ranks in by_reason.items():
             names = [name_of(rank) for rank in ranks]
             plain = all(name == f"host {rank}" for name, rank in zip(names, ranks, strict=True))
-            who = f"hosts {', '.join(map(str, ranks))}" if plain and len(ranks) > 1 else "; ".join(names)
+            who = protocol.hosts_named(ranks) if plain else "; ".join(names)
             lines.append(f"  {who}: {why}")
         return lines
 

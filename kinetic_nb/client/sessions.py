@@ -440,8 +440,8 @@ class Session:
         self.close_channel()
         self.group.backend.release(self.plan)  # its connections to the hosts (ssh's), kept for cells no longer coming
         if running:
-            return (f"session {self.session_id}: asked to stop, but host{'s' if len(running) > 1 else ''} "
-                    f"{', '.join(map(str, running))} had not ended after {STOP_WAIT_S:g} s")
+            return (f"session {self.session_id}: asked to stop, but {protocol.hosts_named(running)} had not ended "
+                    f"after {STOP_WAIT_S:g} s")
         hosts = f"its {self.plan.hosts} host{'s' if self.plan.hosts > 1 else ''}"
         if agent_gone is False:
             return f"session {self.session_id} stopped: {hosts} have ended; its agent had not after {STOP_WAIT_S:g} s"

@@ -27,7 +27,7 @@ from typing import Protocol
 
 from kinetic_nb.errors import HostStoppedError, IntegrityError, KineticTimeoutError, ObjectNotFoundError
 from kinetic_nb.runner import protocol
-from kinetic_nb.runner.protocol import ExitSummary, HostState, HostStatus, JobPlan, LeaderReady, Phase
+from kinetic_nb.runner.protocol import ExitSummary, HostState, HostStatus, JobPlan, LeaderReady, Phase, hosts_named
 from kinetic_nb.runner.records import read_record, write_record
 from kinetic_nb.storage import Storage
 
@@ -186,7 +186,8 @@ def meet(storage: Storage, key: bytes, *, leader: bool, hosts: int, timeout: flo
     write_verdict(storage, key, LeaderReady(False, missing[0], Phase.STARTUP.value))
     if on_verdict is not None:
         on_verdict()
-    raise KineticTimeoutError(f"{what}: hosts {', '.join(map(str, missing))} were not ready after {timeout:g} s")
+    raise KineticTimeoutError(f"{what}: {hosts_named(missing)} {'was' if len(missing) == 1 else 'were'} not ready "
+                              f"after {timeout:g} s")
 
 
 def start_barrier(storage: Storage, plan: JobPlan, key: bytes, host_index: int, *,

@@ -171,7 +171,7 @@ def test_a_host_lacking_the_notebooks_python_gets_it_once_a_later_job_reuses_it_
     close_pools()
     handle = kinetic_nb.submit(WHICH_PYTHON, **on(lacking, 2))
     # The wait for the install is said before it, in the cell's output (not an error's red).
-    assert (f"kinetic_nb: hosts 0, 1 run Python 3.10; this notebook's {NOTEBOOK} is used there instead, installed "
+    assert (f"kinetic_nb: hosts 0-1 run Python 3.10; this notebook's {NOTEBOOK} is used there instead, installed "
             "once per host with uv's managed Pythons (a minute the first time)\n") in capsys.readouterr().out
     base, executable, version = handle.result(timeout=600)
     installed = pythons_folder(lacking, 0)

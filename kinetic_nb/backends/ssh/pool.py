@@ -44,6 +44,7 @@ from kinetic_nb.backends.ssh.connections import CONTROL_PERSIST_S, Connections
 from kinetic_nb.backends.ssh.probe import DEFAULT_PYTHON, HostFacts, probe_hosts
 from kinetic_nb.backends.ssh.python_install import install_pythons, name_interpreters
 from kinetic_nb.errors import SshHostError
+from kinetic_nb.runner import protocol
 
 __all__ = ["ENVIRONMENTS_DIR", "HostPool", "close_pools", "pool_for", "release_pool"]
 
@@ -180,7 +181,7 @@ class HostPool:
         if not lacking:
             return facts
         others = sorted({".".join(map(str, facts[index].python[:2])) for index in lacking})
-        print(f"kinetic_nb: host{'s' if len(lacking) > 1 else ''} {', '.join(map(str, lacking))} "
+        print(f"kinetic_nb: {protocol.hosts_named(lacking)} "
               f"run{'' if len(lacking) > 1 else 's'} Python {', '.join(others)}; this notebook's "
               f"{notebook[0]}.{notebook[1]} is used there instead, installed once per host with uv's managed "
               "Pythons (a minute the first time)", flush=True)

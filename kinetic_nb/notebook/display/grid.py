@@ -12,8 +12,9 @@ from __future__ import annotations
 import html
 from collections.abc import Iterable, Mapping, Sequence
 
-from kinetic_nb.notebook.display.grouping import MAX_RANGES, grouped_lines, host_ranges
+from kinetic_nb.notebook.display.grouping import grouped_lines
 from kinetic_nb.notebook.display.rows import LAST_LINE_CHARS, STATE_COLORS, host_title, rank_label, row_html
+from kinetic_nb.runner.protocol import MAX_RANGES, host_ranges
 from kinetic_nb.state import HostSnapshot, HostState, JobSnapshot
 
 #: Squares in one row of the grid, and in one widget value: a host's change resends 64 squares, not 1,024.

@@ -1,34 +1,20 @@
 """Many hosts' identical lines shown once, with the hosts that printed them (as ``dshbak -c`` does).
 
-Pure functions of values: ``host_ranges`` writes a set of host indices short
-(``0-63, 65``), ``group_lines`` gathers the hosts that printed the same line,
-and ``grouped_lines`` words the groups, at most a bounded number of them.
+Pure functions of values: ``group_lines`` gathers the hosts that printed the
+same line, and ``grouped_lines`` words the groups, at most a bounded number of
+them, each group's hosts short (``0-63, 65``: ``protocol.host_ranges``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
+
+from kinetic_nb.runner.protocol import MAX_RANGES, host_ranges
+
+__all__ = ["MAX_LINE_GROUPS", "group_lines", "grouped_lines"]
 
 #: Groups of lines a big slice's panel or text twin shows at most; the rest are counted on one more line.
 MAX_LINE_GROUPS = 10
-#: Ranges of hosts named in a line at most (``0-3, 5, 7-9``): 1,024 scattered hosts would be a page of numbers.
-MAX_RANGES = 12
-
-
-def host_ranges(indices: Iterable[int], *, limit: int | None = None) -> str:
-    """``[1, 2, 3, 5]`` -> ``"1-3, 5"``; past ``limit`` ranges, the rest are counted: ``"1-3, 5, … (40 more)"``."""
-    ordered = sorted(indices)
-    parts: list[tuple[int, int]] = []
-    for index in ordered:
-        if parts and parts[-1][1] + 1 == index:
-            parts[-1] = (parts[-1][0], index)
-        else:
-            parts.append((index, index))
-    words = [str(start) if start == end else f"{start}-{end}" for start, end in parts]
-    if limit is None or len(words) <= limit:
-        return ", ".join(words)
-    more = sum(end - start + 1 for start, end in parts[limit:])
-    return ", ".join(words[:limit]) + f", … ({more} more)"
 
 
 def group_lines(lines: Mapping[int, str]) -> list[tuple[list[int], str]]:

@@ -47,7 +47,6 @@ from kinetic_nb.notebook.display.grid import (
     square_key,
     static_grid_html,
 )
-from kinetic_nb.notebook.display.grouping import MAX_RANGES, host_ranges
 from kinetic_nb.notebook.display.memory import memory_detail, memory_flags, memory_line
 from kinetic_nb.notebook.display.rows import (
     LAST_LINE_CHARS,
@@ -60,6 +59,7 @@ from kinetic_nb.notebook.display.rows import (
     seconds_text,
 )
 from kinetic_nb.runner.frame_locals import NOTE_NAMES, FrameLocals
+from kinetic_nb.runner.protocol import MAX_RANGES, host_ranges
 from kinetic_nb.runner.stacks import readable_stacks, where_the_cell_is
 from kinetic_nb.state import (
     SNAPSHOT_INTERVAL_S,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+from collections.abc import Iterable
 from typing import Any, ClassVar
 
 from kinetic_nb.runner.protocol.names import LEADER_INDEX
@@ -140,6 +141,31 @@ def process_name(rank: int, procs_per_host: int) -> str:
     if procs_per_host == 1:
         return f"host {rank}"
     return f"host {rank // procs_per_host}, process {rank % procs_per_host} (rank {rank})"
+
+
+#: Ranges of hosts a line names at most (``0-3, 5, 7-9``): 1,024 scattered hosts would be a page of numbers.
+MAX_RANGES = 12
+
+
+def host_ranges(indices: Iterable[int], *, limit: int | None = None) -> str:
+    """``[1, 2, 3, 5]`` -> ``"1-3, 5"``; past ``limit`` ranges, the rest are counted: ``"1-3, 5, … (40 more)"``."""
+    parts: list[tuple[int, int]] = []
+    for index in sorted(indices):
+        if parts and parts[-1][1] + 1 == index:
+            parts[-1] = (parts[-1][0], index)
+        else:
+            parts.append((index, index))
+    words = [str(start) if start == end else f"{start}-{end}" for start, end in parts]
+    if limit is None or len(words) <= limit:
+        return ", ".join(words)
+    more = sum(end - start + 1 for start, end in parts[limit:])
+    return ", ".join(words[:limit]) + f", … ({more} more)"
+
+
+def hosts_named(indices: Iterable[int]) -> str:
+    """Hosts as a message names them: ``host 5``, ``hosts 0-3, 7``, ``hosts 722-1023`` (never a page of numbers)."""
+    indices = sorted(indices)
+    return f"host {indices[0]}" if len(indices) == 1 else f"hosts {host_ranges(indices, limit=MAX_RANGES)}"
 
 
 def process_label(rank: int, procs_per_host: int) -> str:
