@@ -22,7 +22,7 @@ from typing import Any
 from kinetic_nb.backends import Backend
 from kinetic_nb.client.poller import JobPoller
 from kinetic_nb.client.waiting import wait_for
-from kinetic_nb.errors import IntegrityError, KineticTimeoutError, ObjectExistsError, ObjectNotFoundError
+from kinetic_nb.errors import IntegrityError, KineticTimeoutError, ObjectExistsError
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.envelope import write_sealed
 from kinetic_nb.runner.logs import read_log
@@ -314,22 +314,16 @@ def remove_job_objects(storage: Storage, keep: Iterable[str] = ()) -> None:
     (with nothing kept, a ``file://`` job's directory goes too)."""
     keep = tuple(keep)
     doomed = [info.name for info in storage.list() if not info.name.startswith(keep)]
-
-    def delete(name: str) -> None:
-        try:
-            storage.delete(name)
-        except ObjectNotFoundError:
-            pass
-
     root = storage.local_path()
     if root or len(doomed) < 2:  # a disk's delete is a system call: no thread earns its start
-        for name in doomed:
-            delete(name)
+        storage.delete_many(doomed)
     else:  # a remote store answers one delete per request: several in flight
         with concurrent.futures.ThreadPoolExecutor(max_workers=DELETE_WORKERS) as pool:
-            list(pool.map(delete, doomed))
-    if root:  # file://: also the directories the deletes left empty
-        for directory, _, _ in sorted(os.walk(root), key=lambda entry: -len(entry[0])):
+            list(pool.map(lambda name: storage.delete_many([name]), doomed))
+    if root:  # file://: also the directories the deletes left empty (every one, the job's own too, when none is kept)
+        folders = [entry[0] for entry in os.walk(root)] if not keep else \
+            {os.path.join(root, *name.split("/")[:depth]) for name in doomed for depth in range(1, name.count("/") + 1)}
+        for directory in sorted(folders, key=len, reverse=True):
             if directory != root or not keep:
                 try:
                     os.rmdir(directory)

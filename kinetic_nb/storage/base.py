@@ -14,10 +14,10 @@ import dataclasses
 import io
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
-from kinetic_nb.errors import ObjectTooLargeError
+from kinetic_nb.errors import ObjectNotFoundError, ObjectTooLargeError
 
 #: Set while a record that decides a job's outcome is stored: see :func:`patiently`.
 _patient: contextvars.ContextVar[bool] = contextvars.ContextVar("kinetic_patient_storage", default=False)
@@ -85,6 +85,12 @@ class Storage(abc.ABC):
     @abc.abstractmethod
     def delete(self, name: str) -> None:
         """Remove ``name``; ``ObjectNotFoundError`` if it does not exist."""
+
+    def delete_many(self, names: Iterable[str]) -> None:
+        """Remove each of ``names`` that exists (one at a time here; a disk opens each folder once)."""
+        for name in names:
+            with contextlib.suppress(ObjectNotFoundError):
+                self.delete(name)
 
     def write_file(self, name: str, source: str | os.PathLike | IO[bytes], *, exclusive: bool = False) -> None:
         """Write ``name`` from a local file or a binary file object, atomically, as ``write_bytes`` does.

@@ -27,7 +27,7 @@ import os
 import shutil
 import stat
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO
 
@@ -459,6 +459,20 @@ class LocalStorage(Storage):
                 os.unlink(leaf, dir_fd=directory)
             except (FileNotFoundError, NotADirectoryError):
                 raise ObjectNotFoundError(f"{self.uri}/{name} does not exist") from None
+
+    def delete_many(self, names: Iterable[str]) -> None:
+        """Remove each of ``names`` that exists, each folder walked to once (a cell's outcome is ten names in one)."""
+        by_folder: dict[tuple[str, ...], list[tuple[str, str]]] = {}
+        for name in names:
+            parts, leaf = self._leaf(name)
+            by_folder.setdefault(parts, []).append((name, leaf))
+        for parts, leaves in by_folder.items():
+            with self._errors("delete", leaves[0][0]), self._directory(parts, create=False) as directory:
+                if directory is None:
+                    continue
+                for name, leaf in leaves:
+                    with self._errors("delete", name), contextlib.suppress(FileNotFoundError, NotADirectoryError):
+                        os.unlink(leaf, dir_fd=directory)
 
     def remove_tree(self) -> None:
         """Delete the whole directory below this root (without following a link)."""

@@ -53,6 +53,14 @@ def test_write_read_list_delete(storage):
     assert names(storage.list()) == ["a/c.txt", "z.txt"]
 
 
+def test_delete_many_removes_what_exists_in_every_folder_and_skips_what_does_not(storage):
+    for name in ("a/1", "a/2", "a/b/3", "z", "keep"):
+        storage.write_bytes(name, name.encode())
+    storage.delete_many(["a/1", "a/b/3", "z", "a/missing", "nowhere/at/all"])
+    assert names(storage.list()) == ["a/2", "keep"]
+    storage.delete_many([])
+
+
 def test_json_records_round_trip(storage):
     storage.write_json("handle.json", {"hosts": 4, "job_id": "j"})
     assert storage.read_json("handle.json") == {"hosts": 4, "job_id": "j"}
