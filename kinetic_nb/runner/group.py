@@ -55,7 +55,7 @@ from kinetic_nb.runner.profiling import CellProfiler
 from kinetic_nb.runner.protocol import FirstFailure, HostState, JobPlan, LeaderReady, Phase, PostMortemRequest
 from kinetic_nb.runner.records import open_record, read_record, write_record
 from kinetic_nb.runner.relayed import CARRY_MAX_BYTES, RelayedStorage
-from kinetic_nb.runner.wakeup import open_wakeup, wake, wake_clients, wakeup_path
+from kinetic_nb.runner.wakeup import last_to_end, open_wakeup, wake, wake_clients, wakeup_path
 from kinetic_nb.storage import Storage
 
 __all__ = ["CellGroup", "cell_key", "held_names"]
@@ -475,7 +475,9 @@ class CellGroup:
                           record=not later, defer_s=STATUS_DEFER_S if later else None,
                           first=lambda data: write_record(self.storage, run.key, protocol.cell_done(seq, run.host_index),
                                                           data))
-        if self.wakeup is not None:  # the notebooks waiting on this cell look now
+        # The notebooks waiting on this cell look now: once every host has stored its end, or at a failure.
+        if self.wakeup is not None and (failed or last_to_end(place.storage.local_path(protocol.CELL_ENDS),
+                                                              self.plan.world_size)):
             wake_clients(self.plan.job_id)
         return failure
 

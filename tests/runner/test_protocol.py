@@ -87,7 +87,7 @@ def test_every_name_the_protocol_makes_has_words_a_user_reads():
              f"{protocol.cell_dir(seq)}/{protocol.cell_ready(host)}", protocol.cell_done(seq, host),
              protocol.cell_output_stored(seq, host), protocol.cell_log_chunk(seq, host, 0),
              protocol.cell_control(seq, "submitted"), protocol.cell_control(seq, "interrupt"),
-             protocol.post_mortem_request(seq, host, 1)]
+             protocol.post_mortem_request(seq, host, 1), f"{protocol.cell_dir(seq)}/{protocol.CELL_ENDS}"]
     words = {name: protocol.object_words(name) for name in names}
     for name, said in words.items():
         assert said != "the job's records" and not re.search(r"[./_]|\d{2}", said), (name, said)

@@ -95,6 +95,7 @@ from kinetic_nb.runner.protocol.messages import (
 from kinetic_nb.runner.protocol.names import (
     CANCEL,
     CELL_DONE_PREFIX,
+    CELL_ENDS,
     CELL_OUTPUT_STORED_PREFIX,
     CELLS_DIR,
     CHANNEL,
@@ -149,6 +150,7 @@ __all__ = [
     "CANCEL",
     "CELLS_DIR",
     "CELL_DONE_PREFIX",
+    "CELL_ENDS",
     "CELL_FILENAME",
     "CELL_FRAMEWORK",
     "CELL_NAMESPACE",

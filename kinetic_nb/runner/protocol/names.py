@@ -161,6 +161,11 @@ def parse_cell_done(name: str) -> tuple[int, int] | None:
 #: What the name of a host's "output stored" marker begins with, inside a cell's directory.
 CELL_OUTPUT_STORED_PREFIX = "output-"
 
+#: In a cell's directory on a local disk: a byte appended by each host once it has stored its end of the cell (no
+#: record: it says nothing anyone reads but its length). The host whose byte completes it wakes the notebooks, one
+#: wake per cell where each host's was one (``runner.wakeup.last_to_end``).
+CELL_ENDS = "ends"
+
 
 def cell_output_stored(seq: int, host_index: int) -> str:
     """Host ``host_index``'s output of cell ``seq`` is all stored (an empty marker its agent writes on a local
@@ -236,6 +241,7 @@ _OBJECT_WORDS = {
     FAILED: "the record of the first failure",
     ENVIRONMENT_INSTALL: "the hosts' install list",
     WORKDIR: "the notebook's folder",
+    CELL_ENDS: "the hosts' count of their ends of the cell",
 }
 _HOST_OBJECT_WORDS = {"status": "state", "exit": "end", "heartbeat": "heartbeat", "log": "output",
                       "stacks": "stacks"}
