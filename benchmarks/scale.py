@@ -34,7 +34,7 @@ ignored). ipyparallel is a benchmark-only dependency, not the package's
 (``--no-ipyparallel`` needs none):
 
     python benchmarks/scale.py [--hosts 8,16,32,64,128] [--light 256,1024] [--gcs-hosts 8,16]
-                               [--cells 7] [--no-ipyparallel] [--no-gcs]
+                               [--cells 7] [--no-ipyparallel] [--no-gcs] [--start-timeout 900]
 """
 
 from __future__ import annotations
@@ -63,6 +63,7 @@ from benchmarks.delay_proxy import DelayProxy
 from kinetic_nb.agent.local_state import AgentState
 from kinetic_nb.agent.processes import process_start
 from kinetic_nb.backends.local import agent_files
+from kinetic_nb.client import plan as client_plan
 from kinetic_nb.errors import KineticError
 from tests.gcs_emulator import GcsEmulator
 
@@ -219,7 +220,7 @@ def stop_session(session: kinetic_nb.Session) -> None:
 def running_session(hosts: int, **options) -> Iterator[kinetic_nb.Session]:
     """A warm session of ``hosts`` hosts with no framework, stopped on the way out whatever happens."""
     session = kinetic_nb.start(hosts=hosts, framework="none", idle_timeout=IDLE_TIMEOUT_S, echo=False, quiet=True,
-                               ready_timeout=HANG_S, **options)
+                               ready_timeout=max(HANG_S, client_plan.DEFAULT_BARRIER_TIMEOUT_S), **options)
     try:
         yield session
     finally:
@@ -337,6 +338,8 @@ class Row:
     engines_cpu_s: float = math.nan
     gcs: GcsFigures | None = None
     not_run: str = ""
+    #: Why the gs:// session of this N did not run (it did not start, say), where it did not.
+    gcs_not_run: str = ""
 
 
 def measure_cells(session: kinetic_nb.Session, hosts: int, runs: int,
@@ -400,7 +403,10 @@ def measure_row(hosts: int, light: bool, runs: int, engines: Engines | None, sto
             return row
         measure_cells(session, hosts, runs, views, row)
     if store is not None:
-        row.gcs = measure_gcs(store, hosts, runs, light)
+        try:
+            row.gcs = measure_gcs(store, hosts, runs, light)
+        except (KineticError, ValueError) as error:  # the local figures stand; the gs:// session is said not to
+            row.gcs_not_run = str(error).splitlines()[0]
     return row
 
 
@@ -449,6 +455,8 @@ def say_row(row: Row) -> None:
               f"cell ({kinds}), idle {row.gcs.idle_per_s:.2f} requests/s "
               f"({row.gcs.idle_per_s / row.hosts:.3f} per host)"
               + ("" if row.gcs.channel else "; on storage alone: the notebook had no direct channel"), flush=True)
+    if row.gcs_not_run:
+        print(f"{'':{len(name)}}  gs://: not run: {row.gcs_not_run}", flush=True)
 
 
 def print_table(rows: list[Row]) -> None:
@@ -511,6 +519,9 @@ def main() -> None:
     parser.add_argument("--cells", type=int, default=7, help="cells per median, of each kind")
     parser.add_argument("--no-ipyparallel", action="store_true", help="the sessions alone")
     parser.add_argument("--no-gcs", action="store_true", help="no gs:// figures (no emulator)")
+    parser.add_argument("--start-timeout", type=float, default=900.0, metavar="SECONDS",
+                        help="how long a session's hosts may take to start (a plan's own is 300 s: a thousand hosts "
+                             "on gs:// take longer on a small machine)")
     parser.add_argument("--settle", type=float, default=0.0, metavar="SECONDS",
                         help="pause before each measured call, so that neither side's cell meets the other's tail")
     args = parser.parse_args()
@@ -518,8 +529,11 @@ def main() -> None:
         parser.error("--cells must be at least 1")
     if not args.settle >= 0:
         parser.error(f"--settle must be a number of seconds, 0 or more, got {args.settle}")
+    if not args.start_timeout > 0:
+        parser.error(f"--start-timeout must be a number of seconds, more than 0, got {args.start_timeout}")
     global settle_s
     settle_s = args.settle
+    client_plan.DEFAULT_BARRIER_TIMEOUT_S = args.start_timeout  # read as each session's plan is made
     on_gcs = set() if args.no_gcs else set(args.gcs_hosts or [n for n in args.hosts + args.light if n <= FIT_FROM])
     if not args.no_ipyparallel:
         try:

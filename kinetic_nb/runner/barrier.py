@@ -39,6 +39,11 @@ MAX_POLL_S = 0.1
 #: the others start, and a large slice takes longer to start, so a fixed pace would cost the square of the
 #: hosts (at 512 hosts each host spent 46 ms looking, 22 ms at 128). 0.5 s at 1,024 hosts.
 MAX_POLL_PER_HOST_S = 0.0005
+#: ... and a worker's, at the start, longer still: each look is a read of the verdict and a listing of the leader's
+#: records (two requests on a bucket), and every worker that is up looks while the rest start. At 1,024 hosts a
+#: 0.5 s pause was 4,000 requests a second, and on a small machine the CPU the hosts still starting needed (a
+#: 1,024-host start on gs:// here had 722 hosts ready after 300 s); 2 s there. A worker hears "go" that much later.
+WORKER_POLL_PER_HOST_S = 0.002
 #: A worker waits this much longer than the leader: the leader gives up first, and says so.
 WORKER_SLACK_S = 30.0
 
@@ -196,7 +201,8 @@ def start_barrier(storage: Storage, plan: JobPlan, key: bytes, host_index: int, 
     has tried to join its channel: ``channel``, see :func:`meet`). The leader's verdict."""
     return meet(storage, key, leader=host_index == protocol.LEADER_INDEX, hosts=plan.world_size,
                 timeout=plan.barrier_timeout_s, sighting=HostStatuses(storage, key), what="start barrier",
-                channel=channel, max_pause=max(MAX_POLL_S, plan.world_size * MAX_POLL_PER_HOST_S))
+                channel=channel, max_pause=max(MAX_POLL_S, plan.world_size * (
+                    MAX_POLL_PER_HOST_S if host_index == protocol.LEADER_INDEX else WORKER_POLL_PER_HOST_S)))
 
 
 def write_verdict(storage: Storage, key: bytes, verdict: LeaderReady) -> None:

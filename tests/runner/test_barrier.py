@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import types
+
 import pytest
 
 from kinetic_nb.errors import HostStoppedError, KineticTimeoutError
@@ -95,3 +97,15 @@ def test_the_start_sees_the_hosts_through_their_signed_statuses(tmp_path):
     sighting = HostStatuses(job, KEY)
     sighting.look()
     assert sighting.ready() == {0}
+
+
+def test_at_a_large_start_a_worker_looks_at_the_leader_less_often_than_the_leader_looks_at_the_hosts(monkeypatch):
+    # Each worker's look is two requests on a bucket: at 1,024 hosts, one every 0.5 s from every worker was 4,000
+    # requests a second while the rest of the slice started.
+    paces = {}
+    monkeypatch.setattr(barrier, "meet", lambda *args, leader, max_pause, **kwargs: paces.__setitem__(leader, max_pause))
+    for hosts in (4, 1024):
+        plan = types.SimpleNamespace(world_size=hosts, barrier_timeout_s=300.0)
+        for index in (0, 1):
+            barrier.start_barrier(None, plan, KEY, index)
+        assert paces == ({True: 0.1, False: 0.1} if hosts == 4 else {True: 0.512, False: 2.048}), hosts
