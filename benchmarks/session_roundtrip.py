@@ -42,7 +42,8 @@ goes (submit; the hosts' payload load, barrier and execute, and back to idle;
 the notebook seeing the outcome; reading the value and removing the cell's
 outcome objects), and what each feature a cell pays for costs on its own (a
 record sealed and verified, a channel frame encrypted and decrypted, a marks
-frame taken by a reader, the memory figures, the outcome's cleanup).
+frame taken by a reader, the memory figures, the cell's count of ends that picks
+the host that wakes the notebook, the outcome's cleanup).
 ``--hot-path-only`` runs rows 1 and 2 and these lines alone.
 
 Then the remote table, twice (``--remote-only`` runs them alone): a 4-host
@@ -338,6 +339,7 @@ def feature_costs() -> dict[str, float]:
     from kinetic_nb.client.host_group import remove_job_objects
     from kinetic_nb.runner import encryption, envelope, marks, memory
     from kinetic_nb.runner.marks import MarkReader
+    from kinetic_nb.runner.wakeup import last_to_end
     from kinetic_nb.storage import LocalStorage
 
     key = os.urandom(32)
@@ -367,15 +369,22 @@ def feature_costs() -> dict[str, float]:
         reader.join(5)
         os.close(read_end)
     with tempfile.TemporaryDirectory(prefix="kinetic-bench-cleanup-") as folder:
-        cell = LocalStorage(folder).child("cells/000001")
-
-        removals = []
-        for _ in range(FEATURE_CALLS // 10):  # what a 4-host cell leaves: its outcome, each host's end and output
-            cell.write_bytes("result.pkl", b"x" * 64)
+        root = LocalStorage(folder)
+        removals, counts = [], []
+        for seq in range(1, FEATURE_CALLS // 10 + 1):  # what a warm 4-host cell leaves in its folder
+            cell = root.child(protocol.cell_dir(seq))
+            for name in (protocol.PAYLOAD, protocol.RESULT, protocol.LEADER_READY, "log/0/000000.json"):
+                cell.write_bytes(name, b"x" * 64)
             for index in range(HOSTS):
-                cell.write_bytes(f"hosts/{index}/done.json", b"{}")
-                cell.write_bytes(f"log/{index}/000000.json", b"[]")
-            removals.append(timed(lambda: remove_job_objects(cell, keep=("log/", "hosts/")))[0])
+                cell.write_bytes(protocol.cell_ready(index), b"")
+                cell.write_bytes(f"{protocol.CELL_DONE_PREFIX}{index}", b"{}")
+                if index:
+                    cell.write_bytes(f"{protocol.CELL_OUTPUT_STORED_PREFIX}{index}", b"")
+            ends = cell.local_path(protocol.CELL_ENDS)
+            counts.append(timed(lambda ends=ends: [last_to_end(ends, HOSTS) for _ in range(HOSTS)])[0])
+            removals.append(timed(lambda cell=cell: remove_job_objects(cell, keep=(
+                protocol.PAYLOAD, "log/", protocol.CELL_DONE_PREFIX, protocol.PROFILE_DIR + "/")))[0])
+        costs["the cell's count of ends (a byte from each of 4 hosts)"] = statistics.median(counts)
         costs["the outcome's objects removed (a 4-host cell's)"] = statistics.median(removals)
     return costs
 
