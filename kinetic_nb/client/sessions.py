@@ -141,7 +141,8 @@ class Session:
             if not hosts_ended:
                 return None
         try:
-            return CancelRequest.from_json(read_record(self.storage, self.group.key, protocol.CANCEL)).reason
+            if self._may_exist(protocol.CANCEL):
+                return CancelRequest.from_json(read_record(self.storage, self.group.key, protocol.CANCEL)).reason
         except (ObjectNotFoundError, IntegrityError):  # none, or a forged one: the agents ignore it too
             pass
         if not self._ended_hosts and hosts_ended is None:
@@ -151,11 +152,17 @@ class Session:
             return "its hosts have ended"
         return None
 
+    def _may_exist(self, name: str) -> bool:
+        """False where a local disk says ``name`` is not there (one stat, where reading it walks its folders from
+        the storage's root: most of what asking whether the session ended cost a cell); True elsewhere."""
+        path = self.storage.local_path(name)
+        return path is None or os.path.lexists(path)
+
     def _exits_listed(self) -> list[int]:
-        """The hosts whose exit record may exist: every host on a local disk (a look by name is a stat), those
-        a listing of the hosts' records names elsewhere."""
+        """The hosts whose exit record may exist: those a stat finds on a local disk, those a listing of the
+        hosts' records names elsewhere."""
         if self.storage.local_path() is not None:
-            return list(range(self.plan.world_size))
+            return [index for index in range(self.plan.world_size) if self._may_exist(protocol.host_exit(index))]
         listed = (protocol.parse_host_object(info.name) for info in self.storage.list(protocol.HOSTS_DIR + "/"))
         return [item[0] for item in listed if item is not None and item[1] == "exit" and item[0] < self.plan.world_size]
 
