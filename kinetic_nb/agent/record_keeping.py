@@ -14,6 +14,7 @@ import errno
 import os
 import shutil
 import sys
+import threading
 import time
 from collections.abc import Callable
 
@@ -53,6 +54,9 @@ class RecordKeeping:
     scratch_outputs: str | None
     _next_storage_error_line: float
     _unsaid_storage_errors: int
+    #: Held while a storage error is said or counted: the agent's loop, its heartbeat thread and its hub's threads
+    #: may each meet the same outage at once, and only one of them says it.
+    _storage_error_lock: threading.Lock
 
     def write_record(self, name: str, data: bytes, *, exclusive: bool = False) -> bool:
         """Store a record, sealed; False when it exists already (``exclusive``) or could not be stored."""
@@ -83,18 +87,20 @@ class RecordKeeping:
         """Say a storage error on this agent's stderr (its log), at most once per ``STORAGE_ERROR_LINE_S`` with a
         count of those not said: a bucket that stops answering fails every request, hundreds a minute."""
         text = describe_storage_error(name, error)
-        now = time.monotonic()
-        if now >= self._next_storage_error_line:
-            unsaid = f" (and {self._unsaid_storage_errors} more since the last said)" \
-                if self._unsaid_storage_errors else ""
-            print(f"kinetic agent: storage error: {text}{unsaid}", file=sys.stderr, flush=True)
-            self._next_storage_error_line, self._unsaid_storage_errors = now + STORAGE_ERROR_LINE_S, 0
-        else:
-            self._unsaid_storage_errors += 1
-        if not self.storage_error:
-            self.storage_error = text
-            if self.on_storage_error is not None:
-                self.on_storage_error(text)
+        with self._storage_error_lock:
+            now = time.monotonic()
+            if now >= self._next_storage_error_line:
+                unsaid = f" (and {self._unsaid_storage_errors} more since the last said)" \
+                    if self._unsaid_storage_errors else ""
+                print(f"kinetic agent: storage error: {text}{unsaid}", file=sys.stderr, flush=True)
+                self._next_storage_error_line, self._unsaid_storage_errors = now + STORAGE_ERROR_LINE_S, 0
+            else:
+                self._unsaid_storage_errors += 1
+            first = not self.storage_error
+            if first:
+                self.storage_error = text
+        if first and self.on_storage_error is not None:
+            self.on_storage_error(text)
 
     def _publish_outputs(self) -> None:
         """Upload the hosts' scratch outputs to the job's outputs/ (non-local storage only), then remove them."""

@@ -42,6 +42,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -165,6 +166,7 @@ class Agent(HubRole, RecordKeeping):
         self.storage_error = ""
         self._next_storage_error_line = 0.0
         self._unsaid_storage_errors = 0
+        self._storage_error_lock = threading.Lock()
         self.scratch_outputs: str | None = None
         self.scratch = tempfile.mkdtemp(prefix=f"kinetic-{plan.job_id}-agent-")
         self._answered_stacks = -1
