@@ -21,6 +21,7 @@ Two ways of seeing the hosts, one protocol:
 
 from __future__ import annotations
 
+import concurrent.futures
 import time
 from collections.abc import Callable
 from typing import Protocol
@@ -46,6 +47,8 @@ MAX_POLL_PER_HOST_S = 0.0005
 WORKER_POLL_PER_HOST_S = 0.002
 #: A worker waits this much longer than the leader: the leader gives up first, and says so.
 WORKER_SLACK_S = 30.0
+#: The records the leader reads at once at the start, on a bucket (as many as the notebook's looks read).
+READERS = 16
 
 
 class Sighting(Protocol):
@@ -90,10 +93,9 @@ class HostStatuses:
             changed.append((parsed, info))
         # Statuses first: a host's exit record names the phase its last status was in.
         changed.sort(key=lambda item: item[0][1] != "status")
-        for (host, kind, _), info in changed:
-            try:
-                data = read_record(self._storage, self._key, info.name)
-            except (ObjectNotFoundError, IntegrityError):
+        records = self._read_each([info.name for _, info in changed])
+        for ((host, kind, _), info), data in zip(changed, records, strict=True):
+            if data is None:
                 continue
             self._seen[info.name] = info.version
             if kind == "status":
@@ -108,6 +110,21 @@ class HostStatuses:
                 if exit_summary.failed:
                     last = self.statuses.get(host)
                     self.failed.setdefault(host, last.phase if last else Phase.STARTUP.value)
+
+    def _read_each(self, names: list[str]) -> list[bytes | None]:
+        """Each record (None where it is gone or does not verify), in order; on a bucket :data:`READERS` at a time:
+        at a start every host's status changes between two looks, and a thousand of them read one by one cost the
+        leader a thousand round trips (half a minute at 30 ms each) before it could say go."""
+        def read(name: str) -> bytes | None:
+            try:
+                return read_record(self._storage, self._key, name)
+            except (ObjectNotFoundError, IntegrityError):
+                return None
+
+        if len(names) < 2 or self._storage.local_path() is not None:
+            return [read(name) for name in names]
+        with concurrent.futures.ThreadPoolExecutor(max_workers=min(len(names), READERS)) as pool:
+            return list(pool.map(read, names))
 
     def ready(self) -> set[int]:
         waiting = {HostState.READY.value, HostState.RUNNING.value}
