@@ -76,7 +76,32 @@ def test_a_session_host_is_idle_before_its_first_cell_once_its_status_says_so():
     assert liveness.beat_round() == [0, 1]  # still starting: the busy pace
     states[0] = states[1] = HostState.IDLE.value
     time.sleep(0.35)
+    assert liveness.beat_round() == [0, 1]  # beaten first, then read: idle from the next round on
+    time.sleep(0.35)
     assert liveness.beat_round() == [1]
+
+
+def test_on_a_bucket_a_round_beats_before_it_reads_and_reads_the_starting_hosts_at_once():
+    # At a thousand hosts' start on a bucket, the agent read every starting host's status one by one before it beat
+    # any: a round took longer than the pace, and the notebook called host 0 lost while it waited for the others.
+    hosts = 16
+    beats, meeting = Beats(), threading.Barrier(hosts, timeout=1.0)
+
+    def read_state(index):
+        assert beats.of(index) == 1  # this round's beat is written before any read
+        meeting.wait()  # every starting host's status is read at once (one by one, the first read never returns)
+        return HostState.IDLE.value
+
+    liveness = Liveness(beats, read_state=read_state, busy_s=0.3, idle_s=600, remote=True)
+    for index in range(hosts):
+        liveness.add(index, session=True)
+    liveness.start()  # its first round at once
+    try:
+        time.sleep(2.5)  # rounds at the busy pace, past a read's wait for the others (one by one: it gives up)
+        # Each beaten once: idle from the first round on (a read that failed would have left it busy).
+        assert [beats.of(index) for index in range(hosts)] == [1] * hosts
+    finally:
+        liveness.stop()
 
 
 def test_a_cell_that_starts_after_a_long_idle_is_beaten_at_once_and_a_channel_that_comes_up_beats_everyone():
