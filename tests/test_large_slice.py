@@ -5,6 +5,7 @@ the notebook's looks, the panel's text twin. Every host is a real process; none 
 from __future__ import annotations
 
 import io
+import os
 import time
 
 import pytest
@@ -14,6 +15,14 @@ from kinetic_nb.agent import processes
 from kinetic_nb.notebook.display.panel import text_summary
 
 HOSTS = processes.MAX_LIGHT_HOSTS
+TICK_S = 1 / os.sysconf("SC_CLK_TCK")
+
+
+def forked_at(pid: int) -> float:
+    """When process ``pid`` began, on ``time.time()``'s clock (to a clock tick): /proc counts from the boot."""
+    with open(f"/proc/{pid}/stat") as stat:
+        ticks = int(stat.read().rsplit(")", 1)[1].split()[19])
+    return ticks * TICK_S + time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
 
 
 @pytest.fixture
@@ -28,6 +37,11 @@ def test_a_session_of_1024_light_hosts_runs_cells_by_the_seeds_rules(light_hosts
     session = kinetic_nb.start(hosts=HOSTS, framework="none", idle_timeout=600, echo=False)
     try:
         start_s = time.monotonic() - started_at
+        # The hosts start together: none began its work (its status's start) before the last one was forked.
+        statuses = [session.host_status(rank) for rank in range(HOSTS)]
+        last_fork = max(forked_at(status.pid) for status in statuses)
+        first_start = min(status.started_at for status in statuses)
+        assert first_start >= last_fork - TICK_S, f"a host started {last_fork - first_start:.3f} s before the last fork"
         assert session.run("import os\nint(os.environ['KINETIC_HOST_INDEX'])").result() == 0  # the leader's value
         printed = io.StringIO()
         failing = session.run("import os\nhost = int(os.environ['KINETIC_HOST_INDEX'])\n"

@@ -202,6 +202,11 @@ class Agent(HubRole, RecordKeeping):
             output_dir = self.scratch_outputs = tempfile.mkdtemp(prefix=f"kinetic-{self.plan.job_id}-outputs-")
         sys.stdout.flush()
         sys.stderr.flush()
+        # The hosts start together, once every one is forked: a host that ran at once would take the CPU the
+        # agent needs to fork the rest (a thousand light hosts on a bucket, each looking for the leader's
+        # verdict, left the agent a thousandth of two cores: 1.5 forks a second), and the hub accepts no one
+        # until the last fork. Each host waits for the end of this pipe, which comes when the agent closes it.
+        gate_read, gate_write = os.pipe()
         for index in self.indices:
             stacks_path = os.path.join(self.scratch, f"stacks-{index}.txt")
             env = {**self.environment(index, output_dir), STACKS_FILE_ENV: stacks_path,
@@ -214,7 +219,8 @@ class Agent(HubRole, RecordKeeping):
             marks_read, marks_write = os.pipe()
             pid = os.fork()
             if pid == 0:  # the host
-                self._become_host(env, out_write, err_write, marks_write, (out_read, err_read, marks_read))
+                self._become_host(env, out_write, err_write, marks_write,
+                                  (out_read, err_read, marks_read, gate_write), gate_read)
             for fd in (out_write, err_write, marks_write):
                 os.close(fd)
             pipes = {out_read: protocol.STDOUT, err_read: protocol.STDERR, marks_read: MARKS}
@@ -234,14 +240,16 @@ class Agent(HubRole, RecordKeeping):
             except (AttributeError, OSError):
                 pass  # no pidfds here: the loop's timeout bounds how late an end is seen
             self.liveness.add(index, session=self.plan.session)
+        os.close(gate_read)
         self.liveness.start()  # a thread: only once every host is forked
         if self.hub is not None:
             self._start_hub()
         elif self._hub_address is not None:
             self._start_joining(self._hub_address)
+        os.close(gate_write)  # the hosts go
 
     def _become_host(self, env: dict[str, str], out_write: int, err_write: int, marks_write: int,
-                     agent_ends: tuple[int, ...]) -> None:
+                     agent_ends: tuple[int, ...], gate: int) -> None:
         code = protocol.EXIT_FAILED
         try:
             for fd in agent_ends:
@@ -267,6 +275,9 @@ class Agent(HubRole, RecordKeeping):
             os.environ.clear()
             os.environ.update(env)
             sys.argv = ["python -m kinetic_nb.runner", "--job", self.storage.uri]
+            while os.read(gate, 1):  # until every host is forked (the agent closes the pipe; or it died)
+                pass
+            os.close(gate)
             code = run_host(self.storage.uri, self.key)
         except BaseException:  # noqa: BLE001
             traceback.print_exc()
