@@ -72,6 +72,11 @@ CHANNEL_ENV = "KINETIC_CHANNEL"
 #: that found the hub busy do not all come back together, each time, to a hub still busy with their last tries.
 JOIN_RETRY_S = 0.2
 JOIN_RETRY_MAX_S = 3.0
+#: How long one try to join waits for the hub to answer: a busy hub answers the connections waiting at its door
+#: in turn, and a host that gave up and came back would only wait at the end of the line again (at 1,024 hosts on
+#: two cores, tries of 10 s left a hub that answered a few joins a second accepting thousands of connections whose
+#: hosts had given up, and the channel never formed).
+JOIN_TRY_S = 60.0
 NOTEBOOK = "notebook"
 
 
@@ -636,7 +641,7 @@ class Joining:
         pause = JOIN_RETRY_S / 1.5
         while not self._stop.is_set():
             try:
-                self.channel = Channel.open(address, key, role, on_broken=on_broken)
+                self.channel = Channel.open(address, key, role, timeout=JOIN_TRY_S, on_broken=on_broken)
                 self.error = ""
                 if self._abandoned is not None:  # joined as it was abandoned: leave at once
                     self.channel.close(self._abandoned)
@@ -661,9 +666,11 @@ class Joining:
         return self.channel
 
     def settle(self) -> Channel | None:
-        """Stop trying (a try under way finishes: at most a handshake's timeout); the channel, if joined."""
+        """Stop trying; the channel, if joined. A try under way is waited for twice a handshake's timeout, then
+        abandoned (what it joins later is closed)."""
         self._stop.set()
-        self._done.wait(2 * HANDSHAKE_TIMEOUT_S)
+        if not self._done.wait(2 * HANDSHAKE_TIMEOUT_S):
+            self._abandoned = "the hub did not answer in time"
         return self.channel
 
     def abandon(self, reason: str) -> None:

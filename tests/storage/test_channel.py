@@ -22,6 +22,7 @@ from kinetic_nb.client.sessions import attach_session
 from kinetic_nb.errors import IntegrityError, JobFailedError
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.channel import Channel, Hub, Joining, connect
+from kinetic_nb.runner.channel_link import HANDSHAKE_TIMEOUT_S
 from kinetic_nb.runner.envelope import seal
 from kinetic_nb.runner.job_keys import new_key
 from kinetic_nb.storage import open_storage
@@ -456,6 +457,25 @@ def test_a_host_that_looks_for_the_hub_before_it_listens_joins_once_it_does():
         assert joining.settle() is channel and channel.complete.wait(5) and leader.complete.wait(5)
         channel.close()
         leader.close()
+    finally:
+        hub.close()
+
+
+def test_a_host_waiting_at_a_busy_hubs_door_keeps_its_place_until_the_hub_answers():
+    """A hub busy with a thousand hosts' joins answers the connections at its door in turn: a host that gave up
+    after a handshake's timeout and came back would wait at the end of the line again, and the hub would go on
+    accepting connections whose hosts had left (at 1,024 hosts on two cores the channel never formed). Here the
+    hub listens, and accepts only after a handshake's timeout: the host's first connection joins."""
+    key = new_key()
+    hub = Hub(key, ("127.0.0.1", 0), hosts=1)
+    try:
+        joining = Joining(hub.address, key, "host-0")
+        time.sleep(HANDSHAKE_TIMEOUT_S + 1)
+        hub.start()
+        channel = joining.wait(GUARD_S)
+        assert channel is not None and channel.complete.wait(5), joining.error
+        assert hub.refused == {}  # no connection of the host's was left behind at the door
+        channel.close()
     finally:
         hub.close()
 
