@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import datetime
 import re
 import statistics
 import threading
@@ -31,12 +32,16 @@ from typing import Any
 
 from tests.gcs_emulator import FaultProxy, GcsEmulator
 
-__all__ = ["DelayProxy", "Request", "fit_k", "most_writes_per_second"]
+__all__ = ["DelayProxy", "Request", "RequestLog", "fit_k", "most_writes_per_second"]
 
 #: An object's name in a JSON API path (``/storage/v1/b/BUCKET/o/NAME``, ``/download/...`` too).
 _OBJECT_PATH = re.compile(r"/b/[^/]+/o/([^?]+)")
 #: An upload's object name, in its multipart body's metadata part.
 _UPLOAD_NAME = re.compile(rb'"name"\s*:\s*"([^"]+)"')
+#: One request in the emulator's own log (``-log-level info``): logrus's time, then the access log's line in its
+#: message (``time=2026-12-07T00:37:41.867Z level=INFO msg="127.0.0.1 - - [...] \"GET /storage/v1/b/B/o HTTP/1.1\"
+#: 200 27\n"``).
+_LOGGED_REQUEST = re.compile(r'time=(\S+) level=INFO msg="[^"\\]*\\"([A-Z]+) (\S+) HTTP/[0-9.]+\\" ([0-9]{3}) ')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +101,34 @@ class DelayProxy(FaultProxy):
     def since(self, mark: int) -> list[Request]:
         with self._log_lock:
             return self.log[mark:]
+
+
+class RequestLog:
+    """The requests an emulator started with ``log_requests=True`` logged itself, read as :class:`DelayProxy`'s
+    log is (``mark``, ``since``), with no process between its clients and it: a proxy in Python, a thread per
+    connection, spent more than a core of two at a thousand hosts' start and held their requests up. An upload's
+    object name is not in its line (it is in the request's body): a write's ``name`` is empty; ``at`` is the
+    wall clock, to the millisecond."""
+
+    def __init__(self, emulator: GcsEmulator):
+        if not emulator.log_requests:
+            raise ValueError("the emulator logs no requests: start it with log_requests=True")
+        self._path = emulator.log_path
+
+    def mark(self) -> int:
+        """A place in the log (a request is logged once it is answered): :meth:`since` returns what came after."""
+        return self._path.stat().st_size
+
+    def since(self, mark: int) -> list[Request]:
+        with open(self._path, "rb") as log:
+            log.seek(mark)
+            text = log.read().decode(errors="replace")
+        requests = []
+        for at, method, path, status in _LOGGED_REQUEST.findall(text):
+            kind, name, prefix = describe(method, path, b"")
+            when = datetime.datetime.fromisoformat(at.replace("Z", "+00:00")).timestamp()
+            requests.append(Request(when, method, kind, name, prefix, int(status)))
+        return requests
 
 
 def fit_k(delays: list[float], seconds: list[float]) -> tuple[float, float]:

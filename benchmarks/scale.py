@@ -16,9 +16,9 @@ machine); for each N of ``--light``
   same load on the machine; the ratio, goal <= 1.0x;
 - the notebook's CPU per trivial cell (psutil on this process, over
   ``--cells`` cells of the session alone; the ipyparallel client's beside it);
-- on ``gs://`` (a real fake-gcs-server behind ``benchmarks/delay_proxy.py``,
-  at no delay, counting every request the notebook, the agent and the hosts
-  make), for each N of ``--gcs-hosts`` (the N run up to 64 by default): a
+- on ``gs://`` (a real fake-gcs-server, reached directly, every request the
+  notebook, the agent and the hosts make counted from its own log by
+  ``benchmarks/delay_proxy.RequestLog``), for each N of ``--gcs-hosts`` (the N run up to 64 by default): a
   trivial cell's median, the storage requests per trivial cell, and the
   requests per second of the session idle (counted over 10 s, from 5 s after
   its last cell).
@@ -28,7 +28,7 @@ the least-squares line of log(time) on log(hosts), over the N from 64 up
 (over every N run when fewer than two of them are 64 or more, and said so);
 goal <= 1.1 from 64 to 1,024 hosts.
 
-Every process it starts (engines, controller, sessions, emulator, proxy) it
+Every process it starts (engines, controller, sessions, emulator) it
 stops, also on Ctrl-C or SIGTERM (a second Ctrl-C while it cleans up is
 ignored). ipyparallel is a benchmark-only dependency, not the package's
 (``--no-ipyparallel`` needs none):
@@ -54,12 +54,12 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tests' emulator, the delay proxy
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tests' emulator, the request log
 
 import psutil
 
 import kinetic_nb
-from benchmarks.delay_proxy import DelayProxy
+from benchmarks.delay_proxy import RequestLog
 from kinetic_nb.agent.local_state import AgentState
 from kinetic_nb.agent.processes import process_start
 from kinetic_nb.backends.local import agent_files
@@ -218,9 +218,22 @@ def stop_session(session: kinetic_nb.Session) -> None:
 
 @contextlib.contextmanager
 def running_session(hosts: int, **options) -> Iterator[kinetic_nb.Session]:
-    """A warm session of ``hosts`` hosts with no framework, stopped on the way out whatever happens."""
-    session = kinetic_nb.start(hosts=hosts, framework="none", idle_timeout=IDLE_TIMEOUT_S, echo=False, quiet=True,
-                               ready_timeout=max(HANG_S, client_plan.DEFAULT_BARRIER_TIMEOUT_S), **options)
+    """A warm session of ``hosts`` hosts with no framework, stopped on the way out whatever happens (one whose
+    start failed is stopped by ``start``, and what of it did not end in its stop's wait is killed here)."""
+    agents = Path(agent_files("-")[1]).parent
+    before = set(agents.glob("*.json"))
+    try:
+        session = kinetic_nb.start(hosts=hosts, framework="none", idle_timeout=IDLE_TIMEOUT_S, echo=False,
+                                   quiet=True, ready_timeout=max(HANG_S, client_plan.DEFAULT_BARRIER_TIMEOUT_S),
+                                   **options)
+    except BaseException:
+        for record in set(agents.glob("*.json")) - before:
+            left = session_processes(record.stem)
+            if left:
+                print(f"  session {record.stem} did not start; killing {len(left)} of its processes that are left",
+                      flush=True)
+                end_processes(left, wait_s=1.0)
+        raise
     try:
         yield session
     finally:
@@ -302,15 +315,16 @@ class Engines:
 
 
 class Store:
-    """A real fake-gcs-server (in memory) behind the delay proxy, which counts every request; the notebook and
-    the sessions started while it is up reach it through the proxy."""
+    """A real fake-gcs-server (in memory) that logs every request, counted from its log; the notebook and the
+    sessions started while it is up reach it directly (no proxy in Python between: at 1,024 hosts one spent more
+    than a core of two and held the hosts' requests up)."""
 
     def __init__(self, stack: contextlib.ExitStack, workdir: Path):
         # In memory: the emulator's filesystem backend lists a prefix by walking the whole bucket.
-        emulator = stack.enter_context(GcsEmulator(workdir / "emulator", backend="memory"))
+        emulator = stack.enter_context(GcsEmulator(workdir / "emulator", backend="memory", log_requests=True))
         emulator.create_bucket(BUCKET)
-        self.proxy = stack.enter_context(DelayProxy(emulator))
-        stack.enter_context(environment(STORAGE_EMULATOR_HOST=self.proxy.url))
+        self.requests = RequestLog(emulator)
+        stack.enter_context(environment(STORAGE_EMULATOR_HOST=emulator.url))
 
 
 # -- one row ------------------------------------------------------------------------------------------------------
@@ -365,23 +379,23 @@ def measure_cells(session: kinetic_nb.Session, hosts: int, runs: int,
 
 def measure_gcs(store: Store, hosts: int, runs: int, light: bool) -> GcsFigures:
     """A gs:// session's trivial cell, its requests per cell, and its requests per second idle."""
-    proxy = store.proxy
+    log = store.requests
     with environment(KINETIC_LIGHT_HOSTS="1" if light else None), \
             running_session(hosts, storage=f"gs://{BUCKET}/scale-{hosts}") as session:
         session.run(TRIVIAL).result(timeout=HANG_S)
         time.sleep(GCS_SETTLE_S)
-        mark = proxy.mark()
+        mark = log.mark()
         seconds = []
         for _ in range(runs):
             started = time.perf_counter()
             session.run(TRIVIAL).result(timeout=HANG_S)
             seconds.append(time.perf_counter() - started)
-        cells = proxy.since(mark)
+        cells = log.since(mark)
         channel = session.channel is not None
         time.sleep(IDLE_SETTLE_S)
-        mark = proxy.mark()
+        mark = log.mark()
         time.sleep(IDLE_WINDOW_S)
-        idle = proxy.since(mark)
+        idle = log.since(mark)
     kinds = collections.Counter(request.kind for request in cells)
     return GcsFigures(statistics.median(seconds), len(cells) / runs,
                       {kind: count / runs for kind, count in kinds.most_common()}, len(idle) / IDLE_WINDOW_S,

@@ -62,10 +62,13 @@ class GcsEmulator:
         A free loopback port is chosen when omitted.
     """
 
-    def __init__(self, root: Path, port: int | None = None, *, backend: str = "filesystem"):
+    def __init__(self, root: Path, port: int | None = None, *, backend: str = "filesystem", log_requests: bool = False):
         self.root = Path(root)
         self.port = port or free_port()
         self.backend = backend
+        #: Whether its log has a line per request (``-log-level info``), as ``benchmarks.delay_proxy.RequestLog``
+        #: counts them.
+        self.log_requests = log_requests
         self.process: subprocess.Popen | None = None
 
     @property
@@ -84,7 +87,7 @@ class GcsEmulator:
         command = [
             str(emulator_binary()), "-scheme", "http", "-host", "127.0.0.1", "-port", str(self.port),
             "-external-url", self.url, "-backend", self.backend, "-filesystem-root", str(self.root / "data"),
-            "-log-level", "warn",
+            "-log-level", "info" if self.log_requests else "warn",
         ]
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log)

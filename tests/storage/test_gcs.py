@@ -7,6 +7,7 @@ stopped and restarted.
 
 from __future__ import annotations
 
+import collections
 import json
 import re
 import subprocess
@@ -278,3 +279,35 @@ def test_no_credentials_is_one_line_that_says_how_to_log_in(tmp_path, monkeypatc
     message = str(raised.value)
     assert "gcloud auth application-default login" in message and "STORAGE_EMULATOR_HOST" in message
     assert "\n" not in message and type(raised.value.__cause__).__name__ == "DefaultCredentialsError"
+
+
+def test_the_benchmarks_count_every_request_from_the_emulators_own_log(tmp_path, monkeypatch):
+    """``benchmarks/scale.py`` counts a session's requests from the emulator's log (no proxy between a thousand
+    hosts and it): the log's count and kinds are the storage's own."""
+    from benchmarks.delay_proxy import RequestLog
+
+    with GcsEmulator(tmp_path / "emulator", backend="memory", log_requests=True) as emulator:
+        emulator.create_bucket(TEST_BUCKET)
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", emulator.url)
+        storage = GcsStorage(f"gs://{TEST_BUCKET}/counted")
+        log = RequestLog(emulator)
+        storage.write_bytes("warm", b"x")  # the client's first request may look the bucket up
+        mark, before = log.mark(), dict(storage.requests)
+        storage.write_bytes("a/status.json", b"{}")
+        storage.write_bytes("a/status.json", b"{ }")
+        assert storage.read_bytes("a/status.json") == b"{ }"
+        assert [info.name for info in storage.list("a/")] == ["a/status.json"]
+        storage.delete("a/status.json")
+        with pytest.raises(ObjectNotFoundError):
+            storage.read_bytes("a/status.json")
+        made = {kind: count - before.get(kind, 0) for kind, count in storage.requests.items()}
+        deadline = time.monotonic() + 5  # a request is logged once it is answered: the last may come a moment late
+        while len(log.since(mark)) < sum(made.values()) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        logged = collections.Counter(request.kind for request in log.since(mark))
+        assert logged == {"write": made["write"], "read": made["read"], "list": made["list"],
+                          "delete": made["delete"]}, (logged, made)
+        assert [request.name for request in log.since(mark) if request.kind == "read"] == [
+            "counted/a/status.json"] * made["read"]
+    with pytest.raises(ValueError, match="log_requests=True"):
+        RequestLog(GcsEmulator(tmp_path / "quiet"))
