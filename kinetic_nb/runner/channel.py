@@ -573,6 +573,8 @@ class Channel:
         if not channel._caught_up.wait(timeout):
             channel.close("the hub sent nothing")
             raise ChannelClosed(f"the channel at {format_address(address)} sent nothing in {timeout:g} s")
+        if channel.broken is not None:  # the hub let it go before it was in (a proof it took too long to see)
+            raise ChannelClosed(f"the channel at {format_address(address)} closed as it was joined: {channel.broken}")
         return channel
 
     def _receive_loop(self) -> None:
@@ -595,6 +597,7 @@ class Channel:
             self.broken = reason
             self.link.close()
             self.mirror.wake()
+            self._caught_up.set()  # an opener waiting for the hub's first records hears it at once
             if self._on_broken is not None:
                 self._on_broken(reason)
 

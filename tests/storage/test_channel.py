@@ -19,10 +19,10 @@ import pytest
 import kinetic_nb
 from kinetic_nb.backends.local import LocalBackend
 from kinetic_nb.client.sessions import attach_session
-from kinetic_nb.errors import IntegrityError, JobFailedError
+from kinetic_nb.errors import ChannelClosed, IntegrityError, JobFailedError
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.channel import Channel, Hub, Joining, connect
-from kinetic_nb.runner.channel_link import HANDSHAKE_TIMEOUT_S
+from kinetic_nb.runner.channel_link import HANDSHAKE_TIMEOUT_S, Arrival, channel_key
 from kinetic_nb.runner.envelope import seal
 from kinetic_nb.runner.job_keys import new_key
 from kinetic_nb.storage import open_storage
@@ -478,6 +478,29 @@ def test_a_host_waiting_at_a_busy_hubs_door_keeps_its_place_until_the_hub_answer
         channel.close()
     finally:
         hub.close()
+
+
+def test_a_join_the_hub_lets_go_before_it_is_in_fails_at_once_not_at_its_timeout():
+    """A busy hub lets a host go whose proof it did not see in time: the host hears the close and tries again at
+    once, not after its try's whole wait (60 s: at 256 hosts started together, 64 of them sat out the leader's
+    wait for every host to join, and the session's cells went through storage)."""
+    key = new_key()
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+
+        def hub_that_lets_go():
+            sock, _ = listener.accept()
+            arrival = Arrival(sock, channel_key(key), time.monotonic() + GUARD_S)
+            while arrival.step() is None:  # proven: then let go, as a hub does one it saw too late
+                time.sleep(0.01)
+            sock.close()
+
+        threading.Thread(target=hub_that_lets_go, daemon=True).start()
+        started = time.monotonic()
+        with pytest.raises(ChannelClosed, match="closed as it was joined"):
+            Channel.open(listener.getsockname(), key, "host-1", timeout=GUARD_S)
+        assert time.monotonic() - started < GUARD_S / 2
 
 
 def test_a_hub_given_a_name_listens_at_its_addresses_and_the_loopback_and_announces_the_name():
