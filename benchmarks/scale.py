@@ -118,7 +118,8 @@ def failing(call: Callable[[], object]) -> Callable[[], None]:
     def expect_failure() -> None:
         try:
             call()
-        except Exception:  # any exception is the cell's: kinetic's ValueError, ipyparallel's wrapper of it
+        except Exception as error:  # any exception is the cell's: kinetic's ValueError, ipyparallel's wrapper of it
+            stop_if_interrupted(error)
             return
         raise AssertionError("the failing cell did not fail")
     return expect_failure
@@ -172,6 +173,10 @@ def growth_exponent(points: list[tuple[int, float]]) -> tuple[float, int, int] |
 class Interrupts:
     """Ctrl-C and SIGTERM stop the run once (KeyboardInterrupt); while it cleans up, more are ignored."""
 
+    #: Set by the first: an interrupt that lands in a cell's wait ends that cell as interrupted (a KineticError,
+    #: as in a notebook), and the run must stop all the same.
+    stopping = False
+
     def __init__(self) -> None:
         self.raised = False
         signal.signal(signal.SIGINT, self._handle)
@@ -181,7 +186,7 @@ class Interrupts:
         if self.raised:
             print("scale.py: still stopping what it started", file=sys.stderr, flush=True)
             return
-        self.raised = True
+        self.raised = Interrupts.stopping = True
         print("scale.py: interrupted; stopping everything it started", file=sys.stderr, flush=True)
         raise KeyboardInterrupt
 
@@ -402,6 +407,12 @@ def measure_gcs(store: Store, hosts: int, runs: int, light: bool) -> GcsFigures:
                       channel)
 
 
+def stop_if_interrupted(error: BaseException) -> None:
+    """The run stops when ``error`` is what an interrupt made of a cell or a start (a SIGTERM ran on past one)."""
+    if Interrupts.stopping:
+        raise KeyboardInterrupt from error
+
+
 def measure_row(hosts: int, light: bool, runs: int, engines: Engines | None, store: Store | None) -> Row:
     """One N: the session's cells (against the engines' where there are engines), then gs:// where asked."""
     row = Row(hosts, light)
@@ -413,6 +424,7 @@ def measure_row(hosts: int, light: bool, runs: int, engines: Engines | None, sto
         try:
             session = stack.enter_context(running_session(hosts))
         except (KineticError, ValueError) as error:  # a size this machine cannot start: said, and the run goes on
+            stop_if_interrupted(error)
             row.not_run = str(error).splitlines()[0]
             return row
         measure_cells(session, hosts, runs, views, row)
@@ -420,6 +432,7 @@ def measure_row(hosts: int, light: bool, runs: int, engines: Engines | None, sto
         try:
             row.gcs = measure_gcs(store, hosts, runs, light)
         except (KineticError, ValueError) as error:  # the local figures stand; the gs:// session is said not to
+            stop_if_interrupted(error)
             row.gcs_not_run = str(error).splitlines()[0]
     return row
 
@@ -576,7 +589,9 @@ def main() -> None:
             for hosts in args.light:
                 rows.append(measure_row(hosts, True, args.cells, None, store if hosts in on_gcs else None))
                 say_row(rows[-1])
-    except KeyboardInterrupt:
+    except BaseException as error:
+        if not isinstance(error, KeyboardInterrupt) and not Interrupts.stopping:
+            raise
         print("scale.py: stopped" + ("; what was measured so far:" if rows else ""), file=sys.stderr)
     finally:
         interrupts.raised = True  # what is left is printing
