@@ -60,9 +60,12 @@ __all__ = [
 #: process that exists (running or stopped, whatever its interpreter does: ``agent.liveness``), is gone or cut
 #: off (a few heartbeats, with room for a loaded machine). A host that exists but does nothing is quiet, not lost.
 LOST_AFTER_S = 5 * HEARTBEAT_INTERVAL_S
-#: The same in the framework's distributed init: a host's own thread beat once, and the framework held the
-#: interpreter while it connected to its peers; the agent beats now, so this only leaves room for an agent whose
-#: machine is loaded by every host's init at once. The framework's own init timeout bounds that phase.
+#: The same while a host starts (pending, or ready at the start barrier) and in the framework's distributed init:
+#: a host's own thread beat once, and the framework held the interpreter while it connected to its peers; the agent
+#: beats now, so this only leaves room for an agent whose machine is loaded by every host's start or init at once
+#: (an agent lets its hosts go together: at 256 light hosts on gs:// on two cores, it beat host 0 later than
+#: LOST_AFTER_S while they all started). The framework's own init timeout bounds that phase, the start barrier's
+#: timeout the start.
 INIT_LOST_AFTER_S = 60.0
 #: An idle session host is beaten seldom (``runner.status.IDLE_HEARTBEAT_INTERVAL_S``): lost after four missed beats.
 IDLE_LOST_AFTER_S = 4 * IDLE_HEARTBEAT_INTERVAL_S
@@ -352,9 +355,10 @@ def host_state(status: HostStatus | None, summary: ExitSummary | None, heartbeat
         if summary.failed:
             return HostState.FAILED.value
         return HostState.SUCCEEDED.value
-    in_init = status is not None and status.phase == Phase.DISTRIBUTED_INIT.value
+    starting = status is None or status.state in (HostState.PENDING.value, HostState.READY.value) \
+        or status.phase == Phase.DISTRIBUTED_INIT.value
     idle = status is not None and status.state == HostState.IDLE.value
-    allowed = INIT_LOST_AFTER_S if in_init else IDLE_LOST_AFTER_S if idle else LOST_AFTER_S
+    allowed = INIT_LOST_AFTER_S if starting else IDLE_LOST_AFTER_S if idle else LOST_AFTER_S
     if heartbeat_at is not None and now - heartbeat_at > allowed:
         return HostState.LOST.value
     return status.state if status else HostState.PENDING.value
