@@ -7,10 +7,10 @@ a session's cell and a one-shot job: the few records that decide the outcome
 folder: its payloads; the first-failure and cancel records, a stat each), the
 leader's output, and a host's records once it ended or failed, at every look;
 every host's own records and output every :data:`EVERY_HOST_LOOK_S` (plus
-:data:`EVERY_HOST_LOOK_PER_HOST_S` per host), when a host ended, and once all
-have. A look's cost follows what changed, not the slice: at 16 and at 64 hosts
-a cell costs the notebook the same stats and reads per host
-(``tests/test_poller.py``).
+:data:`EVERY_HOST_LOOK_PER_HOST_S` per host; a cell's first such look one
+interval in), when a host ended, and once all have. A look's cost follows what
+changed, not the slice: at 16 and at 64 hosts a cell costs the notebook the
+same stats and reads per host (``tests/test_poller.py``).
 
 :class:`LocalLooks` is a part of :class:`kinetic_nb.client.poller.JobPoller`
 (its records, its ``storage``, ``plan`` and ``cell``, and its state of what was
@@ -57,7 +57,7 @@ class LocalLooks:
         ending = self._cell_ended | {protocol.parse_cell_done(info.name)[1] for info in found}
         last = len(ending) == self.plan.world_size and not self._looked_at_every_end
         if last or self._every_host_look_due():
-            self._every_host_look_done()
+            self._schedule_every_host_look()
             self._looked_at_every_end = self._looked_at_every_end or last
             hosts: range | list[int] = range(self.plan.world_size)
             for index in hosts:
@@ -90,7 +90,7 @@ class LocalLooks:
         ended = self._ends_in_order()
         last = self._ended_below == self.plan.world_size and not self._looked_at_every_end
         if last or failed_first is not None or time.monotonic() >= self._every_host_look_at:
-            self._every_host_look_done()
+            self._schedule_every_host_look()
             self._looked_at_every_end = self._looked_at_every_end or last
             hosts = [index for index in range(self.plan.world_size) if index not in self._read_to_the_end]
         else:
@@ -164,7 +164,8 @@ class LocalLooks:
         # A host that ended (its agent records the first failure before its exit) is looked at now.
         return time.monotonic() >= self._every_host_look_at or self._first_failure_moved() is not None
 
-    def _every_host_look_done(self) -> None:
+    def _schedule_every_host_look(self) -> None:
+        """The next look at every host's records: one interval from now, longer for more hosts."""
         self._every_host_look_at = time.monotonic() + EVERY_HOST_LOOK_S \
             + EVERY_HOST_LOOK_PER_HOST_S * self.plan.world_size
 

@@ -154,8 +154,12 @@ class JobPoller(LocalLooks):
         #: Hosts whose output for the cell is all stored (their agent wrote the cell's last chunk).
         self.output_complete: set[int] = set()
         #: A cell on a local disk: when the next look at every host's records is due (monotonic), the hosts whose
-        #: end of the cell is read, and the version of the first failure's record last seen (a host's end).
+        #: end of the cell is read, and the version of the first failure's record last seen (a host's end). A cell's
+        #: first look at every host comes one interval in, as the later ones do: a quick cell's hosts are looked
+        #: at once, by its last look (a look at its start finds them where the last cell left them).
         self._every_host_look_at = 0.0
+        if cell is not None:
+            self._schedule_every_host_look()
         self._cell_ended: set[int] = set()
         self._first_failure_seen: str | None = None
         self._looked_at_every_end = False
