@@ -11,6 +11,7 @@ import time
 import pytest
 
 import kinetic_nb
+from kinetic_nb.client import cell_handle
 from kinetic_nb.errors import IntegrityError, JobFailedError, KineticWarning, ResultSerializationError
 from kinetic_nb.runner.protocol import HostState
 from kinetic_nb.state import JobStatus
@@ -94,6 +95,20 @@ def test_the_panels_last_word_is_the_outcome_while_a_host_is_still_ending():
     assert shown[-1].hosts[0].state in ("stopping", "stopped")  # it was asleep: it is stopped with the outcome
     assert handle.wait(timeout=60) is JobStatus.FAILED
     assert handle.hosts()[0].state == "stopped" and "after another host failed" in handle.hosts()[0].exit_summary
+
+
+def test_the_status_is_the_outcome_once_decided_while_a_host_it_stopped_is_still_ending(monkeypatch):
+    # Host 0 ignores its SIGTERM and ends at the SIGKILL half a second later; result() waits for no host's end
+    # here: status() says what result() decided, where it said RUNNING until every host's end was read (as CI
+    # saw on a bucket, where the stopped hosts' ends are read a moment later).
+    monkeypatch.setattr(cell_handle, "OUTPUT_WAIT_S", 0.0)
+    source = HOST + ("import signal, time\nif host == 1:\n    raise ValueError('host 1 gave up')\n"
+                     "signal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(60)")
+    handle = kinetic_nb.submit(source, hosts=2)
+    with pytest.raises(ValueError, match="host 1 gave up"):
+        handle.result()
+    assert handle.status() is JobStatus.FAILED
+    assert handle.wait(timeout=60) is JobStatus.FAILED and handle.hosts()[0].exit.signal == "SIGKILL"
 
 
 def test_two_failing_workers_raise_the_lower_index():

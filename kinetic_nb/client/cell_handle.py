@@ -229,7 +229,10 @@ class CellHandle(CellStopping):
         return self._profile
 
     def status(self) -> JobStatus:
-        """PENDING, RUNNING, SUCCEEDED, FAILED or CANCELLED."""
+        """PENDING, RUNNING, SUCCEEDED, FAILED or CANCELLED: once ``result()`` has decided the outcome, that
+        outcome (as the panel's last word says it), while a host it stopped may still be ending."""
+        if self.final is not None:
+            return self.final.status
         return self.snapshot().status
 
     def hosts(self) -> list[HostSnapshot]:
