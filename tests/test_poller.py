@@ -10,6 +10,7 @@ import kinetic_nb
 from kinetic_nb.client import local_looks, poller
 from kinetic_nb.runner.protocol import HostState
 from kinetic_nb.runner.status import HEARTBEAT_INTERVAL_S
+from kinetic_nb.state import JobStatus
 
 
 def test_a_quiet_poll_costs_one_listing_and_no_reads():
@@ -137,6 +138,26 @@ def test_a_cells_looks_at_storage_grow_no_faster_than_the_hosts(monkeypatch):
     monkeypatch.setattr(poller.JobPoller, "_fetch", counted_fetch)
     small, large = _looks_per_host_per_cell(16, counts), _looks_per_host_per_cell(64, counts)
     assert large <= 1.25 * small, f"per host and cell: {small:.1f} at 16 hosts, {large:.1f} at 64"
+
+
+def test_a_session_cells_hosts_show_running_from_their_marker_at_its_barrier(monkeypatch):
+    """A session cell's hosts are running it as soon as each has loaded it and met the others, though the look
+    at every host's status comes only later (here never, before the last): their markers at the cell's barrier,
+    in the cell's folder that every look lists, say so. (Before, the header said pending until that look.)"""
+    monkeypatch.setattr(local_looks, "EVERY_HOST_LOOK_S", 600.0)
+    session = kinetic_nb.start(hosts=4, framework="none", idle_timeout=600, echo=False)
+    try:
+        session.run("x = 1").result()
+        seen = []
+        handle = session.run("import time\ntime.sleep(3)\n2")
+        assert handle.result(on_snapshot=seen.append) == 2
+        running = [snap for snap in seen if snap.status == JobStatus.RUNNING]
+        assert running, [snap.status for snap in seen]
+        assert all(host.state == "running" and host.phase == "execute" and host.started_at
+                   for host in running[-1].hosts)
+        assert seen[-1].status == JobStatus.SUCCEEDED
+    finally:
+        session.stop()
 
 
 class _CountingStorageOs(_CountingOs):

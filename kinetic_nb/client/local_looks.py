@@ -3,7 +3,7 @@
 A bucket is listed (one request gives every object's version); a local disk is
 looked at by name, at the records that may have changed, by the same rules for
 a session's cell and a one-shot job: the few records that decide the outcome
-(a cell's folder, listed once: each host's end of it; a one-shot job's own
+(a cell's folder, listed once: each host's marker at its barrier and its end of it; a one-shot job's own
 folder: its payloads; the first-failure and cancel records, a stat each), the
 leader's output, and a host's records once it ended or failed, at every look;
 every host's own records and output every :data:`EVERY_HOST_LOOK_S` (plus
@@ -19,6 +19,7 @@ looked at are the poller's): kept apart so that each reads in one sitting.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -41,6 +42,8 @@ EVERY_HOST_LOOK_S = 0.5
 #: with it, or a cell's reads would grow as the square of the hosts (a look reads each status that changed).
 EVERY_HOST_LOOK_PER_HOST_S = 0.001
 #: A one-shot job's records in its own folder that a look on a local disk lists (with the failing workers' payloads).
+#: What a host's marker at a cell's barrier is called in the cell's folder, before its index.
+_CELL_READY_PREFIX = protocol.cell_ready(0)[:-1]
 _JOB_FOLDER_RECORDS = (protocol.PLAN, protocol.PAYLOAD, protocol.LEADER_READY, protocol.RESULT, protocol.HANDLE)
 
 
@@ -54,7 +57,7 @@ class LocalLooks:
         As cheap after a thousand cells as after one, and a look's cost follows what changed, not the slice."""
         self.requests["list"] += 1
         found, stored = self._ends_listed()
-        ending = self._cell_ended | {protocol.parse_cell_done(info.name)[1] for info in found}
+        ending = self._cell_ended | {parsed[1] for info in found if (parsed := protocol.parse_cell_done(info.name))}
         last = len(ending) == self.plan.world_size and not self._looked_at_every_end
         if last or self._every_host_look_due():
             self._schedule_every_host_look()
@@ -187,8 +190,8 @@ class LocalLooks:
         return ObjectInfo(name, stat.st_size, f"{stat.st_mtime_ns}:{stat.st_size}", stat.st_mtime)
 
     def _ends_listed(self) -> tuple[list[ObjectInfo], set[int]]:
-        """The hosts' ends of this cell not read yet, and the hosts whose output of it is newly all stored (their
-        agent's marker), from one listing of the cell's folder."""
+        """The hosts' ends of this cell not read yet and their markers at its barrier not seen yet, and the hosts
+        whose output of it is newly all stored (their agent's marker), from one listing of the cell's folder."""
         found: list[ObjectInfo] = []
         stored: set[int] = set()
         try:
@@ -202,6 +205,13 @@ class LocalLooks:
                     if index.isdigit() and int(index) < self.plan.world_size \
                             and int(index) not in self.output_complete:
                         stored.add(int(index))
+                    continue
+                if entry.name.startswith(_CELL_READY_PREFIX):
+                    index = entry.name[len(_CELL_READY_PREFIX):]
+                    if index.isdigit() and int(index) not in self._cell_ready:
+                        with contextlib.suppress(OSError):
+                            found.append(ObjectInfo(f"{protocol.cell_dir(self.cell)}/{entry.name}", 0, "",
+                                                    entry.stat(follow_symlinks=False).st_mtime))
                     continue
                 if not entry.name.startswith(protocol.CELL_DONE_PREFIX):
                     continue

@@ -161,6 +161,9 @@ class JobPoller(LocalLooks):
         if cell is not None:
             self._schedule_every_host_look()
         self._cell_ended: set[int] = set()
+        #: A cell's hosts that have loaded it (their marker at its barrier, in the cell's folder), and when: one
+        #: still on the last cell by its status is in this one, and running it once every host is.
+        self._cell_ready: dict[int, float | None] = {}
         self._first_failure_seen: str | None = None
         self._looked_at_every_end = False
         #: A one-shot job on a local disk: every host below this one has ended (its exit record is found), and the
@@ -284,6 +287,11 @@ class JobPoller(LocalLooks):
                             and self._versions.get(info.name) != info.version:
                         changed.append((in_cell[1], "log", info))
                     continue
+                ready = protocol.parse_cell_ready(info.name)
+                if ready is not None:
+                    if ready[0] == self.cell:
+                        self._saw_ready(ready[1], info.updated)
+                    continue
                 ended_cell = protocol.parse_cell_done(info.name)
                 if ended_cell is not None:  # a host's status as the cell left it: stored at once, by its own name
                     if ended_cell[0] == self.cell and ended_cell[1] < self.plan.world_size \
@@ -312,6 +320,16 @@ class JobPoller(LocalLooks):
         changed += ended
         for (index, kind, info), data in zip(changed, self._read_all([info for _, _, info in changed]), strict=True):
             self._absorb_record(index, kind, info, data)
+
+    def _saw_ready(self, index: int, at: float | None) -> None:
+        """Host ``index`` has loaded this cell (its barrier marker is there): its row says so, and every row
+        does once the last host has (the barrier lets them all go)."""
+        if index >= self.plan.world_size or index in self._cell_ready:
+            return
+        self._cell_ready[index] = at
+        changed = range(self.plan.world_size) if len(self._cell_ready) == self.plan.world_size else (index,)
+        for moved in changed:
+            self.records[moved].revision += 1
 
     def _before_the_cell(self, info: ObjectInfo) -> bool:
         """Whether ``info`` was stored before this cell was (with room for a disk's coarse clock)."""
@@ -454,7 +472,7 @@ class JobPoller(LocalLooks):
         if records.exit is not None:
             state = HostState.FAILED.value if records.exit.failed else HostState.STOPPED.value
         elif status is None or status.cell < self.cell:
-            state = HostState.PENDING.value
+            return self._cell_host_by_marker(index)
         elif status.cell > self.cell or status.state == HostState.IDLE.value:
             failed = status.cell == self.cell and status.cell_failed
             stopped = failed and (status.cell_stopped or status.message.split(":", 1)[0].endswith("HostStoppedError"))
@@ -465,6 +483,16 @@ class JobPoller(LocalLooks):
             state = status.state
         current = status if status is not None and status.cell == self.cell else None  # what it says of this cell
         return self._host(index, state, current, current.history[0][1] if current and current.history else None)
+
+    def _cell_host_by_marker(self, index: int) -> HostSnapshot:
+        """Host ``index`` before its status tells of this cell (a status is stored a moment later, and on a local
+        disk every host's is looked at every ``EVERY_HOST_LOOK_S``): pending, ready once its marker at the cell's
+        barrier is there, running once every host's is."""
+        if index not in self._cell_ready:
+            return self._host(index, HostState.PENDING.value, None, None)
+        every = len(self._cell_ready) == self.plan.world_size
+        state, phase = (HostState.RUNNING, Phase.EXECUTE) if every else (HostState.READY, Phase.START_BARRIER)
+        return dataclasses.replace(self._host(index, state.value, None, self._cell_ready[index]), phase=phase.value)
 
     def _cell_status(self, hosts: list[HostSnapshot]) -> JobStatus:
         if all(host.state == HostState.SUCCEEDED.value for host in hosts):

@@ -142,6 +142,16 @@ def cell_marker_seq(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+_CELL_READY_RE = re.compile(r"^cells/(\d+)/ready-(\d+)$")
+
+
+def parse_cell_ready(name: str) -> tuple[int, int] | None:
+    """``cells/{seq}/ready-{i}`` (host ``i`` has loaded cell ``seq``: ``cell_ready``) as (cell, host index); other
+    names give None."""
+    match = _CELL_READY_RE.match(name)
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
 def cell_done(seq: int, host_index: int) -> str:
     """Host ``host_index``'s status as cell ``seq`` left it (its own name each cell, so written at once where
     ``status.json`` is stored at most once a second: a notebook reading storage sees the cell end without
