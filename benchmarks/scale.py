@@ -20,11 +20,11 @@ machine); for each N of ``--light``
   notebook, the agent and the hosts make counted from its own log by
   ``benchmarks/delay_proxy.RequestLog``), for each N of ``--gcs-hosts`` (the N run up to 64 by default): a
   trivial cell's median, the storage requests per trivial cell, and the
-  requests per second of the session idle, once settled: counted over
-  successive 10 s windows from 5 s after its last cell until one window has no
-  fewer than the one before (at most six); what came before the settled
-  window beyond its rate is the cells' (the hosts' stores a busy bucket
-  answered late), counted in the requests per cell and said apart.
+  requests per second of the session idle: counted over one idle heartbeat
+  period (65 s) once a 10 s window has had at most a few requests (the cells'
+  stores, which a busy bucket answers late, have landed); what came between
+  the last cell and that period beyond its rate is the cells', counted in the
+  requests per cell and said apart.
 
 Then the table, and the growth exponent of each kind of cell: the slope of
 the least-squares line of log(time) on log(hosts), over the N from 64 up
@@ -68,6 +68,7 @@ from kinetic_nb.agent.processes import process_start
 from kinetic_nb.backends.local import agent_files
 from kinetic_nb.client import plan as client_plan
 from kinetic_nb.errors import KineticError
+from kinetic_nb.runner.status import IDLE_HEARTBEAT_INTERVAL_S
 from tests.gcs_emulator import GcsEmulator
 
 TRIVIAL = "x = 1; x"
@@ -88,14 +89,18 @@ ENGINE_REGISTRATION_S = 300.0
 ENGINE_WAIT_S_PER_ENGINE = 3.0
 ENGINE_WAIT_MIN_S = 120.0
 HEARTBEAT_MISSES = 100
-#: The gs:// figures: the pause after the warm-up cell (past the hosts' busy looks), and the idle session's
-#: pause after its last cell, the window its requests are counted over, and the most windows it is counted over
-#: until one has no fewer than the one before (less a few requests: a handful is noise).
+#: The gs:// figures: the pause after the warm-up cell (past the hosts' busy looks), and the idle session's pause
+#: after its last cell. Then the cells' own stores, which a busy bucket answers late (2 a host a cell at 1,024 hosts
+#: here, drained at the emulator's pace for 30 s and more), are waited out: windows of ``QUIET_WINDOW_S`` until one
+#: has at most ``IDLE_NOISE`` requests (at most ``QUIET_WINDOWS_MOST`` of them; an idle cost of a request every
+#: second or more never gets there, and is said so). The idle rate is then counted over one whole idle heartbeat
+#: period (every host's agent beats it once in it: ``runner.status.IDLE_HEARTBEAT_INTERVAL_S``), and a little more.
 GCS_SETTLE_S = 2.0
 IDLE_SETTLE_S = 5.0
-IDLE_WINDOW_S = 10.0
-IDLE_WINDOWS_MOST = 6
+QUIET_WINDOW_S = 10.0
+QUIET_WINDOWS_MOST = 18
 IDLE_NOISE = 5
+IDLE_WINDOW_S = IDLE_HEARTBEAT_INTERVAL_S + 5.0
 BUCKET = "kinetic-scale"
 
 
@@ -353,6 +358,9 @@ class GcsFigures:
     settled_after_s: float
     #: Whether the notebook reached the session's hub: without it, cells travel through storage alone.
     channel: bool
+    #: Whether the session's requests came to a quiet window before its idle rate was counted (else they never
+    #: stopped: the rate then holds what the cells' stores still brought).
+    quiet: bool = True
 
 
 @dataclasses.dataclass
@@ -408,29 +416,31 @@ def measure_gcs(store: Store, hosts: int, runs: int, light: bool) -> GcsFigures:
         cells, after_cells, ended = log.since(mark), log.mark(), time.monotonic()
         channel = session.channel is not None
         time.sleep(IDLE_SETTLE_S)
-        idle, settled_at = settled_idle(log)
+        idle, settled_at, quiet = settled_idle(log)
         late = max(0.0, len(log.since(after_cells)) - len(idle) - len(idle) / IDLE_WINDOW_S * (settled_at - ended))
     kinds = collections.Counter(request.kind for request in cells)
     return GcsFigures(statistics.median(seconds), (len(cells) + late) / runs,
                       {kind: count / runs for kind, count in kinds.most_common()}, len(idle) / IDLE_WINDOW_S,
-                      late / runs, settled_at - ended, channel)
+                      late / runs, settled_at - ended, channel, quiet)
 
 
-def settled_idle(log: RequestLog) -> tuple[list[Request], float]:
-    """An idle session's requests in the first window of ``IDLE_WINDOW_S`` that has no fewer than the one before
-    (less ``IDLE_NOISE``), or the last of ``IDLE_WINDOWS_MOST``; and when that window began (monotonic). One window
-    5 s after the cells counted 0.133 requests a second per host at 1,024 hosts, 0.001 at 256: a steady cost, or
-    the cells' stores that a busy bucket answered late, which the windows after it tell apart."""
-    windows: list[list[Request]] = []
-    while True:
-        began, mark = time.monotonic(), log.mark()
-        time.sleep(IDLE_WINDOW_S)
-        windows.append(log.since(mark))
-        if len(windows) == IDLE_WINDOWS_MOST or (
-                len(windows) > 1 and len(windows[-1]) >= len(windows[-2]) - IDLE_NOISE):
-            return windows[-1], began
-        if len(windows) == 1 and len(windows[0]) <= IDLE_NOISE:
-            return windows[0], began
+def settled_idle(log: RequestLog) -> tuple[list[Request], float, bool]:
+    """An idle session's requests over ``IDLE_WINDOW_S`` once its cells' stores have landed (a window of
+    ``QUIET_WINDOW_S`` with at most ``IDLE_NOISE`` requests), when that window began (monotonic), and whether a
+    quiet window came. One window of 10 s 5 s after the cells counted 0.133 requests a second per host at 1,024
+    hosts, 0.001 at 256, and windows until two agreed 0.121 at 1,024: the cells' status and heartbeat stores,
+    drained at the emulator's steady pace; a quiet window then came 40 s after the cells. And a window shorter than
+    the idle heartbeat period misses the hosts' idle beats, or catches them all at once."""
+    quiet = False
+    for _ in range(QUIET_WINDOWS_MOST):
+        mark = log.mark()
+        time.sleep(QUIET_WINDOW_S)
+        if len(log.since(mark)) <= IDLE_NOISE:
+            quiet = True
+            break
+    began, mark = time.monotonic(), log.mark()
+    time.sleep(IDLE_WINDOW_S)
+    return log.since(mark), began, quiet
 
 
 def stop_if_interrupted(error: BaseException) -> None:
@@ -508,7 +518,8 @@ def say_row(row: Row) -> None:
               f"cell ({kinds}"
               + (f"; and {row.gcs.late_per_cell:.1f} answered after it" if row.gcs.late_per_cell >= 0.05 else "")
               + f"), idle {row.gcs.idle_per_s:.2f} requests/s ({row.gcs.idle_per_s / row.hosts:.3f} per host, "
-              f"{row.gcs.settled_after_s:.0f} s after the last cell)"
+              f"over {IDLE_WINDOW_S:.0f} s from {row.gcs.settled_after_s:.0f} s after the last cell"
+              + ("" if row.gcs.quiet else f"; never quiet for {QUIET_WINDOW_S:.0f} s before it") + ")"
               + ("" if row.gcs.channel else "; on storage alone: the notebook had no direct channel"), flush=True)
     if row.gcs_not_run:
         print(f"{'':{len(name)}}  gs://: not run: {row.gcs_not_run}", flush=True)
