@@ -315,6 +315,30 @@ def test_whether_a_session_ended_costs_one_listing_on_a_bucket_and_a_cell_tells_
     assert session.ended() == "stopped by the user"
 
 
+def test_a_stop_reads_each_hosts_end_once(gcs_root, monkeypatch):
+    """A stop on a bucket waits for the hosts' ends: it lists them, and reads each end once it is listed (a
+    thousand hosts' ends, read again at every look, took it past its wait on gs://). Host 1 ignores its SIGTERM
+    in a running cell, so the stop looks many times before its end (its agent's SIGKILL, a moment later)."""
+    from kinetic_nb.client import sessions
+
+    session = kinetic_nb.start(hosts=3, framework="none", storage=gcs_root, idle_timeout=600, echo=False)
+    session.run(HOST + "import signal\nif host == 1:\n    signal.signal(signal.SIGTERM, signal.SIG_IGN)").result()
+    cell = session.run("import time\nprint('sleeping', flush=True)\ntime.sleep(600)")
+    deadline = time.monotonic() + 60
+    while not all(host.last_line == "sleeping" for host in cell.hosts()):
+        if time.monotonic() > deadline:
+            session.stop()
+            pytest.fail("the cell never ran")
+        time.sleep(0.1)
+    reads = []
+    real_read_exit = sessions.read_exit
+    monkeypatch.setattr(sessions, "read_exit", lambda storage, key, index: reads.append(index)
+                        or real_read_exit(storage, key, index))
+    said = session.stop()
+    assert said == f"session {session.session_id} stopped: its 3 hosts and its agent have ended", said
+    assert sorted(reads) == [0, 1, 2], reads
+
+
 def test_a_one_shot_job_and_a_session_cell_are_one_handle_type_with_one_set_of_methods(session):
     # A one-shot job is a group that runs one cell: submit() and session.run() hand back the same type.
     job = kinetic_nb.submit(HOST + "print('from', host)\nhost + 10", hosts=2, framework="none", echo=False)
