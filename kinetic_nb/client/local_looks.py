@@ -42,8 +42,6 @@ EVERY_HOST_LOOK_S = 0.5
 #: with it, or a cell's reads would grow as the square of the hosts (a look reads each status that changed).
 EVERY_HOST_LOOK_PER_HOST_S = 0.001
 #: A one-shot job's records in its own folder that a look on a local disk lists (with the failing workers' payloads).
-#: What a host's marker at a cell's barrier is called in the cell's folder, before its index.
-_CELL_READY_PREFIX = protocol.cell_ready(0)[:-1]
 _JOB_FOLDER_RECORDS = (protocol.PLAN, protocol.PAYLOAD, protocol.LEADER_READY, protocol.RESULT, protocol.HANDLE)
 
 
@@ -206,8 +204,8 @@ class LocalLooks:
                             and int(index) not in self.output_complete:
                         stored.add(int(index))
                     continue
-                if entry.name.startswith(_CELL_READY_PREFIX):
-                    index = entry.name[len(_CELL_READY_PREFIX):]
+                if entry.name.startswith(protocol.CELL_READY_PREFIX):
+                    index = entry.name[len(protocol.CELL_READY_PREFIX):]
                     if index.isdigit() and int(index) not in self._cell_ready:
                         with contextlib.suppress(OSError):
                             found.append(ObjectInfo(f"{protocol.cell_dir(self.cell)}/{entry.name}", 0, "",

@@ -111,9 +111,13 @@ def cell_dir(seq: int) -> str:
     return f"{CELLS_DIR}/{seq:06d}"
 
 
+#: What the name of a host's marker at a cell's barrier begins with, inside the cell's directory.
+CELL_READY_PREFIX = "ready-"
+
+
 def cell_ready(host_index: int) -> str:
     """Host ``host_index`` has loaded the cell and waits at its barrier (inside the cell's directory)."""
-    return f"ready-{host_index}"
+    return f"{CELL_READY_PREFIX}{host_index}"
 
 
 #: What the name of a host's end of a cell begins with, inside the cell's directory.
