@@ -25,6 +25,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Self
 
+from .serving import serve_in_background
+
 #: How long a starting server may take to answer its first request.
 START_TIMEOUT_S = 20.0
 #: How long a stopping server gets after SIGTERM before SIGKILL.
@@ -244,7 +246,7 @@ class FaultProxy:
 
         self.server = _QuietServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self._thread = threading.Thread(target=self.server.serve_forever, name="fault-proxy", daemon=True)
+        self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
     def _take(self, method: str, path: str) -> int | str | None:
@@ -266,7 +268,7 @@ class FaultProxy:
             connection.close()
 
     def __enter__(self) -> Self:
-        self._thread.start()
+        self._thread = serve_in_background(self.server, "fault-proxy")
         return self
 
     def __exit__(self, *exc: object) -> None:

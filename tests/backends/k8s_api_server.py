@@ -35,7 +35,6 @@ import dataclasses
 import datetime
 import json
 import re
-import threading
 import uuid
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -43,6 +42,8 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from kinetic_nb.backends.kubernetes import manifests as km
+
+from ..serving import serve_in_background
 
 #: (group/version prefix, plural) -> kind, for the collections the backend creates in.
 COLLECTIONS = {
@@ -120,8 +121,7 @@ class RecordingApiServer:
                 pass
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._thread = threading.Thread(target=self._server.serve_forever, name="fake-apiserver", daemon=True)
-        self._thread.start()
+        self._thread = serve_in_background(self._server, "fake-apiserver")
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
 
     def close(self) -> None:

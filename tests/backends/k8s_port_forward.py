@@ -33,6 +33,8 @@ import threading
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
+from ..serving import serve_in_background
+
 _GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 PROTOCOL = "v4.channel.k8s.io"
 _BINARY, _CLOSE, _PING, _PONG = 0x2, 0x8, 0x9, 0xA
@@ -98,7 +100,7 @@ class PortForwardServer:
         self._server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
         self.address = self._server.server_address[:2]
-        threading.Thread(target=self._server.serve_forever, name="port-forward-double", daemon=True).start()
+        serve_in_background(self._server, "port-forward-double")
 
     def core(self) -> Any:
         from kubernetes import client

@@ -24,6 +24,7 @@ from kinetic_nb.errors import SshHostError
 from kinetic_nb.runner import protocol
 
 from ..ddp_check import DDP_TRAIN, flat, full_batch_parameters
+from ..serving import serve_in_background
 from .conftest import python_of_the_hosts, ssh_options
 
 
@@ -138,7 +139,6 @@ def requirement_index(tmp_path_factory):
     holding one package, kinetic_probe_requirement."""
     import functools
     import http.server
-    import threading
 
     from .test_kubernetes_environment import _wheel
 
@@ -147,7 +147,7 @@ def requirement_index(tmp_path_factory):
            {"kinetic_probe_requirement.py": b"INSTALLED_BY = 'the requirements file'\n"})
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(directory))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    serve_in_background(server, "package-index")
     yield f"http://127.0.0.1:{server.server_address[1]}/"
     server.shutdown()
     server.server_close()

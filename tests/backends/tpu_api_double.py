@@ -21,9 +21,10 @@ import os
 import re
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
+
+from ..serving import serve_in_background
 
 _NODE = re.compile(r"^/v2/projects/([^/]+)/locations/([^/]+)/nodes/([^/?]+)$")
 
@@ -92,7 +93,7 @@ class TpuApiDouble:
         return 200, {"name": path[4:], **node}
 
     def __enter__(self) -> TpuApiDouble:
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        serve_in_background(self.server, "tpu-api-double")
         return self
 
     def __exit__(self, *exc_info: object) -> None:
