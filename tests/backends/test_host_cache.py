@@ -104,19 +104,21 @@ def running_from():
     started = []
 
     def start(environment: pathlib.Path) -> subprocess.Popen:
-        process = subprocess.Popen([str(environment / "venv" / "bin" / "python"), "-c", "import sys; sys.stdin.read()"],
-                                   stdin=subprocess.PIPE)
+        process = subprocess.Popen([str(environment / "venv" / "bin" / "python"), "-c",
+                                    "import sys; print('started', flush=True); sys.stdin.read()"],
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         started.append(process)
-        deadline = time.monotonic() + 30
-        while not locked_by_a_process(environment):  # its start holds the environment's in-use lock
-            assert process.poll() is None and time.monotonic() < deadline, "the process never held its environment"
-            time.sleep(0.05)
+        # Its start (the environment's hook, before any code) holds the in-use lock and marks the environment used
+        # now: the test's own time of use comes after that mark, not between the lock and it.
+        assert process.stdout.readline() == b"started\n", "the process never started"
+        assert locked_by_a_process(environment), "the process does not hold its environment"
         return process
 
     yield start
     for process in started:
         process.stdin.close()
         process.wait(timeout=30)
+        process.stdout.close()
 
 
 def test_a_new_environment_removes_the_oldest_unused_ones_and_old_logs_and_the_one_in_use_stays(

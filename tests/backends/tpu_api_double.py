@@ -17,11 +17,9 @@ from __future__ import annotations
 import contextlib
 import http.server
 import json
-import os
 import re
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 
 from ..serving import serve_in_background
@@ -153,14 +151,12 @@ def chips_held(monkeypatch, tmp_path, *command_tail: str) -> Iterator[subprocess
     chip = tmp_path / "accel0"
     chip.write_bytes(b"")
     monkeypatch.setattr(tpu_vm, "TPU_DEVICES", (str(chip),))  # the chips a worker's processes would hold
-    holder = subprocess.Popen([sys.executable, "-c", f"import time\nchip = open({str(chip)!r})\ntime.sleep(120)",
-                               *command_tail])
+    holder = subprocess.Popen([sys.executable, "-c", f"import time\nchip = open({str(chip)!r})\nprint('held', flush=True)\n"
+                               "time.sleep(120)", *command_tail], stdout=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 30
-        while str(chip) not in [os.readlink(f"/proc/{holder.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{holder.pid}/fd")]:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        assert holder.stdout.readline() == b"held\n"  # its chip open, as the busy-chips check will find it
         yield holder
     finally:
         holder.kill()
         holder.wait()
+        holder.stdout.close()
