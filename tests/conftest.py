@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pathlib
 import shutil
 import signal
 import sys
@@ -44,6 +45,53 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["XDG_CACHE_HOME"] = cache
 
 
+#: ``make test`` runs the suite in two lanes (pytest-xdist, ``-n 2``), a file's tests in one lane in their order.
+#: The second lane: the files whose tests mostly wait on the product's own bounds (a silent host called lost, a
+#: cell's timeout, a bucket's outage: about 300 s of a serial run's wall for 60 s of CPU), and, to even the lanes
+#: out, the Kubernetes API double's files, the ssh hosts' files whose hosts log in as this user, the large slice,
+#: the browser's and the storage contract's. The main lane keeps the Ray cluster's tests together, and the trust
+#: tests' two users with the ssh tests whose hosts log in as users of their own (the two users open and close the
+#: folders on the way to this interpreter, which those users must reach). Each lane has its own storage root,
+#: cache, fake-gcs-server and ssh hosts, and the survivors checks count their own lane's processes.
+SECOND_LANE = frozenset({
+    # waiting on the product's bounds
+    "agent/test_liveness.py", "faults/test_agent.py", "faults/test_cell_life.py",
+    "faults/test_interrupt_timeout.py", "faults/test_lost.py", "faults/test_reattach.py",
+    "faults/test_signed_records.py", "faults/test_storage_outage.py", "test_cell_parity.py",
+    "test_panel_kernel.py", "test_session_returns.py",
+    # the Kubernetes API double
+    "backends/test_kubernetes_backend.py", "backends/test_kubernetes_channel.py",
+    "backends/test_kubernetes_client_path.py", "backends/test_kubernetes_environment.py",
+    "backends/test_kubernetes_golden.py", "backends/test_kubernetes_manifests.py",
+    "backends/test_kubernetes_pending.py", "backends/test_kubernetes_scale.py",
+    "backends/test_kubernetes_states.py", "backends/test_kubernetes_wire.py",
+    # ssh hosts that log in as this user
+    "backends/test_host_cache.py", "backends/test_ssh_connections.py", "backends/test_ssh_doctor.py",
+    "backends/test_ssh_python.py", "backends/test_tpu_vm_backend.py",
+    # the large slice, JupyterLab in Chromium, the storage contract
+    "test_large_slice.py", "test_panel_browser.py", "storage/test_contract.py",
+})
+TESTS_FOLDER = pathlib.Path(__file__).parent
+
+
+def lane_of(nodeid: str) -> str:
+    """The lane a test runs in: ``second`` for a test of :data:`SECOND_LANE`'s files, else ``main``."""
+    path = nodeid.split("::")[0]
+    return "second" if path.removeprefix(f"{TESTS_FOLDER.name}/") in SECOND_LANE else "main"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """Each lane to one worker, its tests in collection order (xdist's scopes, a lane one scope)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Lanes(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return lane_of(nodeid)
+
+    return Lanes(config, log)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     gather_the_clusters_tests(items)
 
@@ -74,8 +122,8 @@ def job_processes() -> list[psutil.Process]:
         try:
             command = " ".join(process.info["cmdline"] or ())
             if _SSH_WARM_COMMAND in command:
-                if forked_by_an_ssh_warm_agent(process):  # a job's agent or process on an ssh test host
-                    found.append(process)
+                if forked_by_an_ssh_warm_agent(process) and on_this_runs_ssh_hosts(process):
+                    found.append(process)  # a job's agent or process on an ssh test host
                 continue  # an ssh host's warm agent, or its ssh client: the ssh_hosts fixture proves they end
             if (_JOB_COMMAND in command and _session_root in command) or (
                 _session_root in process.environ().get(_JOB_VARIABLE, "\0")
@@ -91,6 +139,12 @@ def forked_by_an_ssh_warm_agent(process: psutil.Process) -> bool:
     and their parent has it too (the warm agent's own parent is the host's sshd)."""
     parent = process.parent()
     return parent is not None and _SSH_WARM_COMMAND in " ".join(parent.cmdline())
+
+
+def on_this_runs_ssh_hosts(process: psutil.Process) -> bool:
+    """Whether ``process`` runs on an ssh test host this test process started: every login on one descends from
+    its sshd, which ``tests/ssh_hosts.py`` starts as this process's child. The other lane's hosts are not ours."""
+    return any(ancestor.pid == os.getpid() for ancestor in process.parents())
 
 
 def _forked_by_a_warm_agent(process: psutil.Process, command: str) -> bool:
@@ -138,18 +192,19 @@ def ssh_hosts(tmp_path_factory):
 
         close_pools()
         deadline = time.monotonic() + _SURVIVOR_WAIT_S
-        while (left := ssh_warm_agents(str(cache))) and time.monotonic() < deadline:
+        while (left := ssh_warm_agents(str(cache), hosts.config)) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not left, f"ssh hosts' warm agents survived their pools: {left}"
 
 
-def ssh_warm_agents(cache: str) -> list[str]:
-    """The warm agents running on the ssh test hosts (in environments under ``cache``), and their ssh clients."""
+def ssh_warm_agents(cache: str, config: str) -> list[str]:
+    """The warm agents running on ssh test hosts in environments under ``cache``, and the ssh clients to them that
+    name the hosts' ``config`` (the other lane's hosts are not ours)."""
     found = []
     for process in psutil.process_iter(["cmdline"]):
         command = " ".join(process.info["cmdline"] or ())
         with contextlib.suppress(psutil.Error):
-            if (_SSH_WARM_COMMAND in command and (cache in command or "ssh " in command)
+            if (_SSH_WARM_COMMAND in command and (cache in command or f"ssh -F {config} " in command)
                     and not forked_by_an_ssh_warm_agent(process)):
                 found.append(f"{process.pid}: {command}")
     return found

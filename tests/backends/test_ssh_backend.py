@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
 import kinetic_nb
@@ -23,6 +24,7 @@ from kinetic_nb.backends.ssh.pool import close_pools, pool_for
 from kinetic_nb.errors import SshHostError
 from kinetic_nb.runner import protocol
 
+from ..conftest import forked_by_an_ssh_warm_agent, on_this_runs_ssh_hosts
 from ..ddp_check import DDP_TRAIN, flat, full_batch_parameters
 from ..serving import serve_in_background
 from .conftest import python_of_the_hosts, ssh_options
@@ -237,6 +239,25 @@ def test_a_host_whose_agent_and_processes_are_killed_is_lost(ssh_hosts):
     handle.wait(timeout=60)  # the others are stopped by their agents after the grace
 
 
+def test_the_survivors_check_counts_what_a_warm_agent_forked_on_this_runs_hosts_only(ssh_hosts):
+    """``tests/conftest.py`` fails a test that leaves a job's process behind: on an ssh host, what the host's warm
+    agent forked, on the hosts this test process started (a second lane's hosts run another test's jobs)."""
+    kinetic_nb.submit("1", framework="none", quiet=True, **on_ssh(ssh_hosts)).result(timeout=300)  # the warm agents
+    handle = kinetic_nb.submit("import time\nprint('working', flush=True)\ntime.sleep(600)", framework="none",
+                               quiet=True, **on_ssh(ssh_hosts))
+    deadline = time.monotonic() + 120
+    while not all(host.last_line == "working" for host in handle.hosts()):
+        assert time.monotonic() < deadline, "the hosts did not start"
+        time.sleep(0.1)
+    forked = [process for host in range(4) for process in agent_processes(ssh_hosts, handle.job_id, host)
+              if forked_by_an_ssh_warm_agent(process)]
+    assert len(forked) >= 4  # each host's job agent, and the processes it started
+    assert all(on_this_runs_ssh_hosts(process) for process in forked)
+    assert not on_this_runs_ssh_hosts(psutil.Process(os.getppid()))  # what started this test run is not on a host
+    handle.cancel()
+    handle.wait(timeout=60)
+
+
 def test_a_session_runs_its_cells_on_the_ssh_hosts(ssh_hosts):
     session = kinetic_nb.start(framework="none", echo=False, idle_timeout=600, **on_ssh(ssh_hosts))
     try:
@@ -356,7 +377,7 @@ def warm_agents_now(ssh_hosts) -> set[str]:
         command = " ".join(process.info["cmdline"] or ())
         if "ControlMaster=yes" in command and ssh_hosts.config in command:
             masters.add(f"{process.pid}: {command}")
-    return set(ssh_warm_agents(ssh_hosts.environment["XDG_CACHE_HOME"])) | masters
+    return set(ssh_warm_agents(ssh_hosts.environment["XDG_CACHE_HOME"], ssh_hosts.config)) | masters
 
 
 def test_an_idle_pool_closes_and_its_warm_agents_end(ssh_hosts, monkeypatch):

@@ -132,8 +132,7 @@ def prove_nothing_left(hosts: SshTestHosts) -> None:
     on other hosts are not these tests' to judge)."""
     close_pools()
     deadline = time.monotonic() + 15
-    while left := [each for each in ssh_warm_agents(hosts.environment["XDG_CACHE_HOME"])
-                   if hosts.config in each or hosts.environment["XDG_CACHE_HOME"] in each]:
+    while left := ssh_warm_agents(hosts.environment["XDG_CACHE_HOME"], hosts.config):
         assert time.monotonic() < deadline, f"ssh hosts' warm agents survived their pools: {left}"
         time.sleep(0.1)
 
