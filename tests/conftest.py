@@ -49,10 +49,10 @@ def pytest_configure(config: pytest.Config) -> None:
 #: The second lane: the files whose tests mostly wait on the product's own bounds (a silent host called lost, a
 #: cell's timeout, a bucket's outage: about 300 s of a serial run's wall for 60 s of CPU), and, to even the lanes
 #: out, the Kubernetes API double's files, the ssh hosts' files whose hosts log in as this user, the large slice,
-#: the browser's and the storage contract's. The main lane keeps the Ray cluster's tests together, and the trust
-#: tests' two users with the ssh tests whose hosts log in as users of their own (the two users open and close the
-#: folders on the way to this interpreter, which those users must reach). Each lane has its own storage root,
-#: cache, fake-gcs-server and ssh hosts, and the survivors checks count their own lane's processes.
+#: the browser's, the storage contract's and what a cell costs and prints. The main lane keeps the Ray cluster's
+#: tests together, and the trust tests' two users with the ssh tests whose hosts log in as users of their own (the
+#: two users open and close the folders on the way to this interpreter, which those users must reach). Each lane
+#: has its own storage root, cache, fake-gcs-server and ssh hosts; the survivors checks count their own lane's.
 SECOND_LANE = frozenset({
     # waiting on the product's bounds
     "agent/test_liveness.py", "faults/test_agent.py", "faults/test_cell_life.py",
@@ -68,8 +68,9 @@ SECOND_LANE = frozenset({
     # ssh hosts that log in as this user
     "backends/test_host_cache.py", "backends/test_ssh_connections.py", "backends/test_ssh_doctor.py",
     "backends/test_ssh_python.py", "backends/test_tpu_vm_backend.py",
-    # the large slice, JupyterLab in Chromium, the storage contract
-    "test_large_slice.py", "test_panel_browser.py", "storage/test_contract.py",
+    # the large slice, JupyterLab in Chromium, the storage contract, what a cell costs and prints
+    "test_large_slice.py", "test_panel_browser.py", "storage/test_contract.py", "storage/test_cell_cost.py",
+    "test_processes_per_host.py", "test_cell_output.py",
 })
 TESTS_FOLDER = pathlib.Path(__file__).parent
 
