@@ -49,7 +49,12 @@ def test_gloo_teardown_after_a_peer_failed_stays_in_the_logs_never_the_cell_nor_
     handle.wait(timeout=120)  # every rank ended: its whole log is in, and the echo has had all of the leader's
     snapshot = handle.snapshot()
     states = [host.state for host in snapshot.hosts]
-    assert states == ["failed", "succeeded", "succeeded", "failed"], text_summary(snapshot)
+    # Rank 3's exit breaks the others' gloo connections; its failure also reaches the client, which stops the ranks
+    # still running. On a busy machine the stop can come first: the leader is then stopped in its recv (not failed
+    # on it), ranks 1 and 2 in their teardown (which otherwise fails). Either way no row shows gloo's words.
+    assert states[3] == "failed" and states[0] in ("failed", "stopped"), text_summary(snapshot)
+    assert all(host.state == "succeeded" or (host.state == "stopped" and host.phase == protocol.Phase.TEARDOWN.value)
+               for host in snapshot.hosts[1:3]), text_summary(snapshot)
 
     echoed = "".join(text for _, text in shown)
     assert "rank 0 reduced 4" in echoed and not gloo_in(echoed), shown
@@ -57,13 +62,17 @@ def test_gloo_teardown_after_a_peer_failed_stays_in_the_logs_never_the_cell_nor_
         assert host.row_line == f"rank {host.index} reduced 4", text_summary(snapshot)
     rows = {index: host_summary(index, processes) for index, processes in snapshot.by_host()}
     assert rows[1].last_line == "[rank 3] ValueError: rank three fails"  # host 1's row: its failing process's line
-    assert rows[0].last_line.startswith("[rank 0] RuntimeError") and gloo_in(rows[0].last_line)  # its own failure
+    if states[0] == "failed":  # its own failure, gloo's words and all
+        assert rows[0].last_line.startswith("[rank 0] RuntimeError") and gloo_in(rows[0].last_line)
+    else:
+        assert not gloo_in(rows[0].last_line), text_summary(snapshot)
 
-    for rank in (1, 2):  # the teardown's words are still in the log, naming the process by its rank
+    for rank in (rank for rank in (1, 2) if states[rank] == "succeeded"):  # the teardown's words are in the log
         log = handle.logs(rank)
         assert f"host {rank // 2}, process {rank % 2} (rank {rank}): teardown after success failed" in log, log
         assert gloo_in(log)
-    assert gloo_in(handle.logs(0)) and "rank three fails" in handle.logs(3)
+    assert gloo_in(handle.logs(0)) or states[0] == "stopped"
+    assert "rank three fails" in handle.logs(3)
 
 
 #: Host 1 raises; host 0 says something as it is stopped, as JAX does ("preemption_notifier.cc] SIGTERM caught").

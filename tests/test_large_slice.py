@@ -32,7 +32,7 @@ def light_hosts(monkeypatch):
     assert problem is None, problem  # this machine runs them (2 cores, 24 GiB); it is said in one line if not
 
 
-def test_a_session_of_1024_light_hosts_runs_cells_by_the_seeds_rules(light_hosts):
+def test_a_session_of_1024_light_hosts_runs_cells_by_the_seeds_rules(light_hosts, tmp_path):
     started_at = time.monotonic()
     session = kinetic_nb.start(hosts=HOSTS, framework="none", idle_timeout=600, echo=False)
     try:
@@ -44,9 +44,15 @@ def test_a_session_of_1024_light_hosts_runs_cells_by_the_seeds_rules(light_hosts
         assert first_start >= last_fork - TICK_S, f"a host started {last_fork - first_start:.3f} s before the last fork"
         assert session.run("import os\nint(os.environ['KINETIC_HOST_INDEX'])").result() == 0  # the leader's value
         printed = io.StringIO()
-        failing = session.run("import os\nhost = int(os.environ['KINETIC_HOST_INDEX'])\n"
+        # Host 1000 fails once every host has printed its line (each leaves a mark after it): a failure stops the
+        # hosts still running, so without this a host on a busy machine could be stopped before its print.
+        failing = session.run(f"import os, time\nhost = int(os.environ['KINETIC_HOST_INDEX'])\n"
                               "print('step 10 loss 9.99' if host == 7 else 'step 10 loss 0.53', flush=True)\n"
-                              "if host == 1000:\n    raise ValueError('host 1000 lost its shard')",
+                              f"open(os.path.join({str(tmp_path)!r}, str(host)), 'w').close()\n"
+                              "if host == 1000:\n"
+                              f"    while len(os.listdir({str(tmp_path)!r})) < {HOSTS}:\n"
+                              "        time.sleep(0.05)\n"
+                              "    raise ValueError('host 1000 lost its shard')",
                               echo=lambda text, stream: printed.write(text))
         with pytest.raises(ValueError, match="host 1000 lost its shard") as info:
             failing.result()
