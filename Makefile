@@ -43,7 +43,7 @@ test: $(TEST_STAMP)
 	$(PY) -m ruff check .
 	scripts/ensure_chromium.sh
 	scripts/ensure_sshd.sh
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 $(PYTEST_ARGS)
 
 binder-check:
 	scripts/check_binder.sh
