@@ -33,6 +33,7 @@ import sys
 import tempfile
 import threading
 import time
+import typing
 
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.channel import CHANNEL_ENV
@@ -46,6 +47,8 @@ from kinetic_nb.storage import open_storage
 NODE_ID_ENV = "KINETIC_RAY_NODE_ID"
 #: Lines of the agent's own output kept for a record of an agent that died.
 AGENT_LOG_LINES = 8
+#: The most of the agent's output read for those lines.
+AGENT_TAIL_BYTES = 16384
 
 
 #: How long an actor outlives its agent before it ends itself: the client's one call per host (``agent_exit``)
@@ -108,7 +111,9 @@ class RayHost:
 
     def __init__(self) -> None:
         self.agent: subprocess.Popen | None = None
-        self.agent_log = ""
+        #: The agent's stdout and stderr: a file with no name (nothing of it outlives this actor, however it
+        #: ends), whose last lines :meth:`agent_exit` reports.
+        self.agent_output: typing.IO[bytes] | None = None
         #: Set once :meth:`start` has started the agent, or failed to: :meth:`agent_exit` waits for it.
         self._start_over = threading.Event()
         #: Host 0's actor: connections to the session's hub that a notebook off the cluster's network makes
@@ -196,16 +201,14 @@ class RayHost:
                     "MASTER_ADDR": host, "MASTER_PORT": port, NODE_ID_ENV: where["node_id"]})
         if channel:  # a session's hub, on host 0's node: its agent listens there, every other host joins it
             env[CHANNEL_ENV] = channel
-        descriptor, self.agent_log = tempfile.mkstemp(prefix=f"kinetic-{plan.job_id}-{index}-", suffix=".log")
-        actor_pid = os.getpid()
-        with os.fdopen(descriptor, "wb") as log:
-            self.agent = subprocess.Popen(
-                [sys.executable, "-m", "kinetic_nb.agent", "--job", job_uri, "--parent", str(actor_pid), "--key-stdin"],
-                env=env, stdin=subprocess.PIPE, stdout=log, stderr=log, close_fds=True,
-                start_new_session=True,  # its own group: a signal to the worker's group spares it
-            )
-            self.agent.stdin.write(key_hex.encode() + b"\n")
-            self.agent.stdin.close()
+        self.agent_output = tempfile.TemporaryFile(prefix=f"kinetic-{plan.job_id}-{index}-")  # noqa: SIM115
+        self.agent = subprocess.Popen(
+            [sys.executable, "-m", "kinetic_nb.agent", "--job", job_uri, "--parent", str(os.getpid()), "--key-stdin"],
+            env=env, stdin=subprocess.PIPE, stdout=self.agent_output, stderr=self.agent_output, close_fds=True,
+            start_new_session=True,  # its own group: a signal to the worker's group spares it
+        )
+        self.agent.stdin.write(key_hex.encode() + b"\n")
+        self.agent.stdin.close()
         threading.Thread(target=self._end_when_the_agent_ends, args=(job_uri, plan.world_size),
                          name="kinetic-agent-watch", daemon=True).start()
         return {"index": index, "node_id": where["node_id"]}
@@ -225,11 +228,14 @@ class RayHost:
             self.agent.send_signal(signal.SIGTERM)
 
     def _agent_tail(self) -> list[str]:
+        """The last lines the agent wrote, read at their offset: the agent's own writes go on where they were."""
         try:
-            with open(self.agent_log, "rb") as log:
-                return last_lines(log.read()[-16384:].decode(errors="replace"), AGENT_LOG_LINES)
-        except OSError:
+            descriptor = self.agent_output.fileno()
+            size = os.fstat(descriptor).st_size
+            data = os.pread(descriptor, AGENT_TAIL_BYTES, max(0, size - AGENT_TAIL_BYTES))
+        except (OSError, ValueError):  # closed: this actor is being ended
             return []
+        return last_lines(data.decode(errors="replace"), AGENT_LOG_LINES)
 
     def _end_when_the_agent_ends(self, job_uri: str, hosts: int) -> None:
         """Once the agent has ended: remove the job's placement group if every host has ended (the last
@@ -237,9 +243,6 @@ class RayHost:
         import ray
 
         self.agent.wait()
-        with contextlib.suppress(OSError):  # an empty log says nothing; this actor may be ended in the grace below
-            if os.path.getsize(self.agent_log) == 0:
-                os.unlink(self.agent_log)
         time.sleep(ANSWER_GRACE_S)
         storage = open_storage(job_uri)
         try:
