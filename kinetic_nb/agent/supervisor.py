@@ -20,7 +20,9 @@ pod). It
   process's record says it is stopped);
 - beats each host's ``hosts/{i}/heartbeat`` while its process exists, whatever
   its interpreter does (``agent.liveness``);
-- publishes ``KINETIC_OUTPUT_DIR`` to ``outputs/`` when its last host ends.
+- publishes ``KINETIC_OUTPUT_DIR`` to ``outputs/`` when its last host ends;
+- keeps its hosts' files in a scratch folder held while it or a host lives, and removes the scratch folders
+  of agents killed before their end (``agent.scratch``).
 
 The agent's look at ``control/`` is one listing, whatever the number of hosts.
 Its part in a session's channel is ``agent.hub_role``; how it stores and
@@ -38,7 +40,6 @@ import functools
 import logging
 import os
 import selectors
-import shutil
 import signal
 import sys
 import tempfile
@@ -52,6 +53,7 @@ from kinetic_nb.agent.cells import CellWatch
 from kinetic_nb.agent.hub_role import HubRole
 from kinetic_nb.agent.liveness import Liveness, not_running
 from kinetic_nb.agent.record_keeping import RecordKeeping
+from kinetic_nb.agent.scratch import Scratch, sweep_in_background
 from kinetic_nb.runner import marks, protocol
 from kinetic_nb.runner.channel import CHANNEL_ENV, Hub
 from kinetic_nb.runner.envelope import read_limited
@@ -99,6 +101,8 @@ STDERR_TAIL_LINES = 20
 TICK_S = 0.1
 #: What hosts create (outputs, checkpoints, scratch files) is this user's only, whatever the kernel's umask.
 HOST_UMASK = 0o077
+#: How long an ending agent waits for its sweep of killed agents' scratch folders to finish.
+SWEEP_WAIT_S = 5.0
 
 
 @dataclasses.dataclass
@@ -168,7 +172,9 @@ class Agent(HubRole, RecordKeeping):
         self._unsaid_storage_errors = 0
         self._storage_error_lock = threading.Lock()
         self.scratch_outputs: str | None = None
-        self.scratch = tempfile.mkdtemp(prefix=f"kinetic-{plan.job_id}-agent-")
+        self._scratch = Scratch(plan.job_id)  # held while this agent or a host of it lives
+        self._sweep: threading.Thread | None = None
+        self.scratch = self._scratch.path
         self._answered_stacks = -1
         #: A session's cells: every host back to idle after a failed or interrupted cell; the idle timeout.
         self.cells = CellWatch(self) if plan.session else None
@@ -194,12 +200,12 @@ class Agent(HubRole, RecordKeeping):
     def start_hosts(self) -> None:
         # Hosts write their files to a local directory: the job's own outputs/
         # on file://, made 0700 through the storage and named by a path no other
-        # user can redirect; else a 0700 scratch directory published to outputs/ at the end.
+        # user can redirect; else a folder of this agent's 0700 scratch, published to outputs/ at the end.
         if isinstance(self.storage, LocalStorage):
             self.storage.make_directory(protocol.OUTPUTS_DIR)
             output_dir = self.storage.local_path(protocol.OUTPUTS_DIR)
         else:
-            output_dir = self.scratch_outputs = tempfile.mkdtemp(prefix=f"kinetic-{self.plan.job_id}-outputs-")
+            output_dir = self.scratch_outputs = tempfile.mkdtemp(prefix="outputs-", dir=self.scratch)
         sys.stdout.flush()
         sys.stderr.flush()
         # The hosts start together, once every one is forked: a host that ran at once would take the CPU the
@@ -242,6 +248,7 @@ class Agent(HubRole, RecordKeeping):
             self.liveness.add(index, session=self.plan.session)
         os.close(gate_read)
         self.liveness.start()  # a thread: only once every host is forked
+        self._sweep = sweep_in_background()  # what agents killed before their end left behind them
         if self.hub is not None:
             self._start_hub()
         elif self._hub_address is not None:
@@ -321,7 +328,9 @@ class Agent(HubRole, RecordKeeping):
                 with contextlib.suppress(OSError):  # its directory, unless a host's or a notebook's socket is there
                     os.rmdir(os.path.dirname(self._wakeup.path))
             processes.end_adopted_orphans()
-            shutil.rmtree(self.scratch, ignore_errors=True)
+            self._scratch.remove()
+            if self._sweep is not None:  # a quick job's sweep is not cut short (a daemon thread would be)
+                self._sweep.join(SWEEP_WAIT_S)
 
     def _pump(self, timeout: float) -> None:
         for key, _ in self.selector.select(timeout):

@@ -9,7 +9,11 @@ lives across cells, and nothing of ours is left in the cluster.
 
 from __future__ import annotations
 
+import glob
 import os
+import subprocess
+import sys
+import tempfile
 import time
 
 import pytest
@@ -117,6 +121,11 @@ def test_a_killed_actor_is_its_hosts_end(ray_cluster):
         handle.result(timeout=300)
     assert exit_record(handle, 1).reason.startswith("actor died: ")
     assert handle.wait(timeout=300) is JobStatus.FAILED
+    # The killed actor's agent died with it (its parent-death signal), its scratch folder left behind: the next
+    # job's agents sweep it. The others' agents said they were stopping their hosts: nothing of what they said stays.
+    assert submit(ray_cluster, "41 + 1").result(timeout=300) == 42
+    assert ray_cluster.wait_until_nothing_is_left() == []
+    assert _agents_files(handle.job_id) == []
 
 
 def test_a_killed_worker_node_names_its_host_lost_and_comes_back(ray_cluster):
@@ -143,6 +152,8 @@ def test_cancel_stops_every_host(ray_cluster):
     handle.cancel("enough")
     assert handle.wait(timeout=300) is JobStatus.CANCELLED
     assert [host.state for host in handle.hosts()] == ["stopped"] * 4
+    assert ray_cluster.wait_until_nothing_is_left() == []
+    assert _agents_files(handle.job_id) == []  # each agent said it was stopping its host: nothing of it stays
 
 
 def test_a_placement_group_that_cannot_be_placed_waits_with_its_reason_then_fails(ray_cluster):
@@ -206,6 +217,8 @@ def test_a_session_keeps_its_hosts_across_cells_and_survives_a_failure_and_an_in
     finally:
         session.stop()
     assert session.ended() is not None
+    assert ray_cluster.wait_until_nothing_is_left() == []
+    assert _agents_files(session.session_id) == []
 
 
 @pytest.mark.parametrize("route", ["on the cluster's network", "through host 0's actor"])
@@ -260,12 +273,40 @@ def test_nothing_of_ours_is_left_in_the_cluster(ray_cluster):
     assert ray_cluster.wait_until_nothing_is_left() == []
 
 
+def test_an_agents_last_lines_are_read_as_it_goes_on_writing(tmp_path):
+    host = RayHost()
+    with tempfile.TemporaryFile(dir=tmp_path) as output:  # as start() gives the agent its output
+        host.agent_output = output
+        writer = subprocess.Popen([sys.executable, "-c", "import sys\nfor i in range(20):\n    print(f'line {i}')\n"
+                                   "sys.stdout.flush()\nsys.stdin.readline()\nprint('after', flush=True)"],
+                                  stdin=subprocess.PIPE, stdout=output, stderr=subprocess.STDOUT, text=True)
+        try:
+            deadline = time.monotonic() + 30
+            while host._agent_tail()[-1:] != ["line 19"]:
+                assert time.monotonic() < deadline, host._agent_tail()
+                time.sleep(0.01)
+            assert host._agent_tail() == [f"line {i}" for i in range(12, 20)]
+            writer.stdin.write("\n")
+            writer.stdin.close()
+            assert writer.wait(timeout=30) == 0
+            assert host._agent_tail()[-2:] == ["line 19", "after"]  # written after the reads, after the rest
+        finally:
+            writer.kill()
+            writer.wait()
+    assert host._agent_tail() == []  # closed: the actor is being ended
+
+
 # -- helpers ----------------------------------------------------------------------------------
 
 
 class _HostOnNode(RayHost):
     def where(self) -> dict[str, str]:
         return {"node_id": "ab" * 28, "address": "127.0.0.2"}
+
+
+def _agents_files(job_id: str) -> list[str]:
+    """What the hosts' actors left in this machine's temporary folder (every node's) of job ``job_id``."""
+    return glob.glob(os.path.join(tempfile.gettempdir(), f"kinetic-{job_id}-*"))
 
 
 def _wait_for_running(handle, hosts: int, timeout: float = 300) -> None:
