@@ -73,7 +73,9 @@ def shell():
 
 def kinetic_parsers() -> list[MagicArgumentParser]:
     """Every parser of every kinetic magic that exists: found among live objects, so a new one is walked too."""
-    found = [obj for obj in gc.get_objects() if isinstance(obj, MagicArgumentParser)
+    # type(), not isinstance(): isinstance reads an object's __class__, which some of torch's deprecated objects
+    # answer with a FutureWarning.
+    found = [obj for obj in gc.get_objects() if issubclass(type(obj), MagicArgumentParser)
              and obj.prog.startswith(("%kinetic", "kinetic"))]
     assert len(found) >= 1 + len(magics.SUBCOMMANDS)  # %%kinetic and each %kinetic subcommand
     return found
