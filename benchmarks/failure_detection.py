@@ -139,7 +139,8 @@ def main() -> None:
     parser.add_argument("--hosts", type=int, nargs="+", default=[4, 16])
     parser.add_argument("--timeout", type=float, default=4.0)
     args = parser.parse_args()
-    os.environ.setdefault("KINETIC_STORAGE", tempfile.mkdtemp(prefix="kinetic-bench-"))
+    storage = tempfile.TemporaryDirectory(prefix="kinetic-bench-")  # removed as the benchmark ends
+    os.environ.setdefault("KINETIC_STORAGE", storage.name)
     print(f"grace = {args.grace:g} s")
     print(f"{'peers':<10}  {'hosts':>5}  {'detect s':>8}  {'goal':>5}  {'ratio':>6}  {'gone s':>7}  {'goal':>5}  "
           f"{'ratio':>6}")

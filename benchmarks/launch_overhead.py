@@ -89,10 +89,12 @@ def ssh_rows(repeat: int) -> None:
 
     from tests.ssh_hosts import SshTestHosts
 
-    cache = tempfile.mkdtemp(prefix="kinetic-bench-ssh-cache-")
-    os.chdir(tempfile.mkdtemp(prefix="kinetic-bench-notebook-"))  # a notebook's folder: the hosts get a copy
     python = os.path.join(sys.base_prefix, "bin", f"python{sys.version_info[0]}.{sys.version_info[1]}")
-    with SshTestHosts(4, {"PYTHONPATH": sysconfig.get_paths()["purelib"], "XDG_CACHE_HOME": cache}) as hosts:
+    with tempfile.TemporaryDirectory(prefix="kinetic-bench-ssh-cache-") as cache, \
+            tempfile.TemporaryDirectory(prefix="kinetic-bench-notebook-") as notebook, \
+            contextlib.chdir(notebook), \
+            SshTestHosts(4, {"PYTHONPATH": sysconfig.get_paths()["purelib"], "XDG_CACHE_HOME": cache}) as hosts:
+        # (cells run from a notebook's folder of their own: the hosts get a copy of it)
         print(f"\n{'-b ssh, 4 loopback sshd':>24}  {'ssh s':>8}  {'local s':>8}  {'ratio':>6}  (goal <= 1.50)")
         for count in (1, 2, 4):
             on_ssh = {"backend": "ssh", "backend_options": {"ssh_hosts": ",".join(hosts.targets[:count]),
@@ -136,7 +138,8 @@ def main() -> None:
     parser.add_argument("--no-ssh", action="store_true", help="skip the ssh rows (4 local sshd's)")
     parser.add_argument("--no-ray", action="store_true", help="skip the Ray column (no local Ray cluster)")
     args = parser.parse_args()
-    os.environ.setdefault("KINETIC_STORAGE", tempfile.mkdtemp(prefix="kinetic-bench-"))
+    storage = tempfile.TemporaryDirectory(prefix="kinetic-bench-")  # removed as the benchmark ends
+    os.environ.setdefault("KINETIC_STORAGE", storage.name)
     cell_seconds("None", 1, "none")  # warm the page cache once, and start this process's warm agent
 
     print(f"median of {args.repeat} runs; floor = N parallel `python -c 'import kinetic_nb.runner'`; "

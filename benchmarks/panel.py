@@ -155,7 +155,8 @@ def live_costs() -> None:
 
 
 def main() -> None:
-    root = tempfile.mkdtemp(prefix="kinetic-bench-panel-")
+    folder = tempfile.TemporaryDirectory(prefix="kinetic-bench-panel-")  # removed as the benchmark ends
+    root = folder.name
     print("storage requests per poll (list + reads); naive baseline reads every status: 1 + N")
     print(f"{'hosts':>5}  {'first':>10}  {'quiet':>10}  {'one change':>10}  {'naive':>10}  {'quiet/naive':>11}")
     update_times = {}
