@@ -12,6 +12,7 @@ Host-safe: the standard library only.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import fnmatch
 import os
@@ -36,8 +37,28 @@ class Scratch:
         os.rename(claiming, os.path.join(self.path, ALIVE))  # a sweep finds it only once it is held
 
     def remove(self) -> None:
-        shutil.rmtree(self.path, ignore_errors=True)
+        remove_lock_last(self.path)
         os.close(self._lock)
+
+
+def remove_lock_last(path: str) -> None:
+    """Remove scratch folder ``path``, its lock file last: a removal cut short (its agent killed meanwhile) leaves
+    the lock file, so the next sweep finishes it."""
+    try:
+        entries = list(os.scandir(path))
+    except OSError:
+        return
+    for entry in entries:
+        if entry.name == ALIVE:
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                os.unlink(entry.path)
+    with contextlib.suppress(OSError):
+        os.unlink(os.path.join(path, ALIVE))
+        os.rmdir(path)
 
 
 def sweep_abandoned(folder: str | None = None) -> list[str]:
@@ -61,7 +82,7 @@ def sweep_abandoned(folder: str | None = None) -> list[str]:
         except OSError:  # held: its agent, or a host of it, lives
             os.close(lock)
             continue
-        shutil.rmtree(entry.path, ignore_errors=True)
+        remove_lock_last(entry.path)
         os.close(lock)
         removed.append(entry.path)
     return removed

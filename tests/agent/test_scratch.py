@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pathlib
 import signal
 import subprocess
 import sys
 import time
 
 import psutil
+import pytest
 
 import kinetic_nb
 from kinetic_nb.agent import scratch
@@ -75,6 +77,40 @@ def test_a_killed_agents_scratch_is_swept_once_nothing_of_it_lives_and_a_living_
         living.wait()
     assert gone(living_child)
     assert scratch.sweep_abandoned(str(tmp_path)) == [living_path]
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_removal_cut_short_keeps_the_lock_file_so_the_next_sweep_finishes_it(tmp_path, monkeypatch):
+    holder, path, child = start_holder(tmp_path)
+    os.makedirs(os.path.join(path, "workdir-x", "pkg"))  # the shipped folder's copy
+    pathlib.Path(path, "workdir-x", "pkg", "module.py").write_text("")
+    pathlib.Path(path, "stacks-0.txt").write_text("")
+    for pid in (child, holder.pid):
+        kill(pid)
+    holder.wait()
+    assert gone(child)
+
+    def killed_meanwhile(*args, **kwargs):
+        raise KeyboardInterrupt  # as an agent SIGKILLed in the middle of its removal would stop
+
+    with monkeypatch.context() as patched:
+        patched.setattr(scratch.shutil, "rmtree", killed_meanwhile)
+        with pytest.raises(KeyboardInterrupt):
+            scratch.remove_lock_last(path)
+    assert os.path.exists(os.path.join(path, scratch.ALIVE))
+    removed = []
+    unlink = os.unlink
+
+    def recorded(name, *args, **kwargs):
+        removed.append(os.path.basename(name))
+        return unlink(name, *args, **kwargs)
+
+    for index in range(20):  # an order that put the lock file anywhere but last would show
+        pathlib.Path(path, f"stacks-{index}.txt").write_text("")
+    with monkeypatch.context() as patched:
+        patched.setattr(os, "unlink", recorded)
+        assert scratch.sweep_abandoned(str(tmp_path)) == [path]
+    assert removed[-1] == scratch.ALIVE and len(removed) == 22, removed
     assert os.listdir(tmp_path) == []
 
 
