@@ -251,6 +251,7 @@ def test_a_local_session_wakes_its_hosts_through_sockets_only_this_user_reaches(
     paths = [wakeup_path(started.session_id, index) for index in range(2)]
     try:
         assert started.run("'woken'").result() == "woken"
+        assert started.group.woken  # and they wake this notebook
         modes = [os.stat(path) for path in paths]
         assert all(stat.S_ISSOCK(mode.st_mode) and stat.S_IMODE(mode.st_mode) == 0o600 for mode in modes)
         assert stat.S_IMODE(os.stat(os.path.dirname(paths[0])).st_mode) == 0o700

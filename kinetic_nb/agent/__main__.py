@@ -28,6 +28,7 @@ from kinetic_nb.runner.host_variables import host_environment, process_environme
 from kinetic_nb.runner.job_keys import KEY_FILE_ENV, JobKey, key_from_file, key_from_text
 from kinetic_nb.runner.protocol import JobPlan, Phase, ResultPayload
 from kinetic_nb.runner.redact import host_secrets
+from kinetic_nb.runner.wakeup import WOKEN_HOSTS_ENV
 from kinetic_nb.storage import open_storage
 
 
@@ -104,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
 
         def environment(rank: int, output_dir: str) -> dict[str, str]:
             env = host_environment(plan, rank, storage.uri, output_dir, base)
+            env[WOKEN_HOSTS_ENV] = "1"  # beside the notebook, which wakes them (``runner.wakeup``)
             if gpus is not None:
                 env["CUDA_VISIBLE_DEVICES"] = host_devices(gpus, plan.host_of(rank), plan.devices_per_host)
             return env

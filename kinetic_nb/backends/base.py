@@ -109,6 +109,9 @@ class Backend(abc.ABC):
     simulates_accelerators: ClassVar[bool] = False
     #: The hosts do not see this machine's disk (a pod, a Ray node): the notebook's folder travels with the job.
     ships_workdir: ClassVar[bool] = False
+    #: The hosts run on this machine under one agent (the local one): on a local disk they and the notebook wake
+    #: each other through sockets (``runner.wakeup``); anywhere else each side looks at storage at its own pace.
+    hosts_beside_the_notebook: ClassVar[bool] = False
     #: Environment variables whose being set says the user means this backend's hosts (``KINETIC_SSH_HOSTS``): a
     #: cell that runs elsewhere because no ``-b`` chose it says so.
     named_by: ClassVar[tuple[str, ...]] = ()

@@ -111,6 +111,7 @@ class LocalBackend(Backend):
     name = "local"
     summary = "processes on this machine (simulated on CPU; -a gpu-... on its GPUs where it has them)"
     simulates_accelerators = True
+    hosts_beside_the_notebook = True
     flags = (
         BackendFlag("--simulate", "simulate", "Run a gpu-... slice on CPU devices (gloo) even where this machine "
                     "has GPUs.", switch=True),

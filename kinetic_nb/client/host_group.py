@@ -110,12 +110,12 @@ class HostGroup:
                         hosts=self.plan.world_size).status
 
     def open_wakeup(self) -> None:
-        """On a local disk, the socket through which the hosts wake this notebook: a session's hosts when they
-        are back to idle, a one-shot job's agent when a host ends (``runner.wakeup``). Made once; opened before
-        a cell is submitted, so that no wakeup is lost."""
+        """On a local disk, the socket through which the hosts wake this notebook, where they run beside it: a
+        session's hosts when they are back to idle, a one-shot job's agent when a host ends (``runner.wakeup``).
+        Made once; opened before a cell is submitted, so that no wakeup is lost."""
         if self._wakeup is None:
             self._wakeup = False
-            if self.storage.local_path() is not None:
+            if self.storage.local_path() is not None and self.backend.hosts_beside_the_notebook:
                 with contextlib.suppress(OSError):
                     self._wakeup = Wakeup(client_wakeup_path(self.job_id))
                     # A handle dropped before its outcome (detached, given up on) takes its socket with it.

@@ -32,6 +32,7 @@ import contextlib
 import dataclasses
 import io
 import json
+import os
 import signal
 import sys
 import time
@@ -55,7 +56,14 @@ from kinetic_nb.runner.profiling import CellProfiler
 from kinetic_nb.runner.protocol import FirstFailure, HostState, JobPlan, LeaderReady, Phase, PostMortemRequest
 from kinetic_nb.runner.records import open_record, read_record, write_record
 from kinetic_nb.runner.relayed import CARRY_MAX_BYTES, RelayedStorage
-from kinetic_nb.runner.wakeup import last_to_end, open_wakeup, wake, wake_clients, wakeup_path
+from kinetic_nb.runner.wakeup import (
+    WOKEN_HOSTS_ENV,
+    last_to_end,
+    open_wakeup,
+    wake,
+    wake_clients,
+    wakeup_path,
+)
 from kinetic_nb.storage import Storage
 
 __all__ = ["CellGroup", "cell_key", "held_names"]
@@ -97,6 +105,9 @@ MAX_LOOK_LOCAL_S = 0.02
 MAX_LOOK_REMOTE_S = 1.0
 #: An idle host's longest pause between two looks for the next cell when its wakeup socket is open.
 IDLE_LOOK_LOCAL_S = 1.0
+#: An idle host's longest pause on a disk it shares with a notebook that cannot wake it (the host on another
+#: machine, on NFS, say): ten looks a second per host keep the disk's server calm and the next cell prompt.
+IDLE_LOOK_SHARED_S = 0.1
 #: With the channel up, the cell comes through it: only the leader looks at storage, for a cell from a notebook
 #: that has no channel: BUSY_LOOK_REMOTE_S after a cell, the pause growing to this when idle.
 IDLE_LOOK_CHANNEL_S = 10.0
@@ -157,9 +168,10 @@ class CellGroup:
         #: Storage did not answer this host's last look for the next cell (said once, until it answers).
         self._storage_failing = False
         self._helper: concurrent.futures.ThreadPoolExecutor | None = None
-        #: On a local disk the notebook (and the cell's leader) wake a session's host at once through a socket.
+        #: On a local disk the notebook (and the cell's leader) wake a session's host at once through a socket,
+        #: where the hosts run beside the notebook.
         self.wakeup = open_wakeup(self.plan.job_id, run.host_index) \
-            if self.kept and self.storage.local_path() else None
+            if self.kept and self.storage.local_path() and os.environ.get(WOKEN_HOSTS_ENV) else None
         #: A session's channel to its hub (``runner.channel``), once open: cells and records travel through it.
         self.channel: Channel | None = None
         #: Joining the hub, from before this host says it is ready until the leader's verdict.
@@ -283,11 +295,11 @@ class CellGroup:
             found = self._wait_on_channel(payload)
             if found is not False:
                 return found
-        # On a local disk, the notebook wakes this host through its socket when it submits a cell (and the
-        # agent stops it with a signal), busy or idle: a slow look is only a safety net for a wakeup that went
-        # missing, and looking every few milliseconds after a cell would only take the CPU the others need.
+        # On a local disk beside the notebook, the notebook wakes this host through its socket when it submits a
+        # cell (and the agent stops it with a signal), busy or idle: a slow look is only a safety net for a wakeup
+        # that went missing, and looking every few milliseconds after a cell would only take the CPU the others need.
         woken = self.wakeup is not None
-        idle_look = IDLE_LOOK_LOCAL_S if woken else self._max_look
+        idle_look = IDLE_LOOK_LOCAL_S if woken else IDLE_LOOK_SHARED_S if self.storage.local_path() else self._max_look
         pause, busy_until = (idle_look, 0.0) if woken else (FIRST_LOOK_S, time.monotonic() + BUSY_S)
         # On a bucket each look is a request: a busy look every few milliseconds would be hundreds per cell.
         busy_look = BUSY_LOOK_S if self.storage.local_path() else BUSY_LOOK_REMOTE_S

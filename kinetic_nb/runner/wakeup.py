@@ -23,6 +23,11 @@ from pathlib import Path
 
 from kinetic_nb.storage.defaults import user_directory, user_directory_path
 
+#: Set (to "1") by an agent that runs every host of a job on the notebook's machine (the local backend): only there
+#: do the notebook and the hosts reach each other's sockets. A host elsewhere (ssh, Ray, Kubernetes, a TPU VM,
+#: sharing a disk with the notebook) would sleep on a socket nobody wakes: it looks at storage at a busy pace.
+WOKEN_HOSTS_ENV = "KINETIC_WOKEN_HOSTS"
+
 
 def session_socket_directory(session_id: str) -> Path:
     """Where a session's sockets live: one directory per session, so waking its notebooks lists a handful."""

@@ -23,6 +23,7 @@ import kinetic_nb
 from kinetic_nb.backends.ssh.pool import close_pools, pool_for
 from kinetic_nb.errors import SshHostError
 from kinetic_nb.runner import protocol
+from kinetic_nb.runner.wakeup import WOKEN_HOSTS_ENV
 
 from ..conftest import forked_by_an_ssh_warm_agent, on_this_runs_ssh_hosts
 from ..ddp_check import DDP_TRAIN, flat, full_batch_parameters
@@ -267,6 +268,11 @@ def test_a_session_runs_its_cells_on_the_ssh_hosts(ssh_hosts):
         with pytest.raises(ValueError, match="host 1 says no"):
             session.run("if mine == 1:\n    raise ValueError('host 1 says no')").result(timeout=120)
         assert session.run("mine").result(timeout=120) == 0  # the session stayed up
+        # On a disk it shares with its hosts, whose sockets it cannot reach (they are another machine's), neither
+        # side sleeps on a socket the other never wakes: each looks at storage at its own pace (2-3 s per trivial
+        # cell when the hosts waited on their sockets for a second between looks).
+        assert session.storage.local_path() is not None and not session.group.woken
+        assert session.run(f"os.environ.get({WOKEN_HOSTS_ENV!r})").result(timeout=120) is None
     finally:
         session.stop()
 
