@@ -4,13 +4,14 @@ The tests start their own JupyterLab server on a free port. One opens a
 notebook whose 4-host cell sleeps in steps and then fails on host 3, and
 watches the panel go from running to failed; the other starts a session and
 reads what its cells' panels end as. Screenshots land in build/test-output/
-(and, for the 256-host grid, in docs/images/scale/).
+(the 256-host grid's in docs/images/scale/ with KINETIC_UPDATE_SCREENSHOTS=1).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import pathlib
 import re
 import secrets
@@ -99,7 +100,10 @@ elif host == 77:
 print('step 10 loss 0.53', flush=True)"""
 #: 256 hosts on this machine: light ones (test only), as benchmarks/scale.py starts them.
 LIGHT_HOSTS = "import os\nos.environ['KINETIC_LIGHT_HOSTS'] = '1'"
-SCALE_IMAGES = pathlib.Path(__file__).resolve().parent.parent / "docs" / "images" / "scale"
+#: Where the 256-host screenshots go: build/test-output/scale/, or, with KINETIC_UPDATE_SCREENSHOTS=1 (after an
+#: intended change to what the panel shows), docs/images/scale/, which the README shows: a run leaves git clean.
+SCALE_IMAGES = (pathlib.Path(__file__).resolve().parent.parent / "docs" / "images" / "scale"
+                if os.environ.get("KINETIC_UPDATE_SCREENSHOTS") == "1" else OUTPUT / "scale")
 #: What the page counts while the cells run: each output area's changes (a MutationObserver's batches).
 COUNT_UPDATES = """() => {
     window.knUpdates = new Map();
@@ -356,7 +360,7 @@ def _wait_for_header(output, word: str, timeout_s: float) -> str:
 def test_a_256_host_cell_draws_a_grid_the_hosts_that_differ_and_grouped_lines(jupyterlab):
     """16 and 256 hosts printing the same lines (the browser's cost of each panel is measured and printed), then
     256 hosts with one failed and three quiet: the grid, the hosts that differ and the grouped lines, looked at
-    in docs/images/scale/."""
+    in build/test-output/scale/ (docs/images/scale/ with KINETIC_UPDATE_SCREENSHOTS=1)."""
     SCALE_IMAGES.mkdir(parents=True, exist_ok=True)
     with notebook_run(jupyterlab("scale.ipynb"), "scale", 3000) as page:  # every cell in view, drawn
         page.evaluate(COUNT_UPDATES)
