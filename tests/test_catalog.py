@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import time
 
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
 import kinetic_nb
+from kinetic_nb.agent.local_state import AgentState
+from kinetic_nb.agent.processes import process_start
 from kinetic_nb.backends.local import agent_files
 from kinetic_nb.client import catalog as jobs
 from kinetic_nb.client.catalog_records import RECORD_MAX_BYTES, listed_fields, printable, read_record_bytes
@@ -45,23 +48,40 @@ def test_a_failure_keeps_everything_for_inspection():
     assert record_of(handle)["status"] == "FAILED"
 
 
-def test_jobs_attach_and_gc(storage_root):
+def test_jobs_attach_and_gc(storage_root, monkeypatch):
     kept = kinetic_nb.submit("'kept'", hosts=2, keep=True)
     kept.result()
     running = kinetic_nb.submit("import time\ntime.sleep(30)", hosts=1)
-    listed = {record.job_id: record for record in jobs.jobs()}
-    assert listed[kept.job_id].status == "SUCCEEDED" and listed[running.job_id].status in ("PENDING", "RUNNING")
-    again = jobs.attach(kept.job_id)
-    assert again.result() == "kept" and again.group.detached
-    with pytest.raises(FileNotFoundError, match="no job kn-19990101-000000-abc"):
-        jobs.attach("kn-19990101-000000-abc")
-    kept_record = agent_files(kept.job_id)[1]  # the agent's own record (its log went, being empty)
-    assert os.path.exists(kept_record)  # kept past the outcome: it tells a dead agent from a busy one
-    removed = jobs.gc(0)
-    assert kept.job_id in removed and running.job_id not in removed  # never a running job
-    assert not os.path.exists(kept.storage.local_path())
-    assert not any(os.path.exists(path) for path in agent_files(kept.job_id))  # gc ends them with the job
-    running.cancel()
+    try:
+        listed = {record.job_id: record for record in jobs.jobs()}
+        assert listed[kept.job_id].status == "SUCCEEDED" and listed[running.job_id].status in ("PENDING", "RUNNING")
+        again = jobs.attach(kept.job_id)
+        assert again.result() == "kept" and again.group.detached
+        with pytest.raises(FileNotFoundError, match="no job kn-19990101-000000-abc"):
+            jobs.attach("kn-19990101-000000-abc")
+        kept_record = agent_files(kept.job_id)[1]  # the agent's own record (its log went, being empty)
+        wait_for_agent_end(kept)  # it outlives the outcome by a moment (gc waits that moment for it)
+        assert os.path.exists(kept_record)  # kept past the outcome: it tells a dead agent from a busy one
+        ended = pathlib.Path(kept_record).read_bytes()
+        # An agent still ending (here: a record naming this live process) keeps its job when it does not end in
+        # gc's moment: removed under it, its record would be written again after gc, and left for good.
+        monkeypatch.setattr(jobs, "AGENT_END_WAIT_S", 0.2)
+        AgentState(pid=os.getpid(), started_at=time.time(), process_start=process_start(os.getpid())).write(kept_record)
+        assert kept.job_id not in jobs.gc(0) and os.path.exists(kept.storage.local_path())
+        pathlib.Path(kept_record).write_bytes(ended)
+        removed = jobs.gc(0)
+        assert kept.job_id in removed and running.job_id not in removed  # never a running job
+        assert not os.path.exists(kept.storage.local_path())
+        assert not any(os.path.exists(path) for path in agent_files(kept.job_id))  # gc ends them with the job
+    finally:
+        running.cancel()
+
+
+def wait_for_agent_end(handle, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while handle.group.backend.agent_gone(handle.job_id) is False:
+        assert time.monotonic() < deadline, f"the agent of {handle.job_id} did not end in {timeout_s:g} s"
+        time.sleep(0.05)
 
 
 @pytest.mark.parametrize(("text", "seconds"), [("90s", 90), ("30m", 1800), ("12h", 43200), ("7d", 604800), ("5", 5)])

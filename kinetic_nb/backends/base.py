@@ -192,7 +192,7 @@ class Backend(abc.ABC):
         session's ``stop``): connections kept warm for later jobs, which would otherwise close only when idle.
         Never opens anything to close it; never raises."""
 
-    def agent_gone(self, plan: JobPlan) -> bool | None:
+    def agent_gone(self, job_id: str) -> bool | None:
         """Whether the job's agent on this machine has ended; None where the platform runs it (a pod, an actor)."""
         return None
 

@@ -238,10 +238,10 @@ class LocalBackend(Backend):
                 with contextlib.suppress(OSError):
                     os.kill(state.pid, signal.SIGTERM)
 
-    def agent_gone(self, plan: JobPlan) -> bool | None:
+    def agent_gone(self, job_id: str) -> bool | None:
         """Whether the job's agent process has ended (by its record's pid and start time)."""
-        state = AgentState.read(agent_files(plan.job_id)[1])
-        return state is None or not _alive(state, plan.job_id)
+        state = AgentState.read(agent_files(job_id)[1])
+        return state is None or not _alive(state, job_id)
 
     def _agent_death(self, plan: JobPlan, state: AgentState | None) -> str | None:
         """Why the job's agent is gone while hosts have no exit record, or None while it lives."""

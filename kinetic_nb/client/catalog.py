@@ -12,7 +12,7 @@ import logging
 import re
 import time
 
-from kinetic_nb.backends import get_backend
+from kinetic_nb.backends import Backend, get_backend
 from kinetic_nb.client.catalog_records import listed_fields, listed_ids, owned_here, printable, read_record_bytes
 from kinetic_nb.client.cell_handle import CellHandle
 from kinetic_nb.client.host_group import HostGroup, remove_job_objects
@@ -266,6 +266,11 @@ def jobs(*, storage: str | None = None, limit: int = 20) -> list[JobRecord]:
     return records
 
 
+#: How long gc waits for the agent of a job whose hosts have ended to end too, before keeping the job for the
+#: next gc (an agent joins its sweep of killed agents' scratch folders for up to 5 s at its end).
+AGENT_END_WAIT_S = 10.0
+
+
 def parse_duration(text: str) -> float:
     """``"90s"``, ``"30m"``, ``"12h"``, ``"7d"``, ``"2w"`` (or plain seconds) in seconds."""
     match = _DURATION.match(text)
@@ -274,16 +279,32 @@ def parse_duration(text: str) -> float:
     return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
 
 
-def _remove(job_id: str, storage: Storage, record: dict, plan: JobPlan | None) -> int:
-    """Remove a job or session this user owns whose hosts have all ended: what its platform still holds for it
-    (a cluster's objects; none without a plan), its objects, its key, and what this machine keeps of it (a
-    local agent's log and record). Returns the bytes its storage held."""
-    freed = sum(info.size for info in storage.list())
+def _backend_of(job_id: str, record: dict) -> Backend | None:
+    """The backend a job's record names, or None where this kernel cannot make it (said in the log)."""
     try:
-        backend = get_backend(record.get("backend", "local"), **record.get("backend_options", {}))
+        return get_backend(record.get("backend", "local"), **record.get("backend_options", {}))
     except Exception:  # a backend this kernel cannot make: the objects in storage go regardless
         logger.warning("could not clean up the %s objects of %s", record.get("backend"), job_id, exc_info=True)
-        backend = None
+        return None
+
+
+def _agent_runs(backend: Backend | None, job_id: str) -> bool:
+    """Whether the job's agent on this machine still runs after waiting for it to end for a moment: it outlives
+    its hosts' outcome by one (it stores their last words, removes its scratch folder and ends), and its record,
+    written again after gc removed it, would stay for good."""
+    deadline = time.monotonic() + AGENT_END_WAIT_S
+    while backend is not None and backend.agent_gone(job_id) is False:
+        if time.monotonic() > deadline:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _remove(job_id: str, storage: Storage, plan: JobPlan | None, backend: Backend | None) -> int:
+    """Remove a job or session this user owns whose hosts and agent have all ended: what its platform still
+    holds for it (a cluster's objects; none without a plan), its objects, its key, and what this machine keeps
+    of it (a local agent's log and record). Returns the bytes its storage held."""
+    freed = sum(info.size for info in storage.list())
     if backend is not None and plan is not None:
         try:
             backend.cleanup(plan)
@@ -304,12 +325,14 @@ def gc(older_than: float | str, *, storage: str | None = None) -> list[str]:
 
     A job's recorded outcome is not enough: a failed job's other hosts may
     still be inside their grace period, so each job's hosts are looked at; a
-    session whose hosts still run is live, and kept. A job that is not this
-    user's (no key here, or a directory another user owns: another user's in a
-    shared root, or planted) is left alone; a removed job's key file and agent
-    records go with it. The ssh and TPU VM hosts of the removed jobs that can be
-    reached have their kinetic_nb cache pruned (:func:`gc_report`, which also
-    says how many bytes each job held and what each host removed).
+    session whose hosts still run is live, and kept. The agent of a job whose
+    hosts have ended is given a moment to end as well (else the next gc takes
+    the job). A job that is not this user's (no key here, or a directory
+    another user owns: another user's in a shared root, or planted) is left
+    alone; a removed job's key file and agent records go with it. The ssh and
+    TPU VM hosts of the removed jobs that can be reached have their kinetic_nb
+    cache pruned (:func:`gc_report`, which also says how many bytes each job
+    held and what each host removed).
     """
     return [job_id for job_id, _ in gc_report(older_than, storage=storage).removed]
 
@@ -369,7 +392,10 @@ def _collect_jobs(age: float, storage: str | None) -> list[tuple[str, int, dict]
             continue
         if group is not None and not group.status().done:
             continue  # never pull a job's objects from under a live host
-        removed.append((job_id, _remove(job_id, job, record, group.plan if group else None), record))
+        backend = group.backend if group is not None else _backend_of(job_id, record)
+        if _agent_runs(backend, job_id):
+            continue
+        removed.append((job_id, _remove(job_id, job, group.plan if group else None, backend), record))
     return removed
 
 
@@ -389,5 +415,7 @@ def _collect_sessions(age: float, storage: str | None) -> list[tuple[str, int, d
             logger.debug("session %s cannot be collected", session_id, exc_info=True)
             continue  # unreadable: kept for whoever investigates
         record = session.group.to_dict()
-        removed.append((session_id, _remove(session_id, session.storage, record, session.plan), record))
+        if _agent_runs(session.group.backend, session_id):
+            continue
+        removed.append((session_id, _remove(session_id, session.storage, session.plan, session.group.backend), record))
     return removed

@@ -452,7 +452,7 @@ class Session:
         running = set(range(self.plan.world_size))
         while True:
             running -= self._verified_exits([index for index in self._exits_listed() if index in running])
-            agent_gone = self.group.backend.agent_gone(self.plan)
+            agent_gone = self.group.backend.agent_gone(self.plan.job_id)
             if (not running and agent_gone is not False) or time.monotonic() > deadline:
                 break
             time.sleep(0.05)
@@ -484,7 +484,7 @@ class Session:
         asked to stop it (through the channel, where it is up; a local agent is signalled), and ended by it at its
         idle timeout if it did not hear (the agent keeps that rule through an outage)."""
         deadline = time.monotonic() + STOP_WAIT_S
-        while (gone := self.group.backend.agent_gone(self.plan)) is False and time.monotonic() < deadline:
+        while (gone := self.group.backend.agent_gone(self.plan.job_id)) is False and time.monotonic() < deadline:
             time.sleep(0.05)
         self.group.close_wakeup()
         self.close_channel()

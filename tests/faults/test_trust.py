@@ -159,9 +159,9 @@ def test_no_secret_in_any_stored_byte_or_log(monkeypatch, storage_root):
     # What the agent keeps on this machine: its record, always; its log, unless it had nothing to say. The cell
     # is decided before its agent ends (cleanup goes on in the background), so read them once it has ended.
     deadline = time.monotonic() + 30
-    while not LocalBackend().agent_gone(handle.plan) and time.monotonic() < deadline:
+    while not LocalBackend().agent_gone(handle.job_id) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert LocalBackend().agent_gone(handle.plan), "the job's agent outlived its cell by 30 s"
+    assert LocalBackend().agent_gone(handle.job_id), "the job's agent outlived its cell by 30 s"
     log_path, record_path = map(pathlib.Path, agent_files(handle.job_id))
     kept = sorted(log_path.parent.glob(f"{handle.job_id}.*"))
     assert record_path in kept and set(kept) <= {log_path, record_path}, kept
@@ -177,8 +177,10 @@ def test_keys_are_this_users_only_and_go_with_their_jobs(storage_root):
     handle.result()
     path = key_path(handle.job_id)
     assert stat.S_IMODE(path.stat().st_mode) == 0o600 and stat.S_IMODE(path.parent.stat().st_mode) == 0o700
-    assert handle.job_id in catalog.gc(0, storage=storage_root)
+    assert handle.job_id in catalog.gc(0, storage=storage_root)  # its agent may still be ending: gc waits for it
     assert not path.exists()
+    time.sleep(0.5)  # an agent that outlived gc would write its record again now
+    assert not any(os.path.exists(path) for path in agent_files(handle.job_id))
 
 
 def test_attach_from_another_machine_with_the_key_file(tmp_path):
