@@ -207,7 +207,9 @@ class HostSnapshot:
     started_at: float | None = None
     updated_at: float | None = None
     heartbeat_at: float | None = None
+    #: Its newest line worth a row, as plain text (``runner.logs.shown_text``).
     last_line: str = ""
+    #: Its last lines as it printed them, escapes and all (shown through ``shown_text``).
     log_tail: tuple[str, ...] = ()
     message: str = ""
     traceback: str = ""

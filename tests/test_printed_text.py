@@ -11,11 +11,13 @@ travel on the host's marks pipe; the old markers, printed, are text.
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
 import kinetic_nb
+from kinetic_nb.notebook.display.panel import _detail_html, text_summary
 from kinetic_nb.runner import protocol
 
 from .nbrun import execute, rendered_streams
@@ -124,6 +126,36 @@ def test_a_real_display_keeps_its_place_between_the_lines_around_it(session):
             seen += done
     assert seen == [line for i in range(20) for line in (
         f"before {i}", *([f"from a subprocess {i}"] if i % 5 == 0 else []), f"<b>{i}</b>", f"after {i}")]
+
+
+#: A coloured line with a hyperlink in it, a clipboard write, the screen erased and a bell.
+ACTING = "\x1b[1;31mloss\x1b[0m 0.5 \x1b]8;;https://example.com\x1b\\docs\x1b]8;;\x1b\\\x1b]52;c;c3RlYWw=\x07\x1b[2J\x07"
+
+
+def test_the_panel_shows_a_hosts_escapes_as_text_and_the_echo_keeps_them_as_jupyter_renders_them():
+    shown: list[tuple[str, str]] = []
+    job = kinetic_nb.submit(f"print({ACTING!r})\nimport sys\nprint({ACTING!r}, file=sys.stderr)", hosts=2,
+                            framework="none", echo=lambda text, stream: shown.append((stream, text)))
+    job.result(timeout=120)
+    job.wait(timeout=120)
+    snapshot = job.snapshot()
+    assert [host.row_line for host in snapshot.hosts] == ["loss 0.5 docs\ufffd"] * 2
+    assert all(line == ACTING for host in snapshot.hosts for line in host.log_tail)  # as printed: logs() gives it
+    assert job.logs(1) == f"{ACTING}\n{ACTING}\n"
+    details = _detail_html(snapshot.hosts[1])  # the panel's drill-down: the tail as text
+    assert details.count("loss 0.5 docs\ufffd") == 2 and not re.search("[\x00-\x08\x0b-\x1f\x7f-\x9f]", details)
+    summary = text_summary(snapshot)  # the text twin: nothing in it a terminal would act on
+    assert "loss 0.5 docs\ufffd" in summary and not re.search("[\x00-\x08\x0b-\x1f\x7f-\x9f]", summary)
+    assert stdout_of(shown) == ACTING + "\n" and stdout_of(shown, protocol.STDERR) == ACTING + "\n"  # the user's own
+
+    failing = kinetic_nb.submit(f"raise ValueError({ACTING!r})", hosts=2, framework="none", echo=False)
+    with pytest.raises(ValueError, match="loss") as raised:
+        failing.result(timeout=120)
+    assert str(raised.value) == ACTING  # the user's own exception, as raised
+    failing.wait(timeout=120)
+    hosts = failing.snapshot().hosts
+    assert [host.row_line for host in hosts] == ["ValueError: loss 0.5 docs\ufffd"] * 2, text_summary(failing.snapshot())
+    assert all(host.traceback.endswith("ValueError: loss 0.5 docs\ufffd\n") for host in hosts)
 
 
 def test_a_program_the_cell_starts_never_holds_the_marks_pipe():

@@ -44,6 +44,7 @@ from kinetic_nb.errors import (
 )
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.group import ONLY_CELL, cell_key
+from kinetic_nb.runner.logs import shown_text
 from kinetic_nb.runner.protocol import CancelRequest, Phase
 from kinetic_nb.runner.relayed import STORE_INTERVAL_S
 from kinetic_nb.state import HostSnapshot, HostState, JobSnapshot, JobStatus, phase_words
@@ -255,12 +256,12 @@ class CellHandle(CellStopping):
             return text + " after recording success"
         if host.updated_at is not None:
             text += f" while {phase_words(host.phase)}"
-        lines = [line for line in host.log_tail if line.strip()][-5:]
+        lines = [shown for shown in map(shown_text, host.log_tail) if shown.strip()][-5:]
         if lines:
             text += "; last log lines:\n" + "\n".join(f"    {line}" for line in lines)
         # What the host's own log does not hold: its agent's last words, say. A session host's stderr tail spans
         # every cell it ran: only a one-shot job's is this cell's.
-        others = [line for line in (summary.stderr_tail if summary and self.one_shot else ())
+        others = [shown_text(line) for line in (summary.stderr_tail if summary and self.one_shot else ())
                   if line not in host.log_tail]
         if others:
             text += "\n  last lines recorded with its end:\n" + "\n".join(f"    {line}" for line in others[-8:])

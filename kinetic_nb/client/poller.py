@@ -37,7 +37,7 @@ from kinetic_nb.errors import IntegrityError, ObjectNotFoundError
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.envelope import read_limited
 from kinetic_nb.runner.frame_locals import FrameLocals
-from kinetic_nb.runner.logs import LogScreen
+from kinetic_nb.runner.logs import LogScreen, shown_text
 from kinetic_nb.runner.protocol import CancelRequest, ExitSummary, HostStatus, JobPlan, Phase
 from kinetic_nb.runner.records import open_log_chunk, open_record, unverified_line
 from kinetic_nb.state import (
@@ -91,8 +91,8 @@ class _HostRecords:
         lines = self.screen.feed(stream, text)
         self.tail.extend(lines)
         if stream != protocol.FRAMEWORK_OUTPUT:  # teardown noise stays in the log (the tail), off the row
-            self.own_line = next((line for line in reversed(lines) if line.strip() and not is_chatter(line)),
-                                 self.own_line)
+            self.own_line = next((shown for shown in map(shown_text, reversed(lines))
+                                  if shown.strip() and not is_chatter(shown)), self.own_line)
 
     def refuse(self, index: int, name: str) -> None:
         """A record that did not verify: remembered by name, and said in the log in its place."""
@@ -104,12 +104,12 @@ class _HostRecords:
         return (*self.tail, *self.screen.partial())
 
     def last_line(self) -> str:
-        """The newest line worth showing: not blank, not framework chatter, not a line that may become chatter,
-        not what the framework printed in its teardown."""
+        """The newest line worth showing, as plain text (``shown_text``): not blank, not framework chatter, not a
+        line that may become chatter, not what the framework printed in its teardown."""
         partial = self.screen.partial(leaving_out=protocol.FRAMEWORK_OUTPUT)
-        for line in reversed(partial):
-            if line.strip() and not may_become_chatter(line):
-                return line
+        for shown in map(shown_text, reversed(partial)):
+            if shown.strip() and not may_become_chatter(shown):
+                return shown
         return self.own_line
 
 
@@ -437,7 +437,9 @@ class JobPoller(LocalLooks):
             index=index, state=state, phase=status.phase if status else Phase.STARTUP.value, started_at=started_at,
             updated_at=status.updated_at if status else None, heartbeat_at=records.heartbeat_at,
             last_line=records.last_line(), log_tail=records.lines(),
-            message=status.message if status else waiting, traceback=status.traceback if status else "",
+            # The host's own words (its exception's, which may hold escapes), as text the panel shows.
+            message=shown_text(status.message) if status else waiting,
+            traceback=shown_text(status.traceback) if status else "",
             exit=records.exit, history=tuple((phase, float(at)) for phase, at in status.history) if status else (),
             memory=_memory(status.memory) if status else {},
             frame_locals=_frame_locals(status.frame_locals) if status else (),
@@ -512,7 +514,7 @@ class JobPoller(LocalLooks):
         else:
             ends = [records.exit.ended_at for records in self.records if records.exit and records.exit.ended_at]
         first_end = min(ends, default=None)
-        return [dataclasses.replace(host, state=HostState.QUIET.value, stacks=self.stacks.get(host.index, ""))
+        return [dataclasses.replace(host, state=HostState.QUIET.value, stacks=shown_text(self.stacks.get(host.index, "")))
                 if host.state == HostState.RUNNING.value and is_quiet(
                     max(filter(None, (self.records[host.index].active_at, host.updated_at)), default=None),
                     first_end, self.plan.grace_s, now)

@@ -37,11 +37,23 @@ FLUSH_INTERVAL_S = 0.5
 #: A chunk is also written as soon as this much text waits, however little time passed: a host that prints
 #: fast never makes a chunk over the size readers take (``runner.protocol.limits``), which they would refuse.
 MAX_CHUNK_CHARS = 4 * 1024 * 1024
-_CONTROL = re.compile(r"(\r|\n)")
+_CONTROL = re.compile("(\r|\n|\x08)")  # a line ends, or its cursor moves back
+#: An escape sequence, which a terminal acts on rather than prints: CSI (colours, cursor moves, erasing:
+#: ``ESC [ ... final``), OSC (a title, a hyperlink, the clipboard: ``ESC ] ... BEL`` or ``ESC \\``), DCS and its
+#: kin (``ESC P ... ESC \\``), and the two-character ones.
+_ESCAPE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[PX^_][^\x1b]*\x1b\\|[ -/]*[0-~])")
+#: The start of an escape sequence that the text's end cut (a line still being written).
+_ESCAPE_CUT = re.compile(r"\x1b(?:\[[0-?]*[ -/]*|\][^\x07\x1b]*\x1b?|[PX^_][^\x1b]*\x1b?|[ -/]*)\Z")
+#: What is no text on a screen: the C0 controls but tab and what a line is made of (newline, carriage return,
+#: backspace), DEL, the C1 controls, and the bidirectional overrides and isolates, which reorder what follows.
+_UNPRINTED = re.compile("[\x00-\x07\x0b\x0c\x0e-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+#: What such a character is shown as (the same as a byte that is no UTF-8).
+_REPLACEMENT = "\ufffd"
 
 
 class TerminalLine:
-    """One stream's current line as a terminal shows it: ``\\r`` moves back to its start, text overwrites."""
+    """One stream's current line as a terminal shows it: ``\\r`` moves back to its start, a backspace one
+    character back, and text overwrites."""
 
     def __init__(self) -> None:
         self.text = ""
@@ -53,7 +65,7 @@ class TerminalLine:
 
     def feed(self, text: str) -> list[str]:
         """Apply ``text``; return the lines it completed, as they were shown."""
-        if "\r" not in text and self.at_end:  # plain lines (the common case): no character is overwritten
+        if "\r" not in text and "\b" not in text and self.at_end:  # plain lines (the common case): nothing overwritten
             *done, self.text = (self.text + text).split("\n")
             self.cursor = len(self.text)
             return done
@@ -64,6 +76,8 @@ class TerminalLine:
                 self.text, self.cursor = "", 0
             elif piece == "\r":
                 self.cursor = 0
+            elif piece == "\b":  # a backspace moves back a character (Keras's progress bar writes a row of them)
+                self.cursor = max(0, self.cursor - 1)
             elif piece:
                 self.text = self.text[:self.cursor] + piece + self.text[self.cursor + len(piece):]
                 self.cursor += len(piece)
@@ -76,7 +90,7 @@ class TerminalLine:
         part comes back whole after a ``\\r`` when ``text`` rewrote it (or
         left the cursor inside it), and otherwise only its new end.
         """
-        if "\r" not in text and self.at_end:  # plain lines: what a reader needs is the text itself
+        if "\r" not in text and "\b" not in text and self.at_end:  # plain lines: a reader needs the text itself
             self.feed(text)
             return text
         before = self.text
@@ -104,8 +118,19 @@ def display_text(record: str) -> str:
     return text if text.endswith("\n") else text + "\n"
 
 
+def shown_text(text: str) -> str:
+    """``text`` as plain text a screen shows, never acts on: escape sequences (colours, cursor moves, a title, a
+    hyperlink, the clipboard) left out, with one that ``text``'s end cuts short, and every other character that is
+    no text shown as U+FFFD; tabs and what a line is made of (newlines, carriage returns, backspaces) are kept."""
+    if "\x1b" in text:
+        text = _ESCAPE.sub("", _ESCAPE_CUT.sub("", text, count=1))
+    return _UNPRINTED.sub(_REPLACEMENT, text)
+
+
 class LogScreen:
-    """A host's whole output as a terminal shows it: completed lines in order, each stream's line in progress."""
+    """A host's whole output as a terminal shows it: completed lines in order, each stream's line in progress.
+    The lines are as the host printed them, escapes and all (what ``logs()`` gives); :func:`shown_text` is what
+    the panel shows of one."""
 
     def __init__(self) -> None:
         self._lines = {protocol.STDOUT: TerminalLine(), protocol.STDERR: TerminalLine()}

@@ -4,11 +4,13 @@ from kinetic_nb.runner import logs, protocol
 from kinetic_nb.runner.job_keys import new_key
 from kinetic_nb.runner.logs import (
     LogChunkWriter,
+    LogScreen,
     TerminalLine,
     collapse_carriage_returns,
     last_lines,
     read_log,
     read_log_segments,
+    shown_text,
 )
 from kinetic_nb.runner.records import read_log_chunk
 from kinetic_nb.storage import LocalStorage
@@ -79,6 +81,50 @@ def test_a_rewrite_overwrites_only_what_it_writes_as_a_terminal_does():
     assert line.feed("loss 0.50 step 1") == []
     assert line.feed("\rloss 0.25") == [] and line.text == "loss 0.25 step 1"
     assert line.feed("\n") == ["loss 0.25 step 1"]
+
+
+def test_backspaces_move_back_as_a_terminal_does(tmp_path):
+    line = TerminalLine()
+    assert line.feed("50%\b\b\b75%") == [] and line.text == "75%"
+    assert line.feed("\b\b\b\b\b\b") == [] and line.cursor == 0  # never before the line's start
+    # Keras's progress bar: a row of backspaces over the last bar, then a carriage return and the next.
+    storage = LocalStorage(str(tmp_path))
+    writer = LogChunkWriter(storage, 0, KEY)
+    for piece in ["Epoch 1/2\n", "1/3 [=>....] - loss: 0.9", "\b" * 23 + "\r", "3/3 [======] - loss: 0.5",
+                  "\n", "Epoch 2/2\n"]:
+        writer.feed(piece.encode())
+        writer.flush()
+    assert read_log(storage, 0, KEY) == "Epoch 1/2\n3/3 [======] - loss: 0.5\nEpoch 2/2\n"
+    shown = LogScreen()
+    lines = [line for _, text in read_log_segments(storage, 0, KEY) for line in shown.feed(protocol.STDOUT, text)]
+    assert lines == ["Epoch 1/2", "3/3 [======] - loss: 0.5", "Epoch 2/2"]
+
+
+#: What a host may print that a terminal acts on: colours, a hyperlink, the clipboard (OSC 52), a title, the screen
+#: erased, a bell, a right-to-left override, a NUL, a lone escape and a C1 control; and text to keep around them.
+ACTING = ("\x1b[1;31mred\x1b[0m \x1b]8;;https://example.com\x1b\\a link\x1b]8;;\x1b\\ "
+          "\x1b]52;c;c3RlYWw=\x07\x1b]0;a title\x1b\\\x1b[2J\x1b[H\x07 \u202eevil\x00 \x1b \x9b\ttab é 👨\u200d👩\u200d👧\n")
+#: What the panel shows of it: the text alone, each character that is no text as U+FFFD.
+SHOWN = "red a link \ufffd \ufffdevil\ufffd \ufffd \ufffd\ttab é 👨\u200d👩\u200d👧"
+
+
+def test_the_panel_shows_what_a_host_printed_as_plain_text():
+    assert shown_text(ACTING) == SHOWN + "\n"
+    assert shown_text("plain text, as it was\ttabbed\r\n") == "plain text, as it was\ttabbed\r\n"
+    display = json.dumps({"data": {"text/plain": "\x1b[32mgreen\x1b[0m\x07"}, "metadata": {}})
+    assert [shown_text(line) for line in LogScreen().feed(protocol.DISPLAY, display)] == ["green\ufffd"]
+
+
+def test_a_line_still_being_written_shows_no_part_of_an_escape_it_cuts_short():
+    for end in range(len(ACTING)):  # the line as a poll may find it, cut anywhere
+        shown = shown_text(ACTING[:end])
+        assert SHOWN.startswith(shown.rstrip("\ufffd")) or shown.startswith("red a link"), (end, shown)
+        assert not any(part in shown for part in ("[1;31", "8;;", "52;", "0;a", "[2J", "\x1b", "\x07")), (end, shown)
+
+
+def test_the_host_s_lines_stay_as_it_printed_them():
+    screen = LogScreen()  # what logs() gives: the host's own text, escapes and all (Jupyter renders colours)
+    assert screen.feed(protocol.STDOUT, "\x1b[31mred\x1b[0m\n") == ["\x1b[31mred\x1b[0m"]
 
 
 #: What b3f2552 parsed out of a host's stdout: a display record between these two, and a session cell's

@@ -59,6 +59,7 @@ from kinetic_nb.notebook.display.rows import (
     seconds_text,
 )
 from kinetic_nb.runner.frame_locals import NOTE_NAMES, FrameLocals
+from kinetic_nb.runner.logs import shown_text
 from kinetic_nb.runner.protocol import MAX_RANGES, host_ranges
 from kinetic_nb.runner.stacks import readable_stacks, where_the_cell_is
 from kinetic_nb.state import (
@@ -217,7 +218,7 @@ def _detail_html(host: HostSnapshot) -> str:
         parts.append(f"<div>quiet: no output and no phase change since another host ended; where it is:</div>"
                      f'<pre style="white-space:pre-wrap">{html.escape(readable_stacks(host.stacks))}</pre>')
     # Framework chatter stays out, as it stays out of the cell's output.
-    tail = "\n".join([line for line in host.log_tail if not is_chatter(line)][-DETAIL_LINES:])
+    tail = shown_text("\n".join([line for line in host.log_tail if not is_chatter(line)][-DETAIL_LINES:]))
     empty = "(no output)" if host.ended else "(no output yet)"
     parts.append(f'<pre style="max-height:20em;overflow:auto">{html.escape(tail) or empty}</pre>')
     return "".join(parts)
