@@ -38,6 +38,7 @@ import time
 from kinetic_nb.agent import __main__ as agent_main  # the imports every job's agent needs, made once here
 from kinetic_nb.agent.local_state import AgentState
 from kinetic_nb.agent.processes import die_with_parent, process_start
+from kinetic_nb.runner.encryption import load_cipher
 from kinetic_nb.runner.ports import free_ports
 
 #: A request is one JSON object (the agent's arguments, environment, working directory, key); it is small.
@@ -159,6 +160,7 @@ def serve_stdio() -> int:
     base["VIRTUAL_ENV"] = sys.prefix
     cwd = os.getcwd()
     _answer_line({"ready": True, "pid": os.getpid()})
+    load_cipher()  # while it waits: every host it forks decrypts the notebook's folder shipped to it
     pending = b""
     while True:
         _reap()

@@ -7,7 +7,6 @@ module decides its contents from what the user asked for.
 from __future__ import annotations
 
 import datetime
-import importlib.metadata
 import math
 import secrets
 import time
@@ -17,6 +16,7 @@ from typing import Any
 import cloudpickle
 
 from kinetic_nb.accelerators import Accelerator, cloud_tpu_accelerator, resolve_accelerator
+from kinetic_nb.backends.host_environment import package_version
 from kinetic_nb.errors import ProtocolVersionError, UnknownAcceleratorError
 from kinetic_nb.runner import protocol
 from kinetic_nb.runner.cell import remember_source
@@ -234,16 +234,8 @@ def make_plan(
         idle_timeout_s=idle_timeout,
         grace_s=DEFAULT_GRACE_S if grace is None else grace,
         created_at=time.time(),
-        client_versions={**installed_versions(), "kinetic_nb": kinetic_nb_version()},
+        client_versions={**installed_versions(), "kinetic_nb": package_version()},
     )
-
-
-def kinetic_nb_version() -> str:
-    """The version of the kinetic_nb this notebook runs, as installed (``0+checkout`` for a bare checkout)."""
-    try:
-        return importlib.metadata.version("kinetic_nb")
-    except importlib.metadata.PackageNotFoundError:
-        return "0+checkout"
 
 
 def check_protocol(plan: JobPlan, what: str) -> None:
@@ -254,5 +246,5 @@ def check_protocol(plan: JobPlan, what: str) -> None:
     theirs = plan.client_versions.get("kinetic_nb")
     raise ProtocolVersionError(
         f"{what} was stored by kinetic_nb {theirs or '(a version that did not record itself)'}, which speaks job "
-        f"protocol {plan.protocol_version}; this notebook's kinetic_nb {kinetic_nb_version()} speaks "
+        f"protocol {plan.protocol_version}; this notebook's kinetic_nb {package_version()} speaks "
         f"{protocol.PROTOCOL_VERSION}: open it from a notebook with that kinetic_nb")

@@ -27,6 +27,13 @@ _TAG_BYTES = 16
 OVERHEAD_BYTES = len(_MAGIC) + _NONCE_BYTES + _TAG_BYTES
 
 
+def load_cipher() -> None:
+    """Import the cipher now (about 8 ms): a warm agent does while it waits, so the hosts it forks later decrypt
+    without paying for it (imported on first use otherwise: a local host never needs it)."""
+    import cryptography.exceptions  # noqa: F401
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM  # noqa: F401
+
+
 def _cipher(key: bytes, purpose: str):
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 

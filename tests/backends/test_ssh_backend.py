@@ -386,6 +386,33 @@ def warm_agents_now(ssh_hosts) -> set[str]:
     return set(ssh_warm_agents(ssh_hosts.environment["XDG_CACHE_HOME"], ssh_hosts.config)) | masters
 
 
+def test_a_pools_later_jobs_resolve_no_address_and_start_no_timer(ssh_hosts, monkeypatch):
+    from kinetic_nb.backends.ssh import backend as ssh_backend
+
+    close_pools()
+    resolved = []
+    real = ssh_backend.ssh_address
+    monkeypatch.setattr(ssh_backend, "ssh_address", lambda *args: resolved.append(args) or real(*args))
+    kinetic_nb.submit("1", framework="none", quiet=True, **on_ssh(ssh_hosts, 2)).result(timeout=300)
+    timer = pool_of(ssh_hosts, 2)._timer
+    for _ in range(2):
+        kinetic_nb.submit("1", framework="none", quiet=True, **on_ssh(ssh_hosts, 2)).result(timeout=300)
+    assert len(resolved) == 1  # ssh -G once for the pool, not once a job
+    assert pool_of(ssh_hosts, 2)._timer is timer  # its idle close looks again when it fires
+
+
+def test_a_hosts_warm_agent_has_the_cipher_for_the_folder_it_ships_loaded_while_it_waits(ssh_hosts):
+    kinetic_nb.submit("1", framework="none", quiet=True, **on_ssh(ssh_hosts, 2)).result(timeout=300)
+    agents = [agent for agent in pool_of(ssh_hosts, 2).warm if agent.wait_ready(60)]
+    pids = [agent.remote_pid for agent in agents]
+    assert len(pids) == 2 and all(pids)
+    deadline = time.monotonic() + 30
+    while not all(any("cryptography" in mapped.path for mapped in psutil.Process(pid).memory_maps())
+                  for pid in pids):
+        assert time.monotonic() < deadline, "a warm agent never loaded the cipher"
+        time.sleep(0.1)
+
+
 def test_an_idle_pool_closes_and_its_warm_agents_end(ssh_hosts, monkeypatch):
     from kinetic_nb.backends.ssh import pool as pools
 

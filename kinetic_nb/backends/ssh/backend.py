@@ -189,7 +189,7 @@ class SshBackend(Backend):
         pool = self._jobs.get(job_id) or self._pool()
         self._jobs[job_id] = pool
         with pool.lock:
-            return f"{self.host0_address()}:{pool.host0_ports()[0]}"
+            return f"{self._host0_of(pool)}:{pool.host0_ports()[0]}"
 
     def _pool(self) -> HostPool:
         self._pool_settings = {"targets": self.targets, "config": self.config, "python": self.python,
@@ -206,6 +206,13 @@ class SshBackend(Backend):
         if self._host0 is None:
             self._host0 = ssh_address(self.targets[0], self.config)
         return self._host0
+
+    def _host0_of(self, pool: HostPool) -> str:
+        """:meth:`host0_address`, resolved once for as long as ``pool`` keeps its connections (which the same
+        config made)."""
+        if pool.host0_address is None:
+            pool.host0_address = self.host0_address()
+        return pool.host0_address
 
     def preflight(self, plan: JobPlan) -> None:
         try:
@@ -251,7 +258,7 @@ class SshBackend(Backend):
         requirements = self._requirements.get(plan.job_id)
         wheel = package_wheel()
         digest = hashlib.sha256(install_record(storage.uri, requirements=requirements, wheel=wheel)[1]).hexdigest()
-        host0 = self.host0_address()
+        host0 = self._host0_of(pool)
         common = {**job_variables(plan, storage.uri, ""), **secrets.env,
                   **{name: os.environ[name] for name in PASSED_ON if name in os.environ},
                   "MASTER_ADDR": host0, "KINETIC_COORDINATOR_ADDRESS": plan.coordinator_address,

@@ -163,11 +163,14 @@ class HostPool:
         self._fresh_ports: tuple[int, ...] | None = self.facts[0].ports
         #: file:// roots every host was seen to share.
         self.shared_roots: set[str] = set()
+        #: Where the other hosts reach host 0, once resolved (``ssh -G``, a process: not once a job).
+        self.host0_address: str | None = None
         self.warm: list[RemoteWarmAgent] = []
         #: When host 0's warm agent was asked for the next job's ports, its answer not read yet.
         self._ports_asked: float | None = None
         self.closed = False
         self._timer: threading.Timer | None = None
+        self._used_at = time.monotonic()
         self.touch()
 
     def _probe_installing_pythons(self) -> list[HostFacts]:
@@ -194,17 +197,26 @@ class HostPool:
         return facts
 
     def touch(self) -> None:
-        """A job used it: its idle close starts again."""
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer = threading.Timer(IDLE_CLOSE_S, self._close_if_idle)
+        """A job used it: its idle close starts again (one timer a pool, which looks again when it fires: a
+        thread started for every job cost each about a millisecond)."""
+        self._used_at = time.monotonic()
+        if self._timer is None:
+            self._close_after(IDLE_CLOSE_S)
+
+    def _close_after(self, seconds: float) -> None:
+        self._timer = threading.Timer(seconds, self._close_if_idle)
         self._timer.daemon = True
         self._timer.start()
 
     def _close_if_idle(self) -> None:
         with self.lock, _pools_lock:  # after a launch that holds it, not during one
-            if not self.closed:
-                close_pool(self)
+            idle = time.monotonic() - self._used_at
+            if self.closed:
+                return
+            if idle < IDLE_CLOSE_S:  # used since this timer was set: look again when it will have been idle
+                self._close_after(IDLE_CLOSE_S - idle)
+                return
+            close_pool(self)
 
     def healthy(self) -> bool:
         """Whether its connections still work: its warm agents run (they ride on them), or every master answers."""
