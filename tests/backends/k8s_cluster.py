@@ -687,9 +687,10 @@ def session_on_pods(api: FakeKubernetes, start: Any, log_dir: str, **options: An
     started: dict[str, Any] = {}
     thread = threading.Thread(target=lambda: started.setdefault("session", start()), name="start-session")
     thread.start()
-    wait_for(lambda: any(kind != "Secret" and not name.endswith("-root") for kind, name in api.objects),
-             what="the session's workload")
-    owner = workload(api.objects.values())
+    # The workload itself: the backend also creates a Service (and the root Job) for the session, in some order.
+    wait_for(lambda: any(manifest["kind"] in ("LeaderWorkerSet", "Job") and not is_root(manifest)
+                         for manifest in list(api.objects.values())), what="the session's workload")
+    owner = workload(list(api.objects.values()))
     name, namespace = owner["metadata"]["name"], owner["metadata"]["namespace"]
     kubelet = FakeKubelet(pods_for([owner]), log_dir, secrets=api.secret_value,
                           dns={f"{name}-0.{name}.{namespace}": "127.0.0.1"}, **options)
