@@ -115,6 +115,29 @@ def test_line_magic(shell, capsys):
     assert result.error_in_exec is None and "removed 0 jobs" in capsys.readouterr().out
 
 
+def test_logs_and_stacks_without_a_job_id_show_this_notebooks_last_cell(shell, capsys):
+    shell.magics_manager.registry["KineticMagics"].last_cell = None
+    result = shell.run_cell("%kinetic logs")
+    assert type(result.error_in_exec).__name__ == "UsageError"
+    assert str(result.error_in_exec) == ("no %%kinetic cell has run in this notebook yet: %kinetic logs JOB_ID "
+                                         "(%kinetic jobs lists them)")
+    shell.run_cell("%%kinetic -n 2\nimport os\nprint('one-shot cell on', os.environ['RANK'])")
+    capsys.readouterr()
+    shell.run_cell("%kinetic logs --host 1")
+    assert capsys.readouterr().out == "one-shot cell on 1\n"
+    shell.run_cell("%kinetic start -n 2 --idle-timeout 120")
+    try:
+        shell.run_cell("%%kinetic\nimport os\nprint('session cell on', os.environ['RANK'])")
+        capsys.readouterr()
+        shell.run_cell("%kinetic logs --host 1")  # a session's cell: that cell's output, which no job id names
+        assert capsys.readouterr().out == "session cell on 1\n"
+        shell.run_cell("%kinetic stacks --host 1")  # the session's host 1, waiting for the next cell
+        stacks = capsys.readouterr().out
+        assert stacks.startswith("--- rank 1 ---\n") and "--- rank 0 ---" not in stacks
+    finally:
+        shell.run_cell("%kinetic stop")
+
+
 @pytest.mark.parametrize(
     ("line", "expected"),
     [

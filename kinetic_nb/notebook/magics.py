@@ -143,10 +143,10 @@ _LINE_PARSERS = {
                       (("--trust-unsigned",), dict(action="store_true",
                                                    help="Read a job stored before records were signed."))),
     "cancel": _parser("%kinetic cancel", (("job_id",), {})),
-    "logs": _parser("%kinetic logs", (("job_id",), {}), (("--host",), dict(
+    "logs": _parser("%kinetic logs", (("job_id",), dict(nargs="?", default=None)), (("--host",), dict(
         type=int, default=0, metavar="RANK", help="The process, by its rank (the host's index where each host runs "
                                                   "one process); default: the leader, rank 0."))),
-    "stacks": _parser("%kinetic stacks", (("job_id",), {}), (("--host",), dict(
+    "stacks": _parser("%kinetic stacks", (("job_id",), dict(nargs="?", default=None)), (("--host",), dict(
         type=int, default=None, metavar="RANK", help="The process, by its rank (the host's index where each host "
                                                      "runs one process); default: every process."))),
     "start": session_start_parser(_parser),
@@ -216,6 +216,9 @@ class KineticMagics(_BackendSettings):
     session: Session | None = None
     #: ``%kinetic profile``: the session's next cell runs under its framework's profiler.
     profile_next: bool = False
+    #: The last cell this notebook ran, one-shot or a session's: what ``%kinetic logs`` and ``stacks`` show
+    #: without a job id.
+    last_cell: CellHandle | None = None
     #: ``%config KineticMagics.backend = "ssh"``: where a cell with no ``-b`` runs (before ``$KINETIC_BACKEND``).
     backend = Unicode(None, allow_none=True, help="The backend a cell or session runs on when -b does not say "
                                                   "(then $KINETIC_BACKEND, then local).").tag(config=True)
@@ -330,11 +333,13 @@ class KineticMagics(_BackendSettings):
         handle.profile_dir = args.profile_dir
         if args.detach:
             handle.group.detached = True
+            self.last_cell = handle
             return handle
         return self._wait_and_show(handle, out, quiet=args.quiet)
 
     def _wait_and_show(self, handle: CellHandle, out: list[str], *, quiet: bool = False) -> Any:
         """Wait with a live view; its final update lands before the cell returns, so a saved notebook keeps it."""
+        self.last_cell = handle
         if handle.one_shot:  # a session's cell is interrupted on its hosts, never cancelled
             handle.group.shutting_down = lambda: bool(getattr(self.shell, "exit_now", False))  # set by a shutdown request
         # A session's cell keeps a one-line panel once it succeeded: its output and value say the rest.
@@ -395,9 +400,10 @@ class KineticMagics(_BackendSettings):
             %kinetic attach JOB_ID [-o NAME[,NAME]]  wait for a job again (also after a restart);
                                                      with a session id (ks-...), bind this notebook to it
             %kinetic cancel JOB_ID                   stop every host of a job
-            %kinetic logs JOB_ID [--host RANK]       one process's output, by rank (0 = leader; a host's
-                                                     index where each host runs one process)
-            %kinetic stacks JOB_ID [--host RANK]     every running process's Python stacks (a hang's where)
+            %kinetic logs [JOB_ID] [--host RANK]     one process's output, by rank (0 = leader; a host's
+                                                     index where each host runs one process); no
+                                                     JOB_ID: this notebook's last cell, a session's too
+            %kinetic stacks [JOB_ID] [--host RANK]   every running process's Python stacks (a hang's where)
             %kinetic gc --older-than 7d              remove old jobs that have ended; prune the kinetic_nb
                                                      cache of the ssh / TPU VM hosts they ran on
             %kinetic doctor [-b B] [-a NAME]         are the hosts ready (-b kubernetes: the cluster; -b ssh
@@ -514,14 +520,24 @@ class KineticMagics(_BackendSettings):
         print(f"job {handle.job_id}: {handle.status()}")
 
     def _line_stacks(self, args: Any) -> None:
-        stacks = catalog.attach(args.job_id, storage=args.storage).stacks(args.host)
+        handle = self._named_or_last(args, "stacks")
+        stacks = handle.stacks(args.host)
         if not stacks:
-            print(f"job {args.job_id}: no host is running")
+            print(f"{handle.name}: no host is running")
         for index, text in stacks.items():
             print(f"--- rank {index} ---\n{readable_stacks(text).rstrip()}\n")
 
     def _line_logs(self, args: Any) -> None:
-        print(catalog.attach(args.job_id, storage=args.storage).logs(args.host), end="")
+        print(self._named_or_last(args, "logs").logs(args.host), end="")
+
+    def _named_or_last(self, args: Any, command: str) -> CellHandle:
+        """The job ``args.job_id`` names, or without one this notebook's last cell (``UsageError`` when none ran)."""
+        if args.job_id is not None:
+            return catalog.attach(args.job_id, storage=args.storage)
+        if self.last_cell is None:
+            raise UsageError(f"no %%kinetic cell has run in this notebook yet: %kinetic {command} JOB_ID "
+                             "(%kinetic jobs lists them)")
+        return self.last_cell
 
     def _line_accelerators(self, args: Any) -> None:
         print(accelerator_table())
