@@ -86,8 +86,11 @@ def cell_words(job_id: str, cell: str = "") -> str:
 
 
 def _logs_hint(job_id: str, host_index: int) -> str:
-    """Where a host's whole output is, for a one-shot job (``%kinetic logs`` takes a job's id)."""
-    return "" if _SESSION_CELL.match(job_id) else f" %kinetic logs {job_id} --host {host_index} shows its output."
+    """Where a host's whole output is: a one-shot job's by its id; a session's cell, which no id names, as the
+    notebook's last cell (``%kinetic logs`` with no id)."""
+    if _SESSION_CELL.match(job_id):
+        return f" %kinetic logs --host {host_index} shows its output until the next cell."
+    return f" %kinetic logs {job_id} --host {host_index} shows its output."
 
 
 @dataclasses.dataclass
