@@ -136,7 +136,7 @@ def test_logs_and_stacks_without_a_job_id_show_this_notebooks_last_cell(shell, c
         assert stacks.startswith("--- rank 1 ---\n") and "--- rank 0 ---" not in stacks
         failed = shell.run_cell("%%kinetic\nimport os\nprint('failing on', os.environ['RANK'])\n"
                                 "assert os.environ['RANK'] != '1', 'host 1 fails'")
-        assert "%kinetic logs --host 1 shows its output until the next cell." in failed.error_in_exec.__notes__[0]
+        assert "%kinetic logs --host 1 shows its output until the next %%kinetic cell." in failed.error_in_exec.__notes__[0]
         capsys.readouterr()
         shell.run_cell("%kinetic logs --host 1")  # as the error said
         assert capsys.readouterr().out.startswith("failing on 1\n")

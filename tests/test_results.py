@@ -400,7 +400,7 @@ def test_a_session_cell_is_named_by_the_notebook_and_its_session_never_its_folde
     with pytest.raises(ValueError, match="bad shard") as info:
         resolve(storage, 2, JobStatus.FAILED, exits(2, failed=(1,)), cell="In[5]", plan=plan)
     assert info.value.__notes__[0] == ("Reported by host 1 of In[5] (session ks-abc). %kinetic logs --host 1 shows its "
-                                       "output until the next cell.")
+                                       "output until the next %%kinetic cell.")
     assert cell_words("ks-abc/cells/000002") == "cell 2 of session ks-abc"
     assert cell_words("kn-1", "In[3]") == "In[3] (job kn-1)" and cell_words("kn-1") == "job kn-1"
 

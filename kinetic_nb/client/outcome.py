@@ -89,7 +89,7 @@ def _logs_hint(job_id: str, host_index: int) -> str:
     """Where a host's whole output is: a one-shot job's by its id; a session's cell, which no id names, as the
     notebook's last cell (``%kinetic logs`` with no id)."""
     if _SESSION_CELL.match(job_id):
-        return f" %kinetic logs --host {host_index} shows its output until the next cell."
+        return f" %kinetic logs --host {host_index} shows its output until the next %%kinetic cell."
     return f" %kinetic logs {job_id} --host {host_index} shows its output."
 
 
