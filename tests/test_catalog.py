@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import threading
 import time
 
 import pytest
@@ -175,6 +176,19 @@ def test_detached_cell_returns_a_handle_at_once(shell, tmp_path):
     assert not handle.status().done  # returned while its hosts still wait
     go.touch()
     assert handle.result() == "later"
+
+
+def test_cancel_without_a_job_id_stops_this_notebooks_detached_cell(shell, capsys):
+    handle = shell.run_cell("%%kinetic -n 2 --detach\nimport time\ntime.sleep(120)").result
+    assert not handle.status().done
+    capsys.readouterr()
+    shell.run_cell("%kinetic cancel")
+    said = capsys.readouterr().out.strip()
+    assert said.endswith(f"(job {handle.job_id}): CANCELLED") and said.startswith("In["), said
+    assert handle.status().done
+    for watcher in threading.enumerate():  # its panel's last word, while capsys still holds the stream
+        if watcher.name == f"kinetic-watch-{handle.job_id}":
+            watcher.join(timeout=30)
 
 
 def test_gc_leaves_a_failed_job_whose_hosts_are_still_in_grace(storage_root):

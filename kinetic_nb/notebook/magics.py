@@ -31,6 +31,7 @@ from kinetic_nb.client import backend_options, catalog, sessions
 from kinetic_nb.client.catalog_records import printable
 from kinetic_nb.client.cell_handle import CellHandle
 from kinetic_nb.client.launch import submit
+from kinetic_nb.client.outcome import cell_words
 from kinetic_nb.client.plan import check_shape
 from kinetic_nb.client.sessions import Session, SessionEndedError, attach_session
 from kinetic_nb.errors import (
@@ -142,7 +143,7 @@ _LINE_PARSERS = {
                                              help="The job's key, copied from the machine that submitted it.")),
                       (("--trust-unsigned",), dict(action="store_true",
                                                    help="Read a job stored before records were signed."))),
-    "cancel": _parser("%kinetic cancel", (("job_id",), {})),
+    "cancel": _parser("%kinetic cancel", (("job_id",), dict(nargs="?", default=None))),
     "logs": _parser("%kinetic logs", (("job_id",), dict(nargs="?", default=None)), (("--host",), dict(
         type=int, default=0, metavar="RANK", help="The process, by its rank (the host's index where each host runs "
                                                   "one process); default: the leader, rank 0."))),
@@ -399,7 +400,7 @@ class KineticMagics(_BackendSettings):
             %kinetic jobs [-n LIMIT]                 recent jobs and their state
             %kinetic attach JOB_ID [-o NAME[,NAME]]  wait for a job again (also after a restart);
                                                      with a session id (ks-...), bind this notebook to it
-            %kinetic cancel JOB_ID                   stop every host of a job
+            %kinetic cancel [JOB_ID]                 stop every host of a job (no JOB_ID: as logs)
             %kinetic logs [JOB_ID] [--host RANK]     one process's output, by rank (0 = leader; a host's
                                                      index where each host runs one process); no
                                                      JOB_ID: this notebook's last cell, a session's too
@@ -515,9 +516,9 @@ class KineticMagics(_BackendSettings):
         return self._wait_and_show(handle, _names(args.out))
 
     def _line_cancel(self, args: Any) -> None:
-        handle = catalog.attach(args.job_id, storage=args.storage)
-        handle.cancel()
-        print(f"job {handle.job_id}: {handle.status()}")
+        handle = self._named_or_last(args, "cancel")
+        handle.cancel()  # a session's cell is interrupted, its session stays up
+        print(f"{cell_words(handle.job_id, handle.cell_name)}: {handle.status()}")
 
     def _line_stacks(self, args: Any) -> None:
         handle = self._named_or_last(args, "stacks")
