@@ -44,9 +44,10 @@ _CONTROL = re.compile("(\r|\n|\x08)")  # a line ends, or its cursor moves back
 _ESCAPE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[PX^_][^\x1b]*\x1b\\|[ -/]*[0-~])")
 #: The start of an escape sequence that the text's end cut (a line still being written).
 _ESCAPE_CUT = re.compile(r"\x1b(?:\[[0-?]*[ -/]*|\][^\x07\x1b]*\x1b?|[PX^_][^\x1b]*\x1b?|[ -/]*)\Z")
-#: What is no text on a screen: the C0 controls but tab and what a line is made of (newline, carriage return,
-#: backspace), DEL, the C1 controls, and the bidirectional overrides and isolates, which reorder what follows.
-_UNPRINTED = re.compile("[\x00-\x07\x0b\x0c\x0e-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+#: What is no text on a screen: the C0 controls but tab and newline (a carriage return or a backspace left in a
+#: message would move a terminal's cursor over what came before), DEL, the C1 controls, and the bidirectional
+#: overrides and isolates, which reorder what follows.
+_UNPRINTED = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 #: What such a character is shown as (the same as a byte that is no UTF-8).
 _REPLACEMENT = "\ufffd"
 
@@ -121,7 +122,8 @@ def display_text(record: str) -> str:
 def shown_text(text: str) -> str:
     """``text`` as plain text a screen shows, never acts on: escape sequences (colours, cursor moves, a title, a
     hyperlink, the clipboard) left out, with one that ``text``'s end cuts short, and every other character that is
-    no text shown as U+FFFD; tabs and what a line is made of (newlines, carriage returns, backspaces) are kept."""
+    no text shown as U+FFFD, tabs and newlines kept (a log's lines come through :class:`TerminalLine`, which has
+    applied their carriage returns and backspaces)."""
     if "\x1b" in text:
         text = _ESCAPE.sub("", _ESCAPE_CUT.sub("", text, count=1))
     return _UNPRINTED.sub(_REPLACEMENT, text)

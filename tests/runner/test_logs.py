@@ -110,7 +110,8 @@ SHOWN = "red a link \ufffd \ufffdevil\ufffd \ufffd \ufffd\ttab é 👨\u200d👩
 
 def test_the_panel_shows_what_a_host_printed_as_plain_text():
     assert shown_text(ACTING) == SHOWN + "\n"
-    assert shown_text("plain text, as it was\ttabbed\r\n") == "plain text, as it was\ttabbed\r\n"
+    assert shown_text("plain text, as it was\ttabbed\n") == "plain text, as it was\ttabbed\n"
+    assert shown_text("a message\rthat hides\b its start") == "a message\ufffdthat hides\ufffd its start"
     display = json.dumps({"data": {"text/plain": "\x1b[32mgreen\x1b[0m\x07"}, "metadata": {}})
     assert [shown_text(line) for line in LogScreen().feed(protocol.DISPLAY, display)] == ["green\ufffd"]
 
