@@ -217,8 +217,8 @@ class KineticMagics(_BackendSettings):
     session: Session | None = None
     #: ``%kinetic profile``: the session's next cell runs under its framework's profiler.
     profile_next: bool = False
-    #: The last cell this notebook ran, one-shot or a session's: what ``%kinetic logs`` and ``stacks`` show
-    #: without a job id.
+    #: The last cell this notebook ran, one-shot or a session's: what ``%kinetic logs``, ``stacks`` and ``cancel``
+    #: take without a job id.
     last_cell: CellHandle | None = None
     #: ``%config KineticMagics.backend = "ssh"``: where a cell with no ``-b`` runs (before ``$KINETIC_BACKEND``).
     backend = Unicode(None, allow_none=True, help="The backend a cell or session runs on when -b does not say "
